@@ -1,0 +1,40 @@
+# gpudra: `make up` runs the whole driver locally; `make test` runs every check.
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
+
+.PHONY: venv up test lint typecheck unit integration e2e bench clean proto
+
+venv: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --disable-pip-version-check -r requirements.lock
+	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	@rm -f $(VENV)/.installed-* && touch $@
+
+up: venv
+	$(BIN)/gpudra up
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+unit: venv
+	$(BIN)/pytest tests/unit
+
+integration: venv
+	$(BIN)/pytest tests/integration
+
+test: lint typecheck
+	$(BIN)/pytest tests
+
+bench: venv
+	$(BIN)/python bench/publish.py
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

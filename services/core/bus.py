@@ -1,0 +1,296 @@
+"""The one NATS JetStream client every service uses.
+
+It knows every stream and bucket (from :mod:`services.core.subjects`), creates
+them idempotently, and speaks msgspec Structs so no service handles raw bytes.
+A payload that fails to decode is logged with the reason, counted and skipped:
+one bad message never stops a consumer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import msgspec
+import nats
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from services.core import subjects
+from services.core.metrics import MALFORMED_MESSAGES
+from services.core.schemas import SchemaError, decode, encode
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+STREAMS: Mapping[str, list[str]] = {
+    subjects.CLAIMS_STREAM: [f"{subjects.CLAIM_ROOT}.>"],
+    subjects.HEALTH_STREAM: [f"{subjects.HEALTH_ROOT}.>"],
+    subjects.INVENTORY_EVENTS_STREAM: [f"{subjects.INVENTORY_ROOT}.>"],
+}
+BUCKETS: Mapping[str, int] = {  # bucket -> history depth
+    subjects.INVENTORY_BUCKET: 1,
+    subjects.CLAIMS_BUCKET: 1,
+    subjects.PRESENCE_BUCKET: 1,
+    subjects.SIM_BUCKET: 1,
+}
+
+
+class RequestFailed(Exception):
+    """A request got no answer: nobody listens, or the answer came too late."""
+
+
+class RequestTimeout(RequestFailed, TimeoutError):
+    """A responder exists but did not answer in time."""
+
+
+@dataclass(frozen=True)
+class KvUpdate(Generic[T]):
+    key: str
+    value: T | None  # None: the key was deleted or purged
+    revision: int
+
+
+@dataclass(frozen=True)
+class Delivery(Generic[T]):
+    subject: str
+    value: T
+    headers: dict[str, str]
+    msg: Msg
+
+    async def ack(self) -> None:
+        await self.msg.ack()
+
+
+class Bus:
+    """A connected NATS client with JetStream and our schemas."""
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self._kv: dict[str, KeyValue] = {}
+
+    @classmethod
+    async def connect(cls, url: str, *, name: str, provision: bool = True) -> Bus:
+        nc = await nats.connect(
+            servers=[url],
+            name=name,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=0.5,
+            connect_timeout=5,
+            error_cb=_log_error,
+            disconnected_cb=_log_event("disconnected"),
+            reconnected_cb=_log_event("reconnected"),
+        )
+        bus = cls(nc)
+        if provision:
+            await bus.provision()
+        return bus
+
+    async def close(self) -> None:
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    async def provision(self) -> None:
+        """Create every stream and bucket we use; existing ones are left as they are."""
+        for stream, subs in STREAMS.items():
+            try:
+                await self.js.stream_info(stream)
+            except NotFoundError:
+                await self.js.add_stream(
+                    name=stream, subjects=subs, storage=js_api.StorageType.FILE
+                )
+        for bucket, history in BUCKETS.items():
+            await self.kv(bucket, history=history)
+
+    async def kv(self, bucket: str, history: int = 1) -> KeyValue:
+        if bucket not in self._kv:
+            try:
+                self._kv[bucket] = await self.js.key_value(bucket)
+            except BucketNotFoundError:
+                self._kv[bucket] = await self.js.create_key_value(
+                    bucket=bucket, history=history, storage=js_api.StorageType.FILE
+                )
+        return self._kv[bucket]
+
+    # ------------------------------------------------------------ KV
+
+    async def kv_put(self, bucket: str, key: str, value: msgspec.Struct) -> int:
+        return int(await (await self.kv(bucket)).put(key, encode(value)))
+
+    async def kv_get(self, bucket: str, key: str, kind: type[T]) -> tuple[T, int] | None:
+        """The value and its revision, or None if absent or deleted."""
+        try:
+            entry = await (await self.kv(bucket)).get(key)
+        except KeyNotFoundError:
+            return None
+        if entry.value is None:
+            return None
+        return decode(entry.value, kind), int(entry.revision or 0)
+
+    async def kv_delete(self, bucket: str, key: str) -> None:
+        with contextlib.suppress(KeyNotFoundError):
+            await (await self.kv(bucket)).delete(key)
+
+    async def kv_keys(self, bucket: str) -> list[str]:
+        try:
+            return list(await (await self.kv(bucket)).keys())
+        except NotFoundError:  # nats-py raises NoKeysError (a NotFoundError) when empty
+            return []
+
+    async def watch_kv(
+        self, bucket: str, kind: type[T], keys: str = ">"
+    ) -> AsyncIterator[KvUpdate[T]]:
+        """Current values first, then every change; malformed values are skipped."""
+        watcher = await (await self.kv(bucket)).watch(keys)
+        try:
+            async for entry in watcher:
+                if entry is None:  # end of the initial values
+                    continue
+                revision = int(entry.revision or 0)
+                if entry.operation in ("DEL", "PURGE") or not entry.value:
+                    yield KvUpdate(entry.key, None, revision)
+                    continue
+                try:
+                    value = decode(entry.value, kind)
+                except SchemaError as exc:
+                    _malformed(f"kv:{bucket}", f"key {entry.key!r}: {exc}")
+                    continue
+                yield KvUpdate(entry.key, value, revision)
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    # ------------------------------------------------------------ messages
+
+    async def publish(
+        self, subject: str, value: msgspec.Struct, headers: dict[str, str] | None = None
+    ) -> None:
+        """Publish to JetStream (acknowledged) when a stream holds the subject."""
+        data = encode(value)
+        if _in_stream(subject):
+            await self.js.publish(subject, data, headers=headers or None)
+        else:
+            await self.nc.publish(subject, data, headers=headers or None)
+
+    async def request(
+        self,
+        subject: str,
+        value: msgspec.Struct,
+        reply_kind: type[T],
+        timeout: float,
+        headers: dict[str, str] | None = None,
+    ) -> T:
+        try:
+            msg = await self.nc.request(subject, encode(value), timeout=timeout, headers=headers)
+        except NoRespondersError as exc:
+            raise RequestFailed(f"no responder on {subject}") from exc
+        except (TimeoutError, NatsTimeoutError) as exc:
+            raise RequestTimeout(f"no reply on {subject} within {timeout:.1f}s") from exc
+        return decode(msg.data, reply_kind)
+
+    async def serve(
+        self,
+        subject: str,
+        kind: type[T],
+        handler: Callable[[T, dict[str, str]], Awaitable[msgspec.Struct]],
+        queue: str = "",
+    ) -> None:
+        """Answer requests on ``subject`` with ``handler``'s reply, each in its own task."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                value = decode(msg.data, kind)
+            except SchemaError as exc:
+                _malformed(subject, str(exc))
+                return
+            reply = await handler(value, dict(msg.headers or {}))
+            if msg.reply:
+                await msg.respond(encode(reply))
+
+        async def spawn(msg: Msg) -> None:
+            task = asyncio.get_running_loop().create_task(on_msg(msg))
+            _BACKGROUND.add(task)
+            task.add_done_callback(_BACKGROUND.discard)
+
+        await self.nc.subscribe(subject, queue=queue, cb=spawn)
+
+    async def subscribe(
+        self, subject: str, kind: type[T], handler: Callable[[T, dict[str, str]], Awaitable[None]]
+    ) -> None:
+        """Core (non-durable) subscription; malformed messages are skipped."""
+
+        async def on_msg(msg: Msg) -> None:
+            try:
+                value = decode(msg.data, kind)
+            except SchemaError as exc:
+                _malformed(subject, str(exc))
+                return
+            await handler(value, dict(msg.headers or {}))
+
+        await self.nc.subscribe(subject, cb=on_msg)
+
+    async def pull(
+        self,
+        stream: str,
+        durable: str,
+        subject_filter: str,
+        kind: type[T],
+        batch: int = 64,
+        idle_wait: float = 1.0,
+    ) -> AsyncIterator[Delivery[T]]:
+        """A durable pull consumer: yields each message; the caller acks it.
+
+        Malformed messages are acked and skipped (redelivering them cannot help).
+        """
+        sub = await self.js.pull_subscribe(subject_filter, durable=durable, stream=stream)
+        try:
+            while True:
+                try:
+                    msgs = await sub.fetch(batch, timeout=idle_wait)
+                except NatsTimeoutError:
+                    continue
+                for msg in msgs:
+                    try:
+                        value = decode(msg.data, kind)
+                    except SchemaError as exc:
+                        _malformed(f"stream:{stream}", f"{msg.subject}: {exc}")
+                        await msg.ack()
+                        continue
+                    yield Delivery(msg.subject, value, dict(msg.headers or {}), msg)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+def _in_stream(subject: str) -> bool:
+    return any(subject.startswith(pattern[:-1]) for pats in STREAMS.values() for pattern in pats)
+
+
+def _malformed(source: str, reason: str) -> None:
+    MALFORMED_MESSAGES.labels(source=source).inc()
+    log.warning("skipping malformed message", extra={"source": source, "reason": reason})
+
+
+async def _log_error(exc: Exception) -> None:
+    log.warning("nats error", extra={"error": str(exc)})
+
+
+def _log_event(what: str) -> Callable[[], Awaitable[None]]:
+    async def cb() -> None:
+        log.info(f"nats {what}")
+
+    return cb

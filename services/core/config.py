@@ -1,0 +1,54 @@
+"""Settings shared by every service: command-line flags with environment fallbacks.
+
+Each flag ``--foo-bar`` reads ``GPUDRA_FOO_BAR`` when not given, so the same
+binary is configured by a Helm chart (env) or a developer (flags).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+
+from services.core import featuregates
+
+DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+
+
+def env(name: str, default: str = "") -> str:
+    return os.environ.get(f"GPUDRA_{name.upper().replace('-', '_')}", default)
+
+
+def default_node_name() -> str:
+    return os.environ.get("NODE_NAME") or env("node-name") or socket.gethostname()
+
+
+def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> None:
+    parser.add_argument("--nats-url", default=env("nats-url", DEFAULT_NATS_URL))
+    parser.add_argument("--log-level", default=env("log-level", "info"))
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=int(env("metrics-port", "0")),
+        help="serve Prometheus metrics on 127.0.0.1:PORT (0: off)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default=env("otlp-endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")),
+        help="OTLP/gRPC endpoint for traces (empty: tracing off)",
+    )
+    parser.add_argument(
+        "--feature-gates",
+        type=feature_gates_arg,
+        default=env("feature-gates", ""),
+        help=f"Name=bool,... of: {featuregates.valid_names()}",
+    )
+    if node:
+        parser.add_argument("--node-name", default=default_node_name())
+
+
+def feature_gates_arg(value: str) -> featuregates.FeatureGates:
+    try:
+        return featuregates.parse(value)
+    except featuregates.FeatureGateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc

@@ -1,0 +1,55 @@
+"""JSON logs, one object a line, carrying the current trace and span ids."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from typing import Any
+
+_STD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
+
+
+class JsonFormatter(logging.Formatter):
+    def __init__(self, service: str) -> None:
+        super().__init__()
+        self.service = service
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "service": self.service,
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        out.update(_trace_ids())
+        for key, value in record.__dict__.items():
+            if key not in _STD and not key.startswith("_"):
+                out[key] = value
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
+
+
+def _trace_ids() -> dict[str, str]:
+    try:
+        from opentelemetry import trace
+    except ImportError:  # pragma: no cover - the SDK is a dependency
+        return {}
+    ctx = trace.get_current_span().get_span_context()
+    if not ctx.is_valid:
+        return {}
+    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+
+
+def setup(service: str, level: str = "info") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter(service))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for noisy in ("nats", "kubernetes_asyncio", "asyncio"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -1,0 +1,214 @@
+"""Every payload that crosses the bus: msgspec Structs, msgpack on the wire.
+
+Each top-level message carries ``schema_version``. Readers accept any version
+they know and ignore unknown fields (msgspec's default), so adding a field with
+a default never breaks an older reader or an older stored value.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal, TypeVar
+
+import msgspec
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+
+
+class SchemaError(ValueError):
+    """A bus payload that could not be decoded into the expected schema."""
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    return msgspec.msgpack.encode(msg)
+
+
+def decode(data: bytes, kind: type[T]) -> T:
+    """Decode ``data`` as ``kind``; raise :class:`SchemaError` saying why not."""
+    try:
+        return msgspec.msgpack.decode(data, type=kind)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise SchemaError(f"invalid {kind.__name__}: {exc}") from exc
+
+
+def now() -> float:
+    return time.time()
+
+
+# ---------------------------------------------------------------- inventory
+
+
+class MigPlacement(msgspec.Struct, frozen=True):
+    """A GPU-instance placement: ``start`` and ``size`` in memory slices."""
+
+    start: int
+    size: int
+
+
+class MigProfile(msgspec.Struct, frozen=True, kw_only=True):
+    """A MIG profile the GPU supports (GPU-instance profile + its full CI)."""
+
+    name: str  # e.g. "1g.10gb"
+    gi_profile_id: int
+    ci_profile_id: int
+    slices: int  # compute (GPC) slices, the "Ng" in the name
+    memory_bytes: int
+    multiprocessors: int
+    copy_engines: int
+    decoders: int
+    encoders: int
+    jpeg_engines: int
+    ofa_engines: int
+    placements: list[MigPlacement]
+
+
+class MigDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """An existing MIG device (one GPU instance with one compute instance)."""
+
+    uuid: str
+    profile: str
+    gi_profile_id: int
+    gi_id: int
+    ci_id: int
+    placement: MigPlacement
+
+
+class Xid(msgspec.Struct, frozen=True):
+    xid: int
+    timestamp: float
+
+
+class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
+    xids: list[Xid] = []
+    lost: bool = False
+
+
+class VfioInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """PCI facts the VFIO twin of a GPU is published with."""
+
+    vendor_id: str  # "0x10de"
+    device_id: str  # "0x2330"
+    numa_node: int
+    iommu_group: int
+    iommu_fd_enabled: bool
+    addressable_memory_bytes: int
+
+
+class Gpu(msgspec.Struct, frozen=True, kw_only=True):
+    index: int
+    minor: int
+    uuid: str
+    product_name: str
+    brand: str
+    architecture: str
+    cuda_compute_capability: str  # "9.0"
+    memory_bytes: int
+    pci_bus_id: str  # "0000:3b:00.0"
+    pcie_root: str | None = None
+    addressing_mode: str | None = None
+    mig_capable: bool = False
+    mig_enabled: bool = False
+    mig_profiles: list[MigProfile] = []
+    mig_devices: list[MigDevice] = []
+    vfio: VfioInfo | None = None
+    health: GpuHealth = GpuHealth()
+    error: str | None = None  # NVML failed on this GPU; the rest is best effort
+
+
+class NodeInventory(msgspec.Struct, frozen=True, kw_only=True):
+    """What one node's NVML says, as the publisher and preparer read it."""
+
+    schema_version: int = SCHEMA_VERSION
+    node: str
+    driver_version: str  # "570.124.06"
+    cuda_driver_version: str  # "12.8"
+    gpus: list[Gpu]
+    backend: str = "nvml"  # "nvml" or "simulated:<fleet>"
+
+    def digest(self) -> str:
+        """A stable hash of the content, for change detection."""
+        import hashlib
+
+        return hashlib.sha256(msgspec.msgpack.encode(self)).hexdigest()[:16]
+
+
+class InventoryChanged(msgspec.Struct, frozen=True, kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+    node: str
+    digest: str
+    revision: int  # KV revision of the stored inventory
+    changes: list[str] = []
+    timestamp: float = msgspec.field(default_factory=now)
+
+
+HealthKind = Literal["xid", "gpu-lost", "recovered", "nvml-error"]
+
+
+class HealthEvent(msgspec.Struct, frozen=True, kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+    node: str
+    gpu_uuid: str
+    gpu_index: int
+    kind: HealthKind
+    xid: int | None = None
+    message: str = ""
+    timestamp: float = msgspec.field(default_factory=now)
+
+
+class PluginPresence(msgspec.Struct, frozen=True, kw_only=True):
+    """Written by the kubelet plugin while the kubelet has it registered."""
+
+    schema_version: int = SCHEMA_VERSION
+    node: str
+    driver: str
+    endpoint: str
+    registered_at: float = msgspec.field(default_factory=now)
+
+
+# ---------------------------------------------------------------- claims
+
+
+class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
+    uid: str
+    namespace: str
+    name: str
+
+
+class DeviceRef(msgspec.Struct, frozen=True, kw_only=True):
+    request: str
+    pool: str
+    device: str
+    cdi_device_ids: list[str] = []
+
+
+ClaimEventName = Literal[
+    "allocated",
+    "reserved",
+    "released",
+    "deleted",
+    "pending",
+    "prepare.requested",
+    "prepared",
+    "prepare.failed",
+    "unprepare.requested",
+    "unprepared",
+    "unprepare.failed",
+]
+
+
+class ClaimEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One step of a claim's life, as auditors replay it from the CLAIMS stream."""
+
+    schema_version: int = SCHEMA_VERSION
+    event: ClaimEventName
+    claim: ClaimRef
+    node: str
+    actor: str  # which service said it
+    devices: list[DeviceRef] = []
+    outcome: Literal["ok", "error"] = "ok"
+    error: str = ""
+    duration_ms: float | None = None
+    trace_id: str = ""
+    timestamp: float = msgspec.field(default_factory=now)

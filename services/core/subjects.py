@@ -1,0 +1,115 @@
+"""Every NATS subject, stream and KV bucket name gpudra uses, in one place.
+
+Names that come from users (node, namespace, claim) pass through
+:func:`escape_token` before they become a subject token or a KV key, so a
+hostile or merely unusual name can never widen a subscription (``*``, ``>``),
+split a token (``.``) or break the protocol line (whitespace).
+"""
+
+from __future__ import annotations
+
+import re
+
+# Streams and buckets.
+CLAIMS_STREAM = "CLAIMS"
+HEALTH_STREAM = "HEALTH"
+INVENTORY_EVENTS_STREAM = "INVENTORY"
+INVENTORY_BUCKET = "inventory"
+CLAIMS_BUCKET = "claims"
+PRESENCE_BUCKET = "presence"
+SIM_BUCKET = "simnvml"
+
+# Subject roots.
+CLAIM_ROOT = "dra.claim"
+HEALTH_ROOT = "dra.health"
+INVENTORY_ROOT = "dra.inventory"
+NODE_ROOT = "dra.node"
+SIM_ROOT = "dra.sim"
+
+_SAFE = re.compile(r"[A-Za-z0-9_-]")
+
+
+def escape_token(value: str) -> str:
+    """Escape one user-supplied name into a single, literal subject token.
+
+    Letters, digits, ``_`` and ``-`` pass through; every other byte of the
+    UTF-8 encoding becomes ``=XX`` (and ``=`` itself is escaped), so the mapping
+    is reversible and injective. The empty string becomes ``=``.
+    """
+    if value == "":
+        return "="
+    out: list[str] = []
+    for ch in value:
+        if _SAFE.fullmatch(ch):
+            out.append(ch)
+        else:
+            out.extend(f"={b:02X}" for b in ch.encode())
+    return "".join(out)
+
+
+def unescape_token(token: str) -> str:
+    """Inverse of :func:`escape_token`."""
+    if token == "=":
+        return ""
+    raw = bytearray()
+    i = 0
+    while i < len(token):
+        if token[i] == "=":
+            raw.append(int(token[i + 1 : i + 3], 16))
+            i += 3
+        else:
+            raw.extend(token[i].encode())
+            i += 1
+    return raw.decode()
+
+
+# Device path.
+def inventory_changed(node: str) -> str:
+    return f"{INVENTORY_ROOT}.{escape_token(node)}.changed"
+
+
+def inventory_changed_all() -> str:
+    return f"{INVENTORY_ROOT}.*.changed"
+
+
+def health(node: str) -> str:
+    return f"{HEALTH_ROOT}.{escape_token(node)}"
+
+
+def health_all() -> str:
+    return f"{HEALTH_ROOT}.>"
+
+
+def inventory_key(node: str) -> str:
+    return escape_token(node)
+
+
+def presence_key(node: str, driver: str) -> str:
+    return f"{escape_token(node)}.{escape_token(driver)}"
+
+
+# Claim path.
+def claim_event(node: str, event: str) -> str:
+    """``dra.claim.<node>.<event>``; ``event`` is one of our fixed names."""
+    return f"{CLAIM_ROOT}.{escape_token(node)}.{event}"
+
+
+def claim_events_all() -> str:
+    return f"{CLAIM_ROOT}.>"
+
+
+def claim_key(node: str, uid: str) -> str:
+    return f"{escape_token(node)}.{escape_token(uid)}"
+
+
+def node_prepare(node: str) -> str:
+    return f"{NODE_ROOT}.{escape_token(node)}.prepare"
+
+
+def node_unprepare(node: str) -> str:
+    return f"{NODE_ROOT}.{escape_token(node)}.unprepare"
+
+
+# Simulated NVML control (tests and `gpudra sim`).
+def sim_control(node: str) -> str:
+    return f"{SIM_ROOT}.{escape_token(node)}"

@@ -1,0 +1,31 @@
+"""Fixtures shared by every test tier."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+
+
+@pytest.fixture
+def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
+    """A real nats-server with JetStream on a free 127.0.0.1 port, stopped by PID."""
+    server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
+    client = await Bus.connect(nats_server.url, name="tests")
+    try:
+        yield client
+    finally:
+        await client.close()

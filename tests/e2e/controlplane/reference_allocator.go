@@ -1,0 +1,3 @@
+package main
+
+func runReferenceAllocator() int { return 1 }
