@@ -212,3 +212,37 @@ class ClaimEvent(msgspec.Struct, frozen=True, kw_only=True):
     duration_ms: float | None = None
     trace_id: str = ""
     timestamp: float = msgspec.field(default_factory=now)
+
+
+# ---------------------------------------------------------------- node prepare requests
+
+
+class PreparedDevice(msgspec.Struct, frozen=True, kw_only=True):
+    """One kubelet ``Device`` entry: the wire shape of NodePrepareResourceResponse."""
+
+    request_names: list[str]
+    pool_name: str
+    device_name: str
+    cdi_device_ids: list[str]
+    share_id: str | None = None
+
+
+class ClaimResult(msgspec.Struct, frozen=True, kw_only=True):
+    devices: list[PreparedDevice] = []
+    error: str = ""
+
+
+class NodeRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """``dra.node.<node>.prepare`` / ``.unprepare``: the claims of one kubelet call."""
+
+    schema_version: int = SCHEMA_VERSION
+    node: str
+    claims: list[ClaimRef]
+    deadline: float  # unix time by which the kubelet stops waiting
+
+
+class NodeReply(msgspec.Struct, frozen=True, kw_only=True):
+    """Per-claim results keyed by claim UID; every requested claim has an entry."""
+
+    schema_version: int = SCHEMA_VERSION
+    claims: dict[str, ClaimResult]
