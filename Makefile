@@ -33,6 +33,9 @@ integration: venv
 test: lint typecheck
 	$(BIN)/pytest tests
 
+proto: venv
+	$(BIN)/python proto/generate.py
+
 bench: venv
 	$(BIN)/python bench/publish.py
 
