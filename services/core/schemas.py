@@ -78,6 +78,8 @@ class MigDevice(msgspec.Struct, frozen=True, kw_only=True):
 class Xid(msgspec.Struct, frozen=True):
     xid: int
     timestamp: float
+    gi_id: int | None = None  # set when NVML attributes the XID to a MIG device
+    ci_id: int | None = None
 
 
 class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
@@ -107,6 +109,7 @@ class Gpu(msgspec.Struct, frozen=True, kw_only=True):
     memory_bytes: int
     pci_bus_id: str  # "0000:3b:00.0"
     pcie_root: str | None = None
+    numa_node: int | None = None  # PCI device's NUMA node; None or <0: unknown
     addressing_mode: str | None = None
     mig_capable: bool = False
     mig_enabled: bool = False

@@ -1,0 +1,1 @@
+"""Simulated fleets (one YAML file per fleet): the GPUs of one simulated node."""

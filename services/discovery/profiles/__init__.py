@@ -1,0 +1,1 @@
+"""GPU model tables (one YAML file per model): identity facts and MIG profiles."""
