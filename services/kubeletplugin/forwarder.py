@@ -1,0 +1,166 @@
+"""One kubelet call -> one NATS request to the node's preparer -> one result per claim.
+
+The kubelet retries a claim that is missing from the response and discards the
+whole response on an RPC error, so whatever goes wrong on the way (no
+preparer, a late reply, a reply that does not decode) becomes an error on each
+claim, and every claim the kubelet asked about gets an entry.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.util.types import AttributeValue
+
+from services.core import subjects, tracing
+from services.core.bus import Bus, RequestFailed, RequestTimeout
+from services.core.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError
+
+log = logging.getLogger(__name__)
+_tracer = tracing.tracer(__name__)
+
+Operation = Literal["prepare", "unprepare"]
+
+
+@dataclass(frozen=True)
+class Timing:
+    """How long to wait for the preparer.
+
+    ``default`` applies when the kubelet sent no deadline; with a deadline the
+    front stops waiting ``margin`` earlier (at most 10% of what is left), so
+    the per-claim errors still reach the kubelet in time.
+    """
+
+    default: float = 45.0
+    margin: float = 0.5
+
+    def budget(self, remaining: float | None) -> float:
+        if remaining is None:
+            return self.default
+        return min(self.default, remaining - min(self.margin, 0.1 * remaining))
+
+
+class Forwarder:
+    def __init__(self, bus: Bus, node: str, timing: Timing | None = None) -> None:
+        self.bus = bus
+        self.node = node
+        self.timing = timing or Timing()
+
+    async def prepare(
+        self, claims: Sequence[ClaimRef], remaining: float | None, parent: Context | None = None
+    ) -> dict[str, ClaimResult]:
+        """``remaining``: seconds until the kubelet's deadline; ``parent``: its trace context."""
+        return await self._forward("prepare", claims, remaining, parent)
+
+    async def unprepare(
+        self, claims: Sequence[ClaimRef], remaining: float | None, parent: Context | None = None
+    ) -> dict[str, ClaimResult]:
+        return await self._forward("unprepare", claims, remaining, parent)
+
+    async def _forward(
+        self,
+        op: Operation,
+        claims: Sequence[ClaimRef],
+        remaining: float | None,
+        parent: Context | None,
+    ) -> dict[str, ClaimResult]:
+        results, send = screen_claims(claims)
+        if not send:
+            return results
+        uids = [c.uid for c in send]
+        with _tracer.start_as_current_span(
+            f"kubeletplugin.Node{op.capitalize()}Resources",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes=_span_attributes(send, self.node),
+            links=tracing.claim_links(uids),
+        ) as span:
+            replies = await self._request(op, send, self.timing.budget(remaining))
+            failed = [uid for uid, r in replies.items() if r.error]
+            if failed:
+                span.set_status(Status(StatusCode.ERROR, f"{len(failed)} claim(s) failed"))
+        results.update(replies)
+        return results
+
+    async def _request(
+        self, op: Operation, claims: list[ClaimRef], budget: float
+    ) -> dict[str, ClaimResult]:
+        """Send one request; map every failure to an error on each claim."""
+        if budget <= 0:
+            return _each(claims, f"{op} not attempted: the kubelet's deadline leaves no time")
+        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(self.node)
+        request = NodeRequest(node=self.node, claims=claims, deadline=time.time() + budget)
+        try:
+            reply = await self.bus.request(
+                subject, request, NodeReply, timeout=budget, headers=tracing.inject()
+            )
+        except RequestTimeout:
+            reason = f"the preparer of node {self.node!r} did not answer within {budget:.1f}s"
+        except RequestFailed:
+            reason = f"no preparer is serving node {self.node!r} (nobody listens on {subject})"
+        except SchemaError as exc:
+            reason = f"the preparer's reply could not be decoded: {exc}"
+        except Exception as exc:  # the bus itself failed; the kubelet still gets an answer
+            log.exception("bus request failed", extra={"subject": subject})
+            reason = f"NATS request on {subject} failed: {type(exc).__name__}: {exc}"
+        else:
+            return {c.uid: _result_for(reply, c.uid) for c in claims}
+        log.warning(f"{op} failed for every claim", extra={"reason": reason, "claims": len(claims)})
+        return _each(claims, f"{op} failed: {reason}")
+
+
+def screen_claims(claims: Sequence[ClaimRef]) -> tuple[dict[str, ClaimResult], list[ClaimRef]]:
+    """Split the kubelet's list into answers known now and claims to send.
+
+    A claim without UID, namespace or name gets an error under its UID (the
+    response map's key). A UID listed twice is sent once when both entries
+    agree; when they name different claims, that UID gets an error and is not
+    sent, because a single response entry could not answer both.
+    """
+    results: dict[str, ClaimResult] = {}
+    first: dict[str, ClaimRef] = {}
+    for claim in claims:
+        missing = [f for f in ("uid", "namespace", "name") if not getattr(claim, f)]
+        if missing:
+            results[claim.uid] = ClaimResult(
+                error=f"claim {claim.namespace}/{claim.name} (uid {claim.uid!r}): "
+                f"empty {', '.join(missing)}"
+            )
+        elif claim.uid in first and first[claim.uid] != claim:
+            other = first[claim.uid]
+            results[claim.uid] = ClaimResult(
+                error=f"claim uid {claim.uid} is listed for both "
+                f"{other.namespace}/{other.name} and {claim.namespace}/{claim.name}"
+            )
+        else:
+            first.setdefault(claim.uid, claim)
+    send = [c for uid, c in first.items() if uid not in results]
+    return results, send
+
+
+def _result_for(reply: NodeReply, uid: str) -> ClaimResult:
+    result = reply.claims.get(uid)
+    if result is None:
+        return ClaimResult(error=f"the preparer returned no result for claim {uid}")
+    return result
+
+
+def _each(claims: list[ClaimRef], error: str) -> dict[str, ClaimResult]:
+    return {c.uid: ClaimResult(error=error) for c in claims}
+
+
+def _span_attributes(claims: list[ClaimRef], node: str) -> dict[str, AttributeValue]:
+    if len(claims) == 1:
+        return dict(tracing.claim_attributes(claims[0], node))
+    return {
+        tracing.ATTR_UID: [c.uid for c in claims],
+        tracing.ATTR_NAMESPACE: [c.namespace for c in claims],
+        tracing.ATTR_NAME: [c.name for c in claims],
+        tracing.ATTR_NODE: node,
+    }

@@ -1,0 +1,1 @@
+"""Helpers shared by tests: fakes of the components gpudra talks to."""

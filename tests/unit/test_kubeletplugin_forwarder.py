@@ -1,0 +1,126 @@
+"""How the front turns one kubelet call into one preparer request, and every failure into
+per-claim errors. The bus is replaced by a recorder here; tests/integration drives the
+real one."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import pytest
+
+from services.core.bus import Bus, RequestFailed, RequestTimeout
+from services.core.schemas import ClaimRef, ClaimResult, NodeReply, SchemaError
+from services.kubeletplugin.forwarder import Forwarder, Timing, screen_claims
+
+
+def ref(uid: str, namespace: str = "ns", name: str = "c") -> ClaimRef:
+    return ClaimRef(uid=uid, namespace=namespace, name=name)
+
+
+@dataclass
+class RecordingBus:
+    """Answers like the preparer would, or raises what the real bus raises."""
+
+    reply: NodeReply | None = None
+    error: Exception | None = None
+    calls: list[dict[str, Any]] = field(default_factory=list)
+
+    async def request(self, subject, value, reply_kind, timeout, headers=None):
+        self.calls.append({"subject": subject, "value": value, "timeout": timeout})
+        if self.error is not None:
+            raise self.error
+        return self.reply or NodeReply(claims={c.uid: ClaimResult() for c in value.claims})
+
+
+def forwarder(bus: RecordingBus, node: str = "node-a") -> Forwarder:
+    return Forwarder(cast(Bus, bus), node, Timing(default=45.0, margin=0.5))
+
+
+def test_duplicates_are_sent_once_and_conflicts_refused() -> None:
+    results, send = screen_claims(
+        [ref("u1"), ref("u1"), ref("u2", name="a"), ref("u2", name="b"), ref("u3")]
+    )
+    assert [c.uid for c in send] == ["u1", "u3"]
+    assert set(results) == {"u2"}
+    assert "u2 is listed for both ns/a and ns/b" in results["u2"].error
+
+
+@pytest.mark.parametrize(
+    ("claim", "missing"),
+    [(ref(""), "uid"), (ref("u", namespace=""), "namespace"), (ref("u", name=""), "name")],
+)
+def test_claims_with_empty_identity_get_an_error(claim: ClaimRef, missing: str) -> None:
+    results, send = screen_claims([claim])
+    assert send == []
+    assert f"empty {missing}" in results[claim.uid].error
+
+
+@pytest.mark.parametrize(
+    ("remaining", "budget"),
+    [(None, 45.0), (100.0, 45.0), (45.0, 44.5), (2.0, 1.8), (0.1, 0.09), (0.0, 0.0)],
+)
+def test_budget_leaves_a_margin_before_the_kubelet_deadline(
+    remaining: float | None, budget: float
+) -> None:
+    assert Timing(default=45.0, margin=0.5).budget(remaining) == pytest.approx(budget)
+
+
+async def test_request_carries_node_claims_and_deadline() -> None:
+    bus = RecordingBus()
+    results = await forwarder(bus, node="rack.1 gpu").prepare([ref("u1"), ref("u2")], 10.0)
+    assert results == {"u1": ClaimResult(), "u2": ClaimResult()}
+    [call] = bus.calls
+    assert call["subject"] == "dra.node.rack=2E1=20gpu.prepare"  # escaped, one token
+    assert call["timeout"] == pytest.approx(9.5)
+    assert call["value"].node == "rack.1 gpu"
+    assert call["value"].deadline == pytest.approx(time.time() + 9.5, abs=0.5)
+
+
+async def test_unprepare_uses_its_own_subject() -> None:
+    bus = RecordingBus()
+    await forwarder(bus).unprepare([ref("u1")], None)
+    assert bus.calls[0]["subject"] == "dra.node.node-a.unprepare"
+    assert bus.calls[0]["timeout"] == 45.0
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (RequestTimeout("late"), "the preparer of node 'node-a' did not answer within 9.5s"),
+        (RequestFailed("none"), "no preparer is serving node 'node-a'"),
+        (SchemaError("invalid NodeReply: bad"), "reply could not be decoded: invalid NodeReply"),
+        (ConnectionError("nats gone"), "ConnectionError: nats gone"),
+    ],
+)
+async def test_every_failure_becomes_an_error_on_each_claim(error: Exception, reason: str) -> None:
+    bus = RecordingBus(error=error)
+    results = await forwarder(bus).prepare([ref("u1"), ref("u2")], 10.0)
+    assert set(results) == {"u1", "u2"}
+    for result in results.values():
+        assert result.devices == []
+        assert result.error.startswith("prepare failed: ")
+        assert reason in result.error
+
+
+async def test_a_claim_missing_from_the_reply_gets_an_error() -> None:
+    bus = RecordingBus(reply=NodeReply(claims={"u1": ClaimResult(), "stray": ClaimResult()}))
+    results = await forwarder(bus).prepare([ref("u1"), ref("u2")], 10.0)
+    assert set(results) == {"u1", "u2"}  # nothing the kubelet did not ask about
+    assert results["u1"] == ClaimResult()
+    assert results["u2"].error == "the preparer returned no result for claim u2"
+
+
+async def test_no_time_left_means_no_request() -> None:
+    bus = RecordingBus()
+    results = await forwarder(bus).prepare([ref("u1")], 0.0)
+    assert bus.calls == []
+    assert "deadline leaves no time" in results["u1"].error
+
+
+async def test_nothing_valid_to_send_means_no_request() -> None:
+    bus = RecordingBus()
+    assert await forwarder(bus).prepare([], 10.0) == {}
+    results = await forwarder(bus).prepare([ref("")], 10.0)
+    assert bus.calls == [] and "empty uid" in results[""].error
