@@ -1,0 +1,1 @@
+"""Structured allocation (CEL), claim watcher, explanations."""

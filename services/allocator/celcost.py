@@ -1,0 +1,159 @@
+"""Worst-case cost of a DRA selector, approximating cel-go's static estimator.
+
+The API server refuses a selector whose estimated cost exceeds
+``CELSelectorExpressionMaxCost`` (1,000,000), and kube-scheduler stops one whose
+actual cost does. Our CEL runtime tracks no cost, so we estimate statically,
+with the bounds Kubernetes declares for the ``device`` variable (at most 32
+attributes or capacities per device, strings of at most 64 characters) and the
+cost factors of cel-go (0.1 per string character traversed, 10/30/40 for list,
+map and message literals, one unit per step of a comprehension). The estimate
+is an upper bound of what the expression can cost on any device, so an
+expression that passes here never exceeds the limit at run time; it is not
+cel-go's exact number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from services.allocator.celparse import Node, device_path
+
+COST_LIMIT = 1_000_000
+MAX_ENTRIES = 32  # attributes + capacities per device
+MAX_STRING = 64  # attribute string / version length
+MAX_DRIVER = 63
+UNKNOWN_SIZE = MAX_STRING  # a value of unknown origin: bounded like a device string
+_TRAVERSAL = 0.1
+
+_COMPREHENSIONS = {"all", "exists", "exists_one", "filter", "map"}
+_STRING_SCANS = {
+    "contains",
+    "startsWith",
+    "endsWith",
+    "lowerAscii",
+    "upperAscii",
+    "trim",
+    "replace",
+    "substring",
+    "charAt",
+    "indexOf",
+    "lastIndexOf",
+    "split",
+    "join",
+    "reverse",
+    "format",
+}
+_REGEX = {"matches", "find", "findAll"}
+_LIST_SCANS = {"isSorted", "sum", "min", "max", "indexOf", "lastIndexOf"}
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    cost: int
+    size: int  # max length of the string / list / map the node yields
+
+
+def _scan(size: int) -> int:
+    return math.ceil(size * _TRAVERSAL)
+
+
+def estimate(node: Node) -> int:
+    """The worst-case cost of evaluating ``node`` on any valid device."""
+    return _Estimator().visit(node, {}).cost
+
+
+class _Estimator:
+    def visit(self, node: Node, scope: dict[str, int]) -> Estimate:
+        handler = getattr(self, f"_{node.kind}")
+        result: Estimate = handler(node, scope)
+        return result
+
+    def _lit(self, node: Node, scope: dict[str, int]) -> Estimate:
+        value = node.value
+        return Estimate(0, len(value) if isinstance(value, str | bytes) else 1)
+
+    def _ident(self, node: Node, scope: dict[str, int]) -> Estimate:
+        return Estimate(1, scope.get(node.name, MAX_ENTRIES if node.name == "device" else 1))
+
+    def _select(self, node: Node, scope: dict[str, int]) -> Estimate:
+        inner = self.visit(node.args[0], scope)
+        path = device_path(node)
+        if path == ["driver"]:
+            size = MAX_DRIVER
+        elif path in (["attributes"], ["capacity"]):
+            size = MAX_ENTRIES
+        else:
+            size = UNKNOWN_SIZE
+        return Estimate(inner.cost + 1, size)
+
+    def _index(self, node: Node, scope: dict[str, int]) -> Estimate:
+        inner = self.visit(node.args[0], scope)
+        key = self.visit(node.args[1], scope)
+        base = node.args[0]
+        size = MAX_ENTRIES if device_path(base) in (["attributes"], ["capacity"]) else UNKNOWN_SIZE
+        return Estimate(inner.cost + key.cost + 1, size)
+
+    def _list(self, node: Node, scope: dict[str, int]) -> Estimate:
+        return Estimate(10 + sum(self.visit(a, scope).cost for a in node.args), len(node.args))
+
+    def _map(self, node: Node, scope: dict[str, int]) -> Estimate:
+        cost = 30 + sum(self.visit(a, scope).cost for a in node.args)
+        return Estimate(cost, len(node.args) // 2)
+
+    def _struct(self, node: Node, scope: dict[str, int]) -> Estimate:
+        return Estimate(40 + sum(self.visit(a, scope).cost for a in node.args), 1)
+
+    def _unary(self, node: Node, scope: dict[str, int]) -> Estimate:
+        inner = self.visit(node.args[0], scope)
+        return Estimate(inner.cost + 1, inner.size)
+
+    def _cond(self, node: Node, scope: dict[str, int]) -> Estimate:
+        cond, then, other = (self.visit(a, scope) for a in node.args)
+        return Estimate(cond.cost + max(then.cost, other.cost), max(then.size, other.size))
+
+    def _binary(self, node: Node, scope: dict[str, int]) -> Estimate:
+        left, right = (self.visit(a, scope) for a in node.args)
+        base = left.cost + right.cost
+        if node.name in ("&&", "||"):
+            return Estimate(base, 1)
+        if node.name == "+":
+            size = left.size + right.size
+            return Estimate(base + 1 + _scan(size), size)
+        if node.name == "in":
+            return Estimate(base + 1 + right.size, 1)
+        if node.name in ("==", "!=", "<", "<=", ">", ">="):
+            return Estimate(base + 1 + _scan(min(left.size, right.size)), 1)
+        return Estimate(base + 1, 1)
+
+    def _call(self, node: Node, scope: dict[str, int]) -> Estimate:
+        name = node.name
+        if name in _COMPREHENSIONS and node.target and len(node.args) >= 3:
+            return self._comprehension(node, scope)
+        if name == "bind" and node.args and node.args[0].kind == "ident" and len(node.args) == 4:
+            init = self.visit(node.args[2], scope)
+            body = self.visit(node.args[3], {**scope, node.args[1].name: init.size})
+            return Estimate(init.cost + body.cost, body.size)
+        if name == "has" and len(node.args) == 1:
+            return self.visit(node.args[0], scope)
+        args = [self.visit(a, scope) for a in node.args]
+        base = sum(a.cost for a in args)
+        first = args[0].size if args else 1
+        if name in _REGEX:
+            pattern = args[1].size if len(args) > 1 else 1
+            return Estimate(base + 1 + _scan(first) * max(1, math.ceil(pattern * 0.25)), first)
+        if name in _LIST_SCANS and node.target and name not in _STRING_SCANS:
+            return Estimate(base + 1 + first, 1)
+        if name in _STRING_SCANS:
+            size = first + 1 if name == "split" else first
+            return Estimate(base + 1 + _scan(sum(a.size for a in args)), size)
+        if name in ("contains", "equivalent", "intersects") and len(args) == 2:  # sets.*
+            return Estimate(base + 1 + args[0].size * args[1].size, 1)
+        return Estimate(base + 1, max((a.size for a in args), default=1))
+
+    def _comprehension(self, node: Node, scope: dict[str, int]) -> Estimate:
+        target = self.visit(node.args[0], scope)
+        var = node.args[1].name if node.args[1].kind == "ident" else ""
+        inner = {**scope, var: UNKNOWN_SIZE}
+        step = sum(self.visit(a, inner).cost for a in node.args[2:]) + 1
+        return Estimate(target.cost + 1 + target.size * step, target.size)
