@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from opentelemetry import trace
 from opentelemetry.context import Context
 from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
@@ -21,6 +22,7 @@ from opentelemetry.util.types import AttributeValue
 from services.core import subjects, tracing
 from services.core.bus import Bus, RequestFailed, RequestTimeout
 from services.core.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError
+from services.kubeletplugin import metrics
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer(__name__)
@@ -47,10 +49,17 @@ class Timing:
 
 
 class Forwarder:
-    def __init__(self, bus: Bus, node: str, timing: Timing | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        node: str,
+        timing: Timing | None = None,
+        tracer: trace.Tracer | None = None,
+    ) -> None:
         self.bus = bus
         self.node = node
         self.timing = timing or Timing()
+        self.tracer = tracer or _tracer
 
     async def prepare(
         self, claims: Sequence[ClaimRef], remaining: float | None, parent: Context | None = None
@@ -70,23 +79,32 @@ class Forwarder:
         remaining: float | None,
         parent: Context | None,
     ) -> dict[str, ClaimResult]:
+        started = time.perf_counter()
         results, send = screen_claims(claims)
-        if not send:
-            return results
-        uids = [c.uid for c in send]
-        with _tracer.start_as_current_span(
+        if send:
+            results.update(await self._traced(op, send, remaining, parent))
+        metrics.CALLS.labels(op).inc()
+        metrics.FORWARD_SECONDS.labels(op).observe(time.perf_counter() - started)
+        for result in results.values():
+            metrics.CLAIM_RESULTS.labels(op, "error" if result.error else "ok").inc()
+        return results
+
+    async def _traced(
+        self, op: Operation, send: list[ClaimRef], remaining: float | None, parent: Context | None
+    ) -> dict[str, ClaimResult]:
+        """One span per call, linked to each claim's anchor, its context sent in the headers."""
+        with self.tracer.start_as_current_span(
             f"kubeletplugin.Node{op.capitalize()}Resources",
             context=parent,
             kind=SpanKind.SERVER,
             attributes=_span_attributes(send, self.node),
-            links=tracing.claim_links(uids),
+            links=tracing.claim_links([c.uid for c in send]),
         ) as span:
             replies = await self._request(op, send, self.timing.budget(remaining))
             failed = [uid for uid, r in replies.items() if r.error]
             if failed:
                 span.set_status(Status(StatusCode.ERROR, f"{len(failed)} claim(s) failed"))
-        results.update(replies)
-        return results
+        return replies
 
     async def _request(
         self, op: Operation, claims: list[ClaimRef], budget: float

@@ -9,7 +9,12 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 
+from services.core import tracing
 from services.core.bus import Bus, RequestFailed, RequestTimeout
 from services.core.schemas import ClaimRef, ClaimResult, NodeReply, SchemaError
 from services.kubeletplugin.forwarder import Forwarder, Timing, screen_claims
@@ -28,7 +33,9 @@ class RecordingBus:
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     async def request(self, subject, value, reply_kind, timeout, headers=None):
-        self.calls.append({"subject": subject, "value": value, "timeout": timeout})
+        self.calls.append(
+            {"subject": subject, "value": value, "timeout": timeout, "headers": headers}
+        )
         if self.error is not None:
             raise self.error
         return self.reply or NodeReply(claims={c.uid: ClaimResult() for c in value.claims})
@@ -124,3 +131,28 @@ async def test_nothing_valid_to_send_means_no_request() -> None:
     assert await forwarder(bus).prepare([], 10.0) == {}
     results = await forwarder(bus).prepare([ref("")], 10.0)
     assert bus.calls == [] and "empty uid" in results[""].error
+
+
+async def test_one_span_per_call_with_claim_identity_links_and_headers() -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    bus = RecordingBus(reply=NodeReply(claims={}))
+    fwd = Forwarder(cast(Bus, bus), "node-a", tracer=provider.get_tracer("test"))
+    await fwd.prepare([ref("u1", name="one"), ref("u2", name="two")], 10.0)
+
+    [span] = exporter.get_finished_spans()
+    assert span.name == "kubeletplugin.NodePrepareResources"
+    assert span.attributes is not None
+    assert span.attributes[tracing.ATTR_UID] == ("u1", "u2")
+    assert span.attributes[tracing.ATTR_NAME] == ("one", "two")
+    assert span.attributes[tracing.ATTR_NODE] == "node-a"
+    assert [link.context for link in span.links] == [
+        tracing.claim_anchor("u1"),
+        tracing.claim_anchor("u2"),
+    ]
+    assert span.status.status_code == StatusCode.ERROR  # the reply had no result for them
+    context = span.get_span_context()
+    assert context is not None
+    _, trace_id, span_id, _ = bus.calls[0]["headers"]["traceparent"].split("-")
+    assert (trace_id, span_id) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
