@@ -160,6 +160,33 @@ class HealthEvent(msgspec.Struct, frozen=True, kw_only=True):
     timestamp: float = msgspec.field(default_factory=now)
 
 
+class SimMigRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """``dra.sim.<node>``: a MIG change on a simulated GPU (what NVML calls do on a real node).
+
+    Discovery, run with ``--fleet``, answers it with a :class:`SimMigReply`.
+    ``create`` makes a GPU instance of ``gi_profile_id`` at ``placement_start``
+    (None: the first free valid one) plus its full compute instance, enabling
+    MIG mode first if needed; ``destroy`` removes ``ci_id`` then ``gi_id``
+    (already gone is fine); ``mig-mode`` sets MIG mode to ``mig_enabled``.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    op: Literal["create", "destroy", "mig-mode"]
+    gpu_uuid: str
+    gi_profile_id: int | None = None
+    placement_start: int | None = None
+    gi_id: int | None = None
+    ci_id: int | None = None
+    mig_enabled: bool | None = None
+
+
+class SimMigReply(msgspec.Struct, frozen=True, kw_only=True):
+    schema_version: int = SCHEMA_VERSION
+    device: MigDevice | None = None  # create: the new MIG device
+    error: str = ""  # empty on success
+    nvml_error: str = ""  # the NVML return code name, e.g. NVML_ERROR_INSUFFICIENT_RESOURCES
+
+
 class PluginPresence(msgspec.Struct, frozen=True, kw_only=True):
     """Written by the kubelet plugin while the kubelet has it registered."""
 

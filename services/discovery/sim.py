@@ -26,6 +26,7 @@ from services.discovery.fleet import Fleet, parse_mig_layout
 from services.discovery.models import MIB, GpuModel, MigProfileSpec, MigSpec, ModelError, get_model
 from services.discovery.simstate import (
     EVENT_LOG_LIMIT,
+    SIM_SCHEMA_VERSION,
     SimComputeInstance,
     SimEvent,
     SimGpu,
@@ -352,6 +353,8 @@ class SimNvml:
 
 def check_state(state: SimNodeState) -> None:
     """Reject a state that decodes but cannot be simulated, saying why."""
+    if state.schema_version != SIM_SCHEMA_VERSION:
+        raise SimStateError(f"schema version {state.schema_version} (want {SIM_SCHEMA_VERSION})")
     for i, gpu in enumerate(state.gpus):
         if gpu.index != i:
             raise SimStateError(f"gpus[{i}] has index {gpu.index}")

@@ -61,11 +61,14 @@ class SimStore:
             return None
         return decode_state(entry.value), int(entry.revision or 0)
 
-    async def boot(self, node: str, fleet: Fleet, seed: int) -> tuple[SimNodeState, int]:
+    async def boot(
+        self, node: str, fleet: Fleet, seed: int, *, force: bool = False
+    ) -> tuple[SimNodeState, int]:
         """The node's state, created from the fleet unless the same fleet and seed already run.
 
         Like a real node, live MIG devices and lost GPUs survive a restart of
-        discovery; a different fleet or seed (or an unreadable state) replaces it.
+        discovery; a different fleet or seed, an unreadable state or ``force``
+        replaces it (a reboot of the simulated node).
         """
         try:
             current = await self.get(node)
@@ -74,7 +77,7 @@ class SimStore:
                 "replacing unreadable simulated state", extra={"node": node, "error": str(exc)}
             )
             current = None
-        if current is not None:
+        if current is not None and not force:
             state, revision = current
             if state.fleet == fleet.name and state.seed == seed:
                 return state, revision

@@ -1,0 +1,214 @@
+"""The discovery service: scan NVML, keep the node's inventory in KV, emit changes and health.
+
+It re-scans every ``rescan_interval`` seconds, at once after an NVML event
+(XID), and - on a simulated node - whenever the shared simulated state
+changes (another process created a MIG device, injected an XID, lost a GPU).
+The inventory is written to KV ``inventory`` only when its digest changed, and
+each write is followed by one ``InventoryChanged`` naming what changed, so a
+restart that finds the same GPUs writes nothing.
+
+Nothing here ends the service: a failed scan keeps the last inventory and is
+retried, a bad simulated state is skipped, a bus error is logged and retried.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+
+from services.core import subjects
+from services.core.bus import Bus
+from services.core.schemas import HealthEvent, InventoryChanged, NodeInventory, SchemaError
+from services.discovery import inventory, metrics
+from services.discovery.backend import Backend, GpuLost, NvmlError, NvmlEvent
+from services.discovery.health import HealthTracker
+from services.discovery.sim import SimNvml, SimStateError, check_state
+from services.discovery.simstate import SimNodeState
+from services.discovery.simstore import sim_key
+
+log = logging.getLogger(__name__)
+EVENT_WAIT_S = 0.5  # how long one NVML wait blocks the event thread
+
+
+class Discovery:
+    def __init__(
+        self, bus: Bus, node: str, backend: Backend, *, rescan_interval: float = 30.0
+    ) -> None:
+        self.bus = bus
+        self.node = node
+        self.backend = backend
+        self.rescan_interval = rescan_interval
+        self.health = HealthTracker(node)
+        self.inventory: NodeInventory | None = None  # last scan, health included
+        self.stored: NodeInventory | None = None  # what KV holds
+        self._wake = asyncio.Event()
+        self._events: asyncio.Queue[NvmlEvent] = asyncio.Queue()
+        self._pending_state: SimNodeState | None = None
+        self._stop_thread = threading.Event()
+
+    @property
+    def simulated(self) -> SimNvml | None:
+        return self.backend if isinstance(self.backend, SimNvml) else None
+
+    def wake(self) -> None:
+        """Ask for a re-scan as soon as the current one (if any) is done."""
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        await asyncio.to_thread(self.backend.init)
+        self.stored = await self._load_stored()
+        await self._rescan()  # the first inventory before anything else
+        loop = asyncio.get_running_loop()
+        pump = threading.Thread(target=self._pump_events, args=(loop,), daemon=True)
+        pump.start()
+        tasks = [asyncio.create_task(self._handle_events())]
+        if self.simulated is not None:
+            tasks.append(asyncio.create_task(self._watch_sim_state()))
+        try:
+            while not stop.is_set():
+                await self._sleep(stop)
+                if not stop.is_set():
+                    await self._rescan()
+        finally:
+            self._stop_thread.set()
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.to_thread(pump.join, 5)
+            with contextlib.suppress(NvmlError):
+                await asyncio.to_thread(self.backend.shutdown)
+
+    # ------------------------------------------------------------ scanning
+
+    async def _rescan(self) -> None:
+        self._wake.clear()
+        if self._pending_state is not None and self.simulated is not None:
+            self.simulated.load(self._pending_state)
+            self._pending_state = None
+        started = time.perf_counter()
+        try:
+            result = await asyncio.to_thread(
+                inventory.scan, self.backend, self.node, self.inventory
+            )
+        except Exception as exc:  # keep the last inventory; the next scan retries
+            metrics.SCANS.labels(outcome="error").inc()
+            log.error("scan failed", extra={"node": self.node, "error": str(exc)})
+            return
+        metrics.SCANS.labels(outcome="ok").inc()
+        metrics.SCAN_SECONDS.observe(time.perf_counter() - started)
+        self.inventory, events = self.health.on_scan(result)
+        for event in events:
+            await self._publish_health(event)
+        await self._store(self.inventory)
+
+    async def _store(self, inv: NodeInventory) -> None:
+        if self.stored is not None and self.stored.digest() == inv.digest():
+            return
+        try:
+            revision = await self.bus.kv_put(
+                subjects.INVENTORY_BUCKET, subjects.inventory_key(self.node), inv
+            )
+            changes = inventory.describe_changes(self.stored, inv)
+            await self.bus.publish(
+                subjects.inventory_changed(self.node),
+                InventoryChanged(
+                    node=self.node, digest=inv.digest(), revision=revision, changes=changes
+                ),
+            )
+        except Exception as exc:  # the bus is down: retry on the next scan
+            log.error("storing inventory failed", extra={"node": self.node, "error": str(exc)})
+            self.wake()
+            return
+        metrics.INVENTORY_UPDATES.inc()
+        log.info("inventory updated", extra={"node": self.node, "changes": changes})
+        self.stored = inv
+
+    async def _load_stored(self) -> NodeInventory | None:
+        try:
+            found = await self.bus.kv_get(
+                subjects.INVENTORY_BUCKET, subjects.inventory_key(self.node), NodeInventory
+            )
+        except SchemaError as exc:
+            log.warning("stored inventory unreadable; replacing it", extra={"error": str(exc)})
+            return None
+        return found[0] if found else None
+
+    async def _sleep(self, stop: asyncio.Event) -> None:
+        waits = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
+        try:
+            await asyncio.wait(
+                waits, timeout=self.rescan_interval, return_when=asyncio.FIRST_COMPLETED
+            )
+        finally:
+            for w in waits:
+                w.cancel()
+
+    # ------------------------------------------------------------ NVML events
+
+    def _pump_events(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread: block in NVML's event wait and hand events to the loop."""
+        while not self._stop_thread.is_set():
+            try:
+                event = self.backend.wait_event(EVENT_WAIT_S)
+            except GpuLost:
+                loop.call_soon_threadsafe(self.wake)  # the scan finds out which one
+                time.sleep(EVENT_WAIT_S)
+                continue
+            except Exception as exc:
+                log.warning("NVML event wait failed", extra={"error": str(exc)})
+                time.sleep(EVENT_WAIT_S)
+                continue
+            if event is not None:
+                loop.call_soon_threadsafe(self._events.put_nowait, event)
+
+    async def _handle_events(self) -> None:
+        while True:
+            event = await self._events.get()
+            try:
+                health = self.health.on_event(self.inventory, event)
+                if health is not None:
+                    await self._publish_health(health)
+                    self.wake()
+            except Exception:
+                log.exception("handling NVML event failed", extra={"xid": event.xid})
+
+    async def _publish_health(self, event: HealthEvent) -> None:
+        try:
+            await self.bus.publish(subjects.health(self.node), event)
+        except Exception as exc:
+            log.error("publishing health event failed", extra={"error": str(exc)})
+            return
+        metrics.HEALTH_EVENTS.labels(kind=event.kind).inc()
+        log.info("health event", extra={"kind": event.kind, "health": event.message})
+
+    # ------------------------------------------------------------ simulated NVML
+
+    async def _watch_sim_state(self) -> None:
+        """Follow the shared simulated state; every usable change triggers a re-scan."""
+        while True:
+            try:
+                async for update in self.bus.watch_kv(
+                    subjects.SIM_BUCKET, SimNodeState, keys=sim_key(self.node)
+                ):
+                    self._take_sim_state(update.value)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("simulated state watch failed; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(1)
+
+    def _take_sim_state(self, state: SimNodeState | None) -> None:
+        if state is None:
+            log.warning("simulated state deleted; keeping the last one", extra={"node": self.node})
+            return
+        try:
+            check_state(state)
+        except SimStateError as exc:
+            metrics.SIM_REJECTED.inc()
+            log.warning("skipping unusable simulated state", extra={"error": str(exc)})
+            return
+        self._pending_state = state
+        self.wake()
