@@ -1,0 +1,126 @@
+"""Wiring of the preparer process: bus, checkpoint, inventory, backend, engine, service."""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.core import featuregates as fg
+from services.core import nvidia
+from services.core.bus import Bus
+from services.preparer import faults
+from services.preparer.checkpoint import CheckpointStore, default_path, read_boot_id
+from services.preparer.claims import ApiReader, ClaimSource, KubernetesReader
+from services.preparer.devices.base import DeviceOps
+from services.preparer.engine import Engine
+from services.preparer.engine import Settings as EngineSettings
+from services.preparer.inventory import InventoryView
+from services.preparer.service import PreparerService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Settings:
+    node: str
+    nats_url: str
+    gates: fg.FeatureGates
+    kubelet_root: Path
+    cdi_root: Path
+    simulated: bool
+    driver_root: Path = Path("/")
+    kubeconfig: str = ""
+    api_fallback: bool = True
+    boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
+    fsync: bool = True
+    faults: faults.Faults = field(default_factory=faults.Faults)
+
+
+def plugin_dir(kubelet_root: Path) -> Path:
+    return kubelet_root / "plugins" / nvidia.DRIVER_NAME
+
+
+def lock_plugin_dir(directory: Path) -> int:
+    """One preparer per node: a second one would undo the first one's work at start-up."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / "preparer.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SystemExit(f"another preparer holds {directory / 'preparer.lock'}") from None
+    return fd
+
+
+def _api_reader(settings: Settings) -> ApiReader | None:
+    if not settings.api_fallback:
+        return None
+    if settings.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
+        return KubernetesReader(settings.kubeconfig)
+    return None
+
+
+def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path) -> DeviceOps:
+    if settings.simulated:
+        from services.preparer.devices.simulated import SimulatedOps
+
+        return SimulatedOps(bus, settings.node, inventory, pdir, fsync=settings.fsync)
+    from services.preparer.devices.real import RealOps
+
+    return RealOps(pdir, driver_root=settings.driver_root)
+
+
+async def run(settings: Settings) -> int:
+    pdir = plugin_dir(settings.kubelet_root)
+    lock_fd = lock_plugin_dir(pdir)
+    bus = await Bus.connect(settings.nats_url, name=f"gpudra-preparer-{settings.node}")
+    store = CheckpointStore(
+        default_path(settings.kubelet_root, nvidia.DRIVER_NAME),
+        read_boot_id(settings.boot_id_file),
+        fsync=settings.fsync,
+    )
+    store.load()
+    inventory = InventoryView(bus, settings.node)
+    await inventory.start()
+    api = _api_reader(settings)
+    ops = _backend(settings, bus, inventory, pdir)
+    engine = Engine(
+        EngineSettings(
+            node=settings.node,
+            gates=settings.gates,
+            cdi_root=settings.cdi_root,
+            plugin_dir=pdir,
+            fsync=settings.fsync,
+        ),
+        store,
+        ClaimSource(bus, settings.node, api),
+        inventory,
+        ops,
+        settings.faults,
+    )
+    report = await engine.recover()
+    log.info("recovered", extra={"node": settings.node, **report})
+    service = PreparerService(bus, engine, settings.node)
+    await service.start()
+    log.info(
+        "preparer ready",
+        extra={"node": settings.node, "claims": len(store.claims), "gates": settings.gates.spec()},
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await service.close()
+    await inventory.stop()
+    await ops.close()
+    if isinstance(api, KubernetesReader):
+        await api.close()
+    await bus.close()
+    os.close(lock_fd)
+    return 0

@@ -1,0 +1,318 @@
+"""The node's checkpoint: which claims are prepared, and exactly what was done for them.
+
+One JSON file per node (``<kubelet-root>/plugins/gpu.nvidia.com/checkpoint.json``)::
+
+    {"version": 1, "checksum": "sha256:<hex>", "data": {...}}
+
+* The checksum covers the ``data`` bytes exactly as stored, never a re-encoding,
+  so adding a field to the schema can never invalidate an older file (the
+  reference driver's checkpoints broke on upgrade for that reason).
+* Every version this code ever wrote has a reader that converts it to the
+  current layout (``_READERS``); fields added later have defaults.
+* A checkpoint from another boot (``/proc/sys/kernel/random/boot_id``) is void:
+  nothing prepared before a reboot still exists.
+* Writes are atomic (temp file, fsync, rename, directory fsync) and grouped:
+  concurrent updates share one write, so fsync cost does not serialise claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+
+from services.core.resource import AllocationResult
+from services.preparer.fsutil import atomic_write
+
+log = logging.getLogger(__name__)
+
+VERSION = 1
+BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+FILENAME = "checkpoint.json"
+
+ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
+PREPARE_STARTED: ClaimState = "PrepareStarted"
+PREPARE_COMPLETED: ClaimState = "PrepareCompleted"
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint that cannot be trusted (corrupt, or from a newer preparer)."""
+
+
+class _Rec(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True, frozen=True):
+    pass
+
+
+class MigState(_Rec, frozen=True, kw_only=True):
+    """A MIG device as it exists: enough to find it again and to destroy it."""
+
+    uuid: str
+    parent_uuid: str
+    parent_minor: int
+    profile: str
+    gi_profile_id: int
+    placement_start: int
+    placement_size: int = 0
+    gi_id: int
+    ci_id: int
+    created: bool = False  # dynamic MIG: we created it and must destroy it
+
+
+class VfioState(_Rec, frozen=True, kw_only=True):
+    pci_bus_id: str
+    iommu_group: int
+    previous_driver: str = "nvidia"
+
+
+class PreparedDeviceState(_Rec, frozen=True, kw_only=True):
+    """One allocated device and what preparing it produced."""
+
+    name: str
+    kind: Literal["gpu", "mig", "vfio"]
+    requests: list[str]
+    pool: str
+    cdi_device_ids: list[str] = []
+    gpu_uuid: str = ""  # the physical GPU (parent of a MIG device)
+    gpu_minor: int = -1
+    pci_bus_id: str = ""
+    admin_access: bool = False
+    group: int = 0
+    mig: MigState | None = None
+    vfio: VfioState | None = None
+
+
+class MpsState(_Rec, frozen=True, kw_only=True):
+    daemon_id: str
+    root_dir: str
+    pipe_dir: str
+    shm_dir: str
+    log_dir: str
+    device_uuids: list[str]
+    gpu_uuids: list[str] = []
+    active_thread_percentage: int | None = None
+    pinned_memory_limits_mib: dict[str, int] = {}
+    pid: int | None = None
+
+
+class GroupState(_Rec, frozen=True, kw_only=True):
+    """One config group: the config that won for its devices and the sharing applied."""
+
+    kind: str  # GpuConfig / MigDeviceConfig / VfioDeviceConfig
+    origin: str
+    config: dict[str, Any] = {}
+    time_slice: str | None = None  # interval applied, reset to Default on unprepare
+    time_slice_gpus: list[str] = []
+    mps: MpsState | None = None
+    vfio_api_device: bool = False
+    vfio_iommufd: bool = False
+
+
+class ClaimEntry(_Rec, frozen=True, kw_only=True):
+    state: ClaimState
+    namespace: str
+    name: str
+    allocation: AllocationResult | None = None
+    started_at: float = 0.0
+    completed_at: float | None = None
+    devices: list[PreparedDeviceState] = []
+    groups: list[GroupState] = []
+    metadata_files: list[str] = []  # KEP-5304 files written for this claim
+
+
+class CheckpointData(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    node_boot_id: str = ""
+    claims: dict[str, ClaimEntry] = {}
+
+
+class _Envelope(msgspec.Struct, kw_only=True):
+    version: int = 0
+    checksum: str = ""
+    data: msgspec.Raw = msgspec.Raw(b"{}")
+
+
+# ------------------------------------------------------------------ older versions
+
+
+class _V0Device(_Rec, frozen=True, kw_only=True):
+    name: str
+    kind: Literal["gpu", "mig", "vfio"]
+    requests: list[str] = []
+    pool: str = ""
+    cdi_device_ids: list[str] = []
+    uuid: str = ""
+
+
+class _V0Claim(_Rec, frozen=True, kw_only=True):
+    namespace: str = ""
+    name: str = ""
+    allocation: AllocationResult | None = None
+    devices: list[_V0Device] = []
+
+
+class _V0Data(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    prepared_claims: dict[str, _V0Claim] = {}
+
+
+def _from_v0(raw: bytes) -> CheckpointData:
+    """v0: the draft layout before claim states and boot ids: every claim was complete."""
+    old = msgspec.json.decode(raw, type=_V0Data)
+    claims = {
+        uid: ClaimEntry(
+            state=PREPARE_COMPLETED,
+            namespace=claim.namespace,
+            name=claim.name,
+            allocation=claim.allocation,
+            devices=[
+                PreparedDeviceState(
+                    name=d.name,
+                    kind=d.kind,
+                    requests=d.requests,
+                    pool=d.pool,
+                    cdi_device_ids=d.cdi_device_ids,
+                    gpu_uuid=d.uuid if d.kind != "mig" else "",
+                )
+                for d in claim.devices
+            ],
+        )
+        for uid, claim in old.prepared_claims.items()
+    }
+    return CheckpointData(node_boot_id="", claims=claims)
+
+
+def _from_v1(raw: bytes) -> CheckpointData:
+    return msgspec.json.decode(raw, type=CheckpointData)
+
+
+_READERS: Mapping[int, Callable[[bytes], CheckpointData]] = {0: _from_v0, 1: _from_v1}
+
+
+# ------------------------------------------------------------------ file format
+
+
+def checksum(data: bytes) -> str:
+    return "sha256:" + hashlib.sha256(data).hexdigest()
+
+
+def encode(data: CheckpointData) -> bytes:
+    body = msgspec.json.encode(data)
+    head = msgspec.json.encode({"version": VERSION, "checksum": checksum(body)})
+    return head[:-1] + b',"data":' + body + b"}\n"
+
+
+def decode(raw: bytes, source: str = "checkpoint") -> CheckpointData:
+    """Any version we ever wrote, converted to the current layout; raises on corruption."""
+    try:
+        envelope = msgspec.json.decode(raw, type=_Envelope)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CheckpointError(f"{source}: not a checkpoint: {exc}") from exc
+    reader = _READERS.get(envelope.version)
+    if reader is None:
+        raise CheckpointError(
+            f"{source}: version {envelope.version} is not one this preparer reads "
+            f"(known: {sorted(_READERS)})"
+        )
+    body = bytes(envelope.data)
+    if envelope.checksum != checksum(body):
+        raise CheckpointError(
+            f"{source}: checksum mismatch (stored {envelope.checksum or 'none'}, "
+            f"computed {checksum(body)}); refusing to guess what is prepared"
+        )
+    try:
+        return reader(body)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise CheckpointError(f"{source}: version {envelope.version} data: {exc}") from exc
+
+
+def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
+    return path.read_text().strip()
+
+
+# ------------------------------------------------------------------ the store
+
+
+Mutation = Callable[[dict[str, ClaimEntry]], None]
+
+
+class CheckpointStore:
+    """The checkpoint file and its in-memory copy; updates are durable when they return."""
+
+    def __init__(self, path: Path, boot_id: str, *, fsync: bool = True) -> None:
+        self.path = path
+        self.boot_id = boot_id
+        self.fsync = fsync
+        self._claims: dict[str, ClaimEntry] = {}
+        self._pending: list[tuple[Mutation, asyncio.Future[None]]] = []
+        self._writer: asyncio.Task[None] | None = None
+        self.writes = 0
+
+    @property
+    def claims(self) -> Mapping[str, ClaimEntry]:
+        """The committed state (what is on disk)."""
+        return self._claims
+
+    def load(self) -> None:
+        """Read the file (creating it when absent); a checkpoint from another boot is void."""
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            log.info("no checkpoint; starting empty", extra={"path": str(self.path)})
+            self._write_sync(CheckpointData(node_boot_id=self.boot_id))
+            return
+        data = decode(self.path.read_bytes(), str(self.path))
+        if data.node_boot_id and data.node_boot_id != self.boot_id:
+            log.warning(
+                "checkpoint is from another boot; nothing in it exists any more",
+                extra={"stored": data.node_boot_id, "current": self.boot_id},
+            )
+            data = CheckpointData(node_boot_id=self.boot_id)
+        self._claims = dict(data.claims)
+        # Rewrite in the current version (and stamp the boot id of a v0 file).
+        self._write_sync(CheckpointData(node_boot_id=self.boot_id, claims=self._claims))
+
+    async def update(self, mutate: Mutation) -> None:
+        """Apply ``mutate`` to the claims and persist; concurrent callers share one write."""
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((mutate, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        await future
+
+    async def put(self, uid: str, entry: ClaimEntry) -> None:
+        await self.update(lambda claims: claims.__setitem__(uid, entry))
+
+    async def remove(self, uid: str) -> None:
+        def drop(claims: dict[str, ClaimEntry]) -> None:
+            claims.pop(uid, None)
+
+        await self.update(drop)
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            claims = dict(self._claims)
+            try:
+                for mutate, _ in batch:
+                    mutate(claims)
+                data = CheckpointData(node_boot_id=self.boot_id, claims=claims)
+                await asyncio.to_thread(self._write_sync, data)
+            except Exception as exc:  # every waiter learns the write failed
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self._claims = claims
+            for _, future in batch:
+                if not future.done():
+                    future.set_result(None)
+
+    def _write_sync(self, data: CheckpointData) -> None:
+        atomic_write(self.path, encode(data), mode=0o600, fsync=self.fsync)
+        self.writes += 1
+
+
+def default_path(kubelet_root: Path, driver: str) -> Path:
+    return kubelet_root / "plugins" / driver / FILENAME

@@ -1,0 +1,144 @@
+"""Where the preparer learns a claim's allocation, and the checks on the claim itself.
+
+The allocator's claim watcher puts every allocated claim into the ``claims``
+bucket (key ``<node>.<uid>``) before the kubelet asks, so a prepare needs no
+API round trip; when the bucket has nothing, the claim is read from the API
+server. Claim identities come from the kubelet but end up in file names,
+subjects and (KEP-5304) container paths, so they are validated strictly first.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from typing import Any, Protocol
+
+import msgspec
+
+from services.core import subjects
+from services.core.bus import Bus
+from services.core.resource import ResourceClaim
+from services.core.schemas import ClaimRef, SchemaError
+
+log = logging.getLogger(__name__)
+
+_RFC4122 = re.compile(
+    r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
+)
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+class ClaimError(ValueError):
+    """A claim that cannot be prepared; the message names the claim and the reason."""
+
+
+def describe(ref: ClaimRef) -> str:
+    """``ns/name`` for messages; unsafe text is shown quoted, never interpreted."""
+    if _DNS_LABEL.match(ref.namespace) and _DNS_SUBDOMAIN.match(ref.name):
+        return f"{ref.namespace}/{ref.name}"
+    return f"{ref.namespace!r}/{ref.name!r}"
+
+
+def check_identity(ref: ClaimRef) -> None:
+    """Refuse a UID, namespace or name that could escape into a path or a subject.
+
+    UIDs are RFC 4122 (what the API server assigns) or, for hand-made test
+    claims, a DNS label; namespaces are DNS labels; names DNS subdomains.
+    """
+    who = f"claim {describe(ref)}"
+    if not ref.uid:
+        raise ClaimError(f"{who}: uid is empty")
+    if not (_RFC4122.match(ref.uid) or _DNS_LABEL.match(ref.uid)):
+        raise ClaimError(
+            f"{who}: uid {ref.uid!r} is not an RFC 4122 UUID or a DNS label "
+            "(only [a-z0-9-] and hex UUIDs are accepted)"
+        )
+    if not _DNS_LABEL.match(ref.namespace):
+        raise ClaimError(f"{who}: namespace {ref.namespace!r} is not a DNS label")
+    if len(ref.name) > 253 or not _DNS_SUBDOMAIN.match(ref.name):
+        raise ClaimError(f"{who}: name {ref.name!r} is not a DNS subdomain")
+
+
+class ApiReader(Protocol):
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None: ...
+
+
+class KubernetesReader:
+    """GET resource.k8s.io/v1 resourceclaims through kubernetes-asyncio."""
+
+    def __init__(self, kubeconfig: str = "") -> None:
+        self.kubeconfig = kubeconfig
+        self._api: Any = None
+        self._client: Any = None
+
+    async def _custom_objects(self) -> Any:
+        if self._api is None:
+            from kubernetes_asyncio import client, config
+
+            if self.kubeconfig:
+                self._client = await config.new_client_from_config(config_file=self.kubeconfig)
+            else:
+                config.load_incluster_config()  # type: ignore[no-untyped-call]
+                self._client = client.ApiClient()
+            self._api = client.CustomObjectsApi(self._client)
+        return self._api
+
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
+        from kubernetes_asyncio.client.exceptions import ApiException
+
+        api = await self._custom_objects()
+        try:
+            raw = await api.get_namespaced_custom_object(
+                "resource.k8s.io", "v1", namespace, "resourceclaims", name
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise ClaimError(
+                f"claim {namespace}/{name}: API server said {exc.status} {exc.reason}"
+            ) from exc
+        return msgspec.convert(raw, ResourceClaim)
+
+    async def close(self) -> None:
+        if self._client is not None:
+            await self._client.close()
+
+
+class ClaimSource:
+    """A claim's current object: the ``claims`` bucket first, then the API server."""
+
+    def __init__(self, bus: Bus, node: str, api: ApiReader | None = None) -> None:
+        self.bus = bus
+        self.node = node
+        self.api = api
+
+    async def get(self, ref: ClaimRef) -> ResourceClaim:
+        """The allocated claim ``ref`` names; :class:`ClaimError` when it cannot be used."""
+        who = f"claim {describe(ref)}"
+        claim = await self._from_bucket(ref)
+        if claim is None and self.api is not None:
+            claim = await self.api.get_claim(ref.namespace, ref.name)
+        if claim is None:
+            where = "the claims bucket" + (" or the API server" if self.api else "")
+            raise ClaimError(f"{who}: not found in {where}")
+        if claim.metadata.uid != ref.uid:
+            raise ClaimError(
+                f"{who}: claim was replaced (the kubelet asked for uid {ref.uid}, "
+                f"the claim now has uid {claim.metadata.uid})"
+            )
+        if claim.status is None or claim.status.allocation is None:
+            raise ClaimError(f"claim {describe(ref)} is not allocated")
+        return claim
+
+    async def _from_bucket(self, ref: ClaimRef) -> ResourceClaim | None:
+        key = subjects.claim_key(self.node, ref.uid)
+        try:
+            got = await self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim)
+        except SchemaError as exc:
+            log.warning(
+                "unreadable claims bucket entry; asking the API server",
+                extra={"key": key, "error": str(exc)},
+            )
+            return None
+        return got[0] if got else None

@@ -1,0 +1,102 @@
+"""``gpudra preparer``: prepare and unprepare this node's claims for the kubelet plugin."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from services.core import config, logs, metrics, tracing
+from services.preparer import cdi, faults
+from services.preparer.checkpoint import BOOT_ID_FILE
+
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "preparer",
+        help="prepare/unprepare claims on this node (configs, sharing, MIG, VFIO, CDI, checkpoint)",
+    )
+    config.add_common_flags(parser, node=True)
+    parser.add_argument(
+        "--kubelet-root",
+        type=Path,
+        default=Path(config.env("kubelet-root", DEFAULT_KUBELET_ROOT)),
+        help="kubelet root; the checkpoint lives in plugins/gpu.nvidia.com/ under it",
+    )
+    parser.add_argument(
+        "--cdi-root",
+        type=Path,
+        default=Path(config.env("cdi-root", str(cdi.DEFAULT_ROOT))),
+        help="where claim CDI specs are written (the runtime must read this directory)",
+    )
+    backend = parser.add_mutually_exclusive_group()
+    backend.add_argument(
+        "--fleet",
+        default=config.env("fleet", ""),
+        help="simulated GPUs: MIG changes go to the simulated NVML that discovery runs",
+    )
+    backend.add_argument(
+        "--nvml", action="store_true", help="real GPUs: nvidia-smi, NVML, sysfs (the default)"
+    )
+    parser.add_argument(
+        "--driver-root",
+        type=Path,
+        default=Path(config.env("driver-root", "/")),
+        help="where the NVIDIA driver's files are, as this process sees them",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=config.env("kubeconfig", ""),
+        help="API server for claims missing from the claims bucket (empty: in-cluster if there)",
+    )
+    parser.add_argument(
+        "--no-api-fallback",
+        action="store_true",
+        default=config.env("no-api-fallback", "") == "true",
+        help="read claims only from the claims bucket",
+    )
+    parser.add_argument(
+        "--boot-id-file",
+        type=Path,
+        default=Path(config.env("boot-id-file", str(BOOT_ID_FILE))),
+        help="the kernel's boot id (a checkpoint from another boot is void)",
+    )
+    parser.add_argument(
+        "--no-fsync",
+        action="store_true",
+        default=config.env("no-fsync", "") == "true",
+        help="skip fsync of checkpoint and CDI writes (benchmarks of the rest only)",
+    )
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from services.preparer.app import Settings, run
+
+    try:
+        crash = faults.Faults.from_env()
+    except ValueError as exc:
+        raise SystemExit(f"gpudra preparer: {exc}") from exc
+    logs.setup("preparer", args.log_level)
+    tracing.setup("preparer", args.otlp_endpoint)
+    metrics.serve(args.metrics_port)
+    settings = Settings(
+        node=args.node_name,
+        nats_url=args.nats_url,
+        gates=args.feature_gates,
+        kubelet_root=args.kubelet_root,
+        cdi_root=args.cdi_root,
+        simulated=bool(args.fleet),
+        driver_root=args.driver_root,
+        kubeconfig=args.kubeconfig,
+        api_fallback=not args.no_api_fallback,
+        boot_id_file=args.boot_id_file,
+        fsync=not args.no_fsync,
+        faults=crash,
+    )
+    try:
+        return asyncio.run(run(settings))
+    finally:
+        tracing.shutdown()

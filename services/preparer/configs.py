@@ -1,0 +1,379 @@
+"""Opaque device configs (``resource.nvidia.com/v1beta1``): decode, normalise, validate, resolve.
+
+A claim's allocation carries the configs of its DeviceClasses (``FromClass``)
+and of the claim itself (``FromClaim``). Users write these by hand, so
+decoding is strict (an unknown field is an error, not silently ignored) and
+every error names the config and the field path, e.g.::
+
+    config[1] (FromClaim) GpuConfig.sharing.mpsConfig.defaultActiveThreadPercentage:
+        must be between 0 and 100, got 150
+
+Resolution follows the reference driver: built-in defaults first, then class
+configs, then claim configs; for each allocated device the last config that
+names its request (or names no request and fits the device type) wins.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any, Literal
+
+import msgspec
+
+from services.core import featuregates as fg
+from services.core import quantity
+from services.core.resource import DeviceAllocationConfiguration, DeviceRequestAllocationResult
+
+DRIVER = "gpu.nvidia.com"
+API_VERSION = "resource.nvidia.com/v1beta1"
+GPU_CONFIG = "GpuConfig"
+MIG_DEVICE_CONFIG = "MigDeviceConfig"
+VFIO_DEVICE_CONFIG = "VfioDeviceConfig"
+
+TIME_SLICING = "TimeSlicing"
+MPS = "MPS"
+INTERVALS = ("Default", "Short", "Medium", "Long")  # nvidia-smi --set-timeslice 0..3
+BACKEND_POLICIES = ("LegacyOnly", "PreferIommuFD")
+
+DeviceKind = Literal["gpu", "mig", "vfio"]
+MIB = 2**20
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the config and the field."""
+
+
+class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
+    pass
+
+
+class TimeSlicingConfig(_Strict, kw_only=True):
+    interval: str | None = None
+
+
+class MpsConfig(_Strict, kw_only=True):
+    default_active_thread_percentage: int | None = None
+    default_pinned_device_memory_limit: str | int | None = None
+    default_per_device_pinned_memory_limit: dict[str, str | int] | None = None
+    multi_user: bool | None = None
+
+
+class GpuSharing(_Strict, kw_only=True):
+    strategy: str
+    time_slicing_config: TimeSlicingConfig | None = None
+    mps_config: MpsConfig | None = None
+
+
+class MigDeviceSharing(_Strict, kw_only=True):
+    """MIG devices cannot be time-sliced individually: no timeSlicingConfig field."""
+
+    strategy: str
+    mps_config: MpsConfig | None = None
+
+
+class IommuConfig(_Strict, kw_only=True):
+    backend_policy: str = ""
+    enable_api_device: bool | None = None
+
+
+class GpuConfig(_Strict, kw_only=True):
+    api_version: str = API_VERSION
+    kind: str = GPU_CONFIG
+    sharing: GpuSharing | None = None
+
+
+class MigDeviceConfig(_Strict, kw_only=True):
+    api_version: str = API_VERSION
+    kind: str = MIG_DEVICE_CONFIG
+    sharing: MigDeviceSharing | None = None
+
+
+class VfioDeviceConfig(_Strict, kw_only=True):
+    api_version: str = API_VERSION
+    kind: str = VFIO_DEVICE_CONFIG
+    iommu: IommuConfig | None = None
+
+
+DeviceConfig = GpuConfig | MigDeviceConfig | VfioDeviceConfig
+
+_KINDS: Mapping[str, type[GpuConfig] | type[MigDeviceConfig] | type[VfioDeviceConfig]] = {
+    GPU_CONFIG: GpuConfig,
+    MIG_DEVICE_CONFIG: MigDeviceConfig,
+    VFIO_DEVICE_CONFIG: VfioDeviceConfig,
+}
+_FITS: Mapping[str, DeviceKind] = {
+    GPU_CONFIG: "gpu",
+    MIG_DEVICE_CONFIG: "mig",
+    VFIO_DEVICE_CONFIG: "vfio",
+}
+
+
+@dataclass(frozen=True)
+class SourcedConfig:
+    """One decoded config and where it came from (for error messages)."""
+
+    config: DeviceConfig
+    origin: str  # "default" or "config[1] (FromClaim)"
+    requests: tuple[str, ...] = ()
+
+
+@dataclass
+class ConfigGroup:
+    """The devices one config applies to; sharing (e.g. one MPS daemon) is per group."""
+
+    config: DeviceConfig
+    origin: str
+    results: list[DeviceRequestAllocationResult] = field(default_factory=list)
+
+
+# ------------------------------------------------------------------ decoding
+
+
+def decode(params: Any, origin: str) -> DeviceConfig:
+    """Strictly decode one opaque ``parameters`` object."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{origin}: parameters must be an object, got {type(params).__name__}")
+    api_version, kind = params.get("apiVersion"), params.get("kind")
+    if api_version != API_VERSION:
+        raise ConfigError(
+            f"{origin}: unsupported apiVersion {api_version!r}; expected {API_VERSION}"
+        )
+    if not isinstance(kind, str) or kind not in _KINDS:
+        raise ConfigError(
+            f"{origin}: unknown kind {kind!r}; expected one of {', '.join(_KINDS)} ({API_VERSION})"
+        )
+    try:
+        return msgspec.convert(params, type=_KINDS[kind])
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{origin} {kind}{_describe(str(exc))}") from exc
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
+
+
+def _describe(error: str) -> str:
+    """Turn msgspec's ``msg - at `$.a.b``` into ``.a.b: msg`` (unknown fields get their name)."""
+    match = _AT.match(error)
+    msg, path = (match["msg"], match["path"] or "") if match else (error, "")
+    unknown = _UNKNOWN.match(msg)
+    if unknown:
+        return f"{path}.{unknown['name']}: unknown field"
+    return f"{path}: {msg[0].lower()}{msg[1:]}" if msg else path
+
+
+def collect(configs: Sequence[DeviceAllocationConfiguration] | None) -> list[SourcedConfig]:
+    """Our driver's configs, class ones before claim ones, each strictly decoded."""
+    by_source: dict[str, list[SourcedConfig]] = {"FromClass": [], "FromClaim": []}
+    for index, entry in enumerate(configs or ()):
+        origin = f"config[{index}] ({entry.source})"
+        if entry.source not in by_source:
+            raise ConfigError(f"{origin}: unknown source; expected FromClass or FromClaim")
+        if entry.opaque is None:
+            raise ConfigError(f"{origin}: only opaque parameters are supported by {DRIVER}")
+        if entry.opaque.driver != DRIVER:
+            continue  # another driver's config: not ours to judge
+        decoded = decode(entry.opaque.parameters, origin)
+        by_source[entry.source].append(SourcedConfig(decoded, origin, tuple(entry.requests or ())))
+    return by_source["FromClass"] + by_source["FromClaim"]
+
+
+# ------------------------------------------------------------------ normalise and validate
+
+
+def defaults(gates: fg.FeatureGates) -> list[SourcedConfig]:
+    """The lowest-precedence configs, one per device type (as the reference driver)."""
+    out = [SourcedConfig(GpuConfig(), "default"), SourcedConfig(MigDeviceConfig(), "default")]
+    if gates.enabled(fg.PASSTHROUGH_SUPPORT):
+        out.append(SourcedConfig(VfioDeviceConfig(), "default"))
+    return out
+
+
+def normalize(config: DeviceConfig, gates: fg.FeatureGates) -> DeviceConfig:
+    """Fill the implied defaults (the reference driver's ``Normalize()``)."""
+    if isinstance(config, VfioDeviceConfig):
+        iommu = config.iommu or IommuConfig()
+        return msgspec.structs.replace(
+            config,
+            iommu=IommuConfig(
+                backend_policy=iommu.backend_policy or "LegacyOnly",
+                enable_api_device=bool(iommu.enable_api_device),
+            ),
+        )
+    sharing = config.sharing
+    if sharing is None:
+        return config
+    if sharing.strategy == MPS and sharing.mps_config is None and gates.enabled(fg.MPS_SUPPORT):
+        sharing = msgspec.structs.replace(sharing, mps_config=MpsConfig())
+    if (
+        isinstance(sharing, GpuSharing)
+        and sharing.strategy == TIME_SLICING
+        and sharing.time_slicing_config is None
+        and gates.enabled(fg.TIME_SLICING_SETTINGS)
+    ):
+        sharing = msgspec.structs.replace(
+            sharing, time_slicing_config=TimeSlicingConfig(interval="Default")
+        )
+    return msgspec.structs.replace(config, sharing=sharing)
+
+
+def validate(config: DeviceConfig, origin: str, gates: fg.FeatureGates) -> None:
+    """Raise :class:`ConfigError` naming the first field that is wrong."""
+    where = f"{origin} {config.kind}"
+    if isinstance(config, VfioDeviceConfig):
+        _validate_vfio(config, where, gates)
+        return
+    if config.sharing is not None:
+        _validate_sharing(config.sharing, f"{where}.sharing", gates)
+
+
+def _validate_vfio(config: VfioDeviceConfig, where: str, gates: fg.FeatureGates) -> None:
+    if not gates.enabled(fg.PASSTHROUGH_SUPPORT):
+        raise ConfigError(
+            f'{where}: needs the "{fg.PASSTHROUGH_SUPPORT}" feature gate, which is not enabled'
+        )
+    policy = config.iommu.backend_policy if config.iommu else "LegacyOnly"
+    if policy not in BACKEND_POLICIES:
+        raise ConfigError(
+            f"{where}.iommu.backendPolicy: unknown IOMMU backend policy {policy!r}; "
+            f"valid: {', '.join(BACKEND_POLICIES)}"
+        )
+
+
+def _validate_sharing(
+    sharing: GpuSharing | MigDeviceSharing, where: str, gates: fg.FeatureGates
+) -> None:
+    gate = {TIME_SLICING: fg.TIME_SLICING_SETTINGS, MPS: fg.MPS_SUPPORT}.get(sharing.strategy)
+    if gate is None:
+        raise ConfigError(
+            f"{where}.strategy: unknown GPU sharing strategy {sharing.strategy!r}; "
+            f"valid: {TIME_SLICING}, {MPS}"
+        )
+    if not gates.enabled(gate):
+        raise ConfigError(
+            f'{where}.strategy: "{sharing.strategy}" is selected as the GPU sharing strategy, '
+            f'but the "{gate}" feature gate is not enabled'
+        )
+    ts_config = sharing.time_slicing_config if isinstance(sharing, GpuSharing) else None
+    if sharing.strategy == TIME_SLICING and sharing.mps_config is not None:
+        raise ConfigError(f"{where}.mpsConfig: not allowed with strategy {TIME_SLICING}")
+    if sharing.strategy == MPS and ts_config is not None:
+        raise ConfigError(f"{where}.timeSlicingConfig: not allowed with strategy {MPS}")
+    if ts_config is not None and ts_config.interval is not None:
+        if ts_config.interval not in INTERVALS:
+            raise ConfigError(
+                f"{where}.timeSlicingConfig.interval: unknown time-slice interval "
+                f"{ts_config.interval!r}; valid: {', '.join(INTERVALS)}"
+            )
+    if sharing.mps_config is not None:
+        _validate_mps(sharing.mps_config, f"{where}.mpsConfig")
+
+
+def _validate_mps(mps: MpsConfig, where: str) -> None:
+    pct = mps.default_active_thread_percentage
+    if pct is not None and not 0 <= pct <= 100:
+        raise ConfigError(
+            f"{where}.defaultActiveThreadPercentage: must be between 0 and 100, got {pct}"
+        )
+    if mps.default_pinned_device_memory_limit is not None:
+        memory_limit_mib(
+            mps.default_pinned_device_memory_limit, f"{where}.defaultPinnedDeviceMemoryLimit"
+        )
+    for key, value in (mps.default_per_device_pinned_memory_limit or {}).items():
+        memory_limit_mib(value, f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]")
+
+
+def memory_limit_mib(value: str | int, where: str) -> int:
+    """A pinned-memory limit in whole MiB (what nvidia-cuda-mps-control takes); > 0."""
+    try:
+        amount = quantity.parse(str(value))
+    except quantity.QuantityError as exc:
+        raise ConfigError(f"{where}: {exc}") from exc
+    if amount <= 0:
+        raise ConfigError(f"{where}: must be greater than zero, got {value}")
+    mib = int(amount / Fraction(MIB))
+    if mib < 1:
+        raise ConfigError(f"{where}: must be at least 1Mi, got {value}")
+    return mib
+
+
+def per_device_limits(mps: MpsConfig, uuids: Sequence[str], where: str) -> dict[str, int]:
+    """MiB limit per device UUID: the default for all, then per-device overrides.
+
+    A per-device key is a UUID of one of ``uuids`` or an index into them.
+    """
+    limits: dict[str, int] = {}
+    if mps.default_pinned_device_memory_limit is not None:
+        mib = memory_limit_mib(
+            mps.default_pinned_device_memory_limit, f"{where}.defaultPinnedDeviceMemoryLimit"
+        )
+        limits = dict.fromkeys(uuids, mib)
+    for key, value in (mps.default_per_device_pinned_memory_limit or {}).items():
+        path = f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]"
+        if key in uuids:
+            uuid = key
+        elif key.isdigit() and int(key) < len(uuids):
+            uuid = uuids[int(key)]
+        else:
+            raise ConfigError(
+                f"{path}: not a UUID or index of this config's devices "
+                f"(devices: {', '.join(uuids) or 'none'})"
+            )
+        limits[uuid] = memory_limit_mib(value, path)
+    return limits
+
+
+# ------------------------------------------------------------------ resolution
+
+
+def request_matches(named: Sequence[str], request: str) -> bool:
+    """A config naming ``req`` applies to ``req`` and its subrequests ``req/sub``."""
+    return request in named or request.split("/", 1)[0] in named
+
+
+def resolve(
+    configs: Sequence[DeviceAllocationConfiguration] | None,
+    results: Sequence[DeviceRequestAllocationResult],
+    kinds: Mapping[str, DeviceKind],
+    gates: fg.FeatureGates,
+) -> list[ConfigGroup]:
+    """Group ``results`` by the config that wins for each; every config is validated.
+
+    ``kinds`` gives the device type of every result's device.
+    """
+    candidates = defaults(gates) + collect(configs)
+    normalized = []
+    for item in candidates:
+        config = normalize(item.config, gates)
+        validate(config, item.origin, gates)
+        normalized.append(SourcedConfig(config, item.origin, item.requests))
+    groups: dict[int, ConfigGroup] = {}
+    for result in results:
+        index = _winner(normalized, result, kinds[result.device])
+        chosen = normalized[index]
+        groups.setdefault(index, ConfigGroup(chosen.config, chosen.origin)).results.append(result)
+    return list(groups.values())
+
+
+def _winner(
+    configs: Sequence[SourcedConfig], result: DeviceRequestAllocationResult, kind: DeviceKind
+) -> int:
+    for index in range(len(configs) - 1, -1, -1):
+        item = configs[index]
+        fits = _FITS[item.config.kind] == kind
+        if item.requests and request_matches(item.requests, result.request):
+            if not fits:
+                raise ConfigError(
+                    f"{item.origin} {item.config.kind}: cannot apply to device "
+                    f"{result.device!r} of type {kind} (request {result.request!r})"
+                )
+            return index
+        if not item.requests and fits:
+            return index
+    raise ConfigError(
+        f"device {result.device!r} of type {kind} (request {result.request!r}): "
+        "no config applies (is the PassthroughSupport feature gate enabled?)"
+    )

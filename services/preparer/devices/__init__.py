@@ -1,0 +1,1 @@
+"""Device-operations backends: real (nvidia-smi, NVML, sysfs, MPS) and simulated."""

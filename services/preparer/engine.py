@@ -1,0 +1,677 @@
+"""Prepare and unprepare claims: the transaction around every side effect.
+
+For one claim, in order:
+
+1. checks that need no side effect: the claim's identity, its allocation,
+   the devices (on this node, not held by another claim), the configs;
+2. checkpoint ``PrepareStarted`` (with the allocation, so a crash can be undone);
+3. side effects through the device-operations backend: VFIO binding, dynamic
+   MIG devices, time-slicing, MPS daemons;
+4. the KEP-5304 metadata files and the claim's CDI spec;
+5. checkpoint ``PrepareCompleted`` with everything that was done.
+
+A failure in 3-5 undoes what this attempt did and drops the checkpoint entry.
+A crash leaves ``PrepareStarted``: the next prepare of that claim (or the next
+start of the preparer) rolls it back from the allocation before anything else.
+Different claims run concurrently; one claim's operations run one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from services.core import featuregates as fg
+from services.core import nvidia, tracing
+from services.core.resource import AllocationResult, DeviceRequestAllocationResult
+from services.core.schemas import ClaimRef, DeviceRef, PreparedDevice
+from services.preparer import cdi, configs, metadata
+from services.preparer.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    CheckpointStore,
+    ClaimEntry,
+    GroupState,
+    MigState,
+    MpsState,
+    PreparedDeviceState,
+    VfioState,
+)
+from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
+from services.preparer.devices.base import DeviceOpError, DeviceOps, MpsRequest
+from services.preparer.faults import Faults
+from services.preparer.inventory import DeviceNotFound, InventoryView, Target, locate
+
+log = logging.getLogger(__name__)
+tracer = tracing.tracer("gpudra.preparer")
+
+DRIVER = nvidia.DRIVER_NAME
+EXPECTED = (ClaimError, configs.ConfigError, DeviceNotFound, DeviceOpError)
+
+
+class PrepareError(ValueError):
+    """A claim-level refusal (conflicts, empty allocations) with its reason."""
+
+
+@dataclass
+class Outcome:
+    """What one claim's prepare or unprepare produced, for the reply and the event."""
+
+    devices: list[PreparedDevice] = field(default_factory=list)
+    error: str = ""
+
+    def refs(self) -> list[DeviceRef]:
+        return [
+            DeviceRef(
+                request=",".join(d.request_names),
+                pool=d.pool_name,
+                device=d.device_name,
+                cdi_device_ids=d.cdi_device_ids,
+            )
+            for d in self.devices
+        ]
+
+
+@dataclass
+class _Done:
+    """Side effects of the current attempt, to undo if a later step fails."""
+
+    vfio: list[VfioState] = field(default_factory=list)
+    migs: list[MigState] = field(default_factory=list)
+    time_sliced: list[str] = field(default_factory=list)
+    mps: list[MpsState] = field(default_factory=list)
+    files: bool = False
+
+
+@dataclass
+class Settings:
+    node: str
+    gates: fg.FeatureGates
+    cdi_root: Path
+    plugin_dir: Path
+    fsync: bool = True
+
+
+class Engine:
+    def __init__(
+        self,
+        settings: Settings,
+        store: CheckpointStore,
+        claims: ClaimSource,
+        inventory: InventoryView,
+        ops: DeviceOps,
+        faults: Faults | None = None,
+    ) -> None:
+        self.s = settings
+        self.store = store
+        self.claims = claims
+        self.inventory = inventory
+        self.ops = ops
+        self.faults = faults or Faults()
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._inflight: dict[str, str] = {}  # device name -> claim uid preparing it
+
+    # ------------------------------------------------------------ locking
+
+    @asynccontextmanager
+    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
+        """One operation at a time per claim UID; the lock is dropped when unused."""
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
+
+    # ------------------------------------------------------------ prepare
+
+    async def prepare(self, ref: ClaimRef) -> Outcome:
+        try:
+            check_identity(ref)
+            async with self._claim_lock(ref.uid):
+                return Outcome(devices=await self._prepare(ref))
+        except (*EXPECTED, PrepareError) as exc:
+            return Outcome(error=_prefixed(ref, str(exc)))
+
+    async def _prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+        entry = self.store.claims.get(ref.uid)
+        if entry is not None and entry.state == PREPARE_COMPLETED:
+            return reply_devices(ref.uid, entry)
+        with tracer.start_as_current_span("claim.fetch"):
+            claim = await self.claims.get(ref)
+        allocation = claim.status.allocation if claim.status else None
+        assert allocation is not None  # ClaimSource refuses unallocated claims
+        results = self._our_results(ref, allocation)
+        inv = self.inventory.require()
+        targets = {r.device: locate(inv, r.device) for r in results}
+        with tracer.start_as_current_span("config.resolve"):
+            kinds = {name: t.kind for name, t in targets.items()}
+            config_list = allocation.devices.config if allocation.devices else None
+            groups = configs.resolve(config_list, results, kinds, self.s.gates)
+            _check_mps_limits(groups, targets)
+        self._reserve(ref.uid, results, targets)
+        try:
+            if entry is not None:  # PrepareStarted: a previous attempt died half-way
+                with tracer.start_as_current_span("rollback.partial"):
+                    await self._rollback_started(ref.uid, entry)
+            with tracer.start_as_current_span("checkpoint.started"):
+                await self.store.put(
+                    ref.uid,
+                    ClaimEntry(
+                        state=PREPARE_STARTED,
+                        namespace=ref.namespace,
+                        name=ref.name,
+                        allocation=allocation,
+                        started_at=time.time(),
+                    ),
+                )
+            self.faults.hit("after-prepare-started")
+            done = _Done()
+            try:
+                completed = await self._apply(
+                    ref, claim.metadata.annotations or {}, groups, targets, done
+                )
+            except BaseException:
+                await self._abort(ref.uid, done)
+                raise
+            return reply_devices(ref.uid, completed)
+        finally:
+            self._release(ref.uid)
+
+    def _our_results(
+        self, ref: ClaimRef, allocation: AllocationResult
+    ) -> list[DeviceRequestAllocationResult]:
+        """This driver's results; each must be in this node's pool."""
+        results = (
+            [r for r in (allocation.devices.results or []) if r.driver == DRIVER]
+            if allocation.devices
+            else []
+        )
+        if not results:
+            raise PrepareError(f"allocation has no devices of driver {DRIVER} (empty request)")
+        for r in results:
+            if r.pool != self.s.node:
+                raise PrepareError(
+                    f"device {r.device!r} (request {r.request!r}) is in pool {r.pool!r}, "
+                    f"not on this node {self.s.node!r}"
+                )
+        return results
+
+    def _reserve(
+        self,
+        uid: str,
+        results: Sequence[DeviceRequestAllocationResult],
+        targets: Mapping[str, Target],
+    ) -> None:
+        """Refuse devices another claim holds (unless adminAccess), then hold ours."""
+        held = self._holders(exclude=uid)
+        for r in results:
+            if r.admin_access:
+                continue
+            for key in _conflict_keys(targets[r.device]):
+                other = held.get(key)
+                if other is not None:
+                    raise PrepareError(
+                        f"device {r.device!r} is already prepared for claim {other} "
+                        "(exclusive; only adminAccess may share it)"
+                    )
+        for r in results:
+            self._inflight[r.device] = uid
+
+    def _release(self, uid: str) -> None:
+        for device in [d for d, owner in self._inflight.items() if owner == uid]:
+            del self._inflight[device]
+
+    def _holders(self, exclude: str) -> dict[str, str]:
+        """hold key -> claim, for completed claims and prepares in flight."""
+        held: dict[str, str] = {}
+        inv = self.inventory.current
+        for uid, entry in self.store.claims.items():
+            if uid == exclude or entry.state != PREPARE_COMPLETED:
+                continue
+            for d in entry.devices:
+                if not d.admin_access:
+                    for key in _state_hold_keys(d):
+                        held[key] = f"{entry.namespace}/{entry.name} ({uid})"
+        for device, uid in self._inflight.items():
+            if uid != exclude and inv is not None:
+                try:
+                    keys = _hold_keys(locate(inv, device))
+                except DeviceNotFound:
+                    keys = [device]
+                for key in keys:
+                    held[key] = f"uid {uid} (being prepared)"
+        return held
+
+    async def _apply(
+        self,
+        ref: ClaimRef,
+        annotations: Mapping[str, str],
+        groups: Sequence[configs.ConfigGroup],
+        targets: Mapping[str, Target],
+        done: _Done,
+    ) -> ClaimEntry:
+        devices: list[PreparedDeviceState] = []
+        group_states: list[GroupState] = []
+        for index, group in enumerate(groups):
+            members = [
+                await self._prepare_device(ref.uid, r, targets[r.device], index, done)
+                for r in group.results
+            ]
+            devices.extend(members)
+            group_states.append(await self._apply_sharing(ref.uid, group, members, done))
+        mounts = self._write_metadata(ref, annotations, devices, targets, done)
+        with tracer.start_as_current_span("cdi.write"):
+            spec = cdi.render(ref.uid, devices, group_states, self.ops.facts(), mounts)
+            done.files = True
+            await asyncio.to_thread(cdi.write, self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync)
+        self.faults.hit("after-cdi-write")
+        started = self.store.claims[ref.uid]
+        entry = msgspec.structs.replace(
+            started,
+            state=PREPARE_COMPLETED,
+            completed_at=time.time(),
+            devices=devices,
+            groups=group_states,
+            metadata_files=[m.host_path for m in mounts],
+        )
+        self.faults.hit("before-prepare-completed")
+        with tracer.start_as_current_span("checkpoint.completed"):
+            await self.store.put(ref.uid, entry)
+        return entry
+
+    async def _prepare_device(
+        self,
+        uid: str,
+        result: DeviceRequestAllocationResult,
+        target: Target,
+        group: int,
+        done: _Done,
+    ) -> PreparedDeviceState:
+        state = PreparedDeviceState(
+            name=result.device,
+            kind=target.kind,
+            requests=[result.request],
+            pool=result.pool,
+            cdi_device_ids=[cdi.device_id(uid, result.device)],
+            gpu_uuid=target.gpu.uuid,
+            gpu_minor=target.gpu.minor,
+            pci_bus_id=target.gpu.pci_bus_id,
+            admin_access=bool(result.admin_access),
+            group=group,
+        )
+        if target.kind == nvidia.VFIO_TYPE:
+            with tracer.start_as_current_span("vfio.bind", attributes={"device": result.device}):
+                vfio = await self.ops.bind_vfio(target.gpu)
+            done.vfio.append(vfio)
+            return msgspec.structs.replace(state, vfio=vfio)
+        if target.kind == nvidia.MIG_TYPE:
+            return msgspec.structs.replace(state, mig=await self._mig(target, done))
+        return state
+
+    async def _mig(self, target: Target, done: _Done) -> MigState:
+        assert target.profile is not None and target.placement is not None
+        if not self.s.gates.enabled(fg.DYNAMIC_MIG):
+            live = target.live
+            if live is None:
+                raise DeviceNotFound(
+                    f"MIG device {target.name!r} does not exist on GPU {target.gpu.minor} "
+                    f"(static MIG; enable {fg.DYNAMIC_MIG} to have it created)"
+                )
+            return MigState(
+                uuid=live.uuid,
+                parent_uuid=target.gpu.uuid,
+                parent_minor=target.gpu.minor,
+                profile=live.profile,
+                gi_profile_id=live.gi_profile_id,
+                placement_start=live.placement.start,
+                placement_size=live.placement.size,
+                gi_id=live.gi_id,
+                ci_id=live.ci_id,
+                created=False,
+            )
+        with tracer.start_as_current_span("mig.create", attributes={"device": target.name}):
+            mig = await self.ops.create_mig(target.gpu, target.profile, target.placement)
+        done.migs.append(mig)
+        self.faults.hit("after-mig-create")
+        return mig
+
+    async def _apply_sharing(
+        self,
+        uid: str,
+        group: configs.ConfigGroup,
+        members: Sequence[PreparedDeviceState],
+        done: _Done,
+    ) -> GroupState:
+        config = group.config
+        state = GroupState(
+            kind=config.kind, origin=group.origin, config=msgspec.to_builtins(config)
+        )
+        if isinstance(config, configs.VfioDeviceConfig):
+            iommu = config.iommu or configs.IommuConfig()
+            return msgspec.structs.replace(
+                state,
+                vfio_api_device=bool(iommu.enable_api_device),
+                vfio_iommufd=iommu.backend_policy == "PreferIommuFD",
+            )
+        sharing = config.sharing
+        if sharing is None:
+            return state
+        where = f"{group.origin} {config.kind}.sharing"
+        if sharing.strategy == configs.TIME_SLICING and isinstance(sharing, configs.GpuSharing):
+            interval = (sharing.time_slicing_config or configs.TimeSlicingConfig()).interval
+            gpus = sorted({m.gpu_uuid for m in members if m.kind == nvidia.GPU_TYPE})
+            if interval and gpus:
+                with tracer.start_as_current_span(
+                    "timeslice.set", attributes={"interval": interval}
+                ):
+                    await self.ops.set_time_slice(gpus, interval)
+                done.time_sliced.extend(gpus)
+                state = msgspec.structs.replace(state, time_slice=interval, time_slice_gpus=gpus)
+        if sharing.strategy == configs.MPS:
+            mps_config = sharing.mps_config or configs.MpsConfig()
+            uuids = [m.mig.uuid if m.mig else m.gpu_uuid for m in members]
+            request = MpsRequest(
+                daemon_id=mps_daemon_id(uid, uuids),
+                claim_uid=uid,
+                device_uuids=uuids,
+                gpu_uuids=sorted({m.gpu_uuid for m in members}),
+                active_thread_percentage=mps_config.default_active_thread_percentage,
+                pinned_memory_limits_mib=configs.per_device_limits(
+                    mps_config, uuids, f"{where}.mpsConfig"
+                ),
+                multi_user=bool(mps_config.multi_user),
+            )
+            with tracer.start_as_current_span("mps.start"):
+                mps = await self.ops.start_mps(request)
+            done.mps.append(mps)
+            state = msgspec.structs.replace(state, mps=mps)
+        return state
+
+    def _write_metadata(
+        self,
+        ref: ClaimRef,
+        annotations: Mapping[str, str],
+        devices: Sequence[PreparedDeviceState],
+        targets: Mapping[str, Target],
+        done: _Done,
+    ) -> list[cdi.MetadataMount]:
+        if not self.s.gates.enabled(fg.DEVICE_METADATA):
+            return []
+        members = []
+        for d in devices:
+            if d.kind != nvidia.VFIO_TYPE:
+                continue  # the reference attaches metadata to VFIO devices only
+            index = nvidia.parse_device_name(d.name).vfio_index or 0
+            published = nvidia.vfio_device(targets[d.name].gpu, index)
+            members.append(
+                metadata.MetadataDevice(d.requests[0], d.pool, d.name, published.attributes or {})
+            )
+        if not members:
+            return []
+        done.files = True
+        return metadata.write_claim(
+            self.s.plugin_dir,
+            uid=ref.uid,
+            namespace=ref.namespace,
+            name=ref.name,
+            annotations=annotations,
+            driver=DRIVER,
+            devices=members,
+            fsync=self.s.fsync,
+        )
+
+    async def _abort(self, uid: str, done: _Done) -> None:
+        """Undo this attempt; keep PrepareStarted if the undo itself fails."""
+        try:
+            await self._undo(
+                mps=done.mps, time_sliced=done.time_sliced, migs=done.migs, vfio=done.vfio
+            )
+            if done.files:
+                await asyncio.to_thread(self._delete_files, uid)
+        except Exception:
+            log.exception("could not undo a failed prepare; left for rollback", extra={"uid": uid})
+            return
+        await self.store.remove(uid)
+
+    # ------------------------------------------------------------ unprepare
+
+    async def unprepare(self, ref: ClaimRef) -> Outcome:
+        try:
+            check_identity(ref)
+            async with self._claim_lock(ref.uid):
+                await self._unprepare(ref)
+            return Outcome()
+        except (*EXPECTED, PrepareError) as exc:
+            return Outcome(error=_prefixed(ref, str(exc)))
+
+    async def _unprepare(self, ref: ClaimRef) -> None:
+        entry = self.store.claims.get(ref.uid)
+        if entry is None:
+            # Never prepared, or already undone; a stray spec is still ours to remove.
+            await asyncio.to_thread(self._delete_files, ref.uid)
+            return
+        if entry.state == PREPARE_STARTED:
+            await self._rollback_started(ref.uid, entry)
+        else:
+            with tracer.start_as_current_span("devices.undo"):
+                await self._undo_completed(ref.uid, entry)
+        await asyncio.to_thread(self._delete_files, ref.uid)
+        with tracer.start_as_current_span("checkpoint.remove"):
+            await self.store.remove(ref.uid)
+
+    async def _undo_completed(self, uid: str, entry: ClaimEntry) -> None:
+        shared = self._gpus_of_other_claims(uid)
+        await self._undo(
+            mps=[g.mps for g in entry.groups if g.mps is not None],
+            time_sliced=[u for g in entry.groups for u in g.time_slice_gpus if u not in shared],
+            migs=[d.mig for d in entry.devices if d.mig is not None and d.mig.created],
+            vfio=[d.vfio for d in entry.devices if d.vfio is not None],
+        )
+
+    async def _undo(
+        self,
+        *,
+        mps: Sequence[MpsState],
+        time_sliced: Sequence[str],
+        migs: Sequence[MigState],
+        vfio: Sequence[VfioState],
+    ) -> None:
+        """Reverse order of preparing: sharing first, then devices."""
+        for daemon in mps:
+            await self.ops.stop_mps(daemon)
+        if time_sliced and self.s.gates.enabled(fg.TIME_SLICING_SETTINGS):
+            await self.ops.set_time_slice(sorted(set(time_sliced)), "Default")
+        for mig in migs:
+            await self.ops.destroy_mig(mig)
+        for binding in vfio:
+            await self.ops.unbind_vfio(binding)
+
+    def _delete_files(self, uid: str) -> None:
+        cdi.delete(self.s.cdi_root, uid, fsync=self.s.fsync)
+        metadata.delete_claim(self.s.plugin_dir, uid)
+
+    # ------------------------------------------------------------ rollback and recovery
+
+    async def _rollback_started(self, uid: str, entry: ClaimEntry) -> None:
+        """Undo whatever a dead attempt may have done, knowing only its allocation.
+
+        A crash can strike between a side effect and any record of it, so this
+        looks at the hardware: MIG devices at the allocated placements, VFIO
+        bindings of the allocated GPUs, MPS daemons named after the claim.
+        Devices that a completed claim holds are never touched.
+        """
+        held = self._holders(exclude=uid)
+        results = [
+            r
+            for r in (
+                (entry.allocation.devices.results or [])
+                if entry.allocation and entry.allocation.devices
+                else []
+            )
+            if r.driver == DRIVER and r.pool == self.s.node
+        ]
+        inv = self.inventory.current
+        targets: list[Target] = []
+        for r in results:
+            try:
+                target = locate(inv, r.device) if inv is not None else None
+            except DeviceNotFound:
+                target = None
+            if target is not None and not any(k in held for k in _conflict_keys(target)):
+                targets.append(target)
+        for daemon in await self.ops.mps_daemons():
+            if daemon.daemon_id.startswith(f"{uid}-"):
+                await self.ops.stop_mps(daemon)
+        gpus = sorted({t.gpu.uuid for t in targets if t.kind == nvidia.GPU_TYPE})
+        if gpus and self.s.gates.enabled(fg.TIME_SLICING_SETTINGS):
+            await self.ops.set_time_slice(gpus, "Default")
+        if self.s.gates.enabled(fg.DYNAMIC_MIG):
+            # From the names alone: the inventory may not show a device created just before a crash.
+            wanted = set()
+            for r in results:
+                ident = _parse(r.device)
+                if ident is not None and ident.kind == nvidia.MIG_TYPE and r.device not in held:
+                    wanted.add((ident.minor, ident.gi_profile_id, ident.placement_start))
+            for mig in await self.ops.live_migs():
+                if (mig.parent_minor, mig.gi_profile_id, mig.placement_start) in wanted:
+                    await self.ops.destroy_mig(mig)
+        for t in targets:
+            if t.kind == nvidia.VFIO_TYPE and t.gpu.vfio is not None:
+                await self.ops.unbind_vfio(
+                    VfioState(pci_bus_id=t.gpu.pci_bus_id, iommu_group=t.gpu.vfio.iommu_group)
+                )
+        await asyncio.to_thread(self._delete_files, uid)
+
+    async def recover(self) -> dict[str, Any]:
+        """At start-up: undo what no completed claim owns. Returns what was cleaned."""
+        report: dict[str, Any] = {
+            "rolled_back": [],
+            "migs": [],
+            "mps": [],
+            "cdi": [],
+            "metadata": [],
+        }
+        for uid, entry in list(self.store.claims.items()):
+            if entry.state == PREPARE_STARTED:
+                await self._rollback_started(uid, entry)
+                await self.store.remove(uid)
+                report["rolled_back"].append(uid)
+        completed = {u: e for u, e in self.store.claims.items() if e.state == PREPARE_COMPLETED}
+        if self.s.gates.enabled(fg.DYNAMIC_MIG):
+            kept = {
+                (d.mig.parent_minor, d.mig.gi_profile_id, d.mig.placement_start)
+                for e in completed.values()
+                for d in e.devices
+                if d.mig is not None
+            }
+            for mig in await self.ops.live_migs():
+                if (mig.parent_minor, mig.gi_profile_id, mig.placement_start) not in kept:
+                    await self.ops.destroy_mig(mig)
+                    report["migs"].append(mig.uuid)
+        owned = {g.mps.daemon_id for e in completed.values() for g in e.groups if g.mps}
+        for daemon in await self.ops.mps_daemons():
+            if daemon.daemon_id not in owned:
+                await self.ops.stop_mps(daemon)
+                report["mps"].append(daemon.daemon_id)
+        for uid in cdi.claim_uids_on_disk(self.s.cdi_root):
+            if uid not in completed:
+                cdi.delete(self.s.cdi_root, uid, fsync=self.s.fsync)
+                report["cdi"].append(uid)
+        for uid in metadata.claim_uids_on_disk(self.s.plugin_dir):
+            if uid not in completed:
+                shutil.rmtree(metadata.claim_dir(self.s.plugin_dir, uid), ignore_errors=True)
+                report["metadata"].append(uid)
+        return report
+
+    def _gpus_of_other_claims(self, uid: str) -> set[str]:
+        return {
+            d.gpu_uuid
+            for other, e in self.store.claims.items()
+            if other != uid and e.state == PREPARE_COMPLETED
+            for d in e.devices
+        }
+
+
+# ------------------------------------------------------------------ helpers
+
+
+def reply_devices(uid: str, entry: ClaimEntry) -> list[PreparedDevice]:
+    return [
+        PreparedDevice(
+            request_names=d.requests,
+            pool_name=d.pool,
+            device_name=d.name,
+            cdi_device_ids=d.cdi_device_ids,
+        )
+        for d in entry.devices
+    ]
+
+
+def _check_mps_limits(groups: Sequence[configs.ConfigGroup], targets: Mapping[str, Target]) -> None:
+    """Per-device MPS limits name devices by UUID or index: check before any side effect."""
+    for group in groups:
+        sharing = getattr(group.config, "sharing", None)
+        if sharing is None or sharing.strategy != configs.MPS or sharing.mps_config is None:
+            continue
+        uuids = []
+        for r in group.results:
+            target = targets[r.device]
+            uuids.append(target.live.uuid if target.live else target.gpu.uuid)
+        where = f"{group.origin} {group.config.kind}.sharing.mpsConfig"
+        configs.per_device_limits(sharing.mps_config, uuids, where)
+
+
+def mps_daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:
+    """``<claimUID>-<5 hex of sha256(sorted uuids)>``, as the reference names daemons."""
+    digest = hashlib.sha256(",".join(sorted(uuids)).encode()).hexdigest()
+    return f"{claim_uid}-{digest[:5]}"
+
+
+def _hold_keys(target: Target) -> list[str]:
+    """What preparing ``target`` holds: its name, and its GPU in nvidia or vfio mode."""
+    mode = "vfio" if target.kind == nvidia.VFIO_TYPE else "nvidia"
+    return [target.name, f"{mode}:{target.gpu.pci_bus_id}"]
+
+
+def _state_hold_keys(device: PreparedDeviceState) -> list[str]:
+    mode = "vfio" if device.kind == nvidia.VFIO_TYPE else "nvidia"
+    return [device.name, f"{mode}:{device.pci_bus_id}"] if device.pci_bus_id else [device.name]
+
+
+def _conflict_keys(target: Target) -> list[str]:
+    """Held keys that exclude ``target``: the same device, or its GPU in the other mode.
+
+    A GPU and its VFIO twin are mutually exclusive; MIG devices and full GPUs on
+    one GPU are kept apart by the scheduler's counters, not here.
+    """
+    other = "nvidia" if target.kind == nvidia.VFIO_TYPE else "vfio"
+    return [target.name, f"{other}:{target.gpu.pci_bus_id}"]
+
+
+def _parse(name: str) -> nvidia.DeviceId | None:
+    try:
+        return nvidia.parse_device_name(name)
+    except ValueError:
+        return None
+
+
+def _prefixed(ref: ClaimRef, message: str) -> str:
+    """Every per-claim error starts with the claim it is about."""
+    who = f"claim {describe(ref)}"
+    return message if message.startswith(who) else f"{who}: {message}"

@@ -1,0 +1,332 @@
+"""A simulated GPU node for preparer tests: real processes, real NATS, real files.
+
+``Node`` runs ``gpudra discovery --fleet ...`` (the simulated NVML and the
+inventory), ``gpudra preparer`` and, for tests through the kubelet's socket,
+``gpudra kubeletplugin``, each as a subprocess stopped by its PID. Claims are
+put into the ``claims`` bucket as the allocator's watcher would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+
+from services.core import subjects
+from services.core.bus import Bus, RequestFailed
+from services.core.resource import (
+    AllocationResult,
+    DeviceAllocationConfiguration,
+    DeviceAllocationResult,
+    DeviceRequestAllocationResult,
+    ObjectMeta,
+    OpaqueDeviceConfiguration,
+    ResourceClaim,
+    ResourceClaimSpec,
+    ResourceClaimStatus,
+)
+from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
+from services.preparer import checkpoint
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "gpu.nvidia.com"
+API = "resource.nvidia.com/v1beta1"
+CDI_SCHEMA_DIR = REPO.parent / "shared" / "cdi-schema"
+
+
+# ------------------------------------------------------------------ claims
+
+
+def new_uid() -> str:
+    return str(uuid.uuid4())
+
+
+@dataclass
+class Dev:
+    """One allocated device: request name and device name (pool defaults to the node)."""
+
+    request: str
+    device: str
+    pool: str | None = None
+    admin: bool = False
+
+
+def opaque(params: Mapping[str, Any], source: str = "FromClaim", requests: Sequence[str] = ()):
+    return DeviceAllocationConfiguration(
+        source=source,  # type: ignore[arg-type]
+        requests=list(requests) or None,
+        opaque=OpaqueDeviceConfiguration(driver=DRIVER, parameters=dict(params)),
+    )
+
+
+def gpu_config(**sharing: Any) -> dict[str, Any]:
+    out: dict[str, Any] = {"apiVersion": API, "kind": "GpuConfig"}
+    if sharing:
+        out["sharing"] = sharing
+    return out
+
+
+def make_claim(
+    node: str,
+    devices: Iterable[Dev],
+    *,
+    uid: str | None = None,
+    name: str = "claim",
+    namespace: str = "default",
+    configs: Sequence[DeviceAllocationConfiguration] = (),
+    allocated: bool = True,
+    annotations: Mapping[str, str] | None = None,
+) -> ResourceClaim:
+    results = [
+        DeviceRequestAllocationResult(
+            request=d.request,
+            driver=DRIVER,
+            pool=d.pool or node,
+            device=d.device,
+            admin_access=True if d.admin else None,
+        )
+        for d in devices
+    ]
+    allocation = AllocationResult(
+        devices=DeviceAllocationResult(results=results, config=list(configs) or None)
+    )
+    return ResourceClaim(
+        metadata=ObjectMeta(
+            name=name,
+            namespace=namespace,
+            uid=uid or new_uid(),
+            annotations=dict(annotations) if annotations else None,
+        ),
+        spec=ResourceClaimSpec(),
+        status=ResourceClaimStatus(allocation=allocation if allocated else None),
+    )
+
+
+def ref(claim: ResourceClaim) -> ClaimRef:
+    return ClaimRef(
+        uid=claim.metadata.uid or "",
+        namespace=claim.metadata.namespace or "",
+        name=claim.metadata.name,
+    )
+
+
+# ------------------------------------------------------------------ processes
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def stop(self, timeout: float = 15.0) -> int:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            return self.popen.wait()
+
+    def wait(self, timeout: float = 30.0) -> int:
+        return self.popen.wait(timeout)
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+
+@dataclass
+class Node:
+    """One simulated node: directories, processes and the bus."""
+
+    root: Path
+    nats_url: str
+    bus: Bus
+    name: str = "n1"
+    fleet: str = "dgx-a100"
+    procs: list[Proc] = field(default_factory=list)
+    runs: int = 0
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_root / "plugins" / DRIVER
+
+    @property
+    def checkpoint_path(self) -> Path:
+        return self.plugin_dir / "checkpoint.json"
+
+    @property
+    def boot_id_file(self) -> Path:
+        return self.root / "boot_id"
+
+    def _spawn(self, name: str, args: list[str], env: Mapping[str, str] | None = None) -> Proc:
+        self.runs += 1
+        log = self.root / f"{name}-{self.runs}.log"
+        with open(log, "wb") as out:
+            popen = subprocess.Popen(
+                [sys.executable, "-m", "services.cli", *args],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+            )
+        proc = Proc(name, popen, log)
+        self.procs.append(proc)
+        return proc
+
+    async def start_discovery(self) -> Proc:
+        proc = self._spawn(
+            "discovery",
+            ["discovery", "--node-name", self.name, "--fleet", self.fleet,
+             "--nats-url", self.nats_url, "--rescan-interval", "60"],
+        )  # fmt: skip
+        await self.wait_for(lambda inv: inv is not None, "the first inventory", proc)
+        return proc
+
+    async def inventory(self) -> NodeInventory | None:
+        got = await self.bus.kv_get(
+            subjects.INVENTORY_BUCKET, subjects.inventory_key(self.name), NodeInventory
+        )
+        return got[0] if got else None
+
+    async def wait_for(self, check: Any, what: str, proc: Proc | None = None, timeout: float = 30):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            inv = await self.inventory()
+            if check(inv):
+                return inv
+            if proc is not None and not proc.alive():
+                raise AssertionError(f"{proc.name} exited waiting for {what}:\n{proc.output()}")
+            await asyncio.sleep(0.1)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    async def start_preparer(
+        self, gates: str = "", env: Mapping[str, str] | None = None, ready: bool = True
+    ) -> Proc:
+        if not self.boot_id_file.exists():
+            self.boot_id_file.write_text(new_uid() + "\n")
+        proc = self._spawn(
+            "preparer",
+            ["preparer", "--node-name", self.name, "--fleet", self.fleet,
+             "--nats-url", self.nats_url, "--kubelet-root", str(self.kubelet_root),
+             "--cdi-root", str(self.cdi_root), "--boot-id-file", str(self.boot_id_file),
+             "--no-api-fallback", "--feature-gates", gates],
+            env=env,
+        )  # fmt: skip
+        if ready:
+            await self.wait_preparer(proc)
+        return proc
+
+    async def wait_preparer(self, proc: Proc, timeout: float = 30.0) -> None:
+        """Ready when it answers an unprepare of a claim it never saw."""
+        probe = ClaimRef(uid=new_uid(), namespace="probe", name="probe")
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not proc.alive():
+                raise AssertionError(f"preparer exited {proc.popen.returncode}:\n{proc.output()}")
+            try:
+                reply = await self.request("unprepare", [probe], timeout=1.0)
+            except RequestFailed:
+                await asyncio.sleep(0.1)
+                continue
+            assert reply.claims[probe.uid].error == ""
+            return
+        raise AssertionError(f"preparer not ready within {timeout}s:\n{proc.output()}")
+
+    def start_front(self) -> Proc:
+        return self._spawn(
+            "kubeletplugin",
+            ["kubeletplugin", "--node-name", self.name, "--kubelet-root",
+             str(self.kubelet_root), "--nats-url", self.nats_url],
+        )  # fmt: skip
+
+    def stop_all(self) -> None:
+        for proc in reversed(self.procs):
+            proc.stop()
+
+    # ------------------------------------------------------------ requests
+
+    async def put_claim(self, claim: ResourceClaim) -> ResourceClaim:
+        uid = claim.metadata.uid or ""
+        await self.bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(self.name, uid), claim)
+        return claim
+
+    async def request(
+        self, op: str, claims: Sequence[ClaimRef], timeout: float = 30.0
+    ) -> NodeReply:
+        route = subjects.node_prepare if op == "prepare" else subjects.node_unprepare
+        subject = route(self.name)
+        request = NodeRequest(node=self.name, claims=list(claims), deadline=time.time() + timeout)
+        return await self.bus.request(subject, request, NodeReply, timeout)
+
+    async def prepare(self, *claims: ResourceClaim) -> NodeReply:
+        return await self.request("prepare", [ref(c) for c in claims])
+
+    async def unprepare(self, *claims: ResourceClaim) -> NodeReply:
+        return await self.request("unprepare", [ref(c) for c in claims])
+
+    # ------------------------------------------------------------ what is on disk
+
+    def cdi_files(self) -> list[Path]:
+        return sorted(self.cdi_root.glob("*.yaml")) if self.cdi_root.is_dir() else []
+
+    def checkpoint(self) -> checkpoint.CheckpointData:
+        return checkpoint.decode(self.checkpoint_path.read_bytes())
+
+    def sim_host(self) -> dict[str, Any]:
+        path = self.plugin_dir / "simulated-host.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+    async def mig_uuids(self) -> list[str]:
+        inv = await self.inventory()
+        return sorted(m.uuid for g in inv.gpus for m in g.mig_devices) if inv else []
+
+
+# ------------------------------------------------------------------ CDI schema
+
+
+def cdi_validator() -> jsonschema.Draft7Validator:
+    """The official CDI schema (schema.json referencing defs.json) with a local registry."""
+    schema = json.loads((CDI_SCHEMA_DIR / "schema.json").read_text())
+    defs = json.loads((CDI_SCHEMA_DIR / "defs.json").read_text())
+    registry: Registry[Any] = Registry().with_resources(
+        [("defs.json", Resource.from_contents(defs, default_specification=_draft7()))]
+    )
+    return jsonschema.Draft7Validator(schema, registry=registry)
+
+
+def _draft7() -> Any:
+    from referencing.jsonschema import DRAFT7
+
+    return DRAFT7
+
+
+def validate_cdi_file(path: Path) -> dict[str, Any]:
+    """Load one spec and validate it against the official schema; returns the spec."""
+    spec = yaml.safe_load(path.read_text())
+    cdi_validator().validate(spec)
+    return spec  # type: ignore[no-any-return]
