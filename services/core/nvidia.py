@@ -1,0 +1,575 @@
+"""The NVIDIA device model: what the reference driver (kubernetes-sigs/dra-driver-nvidia-gpu)
+publishes for a GPU, a MIG device, a dynamic-MIG partition and a VFIO twin.
+
+One place for each fact: the driver name, device types, device and counter names,
+attribute and capacity names, taint keys and DeviceClasses. The publisher turns an
+inventory into devices with the builders here; the preparer maps a device name
+back to what it denotes with :func:`parse_device_name`. Every rule follows the
+reference code (``cmd/gpu-kubelet-plugin``: deviceinfo.go, mig.go, partitions.go,
+nvlib.go, device_health.go); where it differs from CONTRACTS.md the code wins and
+the docstring says so.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from services.core import quantity
+from services.core.resource import (
+    CELDeviceSelector,
+    Counter,
+    CounterSet,
+    Device,
+    DeviceAttribute,
+    DeviceCapacity,
+    DeviceClass,
+    DeviceClassSpec,
+    DeviceCounterConsumption,
+    DeviceSelector,
+    DeviceTaint,
+    ObjectMeta,
+)
+from services.core.schemas import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory, Xid
+
+DRIVER_NAME = "gpu.nvidia.com"
+
+DeviceType = Literal["gpu", "mig", "vfio"]
+GPU_TYPE: DeviceType = "gpu"
+MIG_TYPE: DeviceType = "mig"  # static and dynamic MIG look the same to users
+VFIO_TYPE: DeviceType = "vfio"
+
+# ------------------------------------------------------------------ attribute names
+# Bare names belong to the driver's domain; the reference publishes the PCI facts
+# under Kubernetes' standard domain (k8s.io/dynamic-resource-allocation/deviceattribute).
+ATTR_TYPE = "type"
+ATTR_UUID = "uuid"
+ATTR_PRODUCT_NAME = "productName"
+ATTR_BRAND = "brand"
+ATTR_ARCHITECTURE = "architecture"
+ATTR_CUDA_COMPUTE_CAPABILITY = "cudaComputeCapability"
+ATTR_DRIVER_VERSION = "driverVersion"
+ATTR_CUDA_DRIVER_VERSION = "cudaDriverVersion"
+ATTR_ADDRESSING_MODE = "addressingMode"
+ATTR_PARENT_UUID = "parentUUID"
+ATTR_PROFILE = "profile"
+ATTR_DEVICE_ID = "deviceID"
+ATTR_VENDOR_ID = "vendorID"
+ATTR_IOMMU_FD_ENABLED = "iommuFDEnabled"
+ATTR_PCI_BUS_ID = "resource.kubernetes.io/pciBusID"
+ATTR_PCIE_ROOT = "resource.kubernetes.io/pcieRoot"
+# CONTRACTS.md says "numa" for VFIO; the reference publishes this standard name
+# for full GPUs, MIG devices and VFIO devices alike.
+ATTR_NUMA_NODE = "resource.kubernetes.io/numaNode"
+
+# ------------------------------------------------------------------ capacity names
+CAP_MEMORY = "memory"
+CAP_MULTIPROCESSORS = "multiprocessors"
+CAP_COPY_ENGINES = "copyEngines"
+CAP_DECODERS = "decoders"
+CAP_ENCODERS = "encoders"
+CAP_JPEG_ENGINES = "jpegEngines"
+CAP_OFA_ENGINES = "ofaEngines"
+CAP_ADDRESSABLE_MEMORY = "addressableMemory"
+
+
+def memory_slice_capacity(index: int) -> str:
+    """Capacity name of one memory slice of a static MIG device (``memorySlice<i>``)."""
+    return f"memorySlice{index}"
+
+
+@functools.lru_cache(maxsize=256)
+def memory_slice_counter(index: int) -> str:
+    """Counter name of one memory slice in a GPU's counter set (``memory-slice-<i>``)."""
+    return f"memory-slice-{index}"
+
+
+@functools.lru_cache(maxsize=256)
+def counter_name(capacity_name: str) -> str:
+    """The counter a capacity becomes (``copyEngines`` -> ``copy-engines``), as camelToDNSName."""
+    hyphenated = re.sub(r"([a-z0-9])([A-Z])", r"\1-\2", capacity_name)
+    hyphenated = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1-\2", hyphenated)
+    return rfc1123(hyphenated)
+
+
+# ------------------------------------------------------------------ taints
+TAINT_XID = f"{DRIVER_NAME}/xid"
+TAINT_GPU_LOST = f"{DRIVER_NAME}/gpu-lost"
+# Application errors after which the GPU is still healthy: their taint has effect None.
+NON_FATAL_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+# ------------------------------------------------------------------ NVML facts
+# CI profile 1_SLICE_REV1: the reference skips it when enumerating partitions.
+CI_PROFILE_1_SLICE_REV1 = 7
+# Architectures at or after Hopper toggle MIG mode without a GPU reset
+# (nvml.DEVICE_ARCH_UNKNOWN is numerically above Hopper, so it counts too).
+_MIG_TOGGLE_ARCHITECTURES = frozenset({"Hopper", "Blackwell", "Rubin", "Unknown"})
+
+
+class InventoryError(ValueError):
+    """Inventory content the device model cannot publish (which field, what was expected)."""
+
+
+# ------------------------------------------------------------------ names
+
+
+def rfc1123(name: str) -> str:
+    """Lower-case, ``[^a-z0-9-.]`` -> ``-``, trimmed: the reference's toRFC1123Compliant."""
+    name = re.sub(r"[^a-z0-9.-]", "-", name.lower()).strip("-")
+    return name.removesuffix(".")[:253]
+
+
+def gpu_device_name(minor: int) -> str:
+    return f"gpu-{minor}"
+
+
+def mig_device_name(parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
+    """``gpu-<minor>-mig-<profile without dots>-<giProfileId>-<placementStart>``."""
+    token = rfc1123(profile.replace(".", ""))
+    return f"gpu-{parent_minor}-mig-{token}-{gi_profile_id}-{start}"
+
+
+def vfio_device_name(index: int) -> str:
+    return f"gpu-vfio-{index}"
+
+
+def counter_set_name(minor: int) -> str:
+    return rfc1123(f"{gpu_device_name(minor)}-counter-set")
+
+
+@dataclass(frozen=True)
+class DeviceId:
+    """What a published device name denotes (the preparer's way back to hardware)."""
+
+    kind: DeviceType
+    minor: int | None = None  # GPU minor, or the MIG device's parent minor
+    profile_token: str | None = None  # MIG profile as it appears in the name ("1g10gb")
+    gi_profile_id: int | None = None
+    placement_start: int | None = None
+    vfio_index: int | None = None
+
+
+_GPU_NAME = re.compile(r"^gpu-(\d+)$")
+_VFIO_NAME = re.compile(r"^gpu-vfio-(\d+)$")
+_MIG_NAME = re.compile(r"^gpu-(\d+)-mig-(.+)-(\d+)-(\d+)$")
+
+
+def parse_device_name(name: str) -> DeviceId:
+    """Invert the device-name functions; raise ValueError for a name we never publish."""
+    if m := _GPU_NAME.match(name):
+        return DeviceId(GPU_TYPE, minor=int(m[1]))
+    if m := _VFIO_NAME.match(name):
+        return DeviceId(VFIO_TYPE, vfio_index=int(m[1]))
+    if m := _MIG_NAME.match(name):
+        return DeviceId(
+            MIG_TYPE,
+            minor=int(m[1]),
+            profile_token=m[2],
+            gi_profile_id=int(m[3]),
+            placement_start=int(m[4]),
+        )
+    raise ValueError(
+        f"device name {name!r} is not gpu-<minor>, gpu-vfio-<index> or "
+        "gpu-<minor>-mig-<profile>-<giProfileId>-<placementStart>"
+    )
+
+
+# ------------------------------------------------------------------ values
+
+_LOOSE_SEMVER = re.compile(
+    r"^v?([0-9]+)(\.[0-9]+)?(\.[0-9]+)?"
+    r"(-([0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*))?"
+    r"(\+([0-9A-Za-z-]+(\.[0-9A-Za-z-]+)*))?$"
+)
+
+
+@functools.lru_cache(maxsize=256)
+def semver(text: str, field: str = "version") -> str:
+    """Masterminds ``semver.MustParse(text).String()``, as the reference publishes versions.
+
+    The loose parser fills missing parts with 0 and drops leading zeros:
+    "9.0" -> "9.0.0", "570.124.06" -> "570.124.6", "12.8" -> "12.8.0".
+    """
+    m = _LOOSE_SEMVER.match(text)
+    if m is None:
+        raise InventoryError(
+            f"{field}: {text!r} is not a version (expected e.g. 9.0 or 570.124.06)"
+        )
+    major, minor, patch = (int(g.lstrip(".")) if g else 0 for g in (m[1], m[2], m[3]))
+    pre, meta = m[5], m[8]
+    for ident in (pre or "").split(".") if pre else ():
+        if ident.isdigit() and len(ident) > 1 and ident[0] == "0":
+            raise InventoryError(f"{field}: {text!r} has a pre-release part with a leading zero")
+    out = f"{major}.{minor}.{patch}"
+    out += f"-{pre}" if pre else ""
+    out += f"+{meta}" if meta else ""
+    return out
+
+
+# Attribute, capacity and counter values repeat across devices; the objects are
+# never mutated, so one instance per value serves them all (rendering a
+# thousand nodes is dominated by object construction otherwise).
+@functools.lru_cache(maxsize=4096)
+def _string(value: str) -> DeviceAttribute:
+    return DeviceAttribute(string=value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _capacity(value: int) -> DeviceCapacity:
+    return DeviceCapacity(value=quantity.format_int(value))
+
+
+@functools.lru_cache(maxsize=4096)
+def _counter(value: int) -> Counter:
+    return Counter(value=quantity.format_int(value))
+
+
+# ------------------------------------------------------------------ attributes
+
+
+def _pci_attributes(gpu: Gpu) -> dict[str, DeviceAttribute]:
+    attrs = {ATTR_PCI_BUS_ID: _string(gpu.pci_bus_id)}
+    if gpu.pcie_root:
+        attrs[ATTR_PCIE_ROOT] = _string(gpu.pcie_root)
+    if gpu.numa_node is not None and gpu.numa_node >= 0:
+        attrs[ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.numa_node)
+    return attrs
+
+
+def _versions(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
+    where = f"gpu {gpu.index}"
+    return {
+        ATTR_CUDA_COMPUTE_CAPABILITY: DeviceAttribute(
+            version=semver(gpu.cuda_compute_capability, f"{where}: cuda_compute_capability")
+        ),
+        ATTR_DRIVER_VERSION: DeviceAttribute(version=semver(inv.driver_version, "driver_version")),
+        ATTR_CUDA_DRIVER_VERSION: DeviceAttribute(
+            version=semver(inv.cuda_driver_version, "cuda_driver_version")
+        ),
+    }
+
+
+def gpu_attributes(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
+    """A full GPU's attributes (GpuInfo.Attributes)."""
+    attrs = {
+        ATTR_TYPE: _string(GPU_TYPE),
+        ATTR_UUID: _string(gpu.uuid),
+        ATTR_PRODUCT_NAME: _string(gpu.product_name),
+        ATTR_BRAND: _string(gpu.brand),
+        ATTR_ARCHITECTURE: _string(gpu.architecture),
+        **_versions(gpu, inv),
+        **_pci_attributes(gpu),
+    }
+    if gpu.addressing_mode:
+        attrs[ATTR_ADDRESSING_MODE] = _string(gpu.addressing_mode)
+    return attrs
+
+
+def mig_attributes(gpu: Gpu, profile: str, inv: NodeInventory) -> dict[str, DeviceAttribute]:
+    """What static and dynamic MIG devices share (CommonAttributesMig): the parent's facts."""
+    attrs = {
+        ATTR_TYPE: _string(MIG_TYPE),
+        ATTR_PARENT_UUID: _string(gpu.uuid),
+        ATTR_PROFILE: _string(profile),
+        ATTR_PRODUCT_NAME: _string(gpu.product_name),
+        ATTR_BRAND: _string(gpu.brand),
+        ATTR_ARCHITECTURE: _string(gpu.architecture),
+        **_versions(gpu, inv),
+        **_pci_attributes(gpu),
+    }
+    if gpu.addressing_mode:
+        attrs[ATTR_ADDRESSING_MODE] = _string(gpu.addressing_mode)
+    return attrs
+
+
+# ------------------------------------------------------------------ capacities
+
+
+def profile_capacities(profile: MigProfile) -> dict[str, int]:
+    """A MIG profile's capacities (CommonCapacitiesMig), without memory slices."""
+    return {
+        CAP_MULTIPROCESSORS: profile.multiprocessors,
+        CAP_COPY_ENGINES: profile.copy_engines,
+        CAP_DECODERS: profile.decoders,
+        CAP_ENCODERS: profile.encoders,
+        CAP_JPEG_ENGINES: profile.jpeg_engines,
+        CAP_OFA_ENGINES: profile.ofa_engines,
+        CAP_MEMORY: profile.memory_bytes,
+    }
+
+
+def _capacities(values: dict[str, int]) -> dict[str, DeviceCapacity]:
+    return {name: _capacity(v) for name, v in values.items()}
+
+
+def _find_profile(gpu: Gpu, gi_profile_id: int, name: str) -> MigProfile:
+    for profile in gpu.mig_profiles:
+        if profile.gi_profile_id == gi_profile_id:
+            return profile
+    raise InventoryError(
+        f"gpu {gpu.index}: MIG device profile {name!r} (gi_profile_id {gi_profile_id}) "
+        "is not among the GPU's mig_profiles"
+    )
+
+
+# ------------------------------------------------------------------ devices
+
+
+def gpu_device(gpu: Gpu, inv: NodeInventory) -> Device:
+    """A full GPU as published without DynamicMIG (GpuInfo.GetDevice)."""
+    return Device(
+        name=gpu_device_name(gpu.minor),
+        attributes=gpu_attributes(gpu, inv),
+        capacity={CAP_MEMORY: _capacity(gpu.memory_bytes)},
+    )
+
+
+def static_mig_device(gpu: Gpu, mig: MigDevice, inv: NodeInventory) -> Device:
+    """An existing MIG device (MigDeviceInfo.GetDevice): uuid, profile capacities, memory slices."""
+    profile = _find_profile(gpu, mig.gi_profile_id, mig.profile)
+    attrs = mig_attributes(gpu, mig.profile, inv)
+    attrs[ATTR_UUID] = _string(mig.uuid)
+    capacity = _capacities(profile_capacities(profile))
+    for i in range(mig.placement.start, mig.placement.start + mig.placement.size):
+        capacity[memory_slice_capacity(i)] = _capacity(1)
+    return Device(
+        name=mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement.start),
+        attributes=attrs,
+        capacity=capacity,
+    )
+
+
+def vfio_uuid(pci_bus_id: str) -> str:
+    """The VFIO twin's stable UUID: SHA-1 name-based UUID of the PCI address (uuid.NewSHA1)."""
+    return str(uuid.uuid5(uuid.NAMESPACE_DNS, pci_bus_id))
+
+
+def vfio_device(gpu: Gpu, index: int) -> Device:
+    """The VFIO twin of a GPU (VfioDeviceInfo.GetDevice); ``index`` is its PCI enumeration order."""
+    if gpu.vfio is None:
+        raise InventoryError(f"gpu {gpu.index}: no vfio facts to publish a VFIO device from")
+    attrs = {
+        ATTR_TYPE: _string(VFIO_TYPE),
+        ATTR_UUID: _string(vfio_uuid(gpu.pci_bus_id)),
+        ATTR_DEVICE_ID: _string(gpu.vfio.device_id),
+        ATTR_VENDOR_ID: _string(gpu.vfio.vendor_id),
+        ATTR_PRODUCT_NAME: _string(gpu.product_name),
+        ATTR_IOMMU_FD_ENABLED: DeviceAttribute(bool_=gpu.vfio.iommu_fd_enabled),
+        ATTR_PCI_BUS_ID: _string(gpu.pci_bus_id),
+    }
+    if gpu.pcie_root:
+        attrs[ATTR_PCIE_ROOT] = _string(gpu.pcie_root)
+    if gpu.vfio.numa_node >= 0:
+        attrs[ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.vfio.numa_node)
+    return Device(
+        name=vfio_device_name(index),
+        attributes=attrs,
+        capacity={CAP_ADDRESSABLE_MEMORY: _capacity(gpu.vfio.addressable_memory_bytes)},
+    )
+
+
+# ------------------------------------------------------------------ dynamic MIG (KEP-4815)
+
+
+def dynamic_mig_capable(gpu: Gpu) -> bool:
+    """Whether DynamicMIG manages this GPU (isDynamicMIGCapable; vGPU guests are not modelled)."""
+    return gpu.mig_capable and (supports_mig_toggle(gpu) or gpu.mig_enabled)
+
+
+def supports_mig_toggle(gpu: Gpu) -> bool:
+    """Hopper and newer switch MIG mode without a reset; Ampere does not."""
+    return gpu.architecture in _MIG_TOGGLE_ARCHITECTURES
+
+
+def partition_profiles(gpu: Gpu) -> list[MigProfile]:
+    """The profiles DynamicMIG offers (inspectMigProfilesAndPlacements skips CI 1_SLICE_REV1)."""
+    return [p for p in gpu.mig_profiles if p.ci_profile_id != CI_PROFILE_1_SLICE_REV1]
+
+
+@dataclass(frozen=True)
+class PartitionModel:
+    """A GPU's counter-set facts: per-capacity maxima over every profile, and its memory slices."""
+
+    max_capacities: dict[str, int]
+    memory_slices: int
+
+    @classmethod
+    def of(cls, gpu: Gpu) -> PartitionModel:
+        maxima: dict[str, int] = {}
+        slices = 0
+        for profile in partition_profiles(gpu):
+            if not profile.placements:  # the reference only sees profiles through placements
+                continue
+            slices = max(slices, *(p.size for p in profile.placements))
+            for name, value in profile_capacities(profile).items():
+                maxima[name] = max(maxima.get(name, value), value)
+        return cls(maxima, slices)
+
+    def all_counters(self) -> dict[str, Counter]:
+        """Every counter of the set: what the full GPU has, and consumes."""
+        return consumed_counters(self.max_capacities, 0, self.memory_slices)
+
+
+def consumed_counters(values: dict[str, int], start: int, size: int) -> dict[str, Counter]:
+    """One counter per capacity (addCountersForMemSlices), plus ``memory-slice-<i>``=1 per slice."""
+    out = _capacity_counters(tuple(values.items())).copy()
+    one = _counter(1)
+    for i in range(start, start + size):
+        out[memory_slice_counter(i)] = one
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _capacity_counters(values: tuple[tuple[str, int], ...]) -> dict[str, Counter]:
+    return {counter_name(name): _counter(v) for name, v in values}
+
+
+def counter_sets(gpu: Gpu, model: PartitionModel) -> list[CounterSet]:
+    """The GPU's one counter set (PartSharedCounterSets); none without MIG profile data."""
+    if not model.max_capacities:
+        return []
+    return [CounterSet(name=counter_set_name(gpu.minor), counters=model.all_counters())]
+
+
+def partitionable_gpu_device(gpu: Gpu, inv: NodeInventory, model: PartitionModel) -> Device:
+    """The full GPU under DynamicMIG (PartGetDevice): max capacities, consumes every counter."""
+    if not model.max_capacities:
+        return gpu_device(gpu, inv)
+    consumes = DeviceCounterConsumption(
+        counter_set=counter_set_name(gpu.minor),
+        counters=model.all_counters(),
+    )
+    return Device(
+        name=gpu_device_name(gpu.minor),
+        attributes=gpu_attributes(gpu, inv),
+        capacity=_capacities(model.max_capacities),
+        consumes_counters=[consumes],
+    )
+
+
+def partition_device(
+    gpu: Gpu, profile: MigProfile, placement: MigPlacement, inv: NodeInventory
+) -> Device:
+    """An abstract MIG device (MigSpec.PartGetDevice): no uuid, no memory-slice capacities."""
+    return partition_devices(gpu, inv, [(profile, [placement])])[0]
+
+
+def partition_devices(
+    gpu: Gpu,
+    inv: NodeInventory,
+    offers: Iterable[tuple[MigProfile, Iterable[MigPlacement]]] | None = None,
+) -> list[Device]:
+    """Every abstract MIG device of a GPU (default: each partition profile x placement).
+
+    Attributes and capacities are built once per profile and shared by its
+    placements (copied dicts, shared immutable values).
+    """
+    if offers is None:
+        offers = [(p, p.placements) for p in partition_profiles(gpu)]
+    set_name = counter_set_name(gpu.minor)
+    devices = []
+    for profile, placements in offers:
+        values = profile_capacities(profile)
+        attrs = mig_attributes(gpu, profile.name, inv)
+        capacity = _capacities(values)
+        for placement in placements:
+            consumes = DeviceCounterConsumption(
+                counter_set=set_name,
+                counters=consumed_counters(values, placement.start, placement.size),
+            )
+            name = mig_device_name(gpu.minor, profile.name, profile.gi_profile_id, placement.start)
+            devices.append(
+                Device(
+                    name=name,
+                    attributes=dict(attrs),
+                    capacity=dict(capacity),
+                    consumes_counters=[consumes],
+                )
+            )
+    return devices
+
+
+# ------------------------------------------------------------------ health
+
+
+def xid_taint(xid: int, extra_non_fatal_xids: Iterable[int] = ()) -> DeviceTaint:
+    """healthEventToTaint for an XID: effect None for application errors, else NoSchedule."""
+    non_fatal = xid in NON_FATAL_XIDS or xid in set(extra_non_fatal_xids)
+    return DeviceTaint(key=TAINT_XID, value=str(xid), effect="None" if non_fatal else "NoSchedule")
+
+
+def xid_target(gpu: Gpu, xid: Xid) -> str | None:
+    """The device an XID lands on: the MIG device of its GI/CI, else the full GPU.
+
+    Like the reference's placement map, keyed by (GPU, GI, CI); an XID on a
+    GI/CI that no MIG device of the inventory has is dropped (None).
+    """
+    if xid.gi_id is None:
+        return gpu_device_name(gpu.minor)
+    for mig in gpu.mig_devices:
+        if mig.gi_id == xid.gi_id and (xid.ci_id is None or mig.ci_id == xid.ci_id):
+            return mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement.start)
+    return None
+
+
+def health_taints(
+    gpu: Gpu, device_names: Iterable[str], extra_non_fatal_xids: Iterable[int] = ()
+) -> dict[str, list[DeviceTaint]]:
+    """Taints per device of one GPU (NVMLDeviceHealthCheck), for its GPU and MIG devices.
+
+    One taint per key and device: the device's most recent XID sets value and
+    effect (AddOrUpdateTaint), and a lost GPU taints every device of it with
+    ``gpu-lost``. VFIO twins are not NVML devices and get none.
+    """
+    names = list(device_names)
+    out: dict[str, list[DeviceTaint]] = {}
+    for xid in sorted(gpu.health.xids, key=lambda x: x.timestamp):
+        target = xid_target(gpu, xid)
+        if target in names:
+            out[target] = [xid_taint(xid.xid, extra_non_fatal_xids)]
+    if gpu.health.lost:
+        lost = DeviceTaint(key=TAINT_GPU_LOST, effect="NoSchedule")
+        for name in names:
+            out.setdefault(name, []).append(lost)
+    return out
+
+
+# ------------------------------------------------------------------ device classes
+
+GPU_CLASS = "gpu.nvidia.com"
+MIG_CLASS = "mig.nvidia.com"
+VFIO_CLASS = "vfio.gpu.nvidia.com"
+GPU_EXTENDED_RESOURCE = "nvidia.com/gpu"
+
+
+def _selector(device_type: DeviceType) -> DeviceSelector:
+    # The chart quotes with single quotes; CONTRACTS.md shows double quotes (same CEL).
+    expression = (
+        f"device.driver == '{DRIVER_NAME}' && "
+        f"device.attributes['{DRIVER_NAME}'].type == '{device_type}'"
+    )
+    return DeviceSelector(cel=CELDeviceSelector(expression=expression))
+
+
+def device_classes() -> list[DeviceClass]:
+    """The three DeviceClasses of the reference Helm chart (resource.k8s.io/v1)."""
+    return [
+        DeviceClass(
+            metadata=ObjectMeta(name=GPU_CLASS),
+            spec=DeviceClassSpec(
+                selectors=[_selector(GPU_TYPE)], extended_resource_name=GPU_EXTENDED_RESOURCE
+            ),
+        ),
+        DeviceClass(
+            metadata=ObjectMeta(name=MIG_CLASS),
+            spec=DeviceClassSpec(selectors=[_selector(MIG_TYPE)]),
+        ),
+        DeviceClass(
+            metadata=ObjectMeta(name=VFIO_CLASS),
+            spec=DeviceClassSpec(selectors=[_selector(VFIO_TYPE)]),
+        ),
+    ]

@@ -1,0 +1,115 @@
+"""``gpudra publisher``: publish every node's ResourceSlices from the inventories on the bus.
+
+gpudra publisher [--kubeconfig F] [--force-registered] [--kube-version 1.35]
+                 [--feature-gates DynamicMIG=true] [--additional-xids-to-ignore 48,63]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import logging
+import re
+import signal
+
+from services.core import config, logs, metrics, tracing
+
+log = logging.getLogger(__name__)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "publisher", help="render inventories into ResourceSlices and keep the API server in sync"
+    )
+    config.add_common_flags(parser)
+    parser.add_argument(
+        "--kubeconfig",
+        default=config.env("kubeconfig", ""),
+        help="kubeconfig file (empty: the pod's service account)",
+    )
+    parser.add_argument(
+        "--force-registered",
+        action="store_true",
+        default=config.env("force-registered", "") == "true",
+        help="publish nodes without waiting for their kubelet plugin presence record",
+    )
+    parser.add_argument(
+        "--kube-version",
+        type=kube_minor_arg,
+        default=None,
+        help="API server version for the slice layout, e.g. 1.34 (default: ask the server)",
+    )
+    parser.add_argument(
+        "--additional-xids-to-ignore",
+        type=xid_list_arg,
+        default=xid_list_arg(config.env("additional-xids-to-ignore", "")),
+        help="comma-separated XIDs whose taint gets effect None, beside 13,31,43,45,68,109",
+    )
+    parser.add_argument("--workers", type=int, default=int(config.env("workers", "4")))
+    parser.add_argument(
+        "--resync-interval",
+        type=float,
+        default=float(config.env("resync-interval", "600")),
+        help="seconds between full comparisons of all slices with the API server",
+    )
+    parser.set_defaults(func=_run)
+
+
+def kube_minor_arg(value: str) -> int:
+    """``1.35``, ``v1.35.2`` or ``35`` -> 35."""
+    match = re.fullmatch(r"v?(?:1\.)?(\d+)(?:\.\d+)?", value.strip())
+    if match is None:
+        raise argparse.ArgumentTypeError(f"expected a Kubernetes version like 1.35, got {value!r}")
+    return int(match.group(1))
+
+
+def xid_list_arg(value: str) -> frozenset[int]:
+    items = [v.strip() for v in value.split(",") if v.strip()]
+    bad = [v for v in items if not v.isdigit()]
+    if bad:
+        raise argparse.ArgumentTypeError(f"XIDs must be non-negative integers, got {bad}")
+    return frozenset(int(v) for v in items)
+
+
+def _run(args: argparse.Namespace) -> int:
+    logs.setup("publisher", args.log_level)
+    tracing.setup("publisher", args.otlp_endpoint)
+    metrics.serve(args.metrics_port)
+    try:
+        asyncio.run(_serve(args))
+    finally:
+        tracing.shutdown()
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from services.core.bus import Bus
+    from services.publisher.kubeapi import KubeSliceApi, connect
+    from services.publisher.render import RenderOptions
+    from services.publisher.service import Publisher, PublisherConfig
+
+    settings = PublisherConfig(
+        render=RenderOptions(
+            gates=args.feature_gates, extra_non_fatal_xids=args.additional_xids_to_ignore
+        ),
+        kube_minor=args.kube_version,
+        force_registered=args.force_registered,
+        workers=args.workers,
+        resync_s=args.resync_interval,
+    )
+    bus = await Bus.connect(args.nats_url, name="publisher")
+    api = KubeSliceApi(await connect(args.kubeconfig or None))
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if task is not None:
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        await Publisher(api, settings).run(bus)
+    except asyncio.CancelledError:
+        log.info("publisher stopping")
+    finally:
+        with contextlib.suppress(Exception):
+            await api.close()
+        await bus.close()

@@ -1,0 +1,209 @@
+""":class:`SliceApi` against a real API server, through kubernetes-asyncio.
+
+kubernetes-asyncio builds the requests (auth, TLS, kubeconfig); we read the raw
+JSON ourselves into :mod:`services.core.resource` models, which is both faster
+than its generated models and exactly the wire shape we render.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+from services.core import nvidia
+from services.core.resource import ResourceSlice, to_builtins
+from services.publisher.sliceapi import ApiError, SliceList, WatchEvent
+
+_PAGE = 500
+WATCH_TIMEOUT_S = 300
+
+
+class _ListMeta(msgspec.Struct, rename="camel"):
+    resource_version: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _SliceList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[ResourceSlice] = []
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class _Meta(msgspec.Struct, rename="camel"):
+    uid: str = ""
+
+
+class _Named(msgspec.Struct):
+    metadata: _Meta
+
+
+class _Version(msgspec.Struct):
+    minor: str
+
+
+async def connect(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or from the pod's service account when None."""
+    if kubeconfig:
+        cfg = client.Configuration()
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+        return client.ApiClient(configuration=cfg)
+    cfg = client.Configuration()
+    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration=cfg)
+
+
+def _selector(node: str | None) -> str:
+    selector = f"spec.driver={nvidia.DRIVER_NAME}"
+    return f"{selector},spec.nodeName={node}" if node else selector
+
+
+class KubeSliceApi:
+    """ResourceSlices in resource.k8s.io/v1, Nodes in core/v1, /version."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+        self.resource = client.ResourceV1Api(api_client)
+        self.core = client.CoreV1Api(api_client)
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def server_minor(self) -> int:
+        body = await _call(client.VersionApi(self.api_client).get_code)
+        minor = msgspec.json.decode(body, type=_Version).minor
+        digits = re.match(r"\d+", minor)
+        if digits is None:
+            raise ApiError(0, f"unreadable server minor version {minor!r}")
+        return int(digits.group())
+
+    async def node_uid(self, node: str) -> str | None:
+        try:
+            body = await _call(self.core.read_node, node)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        return msgspec.json.decode(body, type=_Named).metadata.uid or None
+
+    async def list_slices(self, node: str | None = None) -> SliceList:
+        items: list[ResourceSlice] = []
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"field_selector": _selector(node), "limit": _PAGE}
+            if token:
+                kwargs["_continue"] = token
+            page = msgspec.json.decode(
+                await _call(self.resource.list_resource_slice, **kwargs), type=_SliceList
+            )
+            items += page.items
+            token = page.metadata.continue_
+            if not token:
+                return SliceList(items, page.metadata.resource_version)
+
+    async def create(self, obj: ResourceSlice) -> ResourceSlice:
+        body = await _call(self.resource.create_resource_slice, to_builtins(obj))
+        return msgspec.json.decode(body, type=ResourceSlice)
+
+    async def replace(self, obj: ResourceSlice) -> ResourceSlice:
+        body = await _call(
+            self.resource.replace_resource_slice, obj.metadata.name, to_builtins(obj)
+        )
+        return msgspec.json.decode(body, type=ResourceSlice)
+
+    async def delete(self, name: str, *, uid: str | None, resource_version: str | None) -> None:
+        preconditions = {
+            k: v for k, v in (("uid", uid), ("resourceVersion", resource_version)) if v
+        }
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
+        await _call(self.resource.delete_resource_slice, name, body=options)
+
+    async def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        resp = await _open(
+            self.resource.list_resource_slice,
+            field_selector=_selector(None),
+            watch=True,
+            resource_version=resource_version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=WATCH_TIMEOUT_S,
+        )
+        try:
+            async for line in _lines(resp):
+                event = _decode_event(line)
+                if event is not None:
+                    yield event
+        finally:
+            resp.release()
+
+
+def _decode_event(line: bytes) -> WatchEvent | None:
+    raw = msgspec.json.decode(line, type=_Event)
+    if raw.type == "ERROR":
+        status = msgspec.json.decode(raw.object, type=_Status)
+        raise ApiError(status.code, status.message, reason=status.reason)
+    if raw.type not in ("ADDED", "MODIFIED", "DELETED"):
+        return None  # BOOKMARK
+    obj = msgspec.json.decode(raw.object, type=ResourceSlice)
+    return WatchEvent(raw.type, obj)  # type: ignore[arg-type]
+
+
+async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Newline-delimited watch events of any size (aiohttp's readline caps line length)."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+async def _open(method: Any, *args: Any, **kwargs: Any) -> aiohttp.ClientResponse:
+    """Send the request; raise :class:`ApiError` for a non-2xx answer or no answer."""
+    try:
+        resp: aiohttp.ClientResponse = await method(*args, _preload_content=False, **kwargs)
+    except ApiException as exc:
+        raise ApiError(int(exc.status or 0), str(exc.reason)) from exc
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
+    if not 200 <= resp.status <= 299:
+        body = await resp.read()
+        resp.release()
+        raise _status_error(resp.status, body)
+    return resp
+
+
+async def _call(method: Any, *args: Any, **kwargs: Any) -> bytes:
+    resp = await _open(method, *args, **kwargs)
+    try:
+        return await resp.read()
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise ApiError(0, f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        resp.release()
+
+
+def _status_error(code: int, body: bytes) -> ApiError:
+    try:
+        status = msgspec.json.decode(body, type=_Status)
+        return ApiError(code, status.message, reason=status.reason)
+    except (msgspec.DecodeError, msgspec.ValidationError, json.JSONDecodeError):
+        return ApiError(code, body[:200].decode(errors="replace"))

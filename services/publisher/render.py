@@ -1,0 +1,208 @@
+"""Render a node's inventory into the ResourceSlices the reference driver would publish.
+
+Pure functions: inventory + feature gates + API-server version in, slices out.
+Which devices a GPU contributes follows nvlib.go (GetPerGpuAllocatableDevices);
+how they are grouped into slices follows driver.go (publishResources), with the
+API limits of CONTRACTS.md section 4 applied on top:
+
+* without DynamicMIG: every device of the node, in as few slices as the device
+  limit allows (the reference puts them all in one slice);
+* DynamicMIG on a 1.34 API server: one slice per GPU holding its counter set and
+  its devices;
+* DynamicMIG on 1.35+: first the counter sets (at most 8 per slice), then one
+  devices-only slice per GPU.
+
+A slice holds at most 64 devices as soon as any device has taints or consumes
+counters (the 1.35 rule, also valid on 1.34), else 128.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from services.core import featuregates, nvidia
+from services.core.featuregates import FeatureGates
+from services.core.resource import (
+    CounterSet,
+    Device,
+    ObjectMeta,
+    OwnerReference,
+    ResourcePool,
+    ResourceSlice,
+    ResourceSliceSpec,
+)
+from services.core.schemas import Gpu, NodeInventory
+
+MAX_DEVICES = 128
+MAX_DEVICES_ADVANCED = 64  # any device with taints or consumesCounters
+MAX_COUNTER_SETS = 8
+SPLIT_LAYOUT_MINOR = 35  # from 1.35 a slice holds devices or sharedCounters, not both
+_MAX_OBJECT_NAME = 253
+T = TypeVar("T")
+
+
+class RenderError(ValueError):
+    """An inventory that cannot be published as it is; nothing of it is written."""
+
+
+@dataclass(frozen=True)
+class RenderOptions:
+    gates: FeatureGates = field(default_factory=FeatureGates)
+    kube_minor: int = SPLIT_LAYOUT_MINOR
+    extra_non_fatal_xids: frozenset[int] = frozenset()
+
+    @property
+    def split_layout(self) -> bool:
+        return self.kube_minor >= SPLIT_LAYOUT_MINOR
+
+
+@dataclass(frozen=True)
+class SliceContent:
+    """What one slice carries, before pool bookkeeping (name, generation, count) is added."""
+
+    devices: list[Device] | None = None
+    shared_counters: list[CounterSet] | None = None
+
+
+@dataclass
+class _GpuGroup:
+    devices: list[Device]
+    counter_sets: list[CounterSet]
+
+
+# ------------------------------------------------------------------ devices per GPU
+
+
+def _gpu_group(gpu: Gpu, inv: NodeInventory, opts: RenderOptions, vfio_index: int) -> _GpuGroup:
+    gates = opts.gates
+    counter_sets: list[CounterSet] = []
+    if gates.enabled(featuregates.DYNAMIC_MIG) and nvidia.dynamic_mig_capable(gpu):
+        model = nvidia.PartitionModel.of(gpu)
+        devices = []
+        if not gpu.mig_enabled or nvidia.supports_mig_toggle(gpu):
+            devices.append(nvidia.partitionable_gpu_device(gpu, inv, model))
+        devices += nvidia.partition_devices(gpu, inv)
+        counter_sets = nvidia.counter_sets(gpu, model)
+    elif not gpu.mig_enabled:
+        devices = [nvidia.gpu_device(gpu, inv)]
+    else:
+        devices = [nvidia.static_mig_device(gpu, mig, inv) for mig in gpu.mig_devices]
+    if gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK):
+        taints = nvidia.health_taints(gpu, (d.name for d in devices), opts.extra_non_fatal_xids)
+        for device in devices:
+            device.taints = taints.get(device.name)
+    vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT) and not gpu.mig_devices
+    if vfio_ok and gpu.vfio is not None:
+        devices.append(nvidia.vfio_device(gpu, vfio_index))
+    devices.sort(key=lambda d: d.name)
+    return _GpuGroup(devices, counter_sets)
+
+
+def _groups(inv: NodeInventory, opts: RenderOptions) -> list[_GpuGroup]:
+    """One group per healthy-enough GPU, in PCI bus order (the reference's slice order)."""
+    by_bus = sorted(inv.gpus, key=lambda g: g.pci_bus_id)
+    groups = []
+    for vfio_index, gpu in enumerate(by_bus):
+        if gpu.error:  # NVML failed on it: publish nothing rather than half a GPU
+            continue
+        try:
+            groups.append(_gpu_group(gpu, inv, opts, vfio_index))
+        except nvidia.InventoryError as exc:
+            raise RenderError(f"node {inv.node!r}: {exc}") from exc
+    return groups
+
+
+# ------------------------------------------------------------------ slices
+
+
+def _device_limit(devices: Sequence[Device]) -> int:
+    advanced = any(d.taints or d.consumes_counters for d in devices)
+    return MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
+
+
+def _chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
+    for start in range(0, len(items), size):
+        yield list(items[start : start + size])
+
+
+def render_contents(inv: NodeInventory, opts: RenderOptions) -> list[SliceContent]:
+    """The node's slices, in order, without pool bookkeeping."""
+    groups = _groups(inv, opts)
+    contents: list[SliceContent] = []
+    if not opts.gates.enabled(featuregates.DYNAMIC_MIG):
+        devices = [d for g in groups for d in g.devices]
+        limit = _device_limit(devices)
+        contents = [SliceContent(devices=chunk) for chunk in _chunks(devices, limit)]
+    elif opts.split_layout:
+        counter_sets = [c for g in groups for c in g.counter_sets]
+        contents = [
+            SliceContent(shared_counters=c) for c in _chunks(counter_sets, MAX_COUNTER_SETS)
+        ]
+        for g in groups:
+            limit = _device_limit(g.devices)
+            contents += [SliceContent(devices=chunk) for chunk in _chunks(g.devices, limit)]
+    else:
+        for g in groups:
+            if len(g.devices) > _device_limit(g.devices):
+                raise RenderError(
+                    f"node {inv.node!r}: {len(g.devices)} devices of one GPU do not fit one "
+                    f"1.34 slice beside their counter set (limit {_device_limit(g.devices)})"
+                )
+            contents.append(SliceContent(devices=g.devices, shared_counters=g.counter_sets or None))
+    contents = [c for c in contents if c.devices or c.shared_counters]
+    return contents or [SliceContent()]  # an empty pool still says "this node has no GPUs"
+
+
+def slice_name(node: str, index: int) -> str:
+    """``<node>-gpu.nvidia.com-<index>``; long node names are cut and disambiguated by a hash."""
+    suffix = f"-{nvidia.DRIVER_NAME}-{index}"
+    if len(node) + len(suffix) <= _MAX_OBJECT_NAME:
+        return node + suffix
+    digest = hashlib.sha256(node.encode()).hexdigest()[:10]
+    keep = _MAX_OBJECT_NAME - len(suffix) - len(digest) - 1
+    return f"{node[:keep].rstrip('.-')}-{digest}{suffix}"
+
+
+def node_owner(node: str, uid: str) -> OwnerReference:
+    """The Node owns its slices: they go when the Node object goes."""
+    return OwnerReference(api_version="v1", kind="Node", name=node, uid=uid, controller=True)
+
+
+def build_slices(
+    node: str,
+    contents: Sequence[SliceContent],
+    *,
+    generation: int = 0,
+    owner: OwnerReference | None = None,
+) -> list[ResourceSlice]:
+    """Full ResourceSlice objects for a node's pool at ``generation``."""
+    pool_size = len(contents)
+    return [
+        ResourceSlice(
+            metadata=ObjectMeta(
+                name=slice_name(node, i), owner_references=[owner] if owner else None
+            ),
+            spec=ResourceSliceSpec(
+                driver=nvidia.DRIVER_NAME,
+                pool=ResourcePool(name=node, generation=generation, resource_slice_count=pool_size),
+                node_name=node,
+                devices=content.devices,
+                shared_counters=content.shared_counters,
+            ),
+        )
+        for i, content in enumerate(contents)
+    ]
+
+
+def render_slices(
+    inv: NodeInventory,
+    opts: RenderOptions,
+    *,
+    generation: int = 0,
+    owner: OwnerReference | None = None,
+) -> list[ResourceSlice]:
+    """What the publisher would write for ``inv`` into an empty cluster."""
+    return build_slices(inv.node, render_contents(inv, opts), generation=generation, owner=owner)

@@ -1,0 +1,331 @@
+"""The publisher service: inventories and plugin presence on the bus in, ResourceSlices out.
+
+It keeps what it needs per node (the inventory, whether the kubelet plugin is
+registered) and a set of dirty nodes that a few workers sync, one node at a
+time each. A node is published while it has an inventory and a registered
+plugin (or ``force_registered``); otherwise its slices are removed, because the
+kubelet wipes a driver's slices 30 s after its plugin goes and would fight us.
+
+Inputs: KV ``inventory`` (one NodeInventory per node), KV ``presence``
+(PluginPresence per node and driver), and a watch on our ResourceSlices so that
+a slice someone else changes or deletes is put back. A full resync lists every
+slice of the driver at start-up (removing slices of nodes that are gone) and
+then periodically.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypeVar
+
+from services.core import nvidia, subjects
+from services.core.bus import Bus, KvUpdate
+from services.core.metrics import MALFORMED_MESSAGES
+from services.core.resource import ResourceSlice
+from services.core.schemas import NodeInventory, PluginPresence, SchemaError
+from services.publisher import metrics
+from services.publisher.reconcile import NodeNotFound, Reconciler, SyncFailed
+from services.publisher.render import RenderError, RenderOptions, render_contents
+from services.publisher.sliceapi import ApiError, SliceApi
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+_DRIVER_TOKEN = subjects.escape_token(nvidia.DRIVER_NAME)
+_MAX_BACKOFF_S = 30.0
+
+
+@dataclass
+class PublisherConfig:
+    render: RenderOptions = field(default_factory=RenderOptions)
+    kube_minor: int | None = None  # None: ask the API server
+    force_registered: bool = False  # publish without a kubelet plugin presence record
+    workers: int = 4
+    resync_s: float = 600.0
+    retry_failed_s: float = 5.0
+
+
+class Publisher:
+    """Turns node state into synced slices; :meth:`run` wires it to the bus."""
+
+    def __init__(
+        self, api: SliceApi, config: PublisherConfig, reconciler: Reconciler | None = None
+    ) -> None:
+        self.api = api
+        self.config = config
+        self.reconciler = reconciler or Reconciler(api)
+        self.inventories: dict[str, NodeInventory] = {}
+        self.present: set[str] = set()
+        self.published: set[str] = set()  # nodes whose slices we made exist
+        self.seen: set[str] = set()  # nodes with slices seen in a listing or the watch
+        self.on_synced: Callable[[str, float], None] | None = None  # (node, seconds dirty)
+        self._digests: dict[str, str] = {}
+        self._dirty: dict[str, float] = {}  # node -> when it became dirty
+        self._busy: set[str] = set()
+        self._events_while_busy: dict[str, list[tuple[str, str, str | None]]] = {}
+        self._wake = asyncio.Event()
+
+    # ---------------------------------------------------------------- state changes
+
+    def set_inventory(self, node: str, inventory: NodeInventory | None) -> None:
+        if inventory is None:
+            self.inventories.pop(node, None)
+            self._digests.pop(node, None)
+        else:
+            digest = inventory.digest()
+            if self._digests.get(node) == digest:
+                return  # the same inventory again: nothing can change
+            self.inventories[node] = inventory
+            self._digests[node] = digest
+        self.mark(node)
+
+    def set_present(self, node: str, present: bool) -> None:
+        if present == (node in self.present):
+            return
+        if present:
+            self.present.add(node)
+        else:
+            self.present.discard(node)
+        self.reconciler.forget(node)  # a kubelet that restarted has wiped our slices
+        self.mark(node)
+
+    def mark(self, node: str) -> None:
+        self._dirty.setdefault(node, time.monotonic())
+        self._wake.set()
+
+    def wanted(self, node: str) -> NodeInventory | None:
+        registered = self.config.force_registered or node in self.present
+        return self.inventories.get(node) if registered else None
+
+    # ---------------------------------------------------------------- syncing
+
+    async def sync_node(self, node: str) -> None:
+        """Bring one node's slices in line; errors are logged and counted, never raised."""
+        inventory = self.wanted(node)
+        try:
+            contents = None if inventory is None else render_contents(inventory, self.config.render)
+        except RenderError as exc:
+            metrics.INVALID_INVENTORIES.labels(reason="render").inc()
+            log.warning(
+                "inventory cannot be published; the node's slices stay as they are",
+                extra={"node": node, "reason": str(exc)},
+            )
+            return
+        if contents is None and node not in self.published and node not in self.seen:
+            return  # nothing of ours can exist for it
+        if self.reconciler.is_current(node, contents):
+            return
+        try:
+            result = await self.reconciler.sync(node, contents)
+        except (NodeNotFound, SyncFailed) as exc:
+            reason = "node-missing" if isinstance(exc, NodeNotFound) else "api"
+            metrics.SYNC_FAILURES.labels(reason=reason).inc()
+            log.warning("sync failed; retrying later", extra={"node": node, "error": str(exc)})
+            asyncio.get_running_loop().call_later(self.config.retry_failed_s, self.mark, node)
+            return
+        if contents is None:
+            self.published.discard(node)
+            self.seen.discard(node)
+        else:
+            self.published.add(node)
+        metrics.PUBLISHED_NODES.set(len(self.published))
+        if result.writes:
+            log.info(
+                "slices synced",
+                extra={
+                    "node": node,
+                    "created": result.created,
+                    "updated": result.updated,
+                    "deleted": result.deleted,
+                    "generation": result.generation,
+                },
+            )
+
+    async def work(self) -> None:
+        """One worker: take a dirty node nobody else is syncing, sync it, repeat."""
+        while True:
+            node = next((n for n in self._dirty if n not in self._busy), None)
+            if node is None:
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            since = self._dirty.pop(node)
+            self._busy.add(node)
+            try:
+                await self.sync_node(node)
+            finally:
+                self._busy.discard(node)
+                self._replay_events(node)
+                if self._dirty:
+                    self._wake.set()
+            elapsed = time.monotonic() - since
+            metrics.SYNC_SECONDS.observe(elapsed)
+            if self.on_synced is not None:
+                self.on_synced(node, elapsed)
+
+    async def settle(self, timeout: float = 30.0) -> None:
+        """Wait until no node is dirty or being synced (tests and the benchmark)."""
+        deadline = time.monotonic() + timeout
+        while self._dirty or self._busy:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"nodes still dirty: {sorted(self._dirty)[:5]}")
+            await asyncio.sleep(0.005)
+
+    # ---------------------------------------------------------------- resync and watch
+
+    async def resync(self) -> str:
+        """List every slice of the driver, mark each node to check; return the list's RV."""
+        listing = await self.api.list_slices()
+        nodes = {s.spec.node_name for s in listing.items if s.spec.node_name}
+        self.seen |= nodes
+        for node in nodes | set(self.inventories):
+            self.reconciler.forget(node)
+            self.mark(node)
+        return listing.resource_version
+
+    async def relist(self) -> str:
+        """:meth:`resync` until it works, backing off between failures."""
+        backoff = 0.1
+        while True:
+            try:
+                return await self.resync()
+            except ApiError as exc:
+                metrics.API_RETRIES.labels(reason=str(exc.status)).inc()
+                log.warning("listing slices failed", extra={"error": str(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+    async def watch_slices(self, resource_version: str) -> None:
+        """Follow slice changes; an expired watch (410) starts over from a fresh list."""
+        backoff = 0.1
+        while True:
+            try:
+                async for event in self.api.watch(resource_version):
+                    backoff = 0.1
+                    resource_version = event.slice.metadata.resource_version or resource_version
+                    self.on_slice_event(event.type, event.slice)
+                continue  # the server ended the watch (timeout): resume where we were
+            except ApiError as exc:
+                metrics.API_RETRIES.labels(reason=str(exc.status)).inc()
+                if not exc.gone:
+                    log.warning("slice watch failed", extra={"error": str(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                if exc.gone:
+                    resource_version = await self.relist()
+
+    def on_slice_event(self, kind: str, obj: ResourceSlice) -> None:
+        node = obj.spec.node_name or ""
+        event = (kind, obj.metadata.name, obj.metadata.resource_version)
+        if node in self._busy:  # likely our own write: judge once the sync has recorded it
+            self._events_while_busy.setdefault(node, []).append(event)
+        elif node:
+            self._judge(node, *event)
+
+    def _replay_events(self, node: str) -> None:
+        for event in self._events_while_busy.pop(node, []):
+            self._judge(node, *event)
+
+    def _judge(self, node: str, kind: str, name: str, rv: str | None) -> None:
+        ours = self.reconciler.written.get(name)
+        if kind == "DELETED":
+            if ours is None:
+                return  # we deleted it ourselves
+            del self.reconciler.written[name]
+        elif ours is not None and ours == rv:
+            return  # our own write coming back
+        self.seen.add(node)
+        self.reconciler.forget(node)
+        self.mark(node)
+
+    async def resync_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.resync_s)
+            await self.relist()
+
+    # ---------------------------------------------------------------- bus wiring
+
+    async def load_snapshot(self, bus: Bus) -> None:
+        """Current inventories and presence, so the first resync knows what is stale."""
+        for key in await bus.kv_keys(subjects.INVENTORY_BUCKET):
+            inventory = await _get(bus, subjects.INVENTORY_BUCKET, key, NodeInventory)
+            if inventory is not None:
+                self.apply_inventory(KvUpdate(key, inventory, 0))
+        for key in await bus.kv_keys(subjects.PRESENCE_BUCKET):
+            presence = await _get(bus, subjects.PRESENCE_BUCKET, key, PluginPresence)
+            if presence is not None:
+                self.apply_presence(KvUpdate(key, presence, 0))
+
+    async def follow_inventory(self, bus: Bus) -> None:
+        """Every inventory change; the bus skips (logs, counts) values that do not decode."""
+        async for update in bus.watch_kv(subjects.INVENTORY_BUCKET, NodeInventory):
+            try:
+                self.apply_inventory(update)
+            except Exception:  # one bad update must never stop the stream
+                metrics.INVALID_INVENTORIES.labels(reason="handler").inc()
+                log.exception("failed to apply an inventory update", extra={"key": update.key})
+
+    async def follow_presence(self, bus: Bus) -> None:
+        async for update in bus.watch_kv(subjects.PRESENCE_BUCKET, PluginPresence):
+            self.apply_presence(update)
+
+    def apply_inventory(self, update: KvUpdate[NodeInventory]) -> None:
+        node = subjects.unescape_token(update.key)
+        if update.value is not None and update.value.node != node:
+            metrics.INVALID_INVENTORIES.labels(reason="node-mismatch").inc()
+            log.warning(
+                "skipping an inventory stored under another node's key",
+                extra={"key": update.key, "node": update.value.node},
+            )
+            return
+        self.set_inventory(node, update.value)
+
+    def apply_presence(self, update: KvUpdate[PluginPresence]) -> None:
+        node_token, _, driver_token = update.key.partition(".")
+        if driver_token == _DRIVER_TOKEN:
+            self.set_present(subjects.unescape_token(node_token), update.value is not None)
+
+    async def run(self, bus: Bus) -> None:
+        """Serve until cancelled."""
+        if self.config.kube_minor is None:
+            self.config.kube_minor = await self.api.server_minor()
+        render = self.config.render
+        self.config.render = RenderOptions(
+            gates=render.gates,
+            kube_minor=self.config.kube_minor,
+            extra_non_fatal_xids=render.extra_non_fatal_xids,
+        )
+        log.info(
+            "publisher starting",
+            extra={
+                "kube_minor": self.config.kube_minor,
+                "gates": render.gates.spec(),
+                "force_registered": self.config.force_registered,
+            },
+        )
+        await self.load_snapshot(bus)
+        rv = await self.relist()
+        async with asyncio.TaskGroup() as group:
+            for _ in range(self.config.workers):
+                group.create_task(self.work())
+            group.create_task(self.follow_inventory(bus))
+            group.create_task(self.follow_presence(bus))
+            group.create_task(self.watch_slices(rv))
+            group.create_task(self.resync_forever())
+
+
+async def _get(bus: Bus, bucket: str, key: str, kind: type[T]) -> T | None:
+    """A KV value, or None (logged and counted) when it does not decode."""
+    try:
+        got = await bus.kv_get(bucket, key, kind)
+    except SchemaError as exc:
+        MALFORMED_MESSAGES.labels(source=f"kv:{bucket}").inc()
+        log.warning(
+            "skipping malformed message",
+            extra={"source": f"kv:{bucket}", "reason": f"key {key!r}: {exc}"},
+        )
+        return None
+    return None if got is None else got[0]

@@ -1,0 +1,88 @@
+"""The one seam between the publisher and wherever slices go.
+
+:class:`SliceApi` is what the reconciler needs from an API server: list a driver's
+slices (optionally of one node), create, replace, delete with preconditions,
+watch for changes, look up a Node's UID and the server's version. The real one is
+:class:`services.publisher.kubeapi.KubeSliceApi`; tests and the benchmark plug in
+:class:`services.publisher.memoryapi.MemorySliceApi`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from services.core.resource import ResourceSlice
+
+
+class ApiError(Exception):
+    """A failed API call, with the HTTP status (0: no answer at all)."""
+
+    def __init__(self, status: int, message: str, *, reason: str = "") -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}".replace("  ", " "))
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:  # stale resourceVersion, AlreadyExists, failed precondition
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:  # watch or continue token expired
+        return self.status == 410
+
+    @property
+    def retryable(self) -> bool:
+        """Worth another try after a pause; 400/403/422 need a different request."""
+        return self.status in (0, 404, 409, 410, 429) or self.status >= 500
+
+
+@dataclass(frozen=True)
+class SliceList:
+    items: list[ResourceSlice]
+    resource_version: str  # where a watch continues from
+
+
+EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+
+
+@dataclass(frozen=True)
+class WatchEvent:
+    type: EventType
+    slice: ResourceSlice
+
+
+class SliceApi(Protocol):
+    """Every call the reconciler and the service make against the API server."""
+
+    async def server_minor(self) -> int:
+        """The minor version of the API server (35 for v1.35.2)."""
+        ...
+
+    async def node_uid(self, node: str) -> str | None:
+        """The Node's UID, or None when no such Node exists."""
+        ...
+
+    async def list_slices(self, node: str | None = None) -> SliceList:
+        """Our driver's slices, of one node or of all."""
+        ...
+
+    async def create(self, obj: ResourceSlice) -> ResourceSlice: ...
+
+    async def replace(self, obj: ResourceSlice) -> ResourceSlice:
+        """Update in place; ``obj.metadata.resourceVersion`` must be current (else 409)."""
+        ...
+
+    async def delete(self, name: str, *, uid: str | None, resource_version: str | None) -> None:
+        """Delete only that incarnation (preconditions); 404 when already gone."""
+        ...
+
+    def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+        """Our driver's slice changes after ``resource_version``; ApiError(410) when expired."""
+        ...

@@ -1,0 +1,562 @@
+"""The NVIDIA device model and the slice renderer, against hand-built inventories.
+
+The inventories here spell out NVML's facts (H100 and A100 MIG profile tables
+from the MIG user guide) so each expected value can be checked by eye; the
+fleet x gate matrix over discovery's simulated fleets is in test_slicecheck.py.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from pathlib import Path
+
+import msgspec
+import pytest
+import yaml
+
+from services.core import featuregates, nvidia, quantity, resource, slicecheck
+from services.core.resource import Device, ResourceSlice
+from services.core.schemas import (
+    Gpu,
+    GpuHealth,
+    MigDevice,
+    MigPlacement,
+    MigProfile,
+    NodeInventory,
+    VfioInfo,
+    Xid,
+)
+from services.publisher.render import (
+    RenderError,
+    RenderOptions,
+    render_contents,
+    render_slices,
+    slice_name,
+)
+
+MIB = 1 << 20
+REPO = Path(__file__).resolve().parents[2]
+
+# --------------------------------------------------------------------------- inventories
+
+
+def _profile(
+    name: str,
+    gi: int,
+    ci: int,
+    slices: int,
+    mib: int,
+    sms: int,
+    ce: int,
+    dec: int,
+    jpeg: int,
+    ofa: int,
+    size: int,
+    starts: Iterable[int],
+) -> MigProfile:
+    return MigProfile(
+        name=name,
+        gi_profile_id=gi,
+        ci_profile_id=ci,
+        slices=slices,
+        memory_bytes=mib * MIB,
+        multiprocessors=sms,
+        copy_engines=ce,
+        decoders=dec,
+        encoders=0,
+        jpeg_engines=jpeg,
+        ofa_engines=ofa,
+        placements=[MigPlacement(s, size) for s in starts],
+    )
+
+
+H100_PROFILES = [
+    _profile("1g.10gb", 19, 0, 1, 9984, 16, 1, 1, 1, 0, 1, range(7)),
+    _profile("1g.10gb+me", 20, 0, 1, 9984, 16, 1, 1, 1, 1, 1, range(7)),
+    _profile("1g.20gb", 15, 0, 1, 20096, 26, 1, 1, 1, 0, 2, (0, 2, 4, 6)),
+    _profile("2g.20gb", 14, 1, 2, 20096, 32, 2, 2, 2, 0, 2, (0, 2, 4)),
+    _profile("3g.40gb", 9, 2, 3, 40448, 60, 3, 3, 3, 0, 4, (0, 4)),
+    _profile("4g.40gb", 5, 3, 4, 40448, 64, 4, 4, 4, 0, 4, (0,)),
+    _profile("7g.80gb", 0, 4, 7, 81152, 132, 8, 7, 7, 1, 8, (0,)),
+]
+A100_PROFILES = [
+    _profile("1g.5gb", 19, 0, 1, 4864, 14, 1, 0, 0, 0, 1, range(7)),
+    _profile("1g.5gb+me", 20, 0, 1, 4864, 14, 1, 1, 1, 1, 1, range(7)),
+    _profile("1g.10gb", 15, 0, 1, 9856, 14, 1, 1, 0, 0, 2, (0, 2, 4, 6)),
+    _profile("2g.10gb", 14, 1, 2, 9856, 28, 2, 1, 0, 0, 2, (0, 2, 4)),
+    _profile("3g.20gb", 9, 2, 3, 19968, 42, 3, 2, 0, 0, 4, (0, 4)),
+    _profile("4g.20gb", 5, 3, 4, 19968, 56, 4, 2, 0, 0, 4, (0,)),
+    _profile("7g.40gb", 0, 4, 7, 40192, 98, 7, 5, 1, 1, 8, (0,)),
+]
+
+
+def h100(index: int, **changes) -> Gpu:
+    gpu = Gpu(
+        index=index,
+        minor=index,
+        uuid=f"GPU-{index:08x}-1111-2222-3333-444444444444",
+        product_name="NVIDIA H100 80GB HBM3",
+        brand="Nvidia",
+        architecture="Hopper",
+        cuda_compute_capability="9.0",
+        memory_bytes=81559 * MIB,
+        pci_bus_id=f"0000:{0x18 + 0x10 * index:02x}:00.0",
+        pcie_root=f"pci0000:{0x10 * index:02x}",
+        numa_node=index // 4,
+        mig_capable=True,
+        mig_profiles=H100_PROFILES,
+        vfio=VfioInfo(
+            vendor_id="0x10de",
+            device_id="0x2330",
+            numa_node=index // 4,
+            iommu_group=20 + index,
+            iommu_fd_enabled=False,
+            addressable_memory_bytes=262144 * MIB,
+        ),
+    )
+    return msgspec.structs.replace(gpu, **changes)
+
+
+def a100(index: int, migs: list[tuple[str, int, int]] | None = None, **changes) -> Gpu:
+    """An A100 40GB; ``migs`` = [(profile, start, gi_id)] puts it in MIG mode with those devices."""
+    by_name = {p.name: p for p in A100_PROFILES}
+    devices = [
+        MigDevice(
+            uuid=f"MIG-{index:04x}{gi:04x}-aaaa-bbbb-cccc-dddddddddddd",
+            profile=name,
+            gi_profile_id=by_name[name].gi_profile_id,
+            gi_id=gi,
+            ci_id=0,
+            placement=MigPlacement(start, by_name[name].placements[0].size),
+        )
+        for name, start, gi in migs or []
+    ]
+    gpu = h100(
+        index,
+        uuid=f"GPU-{index:08x}-aaaa-bbbb-cccc-dddddddddddd",
+        product_name="NVIDIA A100-SXM4-40GB",
+        architecture="Ampere",
+        cuda_compute_capability="8.0",
+        memory_bytes=40960 * MIB,
+        mig_profiles=A100_PROFILES,
+        mig_enabled=migs is not None,
+        mig_devices=devices,
+    )
+    return msgspec.structs.replace(gpu, **changes)
+
+
+def node(name: str = "n1", gpus: list[Gpu] | None = None) -> NodeInventory:
+    return NodeInventory(
+        node=name,
+        driver_version="570.124.06",
+        cuda_driver_version="12.8",
+        gpus=gpus if gpus is not None else [h100(i) for i in range(8)],
+    )
+
+
+def dgx_a100(name: str = "n1") -> NodeInventory:
+    """GPUs 0-3 whole, 4-7 in MIG mode (the layout of discovery's dgx-a100 fleet)."""
+    migs = {
+        4: [("3g.20gb", 0, 2), ("2g.10gb", 4, 3), ("1g.5gb", 6, 9)],
+        5: [("1g.5gb", s, 7 + s) for s in range(7)],
+        6: [("4g.20gb", 0, 1), ("3g.20gb", 4, 2)],
+        7: [("1g.10gb", 0, 3), ("1g.10gb", 2, 4), ("2g.10gb", 4, 5), ("1g.5gb+me", 6, 13)],
+    }
+    return node(name, [a100(i, migs.get(i)) for i in range(8)])
+
+
+def opts(gates: str = "", minor: int = 35, **kw) -> RenderOptions:
+    return RenderOptions(gates=featuregates.parse(gates), kube_minor=minor, **kw)
+
+
+def devices_of(slices: list[ResourceSlice]) -> dict[str, Device]:
+    return {d.name: d for s in slices for d in s.spec.devices or []}
+
+
+def attrs(device: Device) -> dict[str, object]:
+    return {k: v.value() for k, v in (device.attributes or {}).items()}
+
+
+def caps(device: Device) -> dict[str, str]:
+    return {k: v.value for k, v in (device.capacity or {}).items()}
+
+
+# --------------------------------------------------------------------------- values
+
+
+@pytest.mark.parametrize(
+    ("text", "want"),
+    [
+        ("9.0", "9.0.0"),
+        ("570.124.06", "570.124.6"),
+        ("12.8", "12.8.0"),
+        ("550.54.15", "550.54.15"),
+        ("v1.2.3-rc.1+build.5", "1.2.3-rc.1+build.5"),
+        ("8", "8.0.0"),
+    ],
+)
+def test_versions_are_normalised_like_masterminds_semver(text: str, want: str) -> None:
+    assert nvidia.semver(text) == want
+
+
+@pytest.mark.parametrize("text", ["abc", "9.x", "", "1.2.3-01"])
+def test_unparseable_versions_name_the_field(text: str) -> None:
+    with pytest.raises(nvidia.InventoryError, match="driver_version"):
+        nvidia.semver(text, "driver_version")
+
+
+@pytest.mark.parametrize(
+    ("value", "want"),
+    [
+        (0, "0"),
+        (1, "1"),
+        (132, "132"),
+        (1000, "1k"),
+        (1023, "1023"),
+        (1024, "1Ki"),
+        (1025, "1025"),
+        (3000, "3k"),
+        (40 * 1024 * MIB, "40Gi"),
+        (81559 * MIB, "81559Mi"),
+        (85_000_000_000, "85G"),
+    ],
+)
+def test_quantities_are_written_in_the_servers_canonical_form(value: int, want: str) -> None:
+    assert quantity.format_int(value) == want
+    assert quantity.parse(want) == value
+
+
+def test_device_names_round_trip_through_parse() -> None:
+    assert nvidia.parse_device_name("gpu-3") == nvidia.DeviceId("gpu", minor=3)
+    assert nvidia.parse_device_name("gpu-vfio-2") == nvidia.DeviceId("vfio", vfio_index=2)
+    name = nvidia.mig_device_name(0, "1g.10gb+me", 20, 6)
+    assert name == "gpu-0-mig-1g10gb-me-20-6"
+    assert nvidia.parse_device_name(name) == nvidia.DeviceId(
+        "mig", minor=0, profile_token="1g10gb-me", gi_profile_id=20, placement_start=6
+    )
+    assert nvidia.mig_device_name(0, "1g.20gb", 15, 6) == "gpu-0-mig-1g20gb-15-6"
+    with pytest.raises(ValueError, match="gpu-<minor>"):
+        nvidia.parse_device_name("gpu-0-mig-1g10gb")
+
+
+def test_counter_names_follow_camel_to_dns() -> None:
+    assert [nvidia.counter_name(c) for c in ("copyEngines", "jpegEngines", "memory")] == [
+        "copy-engines",
+        "jpeg-engines",
+        "memory",
+    ]
+    assert nvidia.counter_set_name(5) == "gpu-5-counter-set"
+
+
+def test_slice_names_are_deterministic_and_valid_for_any_node_name() -> None:
+    assert slice_name("n1", 0) == "n1-gpu.nvidia.com-0"
+    long = ".".join(["abcdefghij" * 6 + "abc"] * 4)[:253]
+    a, b = slice_name(long, 11), slice_name(long[:-1] + "x", 11)
+    assert a != b and len(a) <= 253 and len(b) <= 253
+    for name in (a, b):
+        assert not slicecheck._dns_subdomain(name, "x"), name
+
+
+# --------------------------------------------------------------------------- full GPUs
+
+
+def test_full_gpus_carry_every_section_5_attribute() -> None:
+    slices = render_slices(node(gpus=[h100(i, addressing_mode="HMM") for i in range(8)]), opts())
+    assert len(slices) == 1
+    assert [d.name for d in slices[0].spec.devices or []] == [f"gpu-{i}" for i in range(8)]
+    gpu0 = devices_of(slices)["gpu-0"]
+    assert attrs(gpu0) == {
+        "type": "gpu",
+        "uuid": "GPU-00000000-1111-2222-3333-444444444444",
+        "productName": "NVIDIA H100 80GB HBM3",
+        "brand": "Nvidia",
+        "architecture": "Hopper",
+        "cudaComputeCapability": "9.0.0",
+        "driverVersion": "570.124.6",
+        "cudaDriverVersion": "12.8.0",
+        "resource.kubernetes.io/pciBusID": "0000:18:00.0",
+        "resource.kubernetes.io/pcieRoot": "pci0000:00",
+        "resource.kubernetes.io/numaNode": 0,
+        "addressingMode": "HMM",
+    }
+    assert gpu0.attributes is not None
+    assert gpu0.attributes["cudaComputeCapability"].version == "9.0.0"
+    assert gpu0.attributes["resource.kubernetes.io/numaNode"].int_ == 0
+    assert caps(gpu0) == {"memory": "81559Mi"}
+    assert gpu0.consumes_counters is None and gpu0.taints is None
+
+
+def test_optional_attributes_are_left_out_when_unknown() -> None:
+    gpu = h100(0, pcie_root=None, numa_node=None, addressing_mode=None)
+    names = set(attrs(devices_of(render_slices(node(gpus=[gpu]), opts()))["gpu-0"]))
+    assert not names & {
+        "resource.kubernetes.io/pcieRoot",
+        "resource.kubernetes.io/numaNode",
+        "addressingMode",
+    }
+
+
+def test_pool_and_slice_bookkeeping() -> None:
+    (s,) = render_slices(node("node-a"), opts(), generation=3)
+    assert s.metadata.name == "node-a-gpu.nvidia.com-0"
+    assert s.spec.driver == "gpu.nvidia.com" and s.spec.node_name == "node-a"
+    assert (s.spec.pool.name, s.spec.pool.generation, s.spec.pool.resource_slice_count) == (
+        "node-a",
+        3,
+        1,
+    )
+    assert s.api_version == "resource.k8s.io/v1" and s.kind == "ResourceSlice"
+
+
+def test_a_gpu_whose_nvml_queries_failed_is_not_published() -> None:
+    inv = node(gpus=[h100(0), h100(1, error="NVML_ERROR_UNKNOWN: memory info")])
+    assert list(devices_of(render_slices(inv, opts()))) == ["gpu-0"]
+
+
+def test_a_node_without_gpus_still_has_its_pool() -> None:
+    (s,) = render_slices(node(gpus=[]), opts())
+    assert s.spec.devices is None and s.spec.pool.resource_slice_count == 1
+
+
+# --------------------------------------------------------------------------- static MIG
+
+
+def test_static_mig_devices_replace_their_parent_gpu() -> None:
+    slices = render_slices(dgx_a100(), opts())
+    devices = devices_of(slices)
+    assert {f"gpu-{i}" for i in range(4)} <= set(devices)
+    assert not {f"gpu-{i}" for i in range(4, 8)} & set(devices)
+    assert {
+        "gpu-4-mig-3g20gb-9-0",
+        "gpu-4-mig-2g10gb-14-4",
+        "gpu-4-mig-1g5gb-19-6",
+        "gpu-7-mig-1g5gb-me-20-6",
+    } <= set(devices)
+    assert len(devices) == 4 + 3 + 7 + 2 + 4
+    mig = devices["gpu-4-mig-3g20gb-9-0"]
+    parent = dgx_a100().gpus[4]
+    assert attrs(mig) == {
+        "type": "mig",
+        "uuid": parent.mig_devices[0].uuid,
+        "parentUUID": parent.uuid,
+        "profile": "3g.20gb",
+        "productName": "NVIDIA A100-SXM4-40GB",
+        "brand": "Nvidia",
+        "architecture": "Ampere",
+        "cudaComputeCapability": "8.0.0",
+        "driverVersion": "570.124.6",
+        "cudaDriverVersion": "12.8.0",
+        "resource.kubernetes.io/pciBusID": parent.pci_bus_id,
+        "resource.kubernetes.io/pcieRoot": parent.pcie_root,
+        "resource.kubernetes.io/numaNode": 1,
+    }
+    assert caps(mig) == {
+        "multiprocessors": "42",
+        "copyEngines": "3",
+        "decoders": "2",
+        "encoders": "0",
+        "jpegEngines": "0",
+        "ofaEngines": "0",
+        "memory": "19968Mi",
+        **{f"memorySlice{i}": "1" for i in range(4)},
+    }
+    assert caps(devices["gpu-4-mig-1g5gb-19-6"])["memorySlice6"] == "1"
+    assert "memorySlice5" not in caps(devices["gpu-4-mig-1g5gb-19-6"])
+
+
+def test_a_mig_device_of_an_unknown_profile_is_a_render_error() -> None:
+    gpu = a100(0, [("3g.20gb", 0, 2)])
+    broken = msgspec.structs.replace(
+        gpu,
+        mig_devices=[msgspec.structs.replace(gpu.mig_devices[0], gi_profile_id=77)],
+    )
+    with pytest.raises(RenderError, match="gi_profile_id 77"):
+        render_slices(node(gpus=[broken]), opts())
+
+
+def test_an_unreadable_version_is_a_render_error_naming_the_field() -> None:
+    with pytest.raises(RenderError, match=r"gpu 0: cuda_compute_capability: 'nine'"):
+        render_slices(node(gpus=[h100(0, cuda_compute_capability="nine")]), opts())
+
+
+# --------------------------------------------------------------------------- dynamic MIG
+
+
+def test_dynamic_mig_on_1_35_splits_counters_from_devices() -> None:
+    slices = render_slices(node(), opts("DynamicMIG=true", 35))
+    assert len(slices) == 9
+    counters, *device_slices = slices
+    assert counters.spec.devices is None
+    assert [c.name for c in counters.spec.shared_counters or []] == [
+        f"gpu-{i}-counter-set" for i in range(8)
+    ]
+    for s in device_slices:
+        assert s.spec.shared_counters is None and len(s.spec.devices or []) == 26
+    assert {s.spec.pool.resource_slice_count for s in slices} == {9}
+    assert not slicecheck.check_pool(slices, kube_minor=35)
+
+
+def test_dynamic_mig_counter_set_holds_per_profile_maxima_and_memory_slices() -> None:
+    counters = render_slices(node(), opts("DynamicMIG=true"))[0].spec.shared_counters or []
+    want = {
+        "multiprocessors": "132",
+        "copy-engines": "8",
+        "decoders": "7",
+        "encoders": "0",
+        "jpeg-engines": "7",
+        "ofa-engines": "1",
+        "memory": "81152Mi",
+        **{f"memory-slice-{i}": "1" for i in range(8)},
+    }
+    assert {k: v.value for k, v in counters[0].counters.items()} == want
+
+
+def test_dynamic_mig_full_gpu_consumes_everything_and_partitions_their_slices() -> None:
+    devices = devices_of(render_slices(node(), opts("DynamicMIG=true")))
+    full = devices["gpu-0"]
+    (consumed,) = full.consumes_counters or []
+    assert consumed.counter_set == "gpu-0-counter-set"
+    assert len(consumed.counters) == 15
+    assert caps(full)["memory"] == "81152Mi"  # the largest profile's, as PartCapacities
+    part = devices["gpu-0-mig-3g40gb-9-4"]
+    assert "uuid" not in attrs(part) and attrs(part)["profile"] == "3g.40gb"
+    assert "memorySlice4" not in caps(part)  # abstract devices carry no slice capacities
+    (used,) = part.consumes_counters or []
+    assert {k: v.value for k, v in used.counters.items()} == {
+        "multiprocessors": "60",
+        "copy-engines": "3",
+        "decoders": "3",
+        "encoders": "0",
+        "jpeg-engines": "3",
+        "ofa-engines": "0",
+        "memory": "40448Mi",
+        **{f"memory-slice-{i}": "1" for i in range(4, 8)},
+    }
+    names = [n for n in devices if n.startswith("gpu-0-")]
+    assert len(names) == 25 and "gpu-0-mig-1g10gb-me-20-3" in names
+
+
+def test_dynamic_mig_on_1_34_keeps_each_gpus_counters_beside_its_devices() -> None:
+    slices = render_slices(node(), opts("DynamicMIG=true", 34))
+    assert len(slices) == 8
+    for i, s in enumerate(slices):
+        assert [c.name for c in s.spec.shared_counters or []] == [f"gpu-{i}-counter-set"]
+        assert len(s.spec.devices or []) == 26
+    assert not slicecheck.check_pool(slices, kube_minor=34)
+    assert slicecheck.check_pool(slices, kube_minor=35)  # not valid for 1.35
+
+
+def test_dynamic_mig_on_ampere_publishes_partitions_only_when_mig_is_on() -> None:
+    devices = devices_of(render_slices(dgx_a100(), opts("DynamicMIG=true")))
+    assert {"gpu-0", "gpu-3"} <= set(devices)  # MIG off on Ampere: not dynamic-MIG capable
+    assert devices["gpu-0"].consumes_counters is None
+    assert "gpu-4" not in devices  # MIG on: no full GPU without a reset
+    assert "gpu-4-mig-7g40gb-0-0" in devices and "gpu-0-mig-7g40gb-0-0" not in devices
+
+
+def test_dynamic_mig_leaves_gpus_without_mig_as_plain_devices() -> None:
+    l4 = h100(0, mig_capable=False, mig_profiles=[], architecture="Ada Lovelace")
+    slices = render_slices(node(gpus=[l4]), opts("DynamicMIG=true"))
+    assert [s.spec.shared_counters for s in slices] == [None]
+    assert caps(devices_of(slices)["gpu-0"]) == {"memory": "81559Mi"}
+
+
+# --------------------------------------------------------------------------- VFIO
+
+
+def test_passthrough_adds_a_vfio_twin_per_gpu_without_mig_devices() -> None:
+    inv = node(gpus=[h100(0), h100(1), a100(2, [("7g.40gb", 0, 0)])])
+    devices = devices_of(render_slices(inv, opts("PassthroughSupport=true")))
+    assert set(devices) == {"gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1", "gpu-2-mig-7g40gb-0-0"}
+    vfio = devices["gpu-vfio-1"]
+    assert attrs(vfio) == {
+        "type": "vfio",
+        "uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, "0000:28:00.0")),
+        "deviceID": "0x2330",
+        "vendorID": "0x10de",
+        "productName": "NVIDIA H100 80GB HBM3",
+        "iommuFDEnabled": False,
+        "resource.kubernetes.io/pciBusID": "0000:28:00.0",
+        "resource.kubernetes.io/pcieRoot": "pci0000:10",
+        "resource.kubernetes.io/numaNode": 0,
+    }
+    assert caps(vfio) == {"addressableMemory": "256Gi"}
+    assert "gpu-vfio-0" not in devices_of(render_slices(inv, opts()))
+
+
+# --------------------------------------------------------------------------- health
+
+
+def _health(*xids: Xid, lost: bool = False) -> GpuHealth:
+    return GpuHealth(xids=list(xids), lost=lost)
+
+
+def test_xid_taints_follow_the_latest_event_and_its_severity() -> None:
+    gpus = [
+        h100(0, health=_health(Xid(13, 1.0), Xid(79, 2.0))),
+        h100(1, health=_health(Xid(79, 1.0), Xid(31, 2.0))),
+        h100(2, health=_health(Xid(48, 1.0))),
+        h100(3, health=_health(lost=True)),
+        h100(4),
+    ]
+    devices = devices_of(render_slices(node(gpus=gpus), opts("NVMLDeviceHealthCheck=true")))
+
+    def taints(name: str) -> list[tuple[str, str | None, str]]:
+        return [(t.key, t.value, t.effect) for t in devices[name].taints or []]
+
+    assert taints("gpu-0") == [("gpu.nvidia.com/xid", "79", "NoSchedule")]
+    assert taints("gpu-1") == [("gpu.nvidia.com/xid", "31", "None")]
+    assert taints("gpu-2") == [("gpu.nvidia.com/xid", "48", "NoSchedule")]
+    assert taints("gpu-3") == [("gpu.nvidia.com/gpu-lost", None, "NoSchedule")]
+    assert taints("gpu-4") == []
+    extra = devices_of(
+        render_slices(
+            node(gpus=gpus),
+            opts("NVMLDeviceHealthCheck=true", extra_non_fatal_xids=frozenset({48})),
+        )
+    )
+    assert [t.effect for t in extra["gpu-2"].taints or []] == ["None"]
+    untainted = devices_of(render_slices(node(gpus=gpus), opts()))
+    assert all(d.taints is None for d in untainted.values())
+
+
+def test_an_xid_with_gi_and_ci_taints_only_that_mig_device() -> None:
+    gpu = a100(0, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)])
+    gpu = msgspec.structs.replace(gpu, health=_health(Xid(94, 1.0, gi_id=1, ci_id=0)))
+    devices = devices_of(render_slices(node(gpus=[gpu]), opts("NVMLDeviceHealthCheck=true")))
+    assert devices["gpu-0-mig-3g20gb-9-4"].taints is not None
+    assert devices["gpu-0-mig-3g20gb-9-0"].taints is None
+
+
+def test_taints_lower_the_device_limit_per_slice_to_64() -> None:
+    many = [h100(i, mig_capable=False, mig_profiles=[]) for i in range(130)]
+    plain = render_slices(node(gpus=many), opts("NVMLDeviceHealthCheck=true"))
+    assert [len(s.spec.devices or []) for s in plain] == [128, 2]
+    many[7] = msgspec.structs.replace(many[7], health=_health(Xid(79, 1.0)))
+    tainted = render_slices(node(gpus=many), opts("NVMLDeviceHealthCheck=true"))
+    assert [len(s.spec.devices or []) for s in tainted] == [64, 64, 2]
+    assert {s.spec.pool.resource_slice_count for s in tainted} == {3}
+    assert not slicecheck.check_pool(tainted)
+
+
+# --------------------------------------------------------------------------- classes
+
+
+def test_deployed_device_classes_are_the_models() -> None:
+    deployed = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
+    assert deployed == [resource.to_builtins(c) for c in nvidia.device_classes()]
+    by_name = {c["metadata"]["name"]: c for c in deployed}
+    assert set(by_name) == {"gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"}
+    assert by_name["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
+    assert by_name["mig.nvidia.com"]["spec"]["selectors"][0]["cel"]["expression"] == (
+        "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"
+    )
+
+
+def test_render_contents_is_stable() -> None:
+    a = render_contents(dgx_a100(), opts("PassthroughSupport=true"))
+    b = render_contents(dgx_a100(), opts("PassthroughSupport=true"))
+    assert msgspec.json.encode([c.devices for c in a]) == msgspec.json.encode(
+        [c.devices for c in b]
+    )
