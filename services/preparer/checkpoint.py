@@ -125,7 +125,7 @@ class ClaimEntry(_Rec, frozen=True, kw_only=True):
 
 
 class CheckpointData(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    node_boot_id: str = ""
+    node_boot_id: str = msgspec.field(default="", name="nodeBootID")
     claims: dict[str, ClaimEntry] = {}
 
 

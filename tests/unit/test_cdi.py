@@ -1,0 +1,234 @@
+"""Claim CDI specs: names, device nodes, MIG caps, MPS and VFIO edits, versions, schema, files."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from services.preparer import cdi
+from services.preparer.checkpoint import (
+    GroupState,
+    MigState,
+    MpsState,
+    PreparedDeviceState,
+    VfioState,
+)
+from tests.helpers.preparer import cdi_validator, validate_cdi_file
+
+UID = "0e2f6c1a-8b3d-4c5e-9f70-1a2b3c4d5e6f"
+FACTS = cdi.NodeFacts(
+    driver_files=[
+        cdi.DriverFile(
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.570.1",
+            "/usr/lib/x86_64-linux-gnu/libcuda.so.570.1",
+        )
+    ],
+    caps_major=508,
+)
+
+
+def gpu(name: str = "gpu-2", minor: int = 2, group: int = 0) -> PreparedDeviceState:
+    return PreparedDeviceState(
+        name=name,
+        kind="gpu",
+        requests=["r"],
+        pool="n1",
+        gpu_uuid="GPU-1",
+        gpu_minor=minor,
+        group=group,
+    )
+
+
+def mig(minor: int = 1, gi: int = 9, ci: int = 0) -> PreparedDeviceState:
+    state = MigState(
+        uuid="MIG-1", parent_uuid="GPU-1", parent_minor=minor, profile="1g.10gb",
+        gi_profile_id=19, placement_start=2, gi_id=gi, ci_id=ci,
+    )  # fmt: skip
+    return PreparedDeviceState(
+        name=f"gpu-{minor}-mig-1g10gb-19-2", kind="mig", requests=["m"], pool="n1",
+        gpu_uuid="GPU-1", gpu_minor=minor, mig=state,
+    )  # fmt: skip
+
+
+def vfio(group: int = 42) -> PreparedDeviceState:
+    return PreparedDeviceState(
+        name="gpu-vfio-0", kind="vfio", requests=["v"], pool="n1", gpu_uuid="GPU-1",
+        vfio=VfioState(pci_bus_id="0000:3b:00.0", iommu_group=group),
+    )  # fmt: skip
+
+
+def nodes(spec: dict[str, Any], index: int | None = None) -> list[str]:
+    edits = spec["containerEdits"] if index is None else spec["devices"][index]["containerEdits"]
+    return [n["path"] for n in edits.get("deviceNodes", [])]
+
+
+@pytest.mark.parametrize(
+    ("gpu_minor", "gi", "ci", "expected"),
+    [
+        # Lines of /proc/driver/nvidia-caps/mig-minors on a real driver.
+        (0, 0, 0, (3, 4)),
+        (0, 0, 7, (3, 11)),
+        (0, 1, 0, (12, 13)),
+        (3, 3, 3, (435, 439)),
+        (6, 11, 7, (912, 920)),
+    ],
+)
+def test_mig_capability_minors_follow_the_driver_table(
+    gpu_minor: int, gi: int, ci: int, expected: tuple[int, int]
+) -> None:
+    assert cdi.mig_cap_minors(gpu_minor, gi, ci) == expected
+
+
+def test_a_full_gpu_gets_its_node_the_control_nodes_and_driver_files() -> None:
+    spec = cdi.render(UID, [gpu()], [GroupState(kind="GpuConfig", origin="default")], FACTS)
+    assert spec["kind"] == "k8s.gpu.nvidia.com/claim"
+    assert spec["devices"][0]["name"] == f"{UID}-gpu-2"
+    assert nodes(spec, 0) == ["/dev/nvidia2"]
+    assert nodes(spec) == ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"]
+    assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
+    assert spec["containerEdits"]["mounts"][0]["options"] == ["ro", "nosuid", "nodev", "bind"]
+    assert spec["cdiVersion"] == "0.5.0"  # this UID starts with a digit: a 0.5.0 name
+    cdi_validator().validate(spec)
+
+
+def test_a_mig_device_gets_its_parent_and_its_gi_and_ci_capability_nodes() -> None:
+    spec = cdi.render(
+        UID,
+        [mig(minor=1, gi=9, ci=0)],
+        [GroupState(kind="MigDeviceConfig", origin="default")],
+        FACTS,
+    )
+    gi_minor, ci_minor = cdi.mig_cap_minors(1, 9, 0)
+    edits = spec["devices"][0]["containerEdits"]["deviceNodes"]
+    assert edits[0] == {"path": "/dev/nvidia1"}
+    assert edits[1:] == [
+        {
+            "path": f"/dev/nvidia-caps/nvidia-cap{m}",
+            "type": "c",
+            "major": 508,
+            "minor": m,
+            "permissions": "rw",
+        }
+        for m in (gi_minor, ci_minor)
+    ]
+    cdi_validator().validate(spec)
+
+
+def test_mps_adds_the_pipe_directory_and_its_mounts() -> None:
+    daemon = MpsState(
+        daemon_id=f"{UID}-abcde", root_dir="/p/mps/x", pipe_dir="/p/mps/x/pipe",
+        shm_dir="/p/mps/x/shm", log_dir="/p/mps/x/log", device_uuids=["GPU-1"],
+    )  # fmt: skip
+    spec = cdi.render(UID, [gpu()], [GroupState(kind="GpuConfig", origin="c", mps=daemon)], FACTS)
+    edits = spec["devices"][0]["containerEdits"]
+    assert edits["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+    assert [(m["hostPath"], m["containerPath"]) for m in edits["mounts"]] == [
+        ("/p/mps/x/shm", "/dev/shm"),
+        ("/p/mps/x/pipe", "/tmp/nvidia-mps"),
+    ]
+    cdi_validator().validate(spec)
+
+
+@pytest.mark.parametrize(
+    ("api_device", "iommufd", "common"),
+    [(False, False, []), (True, False, ["/dev/vfio/vfio"]), (True, True, ["/dev/iommu"])],
+)
+def test_vfio_gets_its_group_node_and_the_api_device_only_when_asked(
+    api_device: bool, iommufd: bool, common: list[str]
+) -> None:
+    group = GroupState(
+        kind="VfioDeviceConfig", origin="c", vfio_api_device=api_device, vfio_iommufd=iommufd
+    )
+    spec = cdi.render(UID, [vfio(42)], [group], FACTS)
+    assert nodes(spec, 0) == ["/dev/vfio/42"]
+    assert nodes(spec) == common  # no nvidiactl/uvm for a GPU the nvidia driver gave up
+    assert "mounts" not in spec["containerEdits"]
+    cdi_validator().validate(spec)
+
+
+def test_metadata_files_are_mounted_read_only_at_the_kep_5304_path() -> None:
+    mount = cdi.MetadataMount(
+        host_path="/k/plugins/gpu.nvidia.com/metadata/u/v/gpu.nvidia.com-metadata.json",
+        container_path=cdi.metadata_container_path("vm-gpu", "v/sub", "gpu.nvidia.com", ""),
+        device="gpu-vfio-0",
+    )
+    assert mount.container_path == (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm-gpu/v/"
+        "gpu.nvidia.com-metadata.json"
+    )
+    assert cdi.metadata_container_path("c", "v", "gpu.nvidia.com", "pod-claim").startswith(
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaimtemplates/pod-claim/v/"
+    )
+    spec = cdi.render(
+        UID, [vfio()], [GroupState(kind="VfioDeviceConfig", origin="c")], FACTS, [mount]
+    )
+    assert (
+        spec["devices"][0]["containerEdits"]["mounts"][0]["containerPath"] == mount.container_path
+    )
+
+
+def test_cdi_version_is_the_lowest_that_the_features_need() -> None:
+    base: dict[str, Any] = {
+        "kind": "k8s.gpu.nvidia.com/claim",
+        "devices": [{"name": "a-gpu-0", "containerEdits": {}}],
+    }
+    assert cdi.minimum_version(base) == "0.3.0"
+    assert (
+        cdi.minimum_version({**base, "devices": [{"name": "0a-gpu-0", "containerEdits": {}}]})
+        == "0.5.0"
+    )
+    with_host = {
+        **base,
+        "containerEdits": {"deviceNodes": [{"path": "/dev/x", "hostPath": "/h/dev/x"}]},
+    }
+    assert cdi.minimum_version(with_host) == "0.5.0"
+    typed_mount = {
+        **base,
+        "containerEdits": {"mounts": [{"hostPath": "a", "containerPath": "b", "type": "bind"}]},
+    }
+    assert cdi.minimum_version(typed_mount) == "0.4.0"
+    assert cdi.minimum_version({**base, "annotations": {"a": "b"}}) == "0.6.0"
+    digit_uid = cdi.render(
+        "9" + UID[1:], [gpu()], [GroupState(kind="GpuConfig", origin="d")], FACTS
+    )
+    assert digit_uid["cdiVersion"] == "0.5.0"
+
+
+def test_a_dev_root_becomes_host_paths() -> None:
+    facts = cdi.NodeFacts(dev_root="/driver-root")
+    spec = cdi.render("a" + UID[1:], [gpu()], [GroupState(kind="GpuConfig", origin="d")], facts)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
+        {"path": "/dev/nvidia2", "hostPath": "/driver-root/dev/nvidia2"}
+    ]
+    assert spec["cdiVersion"] == "0.5.0"
+
+
+def test_specs_are_written_0644_in_a_0755_directory_and_found_again(tmp_path: Path) -> None:
+    root = tmp_path / "run" / "cdi"
+    old = os.umask(0o077)  # a strict umask must not hide specs from the runtime
+    try:
+        spec = cdi.render(UID, [gpu()], [GroupState(kind="GpuConfig", origin="d")], FACTS)
+        path = cdi.write(root, UID, spec)
+    finally:
+        os.umask(old)
+    assert path == root / f"k8s.gpu.nvidia.com-claim_{UID}.yaml"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644
+    assert stat.S_IMODE(root.stat().st_mode) == 0o755
+    assert yaml.safe_load(path.read_text()) == spec
+    validate_cdi_file(path)
+    (root / "other-vendor.yaml").write_text("cdiVersion: 0.3.0\n")
+    assert cdi.claim_uids_on_disk(root) == [UID]
+    assert cdi.delete(root, UID) is True
+    assert cdi.delete(root, UID) is False
+    assert cdi.claim_uids_on_disk(root) == []
+
+
+def test_device_names_are_valid_cdi_names() -> None:
+    assert cdi.valid_device_name(cdi.device_name(UID, "gpu-0-mig-1g10gb-19-0"))
+    assert not cdi.valid_device_name("a/b")
+    assert not cdi.valid_device_name("-a")

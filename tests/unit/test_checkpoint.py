@@ -1,0 +1,149 @@
+"""The checkpoint file: atomic, checksummed, boot-bound, and readable across versions."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import pytest
+
+from services.preparer import checkpoint
+from services.preparer.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    CheckpointError,
+    CheckpointStore,
+    ClaimEntry,
+    PreparedDeviceState,
+)
+
+BOOT = "5c1a8e0e-6a4f-4d0b-9a8c-2f7c2b1d3e4f"
+UID = "7f3c2a10-5d4e-4b8a-9c1f-0a2b3c4d5e6f"
+
+# Written by hand in the v0 layout (before claim states and boot ids existed):
+# no "version" key, claims under "preparedClaims", devices with a bare "uuid".
+V0_FIXTURE = (
+    '{"checksum":"sha256:9bbfd1f69c92be9a6594e65efab0207abf4d0bfe8e6c5289d623435b13539d8e",'
+    '"data":{"preparedClaims":{"7f3c2a10-5d4e-4b8a-9c1f-0a2b3c4d5e6f":{"namespace":"team-a",'
+    '"name":"train","allocation":{"devices":{"results":[{"request":"gpu","driver":'
+    '"gpu.nvidia.com","pool":"n1","device":"gpu-3"}]}},"devices":[{"name":"gpu-3","kind":"gpu",'
+    '"requests":["gpu"],"pool":"n1","cdiDeviceIds":["k8s.gpu.nvidia.com/claim='
+    '7f3c2a10-5d4e-4b8a-9c1f-0a2b3c4d5e6f-gpu-3"],"uuid":"GPU-4e1c6a50-0d3b-4a77-9a64-3f2b1c0d9e88"}]}}}}'
+)
+
+
+def entry(state: checkpoint.ClaimState = PREPARE_COMPLETED, name: str = "c") -> ClaimEntry:
+    return ClaimEntry(
+        state=state,
+        namespace="ns",
+        name=name,
+        devices=[PreparedDeviceState(name="gpu-0", kind="gpu", requests=["r"], pool="n1")],
+    )
+
+
+def store_at(tmp_path: Path, boot: str = BOOT) -> CheckpointStore:
+    store = CheckpointStore(tmp_path / "plugins" / "gpu.nvidia.com" / "checkpoint.json", boot)
+    store.load()
+    return store
+
+
+async def test_round_trip_survives_a_restart(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    await store.put(UID, entry())
+    await store.put("b", entry(PREPARE_STARTED, "other"))
+    await store.remove("b")
+    again = store_at(tmp_path)
+    assert dict(again.claims) == {UID: entry()}
+    on_disk = json.loads(store.path.read_text())
+    assert on_disk["version"] == checkpoint.VERSION
+    assert on_disk["data"]["nodeBootID"] == BOOT
+    assert [p.name for p in store.path.parent.iterdir()] == ["checkpoint.json"]  # no temp left
+    assert oct(store.path.stat().st_mode & 0o777) == "0o600"
+
+
+async def test_a_corrupt_checkpoint_is_refused_not_guessed(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    await store.put(UID, entry())
+    text = store.path.read_text().replace('"name":"c"', '"name":"x"')
+    store.path.write_text(text)
+    with pytest.raises(CheckpointError, match="checksum mismatch"):
+        store_at(tmp_path)
+    store.path.write_text("{not json")
+    with pytest.raises(CheckpointError, match="not a checkpoint"):
+        store_at(tmp_path)
+
+
+async def test_another_boot_voids_the_checkpoint(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    await store.put(UID, entry())
+    rebooted = store_at(tmp_path, boot="a-new-boot")
+    assert dict(rebooted.claims) == {}
+    assert checkpoint.decode(rebooted.path.read_bytes()).node_boot_id == "a-new-boot"
+
+
+def test_the_hand_written_v0_fixture_reads_as_completed_claims(tmp_path: Path) -> None:
+    data = checkpoint.decode(V0_FIXTURE.encode())
+    claim = data.claims[UID]
+    assert claim.state == PREPARE_COMPLETED
+    assert (claim.namespace, claim.name) == ("team-a", "train")
+    assert claim.allocation is not None and claim.allocation.devices is not None
+    assert claim.allocation.devices.results is not None
+    assert claim.allocation.devices.results[0].device == "gpu-3"
+    device = claim.devices[0]
+    assert device.gpu_uuid == "GPU-4e1c6a50-0d3b-4a77-9a64-3f2b1c0d9e88"
+    assert device.cdi_device_ids == [f"k8s.gpu.nvidia.com/claim={UID}-gpu-3"]
+    # Loading it adopts the current boot id and rewrites it as the current version.
+    path = tmp_path / "checkpoint.json"
+    path.write_text(V0_FIXTURE)
+    store = CheckpointStore(path, BOOT)
+    store.load()
+    assert store.claims[UID].state == PREPARE_COMPLETED
+    assert json.loads(path.read_text())["version"] == checkpoint.VERSION
+
+
+def test_fields_unknown_to_this_version_do_not_break_reading() -> None:
+    """A newer preparer adds a field: this one ignores it and the checksum still holds."""
+    body = (
+        '{"nodeBootID":"b","claims":{"u":{"state":"PrepareCompleted","namespace":"n",'
+        '"name":"c","fieldFromTheFuture":{"x":1},"devices":[{"name":"gpu-0","kind":"gpu",'
+        '"requests":["r"],"pool":"p","alsoNew":true}]}}}'
+    )
+    raw = json.dumps({"version": 1, "checksum": checkpoint.checksum(body.encode())})
+    raw = raw[:-1] + ',"data":' + body + "}"
+    data = checkpoint.decode(raw.encode())
+    assert data.claims["u"].devices[0].name == "gpu-0"
+
+
+def test_a_version_from_the_future_is_refused_with_the_known_ones() -> None:
+    raw = '{"version": 9, "checksum": "sha256:00", "data": {}}'
+    with pytest.raises(
+        CheckpointError, match=r"version 9 is not one this preparer reads \(known: \[0, 1\]\)"
+    ):
+        checkpoint.decode(raw.encode())
+
+
+async def test_concurrent_updates_share_writes(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+    before = store.writes
+    await asyncio.gather(*(store.put(f"uid-{i}", entry(name=f"c{i}")) for i in range(32)))
+    assert len(store.claims) == 32
+    assert store.writes - before < 32  # grouped: fewer fsynced writes than updates
+    assert len(store_at(tmp_path).claims) == 32
+
+
+async def test_a_failed_write_leaves_memory_and_disk_unchanged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = store_at(tmp_path)
+    await store.put(UID, entry())
+
+    def disk_full(*_: object, **__: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "atomic_write", disk_full)
+    with pytest.raises(OSError, match="No space left"):
+        await store.put("second", entry())
+    monkeypatch.undo()
+    assert set(store.claims) == {UID}
+    assert set(store_at(tmp_path).claims) == {UID}

@@ -1,0 +1,263 @@
+"""Opaque configs: strict decoding, normalisation, validation, gates and precedence."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from services.core import featuregates as fg
+from services.core.resource import DeviceRequestAllocationResult
+from services.preparer import configs
+from services.preparer.configs import ConfigError
+from tests.helpers.preparer import opaque
+
+API = "resource.nvidia.com/v1beta1"
+ALL_SHARING = fg.parse("MPSSupport=true,TimeSlicingSettings=true")
+ORIGIN = "config[1] (FromClaim)"
+
+
+def gpu(**sharing: Any) -> dict[str, Any]:
+    return {"apiVersion": API, "kind": "GpuConfig", **({"sharing": sharing} if sharing else {})}
+
+
+def check(params: dict[str, Any], gates: fg.FeatureGates = ALL_SHARING) -> configs.DeviceConfig:
+    config = configs.normalize(configs.decode(params, ORIGIN), gates)
+    configs.validate(config, ORIGIN, gates)
+    return config
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        (
+            {"apiVersion": "resource.nvidia.com/v1", "kind": "GpuConfig"},
+            "config[1] (FromClaim): unsupported apiVersion 'resource.nvidia.com/v1'; "
+            "expected resource.nvidia.com/v1beta1",
+        ),
+        (
+            {"apiVersion": API, "kind": "TpuConfig"},
+            "config[1] (FromClaim): unknown kind 'TpuConfig'; expected one of GpuConfig, "
+            "MigDeviceConfig, VfioDeviceConfig",
+        ),
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentag": 10}),
+            "config[1] (FromClaim) GpuConfig.sharing.mpsConfig.defaultActiveThreadPercentag: "
+            "unknown field",
+        ),
+        ({**gpu(), "metadata": {}}, "config[1] (FromClaim) GpuConfig.metadata: unknown field"),
+        (
+            {
+                "apiVersion": API,
+                "kind": "MigDeviceConfig",
+                "sharing": {"strategy": "TimeSlicing", "timeSlicingConfig": {}},
+            },
+            "config[1] (FromClaim) MigDeviceConfig.sharing.timeSlicingConfig: unknown field",
+        ),
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": "50"}),
+            "GpuConfig.sharing.mpsConfig.defaultActiveThreadPercentage: expected `int | null`, "
+            "got `str`",
+        ),
+        ("not an object", "config[1] (FromClaim): parameters must be an object, got str"),
+    ],
+)
+def test_decoding_is_strict_and_names_the_field(params: Any, message: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        configs.decode(params, ORIGIN)
+    assert message in str(err.value)
+
+
+@pytest.mark.parametrize(
+    ("params", "gates", "message"),
+    [
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": 150}),
+            ALL_SHARING,
+            "config[1] (FromClaim) GpuConfig.sharing.mpsConfig.defaultActiveThreadPercentage: "
+            "must be between 0 and 100, got 150",
+        ),
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultActiveThreadPercentage": -1}),
+            ALL_SHARING,
+            "defaultActiveThreadPercentage: must be between 0 and 100, got -1",
+        ),
+        (
+            gpu(strategy="TimeSlicing", mpsConfig={}),
+            ALL_SHARING,
+            "GpuConfig.sharing.mpsConfig: not allowed with strategy TimeSlicing",
+        ),
+        (
+            gpu(strategy="MPS", timeSlicingConfig={"interval": "Long"}),
+            ALL_SHARING,
+            "GpuConfig.sharing.timeSlicingConfig: not allowed with strategy MPS",
+        ),
+        (
+            gpu(strategy="MPS"),
+            fg.parse("TimeSlicingSettings=true"),
+            'GpuConfig.sharing.strategy: "MPS" is selected as the GPU sharing strategy, '
+            'but the "MPSSupport" feature gate is not enabled',
+        ),
+        (
+            gpu(strategy="TimeSlicing"),
+            fg.parse(""),
+            'but the "TimeSlicingSettings" feature gate is not enabled',
+        ),
+        (
+            gpu(strategy="Exclusive"),
+            ALL_SHARING,
+            "GpuConfig.sharing.strategy: unknown GPU sharing strategy 'Exclusive'; "
+            "valid: TimeSlicing, MPS",
+        ),
+        (
+            gpu(strategy="TimeSlicing", timeSlicingConfig={"interval": "Forever"}),
+            ALL_SHARING,
+            "timeSlicingConfig.interval: unknown time-slice interval 'Forever'; "
+            "valid: Default, Short, Medium, Long",
+        ),
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "-1Gi"}),
+            ALL_SHARING,
+            "mpsConfig.defaultPinnedDeviceMemoryLimit: must be greater than zero, got -1Gi",
+        ),
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": "512Ki"}),
+            ALL_SHARING,
+            "defaultPinnedDeviceMemoryLimit: must be at least 1Mi, got 512Ki",
+        ),
+        (
+            gpu(strategy="MPS", mpsConfig={"defaultPerDevicePinnedMemoryLimit": {"0": "lots"}}),
+            ALL_SHARING,
+            "mpsConfig.defaultPerDevicePinnedMemoryLimit[0]: 'lots' is not a quantity",
+        ),
+        (
+            {"apiVersion": API, "kind": "VfioDeviceConfig"},
+            ALL_SHARING,
+            'VfioDeviceConfig: needs the "PassthroughSupport" feature gate, which is not enabled',
+        ),
+        (
+            {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": "Any"}},
+            fg.parse("PassthroughSupport=true"),
+            "VfioDeviceConfig.iommu.backendPolicy: unknown IOMMU backend policy 'Any'; "
+            "valid: LegacyOnly, PreferIommuFD",
+        ),
+    ],
+)
+def test_validation_names_the_field_and_the_rule(
+    params: dict[str, Any], gates: fg.FeatureGates, message: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        check(params, gates)
+    assert message in str(err.value)
+
+
+def test_normalisation_fills_the_reference_defaults() -> None:
+    ts = check(gpu(strategy="TimeSlicing"))
+    assert isinstance(ts, configs.GpuConfig) and ts.sharing is not None
+    assert ts.sharing.time_slicing_config == configs.TimeSlicingConfig(interval="Default")
+    mps = check(gpu(strategy="MPS"))
+    assert isinstance(mps, configs.GpuConfig) and mps.sharing is not None
+    assert mps.sharing.mps_config == configs.MpsConfig()
+    vfio = check(
+        {"apiVersion": API, "kind": "VfioDeviceConfig"}, fg.parse("PassthroughSupport=true")
+    )
+    assert vfio == configs.VfioDeviceConfig(
+        iommu=configs.IommuConfig(backend_policy="LegacyOnly", enable_api_device=False)
+    )
+
+
+def test_memory_limits_become_whole_mib_per_device() -> None:
+    mps = configs.MpsConfig(
+        default_pinned_device_memory_limit="1Gi",
+        default_per_device_pinned_memory_limit={"1": "1500Mi", "GPU-a": 2_000_000_000},
+    )
+    limits = configs.per_device_limits(mps, ["GPU-a", "GPU-b"], "x")
+    assert limits == {"GPU-a": 1907, "GPU-b": 1500}
+    with pytest.raises(ConfigError, match=r"x\.defaultPerDevicePinnedMemoryLimit\[7\]: not a UUID"):
+        configs.per_device_limits(
+            configs.MpsConfig(default_per_device_pinned_memory_limit={"7": "1Gi"}), ["GPU-a"], "x"
+        )
+
+
+# ------------------------------------------------------------------ precedence
+
+
+def result(request: str, device: str) -> DeviceRequestAllocationResult:
+    return DeviceRequestAllocationResult(
+        request=request, driver="gpu.nvidia.com", pool="n", device=device
+    )
+
+
+def interval_of(group: configs.ConfigGroup) -> str | None:
+    assert isinstance(group.config, configs.GpuConfig)
+    sharing = group.config.sharing
+    if sharing is None or sharing.time_slicing_config is None:
+        return None
+    return sharing.time_slicing_config.interval
+
+
+def ts(interval: str) -> dict[str, Any]:
+    return gpu(strategy="TimeSlicing", timeSlicingConfig={"interval": interval})
+
+
+def test_claim_configs_override_class_configs_and_later_ones_win() -> None:
+    groups = configs.resolve(
+        [
+            opaque(ts("Long"), "FromClaim"),  # listed first, but claim configs rank above class
+            opaque(ts("Short"), "FromClass"),
+            opaque(ts("Medium"), "FromClaim"),
+        ],
+        [result("a", "gpu-0")],
+        {"gpu-0": "gpu"},
+        ALL_SHARING,
+    )
+    assert [(interval_of(g), g.origin) for g in groups] == [("Medium", "config[2] (FromClaim)")]
+
+
+def test_a_config_naming_requests_applies_to_those_only_and_to_their_subrequests() -> None:
+    groups = configs.resolve(
+        [opaque(ts("Long"), "FromClaim", requests=["b"])],
+        [result("a", "gpu-0"), result("b/big", "gpu-1"), result("c", "gpu-2")],
+        {"gpu-0": "gpu", "gpu-1": "gpu", "gpu-2": "gpu"},
+        ALL_SHARING,
+    )
+    by_device = {r.device: interval_of(g) for g in groups for r in g.results}
+    assert by_device == {"gpu-0": None, "gpu-1": "Long", "gpu-2": None}
+
+
+def test_an_unscoped_config_skips_devices_of_another_type() -> None:
+    mig_config = {"apiVersion": API, "kind": "MigDeviceConfig", "sharing": {"strategy": "MPS"}}
+    groups = configs.resolve(
+        [opaque(mig_config)],
+        [result("a", "gpu-0"), result("b", "gpu-1-mig-1g10gb-19-0")],
+        {"gpu-0": "gpu", "gpu-1-mig-1g10gb-19-0": "mig"},
+        ALL_SHARING,
+    )
+    kinds = {r.device: g.config.kind for g in groups for r in g.results}
+    assert kinds == {"gpu-0": "GpuConfig", "gpu-1-mig-1g10gb-19-0": "MigDeviceConfig"}
+
+
+def test_a_config_for_the_wrong_device_type_is_an_error() -> None:
+    with pytest.raises(ConfigError) as err:
+        configs.resolve(
+            [opaque(gpu(), requests=["m"])],
+            [result("m", "gpu-1-mig-1g10gb-19-0")],
+            {"gpu-1-mig-1g10gb-19-0": "mig"},
+            ALL_SHARING,
+        )
+    assert str(err.value) == (
+        "config[0] (FromClaim) GpuConfig: cannot apply to device 'gpu-1-mig-1g10gb-19-0' "
+        "of type mig (request 'm')"
+    )
+
+
+def test_other_drivers_configs_are_skipped_unread() -> None:
+    foreign = opaque({"anything": "goes"})
+    assert foreign.opaque is not None
+    foreign.opaque.driver = "nic.example.com"
+    assert configs.collect([foreign]) == []
+
+
+def test_a_vfio_device_without_the_passthrough_gate_has_no_config() -> None:
+    with pytest.raises(ConfigError, match="no config applies"):
+        configs.resolve(None, [result("v", "gpu-vfio-0")], {"gpu-vfio-0": "vfio"}, fg.parse(""))
