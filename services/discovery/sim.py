@@ -179,7 +179,9 @@ class SimNvml:
         self._touch()
 
     def gpu_instance_profiles(self, index: int) -> list[nv.GpuInstanceProfile]:
-        return [_profile_info(p) for p in self._mig_spec(index).profiles]
+        """In NVML's enumeration order (by NVML_GPU_INSTANCE_PROFILE_* index)."""
+        profiles = sorted(self._mig_spec(index).profiles, key=lambda p: p.nvml_profile)
+        return [_profile_info(p) for p in profiles]
 
     def mig_devices(self, index: int) -> list[nv.MigInstance]:
         self._mig_spec(index)
