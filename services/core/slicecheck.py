@@ -131,7 +131,9 @@ def _load(obj: SliceLike, prefix: str) -> tuple[ResourceSlice | None, list[Probl
     try:
         return msgspec.convert(obj, ResourceSlice), []
     except msgspec.ValidationError as exc:
-        return None, [Problem(prefix + "$", f"not a ResourceSlice: {exc}")]
+        message, _, where = str(exc).partition(" - at `$")
+        path = where.rstrip("`").lstrip(".") or "$"
+        return None, [Problem(prefix + path, f"not a ResourceSlice: {message}")]
 
 
 # ------------------------------------------------------------------ name rules
