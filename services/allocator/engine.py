@@ -1,0 +1,695 @@
+"""Structured allocation of one claim on one node, as Kubernetes 1.35 does it.
+
+This follows k8s.io/dynamic-resource-allocation/structured (the "incubating"
+implementation kube-scheduler 1.35 uses with the default gates, and the
+"experimental" one once DRAConsumableCapacity is on): validate the requests,
+then a depth-first search over requests -> devices with backtracking, devices
+in pool/slice/device order, first full solution wins.
+
+Where upstream has quirks that change outcomes, they are kept on purpose so a
+differential test against kube-scheduler agrees (each is commented where it
+happens): counters a device took stay taken within one search when a taint or
+a constraint then rejects it; ``distinctAttribute`` remembers one value per
+request; a claim config naming several requests is copied once per request.
+Deviations, also commented: pools are ordered by first appearance (upstream:
+Go map order), counters are keyed by driver and pool (upstream: pool name only).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from services.allocator import capacity as cap
+from services.allocator.celenv import CelEnvironment, CelError, DeviceInput, Selector
+from services.allocator.constraints import Constraint, DistinctAttribute, MatchAttribute
+from services.allocator.features import Features
+from services.allocator.pools import Node, NodeSelectorError, Pool, gather_pools, node_matches
+from services.allocator.requests import ALL, EXACT_COUNT, RequestSpec, alternatives
+from services.allocator.state import AllocatedState, DeviceID
+from services.core.resource import (
+    AllocationResult,
+    Device,
+    DeviceAllocationConfiguration,
+    DeviceAllocationResult,
+    DeviceClass,
+    DeviceRequestAllocationResult,
+    DeviceTaint,
+    NodeSelector,
+    NodeSelectorRequirement,
+    NodeSelectorTerm,
+    ResourceClaim,
+    ResourceSlice,
+    Toleration,
+)
+
+MAX_DEVICES = 32  # resourceapi.AllocationResultsMaxSize
+Counters = dict[str, dict[str, int]]  # counter set -> counter -> value in nano units
+
+
+class AllocationError(Exception):
+    """Allocation of the claim must stop (bad input such as a CEL error); not "does not fit"."""
+
+
+class _MaxSizeExceeded(Exception):
+    """errAllocationResultMaxSizeExceeded: more than 32 devices down this path."""
+
+
+def claim_label(claim: ResourceClaim) -> str:
+    return f"{claim.metadata.namespace or 'default'}/{claim.metadata.name}"
+
+
+def device_label(device_id: DeviceID) -> str:
+    return "/".join(device_id)
+
+
+@dataclass(slots=True)
+class Candidate:
+    """One device of one usable pool, as seen from one node."""
+
+    pool: Pool
+    slice: ResourceSlice
+    device: Device
+    id: DeviceID
+    counters: list[tuple[str, str, int]]  # (counter set, counter, nanos) it consumes
+
+
+@dataclass(slots=True)
+class NodeView:
+    node: Node | None
+    pools: list[Pool]
+    candidates: list[Candidate]  # devices of complete, valid pools, in search order
+
+
+def _consumption(device: Device) -> list[tuple[str, str, int]]:
+    from services.core.quantity import Quantity
+
+    return [
+        (c.counter_set, name, Quantity.parse(counter.value).nanos())
+        for c in device.consumes_counters or []
+        for name, counter in c.counters.items()
+    ]
+
+
+def taint_tolerated(taint: DeviceTaint, toleration: Toleration) -> bool:
+    """resourceclaim.ToleratesTaint."""
+    if toleration.effect and toleration.effect != taint.effect:
+        return False
+    if toleration.key and toleration.key != taint.key:
+        return False
+    if toleration.operator in (None, "", "Equal"):
+        return (toleration.value or "") == (taint.value or "")
+    return toleration.operator == "Exists"
+
+
+def blocking_taint(device: Device, request: RequestSpec) -> DeviceTaint | None:
+    """The first NoSchedule/NoExecute taint the request does not tolerate."""
+    for taint in device.taints or []:
+        if taint.effect in ("NoSchedule", "NoExecute") and not any(
+            taint_tolerated(taint, t) for t in request.tolerations
+        ):
+            return taint
+    return None
+
+
+class Engine:
+    """The cluster as the allocator sees it, plus caches shared by every allocation."""
+
+    def __init__(
+        self,
+        classes: dict[str, DeviceClass],
+        slices: list[ResourceSlice],
+        features: Features,
+        state: AllocatedState | None = None,
+    ) -> None:
+        self.classes = classes
+        self.slices = slices
+        self.features = features
+        self.state = state or AllocatedState()
+        self.env = CelEnvironment(consumable_capacity=features.consumable_capacity)
+        self._views: dict[str | None, NodeView] = {}
+        self._activations: dict[int, Any] = {}
+        self._matches: dict[tuple[str, int], bool | CelError] = {}
+        self._available: dict[tuple[str, str], Counters] = {}
+        self.share_seq = 0
+
+    # ------------------------------------------------------------ per-node view
+
+    def view(self, node: Node | None) -> NodeView:
+        key = node.name if node else None
+        cached = self._views.get(key)
+        if cached is None:
+            pools = gather_pools(self.slices, node, self.features)
+            candidates = [
+                Candidate(pool, s, d, (pool.driver, pool.name, d.name), _consumption(d))
+                for pool in pools
+                if not pool.incomplete and pool.invalid is None
+                for s in pool.slices
+                for d in s.spec.devices or []
+            ]
+            cached = self._views[key] = NodeView(node, pools, candidates)
+        return cached
+
+    # ------------------------------------------------------------ selectors
+
+    def selector_matches(self, selector: Selector, candidate: Candidate) -> bool:
+        """One selector on one device, cached; raises CelError (runtime or compile)."""
+        if selector.program is None:
+            raise CelError("compile", selector.error or "")
+        key = (selector.expression, id(candidate.device))
+        cached = self._matches.get(key)
+        if cached is None:
+            try:
+                cached = self.env.matches(selector, self._activation(candidate))
+            except CelError as exc:
+                cached = exc
+            self._matches[key] = cached
+        if isinstance(cached, CelError):
+            raise cached
+        return cached
+
+    def _activation(self, candidate: Candidate) -> Any:
+        key = id(candidate.device)
+        act = self._activations.get(key)
+        if act is None:
+            act = self.env.activation(DeviceInput(candidate.pool.driver, candidate.device))
+            self._activations[key] = act
+        return act
+
+    # ------------------------------------------------------------ counters
+
+    def available_counters(self, pool: Pool) -> Counters:
+        """Counter sets minus what allocated devices consume (may go negative, as upstream)."""
+        cached = self._available.get(pool.key)
+        if cached is None:
+            cached = {
+                name: {k: q.nanos() for k, q in counters.items()}
+                for name, counters in pool.counter_sets.items()
+            }
+            for slice_ in pool.slices + pool.other_slices:
+                for device in slice_.spec.devices or []:
+                    device_id = (pool.driver, pool.name, device.name)
+                    allocated = (
+                        self.state.is_allocated(device_id)
+                        if self.features.consumable_capacity
+                        else device_id in self.state.devices
+                    )
+                    if not allocated:
+                        continue
+                    for set_name, name, value in _consumption(device):
+                        counters = cached.get(set_name)
+                        if counters is not None and name in counters:
+                            counters[name] -= value
+            self._available[pool.key] = cached
+        return cached
+
+    # ------------------------------------------------------------ allocation
+
+    def allocate(self, claim: ResourceClaim, node: Node | None) -> AllocationResult | None:
+        """The allocation for ``claim`` on ``node``, None when it does not fit there.
+
+        Raises :class:`AllocationError` when allocation must stop for this claim.
+        """
+        try:
+            view = self.view(node)
+        except NodeSelectorError as exc:
+            raise AllocationError(f"gather pool information: {exc}") from exc
+        return _Search(self, claim, view).run()
+
+    def commit(self, allocation: AllocationResult) -> None:
+        """Record a new allocation: its devices are in use from now on."""
+        self.state.add(allocation, self.features.consumable_capacity)
+        for result in allocation.devices.results or [] if allocation.devices else []:
+            self._available.pop((result.driver, result.pool), None)
+
+    def new_share_id(self, claim: ResourceClaim, device_id: DeviceID) -> str:
+        """A share UID; derived, not random, so that offline runs repeat exactly."""
+        self.share_seq += 1
+        seed = f"{claim_label(claim)}/{device_label(device_id)}/{self.share_seq}"
+        return str(uuid.uuid5(uuid.NAMESPACE_URL, seed))
+
+
+@dataclass(slots=True)
+class RequestData:
+    spec: RequestSpec
+    device_class: DeviceClass
+    num_devices: int
+    all_devices: list[Candidate] = field(default_factory=list)
+    has_subrequests: bool = False
+
+
+@dataclass(slots=True)
+class _Result:
+    data: RequestData
+    candidate: Candidate
+    share_id: str | None
+    consumed: dict[str, str] | None
+
+
+class _Search:
+    """One Allocate call for one claim on one node (upstream's ``allocator`` struct)."""
+
+    def __init__(self, engine: Engine, claim: ResourceClaim, view: NodeView) -> None:
+        self.engine = engine
+        self.features = engine.features
+        self.claim = claim
+        self.label = claim_label(claim)
+        self.view = view
+        self.requests = (claim.spec.devices.requests if claim.spec.devices else None) or []
+        self.data: dict[tuple[int, int], RequestData] = {}
+        self.selected: dict[int, int] = {}
+        self.constraints: list[Constraint] = []
+        self.allocating: set[DeviceID] = set()
+        self.allocating_capacity: dict[DeviceID, cap.Consumed] = {}
+        self.consumed_counters: dict[tuple[str, str], Counters] = {}
+        self.results: list[_Result] = []
+
+    # ------------------------------------------------------------ setup
+
+    def run(self) -> AllocationResult | None:
+        self._prepare()
+        try:
+            done = self._allocate_one(0, 0, 0, False, 0)
+        except _MaxSizeExceeded:
+            done = False
+        if not done:
+            return None
+        return self._result()
+
+    def _prepare(self) -> None:
+        minimum = 0
+        for ri, request in enumerate(self.requests):
+            if request.first_available and not self.features.prioritized_list:
+                raise AllocationError(
+                    f"claim {self.label}, request {request.name}: has subrequests, "
+                    "but the DRAPrioritizedList feature is disabled"
+                )
+            specs = alternatives(request)
+            counts = []
+            for si, spec in enumerate(specs):
+                data = self._validate(spec)
+                data.has_subrequests = bool(request.first_available)
+                self.data[(ri, si)] = data
+                counts.append(data.num_devices)
+            minimum += min(counts)
+        if minimum > MAX_DEVICES:
+            raise AllocationError(
+                f"claim {self.label}: number of requested devices {minimum} exceeds "
+                f"the claim limit of {MAX_DEVICES}"
+            )
+        devices = self.claim.spec.devices
+        for i, constraint in enumerate((devices.constraints if devices else None) or []):
+            if constraint.match_attribute is not None:
+                self.constraints.append(
+                    MatchAttribute(constraint.match_attribute, constraint.requests)
+                )
+            elif constraint.distinct_attribute is not None and self.features.consumable_capacity:
+                self.constraints.append(
+                    DistinctAttribute(constraint.distinct_attribute, constraint.requests)
+                )
+            else:
+                raise AllocationError(
+                    f"claim {self.label}, constraint #{i}: empty constraint "
+                    "(unsupported constraint type?)"
+                )
+
+    def _validate(self, spec: RequestSpec) -> RequestData:
+        for i, selector in enumerate(spec.selectors):
+            if selector.cel is None:
+                raise AllocationError(
+                    f"claim {self.label}, request {spec.name}, selector #{i}: "
+                    "CEL expression empty (unsupported selector type?)"
+                )
+        if not self.features.admin_access and spec.admin_access is not None:
+            raise AllocationError(
+                f"claim {self.label}, request {spec.name}: admin access is requested, "
+                "but the feature is disabled"
+            )
+        if not spec.class_name:
+            raise AllocationError(
+                f"claim {self.label}, request {spec.name}: missing device class name "
+                "(unsupported request type?)"
+            )
+        device_class = self.engine.classes.get(spec.class_name)
+        if device_class is None:
+            raise AllocationError(
+                f"claim {self.label}, request {spec.name}: could not retrieve device class "
+                f'{spec.class_name}: deviceclass.resource.k8s.io "{spec.class_name}" not found'
+            )
+        data = RequestData(spec, device_class, 0)
+        if spec.mode == EXACT_COUNT:
+            data.num_devices = spec.count
+        elif spec.mode == ALL:
+            data.all_devices = self._all_devices(data)
+            data.num_devices = len(data.all_devices)
+        else:
+            raise AllocationError(
+                f"claim {self.label}, request {spec.name}: unsupported count mode {spec.mode}"
+            )
+        return data
+
+    def _all_devices(self, data: RequestData) -> list[Candidate]:
+        for pool in self.view.pools:
+            if pool.incomplete:
+                raise AllocationError(
+                    f"claim {self.label}, request {data.spec.name}: asks for all devices, "
+                    f"but resource pool {pool.label()} is currently being updated"
+                )
+            if pool.invalid is not None:
+                raise AllocationError(
+                    f"claim {self.label}, request {data.spec.name}: asks for all devices, "
+                    f"but resource pool {pool.label()} is currently invalid"
+                )
+        found = []
+        for candidate in self.view.candidates:
+            if not self.selectable(data, candidate):
+                continue
+            if self.features.consumable_capacity and not self._capacity_fits(data, candidate):
+                continue
+            found.append(candidate)
+        return found
+
+    # ------------------------------------------------------------ checks
+
+    def selectable(self, data: RequestData, candidate: Candidate) -> bool:
+        """isSelectable: class selectors, then request selectors, then per-device node."""
+        device = candidate.device
+        if not self.features.binding_conditions and device.binding_conditions:
+            return False
+        for i, selector in enumerate(data.device_class.spec.selectors or []):
+            if not self._selector(
+                selector.cel.expression if selector.cel else "",
+                i,
+                candidate,
+                f"class {data.device_class.metadata.name}",
+            ):
+                return False
+        for i, selector in enumerate(data.spec.selectors):
+            assert selector.cel is not None
+            if not self._selector(selector.cel.expression, i, candidate, f"claim {self.label}"):
+                return False
+        if candidate.slice.spec.per_device_node_selection:
+            try:
+                return node_matches(
+                    self.view.node, device.node_name, device.all_nodes, device.node_selector
+                )
+            except NodeSelectorError as exc:
+                raise AllocationError(str(exc)) from exc
+        return True
+
+    def _selector(self, expression: str, index: int, candidate: Candidate, owner: str) -> bool:
+        selector = self.engine.env.compile(expression)
+        try:
+            return self.engine.selector_matches(selector, candidate)
+        except CelError as exc:
+            if exc.kind == "compile":
+                raise AllocationError(
+                    f"{owner}: selector #{index}: CEL compile error: {exc.message}"
+                ) from exc
+            raise AllocationError(
+                f"{owner}: selector #{index} on device {device_label(candidate.id)}: "
+                f"CEL runtime error: {exc.message}"
+            ) from exc
+
+    def _capacity_fits(self, data: RequestData, candidate: Candidate) -> bool:
+        try:
+            return cap.fits(
+                self.engine.state.consumed.get(candidate.id, {}),
+                data.spec.capacity,
+                candidate.device.capacity or {},
+                self.allocating_capacity.get(candidate.id),
+            )
+        except cap.UnknownCapacity:
+            return False
+
+    def in_use(self, device_id: DeviceID) -> bool:
+        return device_id in self.engine.state.devices or device_id in self.allocating
+
+    def _capacity_in_use(self, device_id: DeviceID) -> bool:
+        return device_id in self.engine.state.consumed or device_id in self.allocating_capacity
+
+    # ------------------------------------------------------------ search
+
+    def _allocate_one(self, ri: int, si: int, di: int, in_sub: bool, start: int) -> bool:
+        if ri >= len(self.requests):
+            return True
+        data = self.data[(ri, si)]
+        if data.has_subrequests and not in_sub:
+            all_exceeded = True
+            for sub in range(len(self.requests[ri].first_available or [])):
+                try:
+                    done = self._allocate_one(ri, sub, 0, True, 0)
+                except _MaxSizeExceeded:
+                    continue
+                all_exceeded = False
+                if done:
+                    self.selected[ri] = sub
+                    return True
+            if all_exceeded:
+                raise _MaxSizeExceeded
+            return False
+        mode_all = data.spec.mode == ALL
+        if mode_all and not data.all_devices:
+            return False
+        if di >= data.num_devices:
+            return self._allocate_one(ri + 1, 0, 0, False, 0)
+        if len(self.results) + data.num_devices - di > MAX_DEVICES:
+            raise _MaxSizeExceeded
+        if mode_all:
+            # Upstream 1.35 drops the subrequest index here (a bug for "All"
+            # subrequests after the first); we keep it.
+            undo = self._allocate_device(data, data.all_devices[di], must=True)
+            if undo is None:
+                return False
+            return self._descend(undo, ri, si, di, in_sub, 0)
+        candidates = self.view.candidates
+        admin = data.spec.admin
+        for index in range(start, len(candidates)):
+            candidate = candidates[index]
+            if (candidate.id in self.allocating) if admin else self.in_use(candidate.id):
+                continue
+            if not self.selectable(data, candidate):
+                continue
+            if self.features.consumable_capacity and not self._capacity_fits(data, candidate):
+                continue
+            undo = self._allocate_device(data, candidate, must=False)
+            if undo is None:
+                continue
+            if self._descend(undo, ri, si, di, in_sub, index + 1):
+                return True
+        return False
+
+    def _descend(
+        self, undo: Callable[[], None], ri: int, si: int, di: int, in_sub: bool, start: int
+    ) -> bool:
+        try:
+            done = self._allocate_one(ri, si, di + 1, in_sub, start)
+        except BaseException:
+            undo()
+            raise
+        if not done:
+            undo()
+        return done
+
+    def _allocate_device(
+        self, data: RequestData, candidate: Candidate, must: bool
+    ) -> Callable[[], None] | None:
+        spec, device, device_id = data.spec, candidate.device, candidate.id
+        multi = self.features.consumable_capacity and bool(device.allow_multiple_allocations)
+        if not multi and spec.admin and device_id in self.allocating:
+            return None
+        if not spec.admin and self.in_use(device_id):
+            return None
+        if not self.features.partitionable_devices and device.consumes_counters:
+            return None
+        if device.consumes_counters and not (multi and self._capacity_in_use(device_id)):
+            if not self._take_counters(candidate):
+                return None
+        # Upstream leaves the counters just taken in place when a taint or a
+        # constraint now rejects the device; so do we.
+        if self.features.device_taints and blocking_taint(device, spec) is not None:
+            return None
+        sub_name = spec.name if spec.parent else None
+        for i, constraint in enumerate(self.constraints):
+            if not constraint.add(spec.base_name, sub_name, device, candidate.pool.driver):
+                if must:
+                    raise AllocationError(
+                        f"claim {self.label}, request {spec.name}: cannot add device "
+                        f"{device_label(device_id)} because a claim constraint would not be "
+                        "satisfied"
+                    )
+                for earlier in self.constraints[:i]:
+                    earlier.remove(spec.base_name, sub_name)
+                return None
+        if not multi:
+            self.allocating.add(device_id)
+        share_id: str | None = None
+        consumed: cap.Consumed = {}
+        if self.features.consumable_capacity:
+            if not self._capacity_fits(data, candidate):
+                return None  # as upstream: nothing rolled back on this path
+            if multi:
+                consumed = cap.consumption(spec.capacity, device.capacity or {})
+                share_id = self.engine.new_share_id(self.claim, device_id)
+                cap.add_into(self.allocating_capacity.setdefault(device_id, {}), consumed)
+        self.results.append(
+            _Result(data, candidate, share_id, {k: str(v) for k, v in consumed.items()} or None)
+        )
+
+        def undo() -> None:
+            for constraint in self.constraints:
+                constraint.remove(spec.base_name, sub_name)
+            self.allocating.discard(device_id)
+            if multi:
+                held = self.allocating_capacity.get(device_id)
+                if held is not None:
+                    cap.remove_from(held, consumed)
+                    if all(q.is_zero() for q in held.values()):
+                        del self.allocating_capacity[device_id]
+            elif self.features.partitionable_devices and device.consumes_counters:
+                self._release_counters(candidate)
+            self.results.pop()
+
+        return undo
+
+    def _take_counters(self, candidate: Candidate) -> bool:
+        available = self.engine.available_counters(candidate.pool)
+        consumed = self.consumed_counters.setdefault(candidate.pool.key, {})
+        for set_name, name, value in candidate.counters:
+            counters = consumed.setdefault(set_name, {})
+            counters[name] = counters.get(name, 0) + value
+        for set_name, counters in available.items():
+            used = consumed.get(set_name, {})
+            for name, value in counters.items():
+                if value < used.get(name, 0):
+                    self._release_counters(candidate)
+                    return False
+        return True
+
+    def _release_counters(self, candidate: Candidate) -> None:
+        consumed = self.consumed_counters[candidate.pool.key]
+        for set_name, name, value in candidate.counters:
+            consumed[set_name][name] -= value
+
+    # ------------------------------------------------------------ result
+
+    def _result(self) -> AllocationResult:
+        results = [self._device_result(r) for r in self.results]
+        return AllocationResult(
+            devices=DeviceAllocationResult(results=results, config=self._configs() or None),
+            node_selector=self._node_selector(),
+        )
+
+    def _device_result(self, result: _Result) -> DeviceRequestAllocationResult:
+        spec = result.data.spec
+        candidate = result.candidate
+        out = DeviceRequestAllocationResult(
+            request=spec.result_name,
+            driver=candidate.id[0],
+            pool=candidate.id[1],
+            device=candidate.id[2],
+            admin_access=True if spec.admin else None,
+            tolerations=list(spec.tolerations) or None,
+            share_id=result.share_id,
+            consumed_capacity=result.consumed,
+        )
+        if self.features.binding_conditions:
+            out.binding_conditions = candidate.device.binding_conditions
+            out.binding_failure_conditions = candidate.device.binding_failure_conditions
+        return out
+
+    def _chosen(self, ri: int) -> RequestData:
+        return self.data[(ri, self.selected.get(ri, 0))]
+
+    def _configs(self) -> list[DeviceAllocationConfiguration]:
+        configs: list[DeviceAllocationConfiguration] = []
+        class_ranges: dict[str, tuple[int, int]] = {}
+        for ri in range(len(self.requests)):
+            data = self._chosen(ri)
+            name = data.device_class.metadata.name
+            if name in class_ranges:
+                first, end = class_ranges[name]
+                for i in range(first, end):
+                    configs[i].requests = [*(configs[i].requests or []), data.spec.result_name]
+                continue
+            first = len(configs)
+            for class_config in data.device_class.spec.config or []:
+                configs.append(
+                    DeviceAllocationConfiguration(
+                        source="FromClass",
+                        requests=[data.spec.result_name],
+                        opaque=class_config.opaque,
+                    )
+                )
+            class_ranges[name] = (first, len(configs))
+        devices = self.claim.spec.devices
+        for config in (devices.config if devices else None) or []:
+            from_claim = DeviceAllocationConfiguration(
+                source="FromClaim", requests=config.requests, opaque=config.opaque
+            )
+            if not config.requests:
+                configs.append(from_claim)
+                continue
+            # Upstream appends the config once per request it names.
+            for ri, request in enumerate(self.requests):
+                if request.name in config.requests:
+                    configs.append(from_claim)
+                    continue
+                data = self._chosen(ri)
+                if data.spec.parent and data.spec.result_name in config.requests:
+                    configs.append(from_claim)
+        return configs
+
+    def _node_selector(self) -> NodeSelector | None:
+        fields: list[NodeSelectorRequirement] = []
+        expressions: list[NodeSelectorRequirement] = []
+        for result in self.results:
+            candidate = result.candidate
+            spec = candidate.slice.spec
+            if spec.per_device_node_selection:
+                node_name, selector = candidate.device.node_name, candidate.device.node_selector
+            else:
+                node_name, selector = spec.node_name, spec.node_selector
+            if node_name or (self.features.binding_conditions and candidate.device.binds_to_node):
+                target = self.view.node.name if self.view.node else node_name
+                return NodeSelector(
+                    node_selector_terms=[
+                        NodeSelectorTerm(
+                            match_fields=[
+                                NodeSelectorRequirement(
+                                    key="metadata.name", operator="In", values=[target or ""]
+                                )
+                            ]
+                        )
+                    ]
+                )
+            if selector is None or not selector.node_selector_terms:
+                continue
+            if len(selector.node_selector_terms) > 1:
+                raise AllocationError(
+                    f"create NodeSelector for claim {self.claim.metadata.name}: unsupported "
+                    f"ResourceSlice.NodeSelector with {len(selector.node_selector_terms)} terms"
+                )
+            term = selector.node_selector_terms[0]
+            _merge(term.match_fields or [], fields)
+            _merge(term.match_expressions or [], expressions)
+        if not fields and not expressions:
+            return None
+        return NodeSelector(
+            node_selector_terms=[
+                NodeSelectorTerm(match_fields=fields or None, match_expressions=expressions or None)
+            ]
+        )
+
+
+def _merge(new: list[NodeSelectorRequirement], into: list[NodeSelectorRequirement]) -> None:
+    for req in new:
+        if not any(
+            r.key == req.key
+            and r.operator == req.operator
+            and set(r.values or []) == set(req.values or [])
+            for r in into
+        ):
+            into.append(req)

@@ -1,0 +1,333 @@
+"""Why a claim is not allocated: per request, how many devices each cause removed.
+
+The search itself only says "no solution". To explain, every device a node can
+see is classified once per request, by the first check it fails, in the order
+the allocator applies them: pool usable, not in use, DeviceClass selectors,
+request selectors (or a CEL error), per-device node, binding conditions,
+counters, taints, consumable capacity. Devices that pass everything are
+*candidates*; when every request has enough candidates and the claim still
+does not fit, the claim-level constraints or the 32-device limit are named.
+A CEL "no such key" error comes with a "did you mean" drawn from the attribute
+names and domains the devices actually have.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from services.allocator import capacity as cap
+from services.allocator.celenv import CelError, Reference, split_name
+from services.allocator.engine import MAX_DEVICES, Candidate, Engine, blocking_taint, device_label
+from services.allocator.pools import Node, NodeSelectorError, node_matches
+from services.allocator.requests import ALL, RequestSpec, alternatives
+from services.core.resource import DeviceClass, ResourceClaim
+
+
+@dataclass(slots=True)
+class Cause:
+    cause: str  # stable code, e.g. "class-selector-false"
+    count: int  # devices (or pools, for pool causes) it removed
+    message: str
+    suggestion: str | None = None
+
+
+@dataclass(slots=True)
+class RequestExplanation:
+    request: str
+    needed: int | None  # None for allocationMode All
+    candidates: int
+    causes: list[Cause] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class Explanation:
+    nodes: int
+    requests: list[RequestExplanation] = field(default_factory=list)
+    claim: list[Cause] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """One line per cause, for people."""
+        out: list[str] = []
+        for req in self.requests:
+            needed = "all" if req.needed is None else str(req.needed)
+            out.append(
+                f"request {req.request}: needs {needed}, {req.candidates} candidate device(s) "
+                f"on {self.nodes} node(s)"
+            )
+            for c in req.causes:
+                hint = f" (did you mean {c.suggestion!r}?)" if c.suggestion else ""
+                out.append(f"  - {c.count} device(s): {c.message}{hint}")
+        for c in self.claim:
+            hint = f" (did you mean {c.suggestion!r}?)" if c.suggestion else ""
+            out.append(f"claim: {c.message}{hint}")
+        return out
+
+
+class _Tally:
+    """Unique devices per (cause, message), across nodes."""
+
+    def __init__(self) -> None:
+        self.devices: dict[tuple[str, str, str | None], set[object]] = {}
+        self.candidates: set[object] = set()
+
+    def add(self, code: str, message: str, key: object, suggestion: str | None = None) -> None:
+        self.devices.setdefault((code, message, suggestion), set()).add(key)
+
+    def causes(self) -> list[Cause]:
+        ranked = sorted(self.devices.items(), key=lambda kv: -len(kv[1]))
+        return [Cause(code, len(keys), msg, hint) for (code, msg, hint), keys in ranked]
+
+
+def _distance(a: str, b: str) -> int:
+    prev = list(range(len(b) + 1))
+    for i, ca in enumerate(a, 1):
+        cur = [i]
+        for j, cb in enumerate(b, 1):
+            cur.append(min(prev[j] + 1, cur[j - 1] + 1, prev[j - 1] + (ca != cb)))
+        prev = cur
+    return prev[-1]
+
+
+def did_you_mean(word: str, known: Iterable[str]) -> str | None:
+    """The known name closest to ``word``: same letters ignoring case, else a small edit."""
+    options = sorted(set(known) - {word})
+    for option in options:
+        if option.lower() == word.lower():
+            return option
+    best = min(options, key=lambda o: _distance(word, o), default=None)
+    if best is not None and _distance(word, best) <= max(2, len(word) // 3):
+        return best
+    return None
+
+
+def _missing_key(message: str) -> str | None:
+    match = re.search(r"no such key: (.+)$", message)
+    return match.group(1) if match else None
+
+
+def suggest(message: str, references: list[Reference], candidates: list[Candidate]) -> str | None:
+    """For "no such key: x": the attribute or domain the author probably meant."""
+    key = _missing_key(message)
+    if key is None:
+        return None
+    names: dict[tuple[str, str], set[str]] = {}
+    for candidate in candidates:
+        device = candidate.device
+        for map_name, entries in (("attributes", device.attributes), ("capacity", device.capacity)):
+            for qualified in entries or {}:
+                domain, ident = split_name(qualified, candidate.pool.driver)
+                names.setdefault((map_name, domain), set()).add(ident)
+    for ref in references:
+        if ref.name != key:
+            continue
+        domains = {d for (m, d) in names if m == ref.map_name}
+        if ref.domain is not None and ref.domain not in domains:
+            return did_you_mean(ref.domain, domains)
+        return did_you_mean(key, names.get((ref.map_name, ref.domain or ""), set()))
+    every = set().union(*names.values()) if names else set()
+    return did_you_mean(key, every)
+
+
+class Explainer:
+    """Builds an :class:`Explanation` for one claim over the nodes it was tried on."""
+
+    def __init__(self, engine: Engine, claim: ResourceClaim) -> None:
+        self.engine = engine
+        self.claim = claim
+        self.requests = (claim.spec.devices.requests if claim.spec.devices else None) or []
+        self.tallies: dict[str, _Tally] = {}
+        self.specs: dict[str, RequestSpec] = {}
+        self.claim_causes: dict[tuple[str, str, str | None], int] = {}
+        self.nodes = 0
+
+    def node(self, node: Node | None) -> None:
+        self.nodes += 1
+        try:
+            view = self.engine.view(node)
+        except NodeSelectorError as exc:
+            self._claim_cause("node-selector-invalid", str(exc))
+            return
+        for pool in view.pools:
+            if pool.incomplete:
+                self._claim_cause(
+                    "pool-incomplete", f"resource pool {pool.label()} is incomplete (being updated)"
+                )
+            elif pool.invalid:
+                self._claim_cause(
+                    "pool-invalid", f"resource pool {pool.label()} is invalid: {pool.invalid}"
+                )
+        for request in self.requests:
+            for spec in alternatives(request):
+                self._classify(spec, view.candidates, node)
+
+    def _claim_cause(self, code: str, message: str, suggestion: str | None = None) -> None:
+        key = (code, message, suggestion)
+        self.claim_causes[key] = self.claim_causes.get(key, 0) + 1
+
+    def _classify(self, spec: RequestSpec, candidates: list[Candidate], node: Node | None) -> None:
+        tally = self.tallies.setdefault(spec.result_name, _Tally())
+        self.specs[spec.result_name] = spec
+        device_class = self.engine.classes.get(spec.class_name)
+        if device_class is None:
+            self._claim_cause(
+                "class-missing",
+                f"request {spec.result_name}: DeviceClass {spec.class_name!r} does not exist",
+            )
+            return
+        for candidate in candidates:
+            reason = self._first_failure(spec, device_class, candidate, candidates, node)
+            if reason is None:
+                tally.candidates.add(candidate.id)
+            else:
+                tally.add(*reason[:2], candidate.id, reason[2])
+
+    def _first_failure(
+        self,
+        spec: RequestSpec,
+        device_class: DeviceClass,
+        candidate: Candidate,
+        candidates: list[Candidate],
+        node: Node | None,
+    ) -> tuple[str, str, str | None] | None:
+        engine, device = self.engine, candidate.device
+        if not spec.admin and candidate.id in engine.state.devices:
+            return ("already-allocated", "already allocated to another claim", None)
+        owners = [
+            (f"DeviceClass {device_class.metadata.name}", "class-selector-false", s)
+            for s in device_class.spec.selectors or []
+        ] + [(f"request {spec.result_name}", "request-selector-false", s) for s in spec.selectors]
+        for owner, code, selector in owners:
+            expression = selector.cel.expression if selector.cel else ""
+            compiled = engine.env.compile(expression)
+            try:
+                if not engine.selector_matches(compiled, candidate):
+                    return (code, f"{owner} selector is false: {expression}", None)
+            except CelError as exc:
+                hint = suggest(exc.message, compiled.references, candidates)
+                return ("cel-error", f"{owner} selector: CEL error: {exc.message}", hint)
+        if candidate.slice.spec.per_device_node_selection:
+            try:
+                if not node_matches(node, device.node_name, device.all_nodes, device.node_selector):
+                    return ("node-mismatch", "device is not available on this node", None)
+            except NodeSelectorError as exc:
+                return ("node-selector-invalid", str(exc), None)
+        if not engine.features.binding_conditions and device.binding_conditions:
+            return ("binding-conditions", "device needs binding conditions (gate off)", None)
+        if device.consumes_counters:
+            if not engine.features.partitionable_devices:
+                return (
+                    "partitionable-disabled",
+                    "device consumes counters but DRAPartitionableDevices is off",
+                    None,
+                )
+            available = engine.available_counters(candidate.pool)
+            for set_name, name, value in candidate.counters:
+                left = available.get(set_name, {}).get(name, 0)
+                if left < value:
+                    return (
+                        "counters-exhausted",
+                        f"counter {name} of counter set {set_name} is exhausted",
+                        None,
+                    )
+        if engine.features.device_taints:
+            taint = blocking_taint(device, spec)
+            if taint is not None:
+                shown = f"{taint.key}={taint.value}" if taint.value else taint.key
+                return ("tainted", f"taint {shown}:{taint.effect} not tolerated", None)
+        if engine.features.consumable_capacity:
+            try:
+                fits = cap.fits(
+                    engine.state.consumed.get(candidate.id, {}),
+                    spec.capacity,
+                    device.capacity or {},
+                    None,
+                )
+            except cap.UnknownCapacity:
+                return ("capacity-unknown", "device lacks a requested capacity", None)
+            if not fits:
+                return ("capacity-exhausted", "not enough capacity left", None)
+        return None
+
+    def explanation(self) -> Explanation:
+        out = Explanation(nodes=self.nodes)
+        short = False
+        total = 0
+        for name, tally in self.tallies.items():
+            spec = self.specs[name]
+            needed = None if spec.mode == ALL else spec.count
+            count = len(tally.candidates)
+            if (needed is None and count == 0) or (needed is not None and count < needed):
+                short = True
+            total += count if needed is None else needed
+            out.requests.append(RequestExplanation(name, needed, count, tally.causes()))
+        claim = [Cause(c, n, m, h) for (c, m, h), n in self.claim_causes.items()]
+        if not short and self.tallies:
+            claim.extend(self._combination_causes(total))
+        out.claim = claim
+        return out
+
+    def _combination_causes(self, total: int) -> list[Cause]:
+        causes: list[Cause] = []
+        if total > MAX_DEVICES:
+            causes.append(
+                Cause("too-many-devices", 1, f"the claim needs more than {MAX_DEVICES} devices")
+            )
+        devices = self.claim.spec.devices
+        for constraint in (devices.constraints if devices else None) or []:
+            attribute = constraint.match_attribute or constraint.distinct_attribute
+            kind = "matchAttribute" if constraint.match_attribute else "distinctAttribute"
+            scope = ", ".join(constraint.requests or []) or "all requests"
+            causes.append(
+                Cause(
+                    "constraint-unsatisfiable",
+                    1,
+                    f"{kind} {attribute} over {scope} cannot be satisfied by the candidates",
+                )
+            )
+        if not causes:
+            causes.append(
+                Cause(
+                    "combination",
+                    1,
+                    "each request has candidates, but no combination fits together "
+                    "(shared counters or the same devices)",
+                )
+            )
+        return causes
+
+
+def error_explanation(
+    engine: Engine, claim: ResourceClaim, message: str, node: Node | None
+) -> Explanation:
+    """An allocation error (CEL and the like) as an explanation, with a suggestion if any."""
+    explainer = Explainer(engine, claim)
+    try:
+        explainer.node(node)
+    except (CelError, ValueError):
+        pass
+    out = explainer.explanation()
+    hint = None
+    if _missing_key(message):
+        try:
+            candidates = engine.view(node).candidates
+        except NodeSelectorError:
+            candidates = []
+        refs = [
+            ref
+            for request in explainer.specs.values()
+            for selector in request.selectors
+            if selector.cel
+            for ref in engine.env.compile(selector.cel.expression).references
+        ]
+        for device_class in engine.classes.values():
+            for selector in device_class.spec.selectors or []:
+                if selector.cel:
+                    refs += engine.env.compile(selector.cel.expression).references
+        hint = suggest(message, refs, candidates)
+    out.claim.insert(0, Cause("error", 1, message, hint))
+    return out
+
+
+__all__ = ["Cause", "Explainer", "Explanation", "device_label", "did_you_mean", "error_explanation"]

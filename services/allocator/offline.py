@@ -1,0 +1,121 @@
+"""Allocate claims from files, one after another, the way ``gpudra allocate`` reports them.
+
+Claims that already carry ``status.allocation`` are in use from the start. The
+others are allocated in input order, each seeing the ones before it. With a
+node, only that node is tried; without, every node the inputs name, in name
+order, and the first that fits wins. Because allocations only ever add load,
+a claim shape that did not fit a node never fits it later: such (shape, node)
+pairs are remembered and skipped, which keeps large what-if runs fast.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import msgspec
+
+from services.allocator.engine import AllocationError, Engine, claim_label
+from services.allocator.explain import Explainer, Explanation, error_explanation
+from services.allocator.features import Features
+from services.allocator.inputs import Inputs
+from services.allocator.pools import Node
+from services.allocator.state import AllocatedState
+from services.core.resource import AllocationResult, ResourceClaim, to_builtins
+
+Status = Literal["allocated", "unschedulable", "error"]
+
+
+@dataclass(slots=True)
+class ClaimOutcome:
+    claim: ResourceClaim
+    status: Status
+    node: str | None = None
+    allocation: AllocationResult | None = None
+    error: str | None = None
+    explanation: Explanation | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "namespace": self.claim.metadata.namespace or "default",
+            "name": self.claim.metadata.name,
+            "status": self.status,
+            "node": self.node,
+            "allocation": to_builtins(self.allocation) if self.allocation else None,
+            "error": self.error,
+            "explanation": asdict(self.explanation) if self.explanation else None,
+        }
+
+
+class OfflineAllocator:
+    def __init__(self, inputs: Inputs, features: Features, explain: bool = True) -> None:
+        self.inputs = inputs
+        self.features = features
+        self.explain = explain
+        state = AllocatedState()
+        for claim in inputs.claims:
+            if claim.status and claim.status.allocation:
+                state.add(claim.status.allocation, features.consumable_capacity)
+        self.engine = Engine(inputs.classes, inputs.slices, features, state)
+        self._misfits: set[tuple[bytes, str | None]] = set()
+
+    def nodes(self, only: str | None) -> list[Node | None]:
+        if only is not None:
+            return [self.inputs.node(only)]
+        names = self.inputs.node_names()
+        return [self.inputs.node(n) for n in names] if names else [None]
+
+    def run(self, only_node: str | None = None) -> list[ClaimOutcome]:
+        nodes = self.nodes(only_node)
+        return [
+            self.allocate(claim, nodes)
+            for claim in self.inputs.claims
+            if not (claim.status and claim.status.allocation)
+        ]
+
+    def allocate(self, claim: ResourceClaim, nodes: list[Node | None]) -> ClaimOutcome:
+        shape = msgspec.json.encode(claim.spec)
+        tried: list[Node | None] = []
+        for node in nodes:
+            key = (shape, node.name if node else None)
+            if key in self._misfits:
+                tried.append(node)
+                continue
+            try:
+                allocation = self.engine.allocate(claim, node)
+            except AllocationError as exc:
+                outcome = ClaimOutcome(claim, "error", error=str(exc))
+                if self.explain:
+                    outcome.explanation = error_explanation(self.engine, claim, str(exc), node)
+                return outcome
+            if allocation is not None:
+                self.engine.commit(allocation)
+                return ClaimOutcome(
+                    claim, "allocated", node=node.name if node else None, allocation=allocation
+                )
+            self._misfits.add(key)
+            tried.append(node)
+        outcome = ClaimOutcome(claim, "unschedulable")
+        if self.explain:
+            explainer = Explainer(self.engine, claim)
+            for node in tried:
+                explainer.node(node)
+            outcome.explanation = explainer.explanation()
+        return outcome
+
+
+def describe(outcome: ClaimOutcome) -> list[str]:
+    """The outcome for people: a headline, then one line per cause."""
+    label = claim_label(outcome.claim)
+    if outcome.status == "allocated":
+        devices = outcome.allocation.devices if outcome.allocation else None
+        names = ", ".join(
+            f"{r.request}={r.pool}/{r.device}" for r in (devices.results if devices else None) or []
+        )
+        where = f" on {outcome.node}" if outcome.node else ""
+        return [f"{label}: allocated{where}: {names}"]
+    head = f"{label}: {outcome.status}" + (f": {outcome.error}" if outcome.error else "")
+    lines = [head]
+    if outcome.explanation:
+        lines += ["  " + line for line in outcome.explanation.lines()]
+    return lines

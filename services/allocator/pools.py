@@ -1,0 +1,217 @@
+"""Which resource pools a node can allocate from (GatherPools of Kubernetes 1.35).
+
+A pool is the set of slices one driver publishes under one pool name. Only the
+newest generation counts; a pool is *incomplete* while fewer slices of that
+generation exist than ``resourceSliceCount`` says (nothing is allocated from
+it), *invalid* when two of its devices share a name or its counters do not add
+up (nothing is allocated from it either), and *obsolete* when a newer
+generation exists that has no slice for this node (then it is ignored).
+
+Upstream keeps pools in a Go map, so their order is random; we keep the order
+in which pools first appear in the input, and slices in input order, so that
+"first solution wins" is deterministic.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from services.allocator.features import Features
+from services.core.quantity import Quantity
+from services.core.resource import NodeSelector, NodeSelectorRequirement, ResourceSlice
+
+
+class NodeSelectorError(ValueError):
+    """A node selector that Kubernetes would refuse to evaluate."""
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    name: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+def _requirement_matches(req: NodeSelectorRequirement, value: str | None) -> bool:
+    values = req.values or []
+    op = req.operator
+    if op in ("In", "NotIn"):
+        if not values:
+            raise NodeSelectorError(f"{req.key}: values must be non-empty for operator {op}")
+        return (value in values) if op == "In" else (value not in values)
+    if op in ("Exists", "DoesNotExist"):
+        if values:
+            raise NodeSelectorError(f"{req.key}: values must be empty for operator {op}")
+        return (value is not None) == (op == "Exists")
+    if op in ("Gt", "Lt"):
+        if len(values) != 1 or not values[0].lstrip("-").isdigit():
+            raise NodeSelectorError(f"{req.key}: operator {op} needs one integer value")
+        if value is None or not value.lstrip("-").isdigit():
+            return False
+        return int(value) > int(values[0]) if op == "Gt" else int(value) < int(values[0])
+    raise NodeSelectorError(f"{req.key}: {op!r} is not a valid node selector operator")
+
+
+def selector_matches(selector: NodeSelector, node: Node) -> bool:
+    """nodeaffinity.NodeSelector.Match: terms are ORed, requirements within a term ANDed."""
+    matched = False
+    for term in selector.node_selector_terms:
+        exprs, fields = term.match_expressions or [], term.match_fields or []
+        for req in fields:
+            if req.key != "metadata.name":
+                raise NodeSelectorError(f"{req.key}: not a supported field selector key")
+        ok = bool(exprs or fields)
+        for req in exprs:
+            ok = _requirement_matches(req, node.labels.get(req.key)) and ok
+        for req in fields:
+            ok = _requirement_matches(req, node.name) and ok
+        matched = matched or ok
+    return matched
+
+
+def node_matches(
+    node: Node | None, node_name: str | None, all_nodes: bool | None, selector: NodeSelector | None
+) -> bool:
+    if node_name:
+        return node is not None and node.name == node_name
+    if all_nodes:
+        return True
+    if selector is not None:
+        return node is not None and selector_matches(selector, node)
+    return False
+
+
+@dataclass(slots=True)
+class Pool:
+    driver: str
+    name: str
+    incomplete: bool = False
+    invalid: str | None = None
+    slices: list[ResourceSlice] = field(default_factory=list)  # device slices for this node
+    other_slices: list[ResourceSlice] = field(default_factory=list)  # same pool, not this node
+    counter_sets: dict[str, dict[str, Quantity]] = field(default_factory=dict)
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.driver, self.name)
+
+    def label(self) -> str:
+        return f"{self.driver}/{self.name}"
+
+
+def _slice_for_node(slice_: ResourceSlice, node: Node | None, features: Features) -> bool | None:
+    """True/False: relevant or not; None: skipped outright (unknown kind or gated off)."""
+    spec = slice_.spec
+    if not features.partitionable_devices and (
+        spec.per_device_node_selection is not None or spec.shared_counters
+    ):
+        return None
+    if spec.shared_counters:
+        return True
+    if spec.node_name or spec.all_nodes or spec.node_selector is not None:
+        return node_matches(node, spec.node_name, spec.all_nodes, spec.node_selector)
+    if spec.per_device_node_selection:
+        return any(
+            node_matches(node, d.node_name, d.all_nodes, d.node_selector)
+            for d in spec.devices or []
+        )
+    return None
+
+
+def gather_pools(slices: list[ResourceSlice], node: Node | None, features: Features) -> list[Pool]:
+    """The pools ``node`` can use; raises :class:`NodeSelectorError` on a bad selector."""
+    grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
+    for slice_ in slices:
+        if not _slice_for_node(slice_, node, features):
+            continue
+        key = (slice_.spec.driver, slice_.spec.pool.name)
+        current = grouped.get(key)
+        generation = slice_.spec.pool.generation
+        if current is None or generation > current[0].spec.pool.generation:
+            grouped[key] = [slice_]
+        elif generation == current[0].spec.pool.generation:
+            current.append(slice_)
+    pools: list[Pool] = []
+    for (driver, name), members in grouped.items():
+        wanted = members[0].spec.pool.resource_slice_count
+        if len(members) == wanted:
+            pools.append(_build(driver, name, members, features, None))
+            continue
+        newer, same_generation = _pool_slices(slices, driver, name, members[0].spec.pool.generation)
+        if newer:
+            continue  # obsolete: a newer generation has no slice for this node
+        if len(same_generation) != wanted:
+            pools.append(Pool(driver, name, incomplete=True))
+            continue
+        pools.append(_build(driver, name, members, features, same_generation))
+    return pools
+
+
+def _pool_slices(
+    slices: list[ResourceSlice], driver: str, name: str, generation: int
+) -> tuple[bool, list[ResourceSlice]]:
+    same: list[ResourceSlice] = []
+    for slice_ in slices:
+        if slice_.spec.driver != driver or slice_.spec.pool.name != name:
+            continue
+        if slice_.spec.pool.generation > generation:
+            return True, []
+        if slice_.spec.pool.generation == generation:
+            same.append(slice_)
+    return False, same
+
+
+def _build(
+    driver: str,
+    name: str,
+    members: list[ResourceSlice],
+    features: Features,
+    all_members: list[ResourceSlice] | None,
+) -> Pool:
+    pool = Pool(driver, name)
+    if features.partitionable_devices:
+        device_slices = [s for s in members if not s.spec.shared_counters]
+        counter_slices = [s for s in members if s.spec.shared_counters]
+    else:
+        device_slices, counter_slices = members, []
+    seen: set[str] = set()
+    for slice_ in device_slices:
+        for device in slice_.spec.devices or []:
+            if device.name in seen:
+                pool.invalid = f"duplicate device name {device.name}"
+                return pool
+            seen.add(device.name)
+    pool.slices = device_slices
+    if not features.partitionable_devices:
+        return pool
+    for slice_ in counter_slices:
+        for counter_set in slice_.spec.shared_counters or []:
+            if counter_set.name in pool.counter_sets:
+                pool.invalid = f"duplicate counter set name {counter_set.name}"
+                return pool
+            pool.counter_sets[counter_set.name] = {
+                k: Quantity.parse(c.value) for k, c in counter_set.counters.items()
+            }
+    pool.invalid = _counter_problem(pool.counter_sets, members)
+    if pool.invalid or all_members is None or len(all_members) == len(members):
+        return pool
+    ours = {id(s) for s in members}
+    pool.other_slices = [s for s in all_members if id(s) not in ours]
+    pool.invalid = _counter_problem(pool.counter_sets, pool.other_slices)
+    return pool
+
+
+def _counter_problem(
+    counter_sets: dict[str, dict[str, Quantity]], slices: list[ResourceSlice]
+) -> str | None:
+    for slice_ in slices:
+        for device in slice_.spec.devices or []:
+            for consumption in device.consumes_counters or []:
+                counters = counter_sets.get(consumption.counter_set)
+                if counters is None:
+                    return f"counter set {consumption.counter_set} not found"
+                for counter in consumption.counters:
+                    if counter not in counters:
+                        return (
+                            f"counter {counter} not found in counter set {consumption.counter_set}"
+                        )
+    return None
