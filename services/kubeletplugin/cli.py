@@ -1,0 +1,66 @@
+"""``gpudra kubeletplugin``: serve the kubelet's DRA and registration sockets for one node."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+
+from services.core import config, logs, metrics, tracing
+
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "kubeletplugin",
+        help="serve the kubelet DRA plugin sockets and forward prepare calls to the preparer",
+    )
+    config.add_common_flags(parser, node=True)
+    parser.add_argument(
+        "--kubelet-root",
+        type=Path,
+        default=Path(config.env("kubelet-root", DEFAULT_KUBELET_ROOT)),
+        help="kubelet root directory (sockets go under plugins/ and plugins_registry/)",
+    )
+    parser.add_argument(
+        "--rolling-update-uid",
+        default=config.env("rolling-update-uid", ""),
+        help="this pod's UID: socket names carry it so two plugin pods can overlap",
+    )
+    parser.add_argument(
+        "--prepare-timeout",
+        type=_positive_seconds,
+        default=_positive_seconds(config.env("prepare-timeout", "45")),
+        help="longest wait for the preparer, in seconds (the kubelet's deadline may cut it)",
+    )
+    parser.set_defaults(func=_run)
+
+
+def _positive_seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds as a number, got {value!r}") from None
+    if not seconds > 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value!r}")
+    return seconds
+
+
+def _run(args: argparse.Namespace) -> int:
+    from services.kubeletplugin.app import Settings, run
+
+    logs.setup("kubeletplugin", args.log_level)
+    tracing.setup("kubeletplugin", args.otlp_endpoint)
+    metrics.serve(args.metrics_port)
+    settings = Settings(
+        node=args.node_name,
+        kubelet_root=args.kubelet_root,
+        nats_url=args.nats_url,
+        rolling_update_uid=args.rolling_update_uid,
+        prepare_timeout=args.prepare_timeout,
+    )
+    try:
+        return asyncio.run(run(settings))
+    finally:
+        tracing.shutdown()
