@@ -144,10 +144,10 @@ class MemorySliceApi:
     async def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         self._count("watch")
         since = int(resource_version or 0)
-        if since < self._rv and (not self._history or self._history[0][0] > since + 1):
-            raise ApiError(410, "too old resource version", reason="Expired")
         changed = self._condition()
         while True:
+            if since < self._rv and (not self._history or self._history[0][0] > since + 1):
+                raise ApiError(410, "too old resource version", reason="Expired")
             for rv, kind, data in list(self._history):
                 if rv > since:
                     since = rv
@@ -190,8 +190,10 @@ class MemorySliceApi:
         return self._decode(data)
 
     async def _emit(self, kind: EventType, obj: ResourceSlice, data: bytes | None = None) -> None:
-        if kind == "DELETED":
+        if kind == "DELETED":  # the event carries the deletion's resourceVersion
             self._rv += 1
+            meta = msgspec.structs.replace(obj.metadata, resource_version=str(self._rv))
+            obj, data = msgspec.structs.replace(obj, metadata=meta), None
         if not self.history_size:
             return
         self._history.append((self._rv, kind, data or self._encoder.encode(obj)))
