@@ -247,7 +247,7 @@ class SimNvml:
         ci = SimComputeInstance(
             id=0,
             profile=profile.ci_profile,
-            uuid=mig_uuid(state.seed, state.node, index, gpu.mig_serial),
+            uuid=mig_uuid(state.fleet, state.seed, state.node, index, gpu.mig_serial),
         )
         gpu.mig_serial += 1
         gi.compute_instances.append(ci)

@@ -6,8 +6,8 @@ that changes it (discovery, ``gpudra sim``, MIG requests from the preparer)
 does so through :mod:`services.discovery.simstore` with compare-and-set, so
 concurrent writers never lose an update.
 
-UUIDs are derived from (seed, node, GPU index), so a fleet started again with
-the same seed on the same node has the same GPU UUIDs; MIG UUIDs also fold in
+UUIDs are derived from (fleet, seed, node, GPU index), so a fleet started
+again with the same seed on the same node has the same GPU UUIDs; MIG UUIDs also fold in
 a per-GPU creation counter, because NVML gives a re-created MIG device a new
 UUID.
 """
@@ -104,12 +104,12 @@ def derived_uuid(prefix: str, *parts: object) -> str:
     return f"{prefix}-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
 
 
-def gpu_uuid(seed: int, node: str, index: int) -> str:
-    return derived_uuid("GPU", "gpu", seed, node, index)
+def gpu_uuid(fleet: str, seed: int, node: str, index: int) -> str:
+    return derived_uuid("GPU", "gpu", fleet, seed, node, index)
 
 
-def mig_uuid(seed: int, node: str, index: int, serial: int) -> str:
-    return derived_uuid("MIG", "mig", seed, node, index, serial)
+def mig_uuid(fleet: str, seed: int, node: str, index: int, serial: int) -> str:
+    return derived_uuid("MIG", "mig", fleet, seed, node, index, serial)
 
 
 def new_state(node: str, fleet: Fleet, seed: int) -> SimNodeState:
@@ -118,7 +118,7 @@ def new_state(node: str, fleet: Fleet, seed: int) -> SimNodeState:
         SimGpu(
             index=i,
             minor=i if g.minor is None else g.minor,
-            uuid=gpu_uuid(seed, node, i),
+            uuid=gpu_uuid(fleet.name, seed, node, i),
             model=g.model,
             pci_bus_id=g.pci_bus_id,
             pcie_root=g.pcie_root,

@@ -118,7 +118,8 @@ def test_uuids_are_stable_per_seed_and_node_and_new_for_recreated_mig() -> None:
     assert [a.uuid(i) for i in range(8)] == [b.uuid(i) for i in range(8)]
     assert a.mig_devices(5) == b.mig_devices(5)
     other_seed, other_node = boot("dgx-a100", seed=1), boot("dgx-a100", node="node-b")
-    assert len({a.uuid(0), other_seed.uuid(0), other_node.uuid(0)}) == 3
+    other_fleet = boot("dgx-h100")
+    assert len({a.uuid(0), other_seed.uuid(0), other_node.uuid(0), other_fleet.uuid(0)}) == 4
     assert all(a.uuid(i).startswith("GPU-") and len(a.uuid(i)) == 40 for i in range(8))
     assert len({a.uuid(i) for i in range(8)}) == 8
 
