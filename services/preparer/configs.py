@@ -76,7 +76,7 @@ class MigDeviceSharing(_Strict, kw_only=True):
 
 class IommuConfig(_Strict, kw_only=True):
     backend_policy: str = ""
-    enable_api_device: bool | None = None
+    enable_api_device: bool | None = msgspec.field(default=None, name="enableAPIDevice")
 
 
 class GpuConfig(_Strict, kw_only=True):

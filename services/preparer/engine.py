@@ -119,7 +119,7 @@ class Engine:
         self.ops = ops
         self.faults = faults or Faults()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
-        self._inflight: dict[str, str] = {}  # device name -> claim uid preparing it
+        self._inflight: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
 
     # ------------------------------------------------------------ locking
 
@@ -164,7 +164,7 @@ class Engine:
             config_list = allocation.devices.config if allocation.devices else None
             groups = configs.resolve(config_list, results, kinds, self.s.gates)
             _check_mps_limits(groups, targets)
-        self._reserve(ref.uid, results, targets)
+        self._reserve(ref.uid, f"{ref.namespace}/{ref.name}", results, targets)
         try:
             if entry is not None:  # PrepareStarted: a previous attempt died half-way
                 with tracer.start_as_current_span("rollback.partial"):
@@ -215,6 +215,7 @@ class Engine:
     def _reserve(
         self,
         uid: str,
+        who: str,
         results: Sequence[DeviceRequestAllocationResult],
         targets: Mapping[str, Target],
     ) -> None:
@@ -227,14 +228,15 @@ class Engine:
                 other = held.get(key)
                 if other is not None:
                     raise PrepareError(
-                        f"device {r.device!r} is already prepared for claim {other} "
-                        "(exclusive; only adminAccess may share it)"
+                        f"device {r.device!r} is held by claim {other} "
+                        "(devices are exclusive; only adminAccess may share them)"
                     )
         for r in results:
-            self._inflight[r.device] = uid
+            if not r.admin_access:
+                self._inflight[r.device] = (uid, who)
 
     def _release(self, uid: str) -> None:
-        for device in [d for d, owner in self._inflight.items() if owner == uid]:
+        for device in [d for d, (owner, _) in self._inflight.items() if owner == uid]:
             del self._inflight[device]
 
     def _holders(self, exclude: str) -> dict[str, str]:
@@ -247,15 +249,15 @@ class Engine:
             for d in entry.devices:
                 if not d.admin_access:
                     for key in _state_hold_keys(d):
-                        held[key] = f"{entry.namespace}/{entry.name} ({uid})"
-        for device, uid in self._inflight.items():
+                        held[key] = f"{entry.namespace}/{entry.name} ({uid}, prepared)"
+        for device, (uid, who) in self._inflight.items():
             if uid != exclude and inv is not None:
                 try:
                     keys = _hold_keys(locate(inv, device))
                 except DeviceNotFound:
                     keys = [device]
                 for key in keys:
-                    held[key] = f"uid {uid} (being prepared)"
+                    held[key] = f"{who} ({uid}, being prepared)"
         return held
 
     async def _apply(

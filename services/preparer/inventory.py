@@ -36,8 +36,8 @@ class Target:
 
 
 def vfio_gpus(inv: NodeInventory) -> list[Gpu]:
-    """GPUs with a VFIO twin in PCI enumeration order: ``gpu-vfio-<i>`` is the i-th."""
-    return sorted((g for g in inv.gpus if g.vfio is not None), key=lambda g: g.pci_bus_id)
+    """GPUs in PCI bus order: ``gpu-vfio-<i>`` is the twin of the i-th (as the publisher counts)."""
+    return sorted(inv.gpus, key=lambda g: g.pci_bus_id)
 
 
 def locate(inv: NodeInventory, name: str) -> Target:
@@ -50,8 +50,8 @@ def locate(inv: NodeInventory, name: str) -> Target:
     if ident.kind == nvidia.VFIO_TYPE:
         twins = vfio_gpus(inv)
         assert ident.vfio_index is not None
-        if ident.vfio_index >= len(twins):
-            raise DeviceNotFound(f"{where}: it has {len(twins)} VFIO-capable GPUs")
+        if ident.vfio_index >= len(twins) or twins[ident.vfio_index].vfio is None:
+            raise DeviceNotFound(f"{where}: GPU {ident.vfio_index} in PCI order has no VFIO twin")
         return Target(name, nvidia.VFIO_TYPE, twins[ident.vfio_index])
     gpu = next((g for g in inv.gpus if g.minor == ident.minor), None)
     if gpu is None:

@@ -261,3 +261,20 @@ def test_other_drivers_configs_are_skipped_unread() -> None:
 def test_a_vfio_device_without_the_passthrough_gate_has_no_config() -> None:
     with pytest.raises(ConfigError, match="no config applies"):
         configs.resolve(None, [result("v", "gpu-vfio-0")], {"gpu-vfio-0": "vfio"}, fg.parse(""))
+
+
+def test_wire_names_match_the_reference_api() -> None:
+    vfio = configs.decode(
+        {"apiVersion": API, "kind": "VfioDeviceConfig",
+         "iommu": {"backendPolicy": "PreferIommuFD", "enableAPIDevice": True}},
+        ORIGIN,
+    )  # fmt: skip
+    assert vfio == configs.VfioDeviceConfig(
+        iommu=configs.IommuConfig(backend_policy="PreferIommuFD", enable_api_device=True)
+    )
+    mps = configs.decode(
+        gpu(strategy="MPS", mpsConfig={"multiUser": True, "defaultPinnedDeviceMemoryLimit": "1Gi"}),
+        ORIGIN,
+    )
+    assert isinstance(mps, configs.GpuConfig) and mps.sharing and mps.sharing.mps_config
+    assert mps.sharing.mps_config.multi_user is True

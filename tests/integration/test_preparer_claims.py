@@ -1,0 +1,342 @@
+"""The preparer as a process on a simulated node: every kind of claim, prepared and undone.
+
+Discovery (simulated NVML) and the preparer run as ``gpudra`` subprocesses on a
+real nats-server; requests arrive on ``dra.node.<node>.prepare`` as the
+kubelet plugin sends them. Every CDI spec written is validated against the
+official schema.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.core import nvidia, subjects
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+from services.core.schemas import ClaimEvent
+from services.preparer import cdi
+from tests.helpers.preparer import (
+    API,
+    Dev,
+    Node,
+    gpu_config,
+    make_claim,
+    opaque,
+    validate_cdi_file,
+)
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def h100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
+    node = Node(tmp_path, nats_server.url, bus, fleet="dgx-h100")
+    await node.start_discovery()
+    try:
+        yield node
+    finally:
+        node.stop_all()
+
+
+@pytest.fixture
+async def a100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
+    node = Node(tmp_path, nats_server.url, bus, fleet="dgx-a100")
+    await node.start_discovery()
+    try:
+        yield node
+    finally:
+        node.stop_all()
+
+
+def exists(path: str) -> bool:
+    return Path(path).exists()
+
+
+def read_lines(path: str) -> list[str]:
+    return Path(path).read_text().splitlines()
+
+
+def assert_clean(node: Node) -> None:
+    assert node.cdi_files() == []
+    assert dict(node.checkpoint().claims) == {}
+
+
+async def claim_events(bus: Bus, node: str, uid: str, want: int) -> list[ClaimEvent]:
+    """The claim's lifecycle events from the CLAIMS stream (waits for ``want`` of them)."""
+    found: list[ClaimEvent] = []
+
+    async def collect() -> None:
+        async for delivery in bus.pull(
+            subjects.CLAIMS_STREAM, f"audit-{uid[:8]}", subjects.claim_events_all(), ClaimEvent
+        ):
+            await delivery.ack()
+            if delivery.value.claim.uid == uid:
+                found.append(delivery.value)
+            if len(found) >= want:
+                return
+
+    await asyncio.wait_for(collect(), 15)
+    return found
+
+
+async def test_a_full_gpu_is_prepared_once_and_undone_completely(h100: Node, bus: Bus) -> None:
+    await h100.start_preparer()
+    claim = await h100.put_claim(make_claim(h100.name, [Dev("gpu", "gpu-3")], name="train"))
+    uid = claim.metadata.uid or ""
+    reply = await h100.prepare(claim)
+    result = reply.claims[uid]
+    assert result.error == ""
+    [device] = result.devices
+    assert (device.request_names, device.pool_name, device.device_name) == (["gpu"], "n1", "gpu-3")
+    assert device.cdi_device_ids == [f"k8s.gpu.nvidia.com/claim={uid}-gpu-3"]
+
+    [spec_file] = h100.cdi_files()
+    assert spec_file.name == f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
+    spec = validate_cdi_file(spec_file)
+    assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [{"path": "/dev/nvidia3"}]
+    entry = h100.checkpoint().claims[uid]
+    assert entry.state == "PrepareCompleted" and entry.devices[0].gpu_minor == 3
+
+    again = await h100.prepare(claim)  # idempotent: the stored result, nothing rewritten
+    assert again.claims[uid] == result
+    assert spec_file.stat().st_mtime_ns == h100.cdi_files()[0].stat().st_mtime_ns
+
+    assert (await h100.unprepare(claim)).claims[uid].error == ""
+    assert_clean(h100)
+    assert (await h100.unprepare(claim)).claims[uid].error == ""  # unknown now: a no-op
+
+    events = await claim_events(bus, h100.name, uid, want=6)
+    names = [e.event for e in events]
+    assert names == [
+        "prepare.requested", "prepared", "prepare.requested", "prepared",
+        "unprepare.requested", "unprepared",
+    ]  # fmt: skip
+    prepared = events[1]
+    assert (prepared.claim.namespace, prepared.claim.name, prepared.actor) == (
+        "default",
+        "train",
+        "preparer",
+    )
+    assert [d.device for d in prepared.devices] == ["gpu-3"]
+    assert prepared.duration_ms is not None and prepared.duration_ms > 0
+
+
+async def test_dynamic_mig_devices_appear_in_discovery_and_go_away(h100: Node) -> None:
+    await h100.start_preparer(gates="DynamicMIG=true")
+    name = nvidia.mig_device_name(2, "1g.10gb", 19, 6)
+    claim = await h100.put_claim(make_claim(h100.name, [Dev("mig", name)]))
+    uid = claim.metadata.uid or ""
+    result = (await h100.prepare(claim)).claims[uid]
+    assert result.error == "", result.error
+    inv = await h100.inventory()
+    assert inv is not None
+    [live] = [m for g in inv.gpus if g.minor == 2 for m in g.mig_devices]
+    assert (live.profile, live.placement.start) == ("1g.10gb", 6)
+    entry = h100.checkpoint().claims[uid]
+    assert entry.devices[0].mig is not None and entry.devices[0].mig.uuid == live.uuid
+    spec = validate_cdi_file(h100.cdi_files()[0])
+    gi_minor, ci_minor = cdi.mig_cap_minors(2, live.gi_id, live.ci_id)
+    paths = [n["path"] for n in spec["devices"][0]["containerEdits"]["deviceNodes"]]
+    assert paths == [
+        "/dev/nvidia2",
+        f"/dev/nvidia-caps/nvidia-cap{gi_minor}",
+        f"/dev/nvidia-caps/nvidia-cap{ci_minor}",
+    ]
+
+    assert (await h100.unprepare(claim)).claims[uid].error == ""
+    assert await h100.mig_uuids() == []
+    assert_clean(h100)
+
+
+async def test_static_mig_devices_are_used_as_they_are(a100: Node) -> None:
+    await a100.start_preparer()
+    inv = await a100.inventory()
+    assert inv is not None
+    gpu = next(g for g in inv.gpus if g.mig_devices)
+    mig = gpu.mig_devices[0]
+    name = nvidia.mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement.start)
+    before = await a100.mig_uuids()
+    claim = await a100.put_claim(make_claim(a100.name, [Dev("mig", name)]))
+    uid = claim.metadata.uid or ""
+    assert (await a100.prepare(claim)).claims[uid].error == ""
+    validate_cdi_file(a100.cdi_files()[0])
+    assert (await a100.unprepare(claim)).claims[uid].error == ""
+    assert await a100.mig_uuids() == before  # static devices stay
+    assert_clean(a100)
+
+
+async def test_time_slicing_is_applied_and_reset(h100: Node) -> None:
+    await h100.start_preparer(gates="TimeSlicingSettings=true")
+    config = gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"})
+    claim = await h100.put_claim(
+        make_claim(
+            h100.name,
+            [Dev("a", "gpu-0"), Dev("b", "gpu-1")],
+            configs=[opaque(config, requests=["a"])],
+        )
+    )
+    uid = claim.metadata.uid or ""
+    assert (await h100.prepare(claim)).claims[uid].error == ""
+    inv = await h100.inventory()
+    assert inv is not None
+    uuids = {g.minor: g.uuid for g in inv.gpus}
+    assert h100.sim_host()["time_slice"] == {uuids[0]: "Long"}  # request "b" kept the default
+    assert (await h100.unprepare(claim)).claims[uid].error == ""
+    assert h100.sim_host()["time_slice"] == {}
+    assert_clean(h100)
+
+
+async def test_mps_daemon_gets_its_limits_and_the_container_its_pipe(h100: Node) -> None:
+    await h100.start_preparer(gates="MPSSupport=true")
+    config = gpu_config(
+        strategy="MPS",
+        mpsConfig={
+            "defaultActiveThreadPercentage": 40,
+            "defaultPinnedDeviceMemoryLimit": "10Gi",
+            "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"},
+        },
+    )
+    claim = await h100.put_claim(
+        make_claim(
+            h100.name, [Dev("gpus", "gpu-4"), Dev("gpus", "gpu-5")], configs=[opaque(config)]
+        )
+    )
+    uid = claim.metadata.uid or ""
+    assert (await h100.prepare(claim)).claims[uid].error == ""
+    inv = await h100.inventory()
+    assert inv is not None
+    uuids = {g.minor: g.uuid for g in inv.gpus}
+    [daemon] = h100.sim_host()["mps"].values()
+    assert daemon["daemonId"].startswith(f"{uid}-")
+    assert daemon["activeThreadPercentage"] == 40
+    assert daemon["pinnedMemoryLimitsMib"] == {uuids[4]: 10240, uuids[5]: 5120}
+    assert h100.sim_host()["compute_mode"] == {
+        uuids[4]: "EXCLUSIVE_PROCESS",
+        uuids[5]: "EXCLUSIVE_PROCESS",
+    }
+    spec = validate_cdi_file(h100.cdi_files()[0])
+    for device in spec["devices"]:
+        edits = device["containerEdits"]
+        assert edits["env"] == ["CUDA_MPS_PIPE_DIRECTORY=/tmp/nvidia-mps"]
+        assert [m["hostPath"] for m in edits["mounts"]] == [daemon["shmDir"], daemon["pipeDir"]]
+    assert exists(daemon["pipeDir"])
+    assert (await h100.unprepare(claim)).claims[uid].error == ""
+    assert h100.sim_host()["mps"] == {} and h100.sim_host()["compute_mode"] == {}
+    assert not exists(daemon["rootDir"])
+    assert_clean(h100)
+
+
+async def test_vfio_binds_withdraws_the_gpu_twin_and_writes_kep5304_metadata(h100: Node) -> None:
+    await h100.start_preparer(gates="PassthroughSupport=true,DeviceMetadata=true")
+    vfio_config = {
+        "apiVersion": API,
+        "kind": "VfioDeviceConfig",
+        "iommu": {"enableAPIDevice": True},
+    }
+    claim = await h100.put_claim(
+        make_claim(
+            h100.name, [Dev("vm-gpu", "gpu-vfio-1")], name="vm", configs=[opaque(vfio_config)]
+        )
+    )
+    uid = claim.metadata.uid or ""
+    assert (await h100.prepare(claim)).claims[uid].error == ""
+    assert h100.sim_host()["pci_driver"] == {"0000:2a:00.0": "vfio-pci"}  # second GPU in PCI order
+
+    spec = validate_cdi_file(h100.cdi_files()[0])
+    edits = spec["devices"][0]["containerEdits"]
+    assert edits["deviceNodes"] == [{"path": "/dev/vfio/28"}]
+    assert spec["containerEdits"]["deviceNodes"] == [{"path": "/dev/vfio/vfio"}]
+    [mount] = edits["mounts"]
+    assert mount["containerPath"] == (
+        "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm/vm-gpu/gpu.nvidia.com-metadata.json"
+    )
+    objects = [json.loads(line) for line in read_lines(mount["hostPath"])]
+    assert [o["apiVersion"] for o in objects] == [
+        "metadata.resource.k8s.io/v1beta1",
+        "metadata.resource.k8s.io/v1alpha1",
+    ]
+    device = objects[0]["requests"][0]["devices"][0]
+    assert objects[0]["metadata"] == {
+        "name": "vm",
+        "namespace": "default",
+        "uid": uid,
+        "generation": 1,
+    }
+    assert (device["driver"], device["pool"], device["name"]) == (
+        "gpu.nvidia.com",
+        "n1",
+        "gpu-vfio-1",
+    )
+    assert device["attributes"]["resource.kubernetes.io/pciBusID"] == {"string": "0000:2a:00.0"}
+
+    # The GPU twin of a passed-through GPU cannot be prepared for someone else.
+    inv = await h100.inventory()
+    assert inv is not None
+    twin = next(g for g in inv.gpus if g.pci_bus_id == "0000:2a:00.0")
+    other = await h100.put_claim(make_claim(h100.name, [Dev("g", f"gpu-{twin.minor}")]))
+    refused = (await h100.prepare(other)).claims[other.metadata.uid or ""].error
+    assert f"device 'gpu-{twin.minor}' is held by claim default/vm ({uid}, prepared)" in refused
+
+    assert (await h100.unprepare(claim)).claims[uid].error == ""
+    assert h100.sim_host()["pci_driver"] == {}
+    assert not exists(mount["hostPath"])
+    assert_clean(h100)
+    assert (await h100.prepare(other)).claims[other.metadata.uid or ""].error == ""
+
+
+async def test_admin_access_may_share_what_is_otherwise_exclusive(h100: Node) -> None:
+    await h100.start_preparer()
+    owner = await h100.put_claim(make_claim(h100.name, [Dev("g", "gpu-6")], name="owner"))
+    monitor = await h100.put_claim(
+        make_claim(h100.name, [Dev("g", "gpu-6", admin=True)], name="monitor")
+    )
+    thief = await h100.put_claim(make_claim(h100.name, [Dev("g", "gpu-6")], name="thief"))
+    reply = await h100.prepare(owner, monitor, thief)
+    errors = {uid: r.error for uid, r in reply.claims.items()}
+    assert errors[owner.metadata.uid or ""] == ""
+    assert errors[monitor.metadata.uid or ""] == ""
+    assert "device 'gpu-6' is held by claim default/owner" in errors[thief.metadata.uid or ""]
+    assert len(h100.cdi_files()) == 2
+
+
+async def test_many_claims_prepare_concurrently_and_one_claim_serially(h100: Node) -> None:
+    await h100.start_preparer()
+    claims = [
+        await h100.put_claim(make_claim(h100.name, [Dev("g", f"gpu-{i}")], name=f"c{i}"))
+        for i in range(8)
+    ]
+    first, *_ = claims
+    replies = await asyncio.gather(h100.prepare(*claims), h100.prepare(first), h100.prepare(first))
+    results = [r.claims[first.metadata.uid or ""] for r in replies]
+    assert results[0] == results[1] == results[2] and results[0].error == ""
+    assert all(r.error == "" for r in replies[0].claims.values())
+    assert len(h100.cdi_files()) == 8
+    for path in h100.cdi_files():
+        validate_cdi_file(path)
+    assert len(h100.checkpoint().claims) == 8
+    reply = await h100.unprepare(*claims)
+    assert all(r.error == "" for r in reply.claims.values())
+    assert_clean(h100)
+
+
+async def test_a_restart_keeps_completed_claims_and_removes_orphans(h100: Node) -> None:
+    proc = await h100.start_preparer()
+    claim = await h100.put_claim(make_claim(h100.name, [Dev("g", "gpu-7")]))
+    uid = claim.metadata.uid or ""
+    before = (await h100.prepare(claim)).claims[uid]
+    orphan = h100.cdi_root / "k8s.gpu.nvidia.com-claim_0b0e0d0c-0000-4000-8000-000000000000.yaml"
+    orphan.write_text("cdiVersion: 0.3.0\nkind: k8s.gpu.nvidia.com/claim\ndevices: []\n")
+    proc.stop()
+    await h100.start_preparer()
+    assert not orphan.exists()
+    assert (await h100.prepare(claim)).claims[uid] == before
+    h100.boot_id_file.write_text("another-boot\n")  # after a reboot nothing is prepared
+    h100.procs[-1].stop()
+    await h100.start_preparer()
+    assert dict(h100.checkpoint().claims) == {}
+    assert h100.cdi_files() == []
