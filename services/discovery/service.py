@@ -90,9 +90,10 @@ class Discovery:
             self._pending_state = None
         started = time.perf_counter()
         try:
-            result = await asyncio.to_thread(
-                inventory.scan, self.backend, self.node, self.inventory
-            )
+            # The stored inventory stands in for the last scan after a restart, so a
+            # GPU that is lost by then still carries its identity.
+            previous = self.inventory or self.stored
+            result = await asyncio.to_thread(inventory.scan, self.backend, self.node, previous)
         except Exception as exc:  # keep the last inventory; the next scan retries
             metrics.SCANS.labels(outcome="error").inc()
             log.error("scan failed", extra={"node": self.node, "error": str(exc)})

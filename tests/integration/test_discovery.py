@@ -12,7 +12,7 @@ from typing import TypeVar
 import pytest
 
 from services.core import subjects
-from services.core.bus import Bus
+from services.core.bus import Bus, RequestFailed
 from services.core.natsserver import NatsServer
 from services.core.schemas import (
     HealthEvent,
@@ -98,6 +98,20 @@ async def wait_for(seen: list[T], check: Callable[[list[T]], bool], timeout: flo
         if time.monotonic() > deadline:
             raise AssertionError(f"never seen within {timeout}s: {seen}")
         await asyncio.sleep(0.02)
+
+
+async def until_serving(bus: Bus, timeout: float = 30.0) -> None:
+    """Wait until a discovery process answers simulated-NVML requests for NODE."""
+    probe = SimMigRequest(op="mig-mode", gpu_uuid="GPU-probe", mig_enabled=True)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            await bus.request(subjects.sim_control(NODE), probe, SimMigReply, timeout=1)
+            return
+        except RequestFailed:
+            if time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(0.05)
 
 
 async def gpudra(*args: str) -> tuple[int, str]:
@@ -288,6 +302,7 @@ async def test_restart_keeps_state_and_does_not_churn(
 
     changes = await collect(bus, subjects.inventory_changed(NODE), InventoryChanged)
     await start_discovery("l4x4")
+    await until_serving(bus)
     rc, out = await gpudra("sim", "lose", "--nats-url", url, "--node", NODE, "--gpu", "1")
     assert rc == 0, out
     await wait_for(changes, lambda s: len(s) >= 1)
