@@ -1,0 +1,288 @@
+"""Claim-path benchmark: kubelet socket -> front -> NATS -> preparer, and back.
+
+    python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--fleet dgx-h100]
+
+Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
+``gpudra preparer`` (checkpoint and CDI writes fsynced, as in production) and
+``gpudra kubeletplugin`` as separate processes, registers like the kubelet,
+then runs prepare+unprepare cycles of single-GPU claims through the real DRA
+socket. Prints per phase: p50/p99 latency of NodePrepareResources and
+NodeUnprepareResources as the kubelet sees it, prepares/s, and the peak RSS
+(VmHWM) of the front and the preparer.
+
+Claims are put into the ``claims`` bucket before timing starts, as the
+allocator's watcher would. A node has as many GPUs as its fleet (8 for
+dgx-h100); when more workers than GPUs run at once, claims carry
+adminAccess so that two in-flight claims may hold the same GPU (the preparer
+does the same work either way).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # the fake kubelet lives in tests/helpers
+
+from services.core import subjects  # noqa: E402
+from services.core.bus import Bus  # noqa: E402
+from services.core.natsserver import NatsServer  # noqa: E402
+from services.core.nvidia import DRIVER_NAME, gpu_device_name  # noqa: E402
+from services.core.resource import (  # noqa: E402
+    AllocationResult,
+    DeviceAllocationResult,
+    DeviceRequestAllocationResult,
+    ObjectMeta,
+    ResourceClaim,
+    ResourceClaimSpec,
+    ResourceClaimStatus,
+)
+from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest  # noqa: E402
+from tests.helpers.kubelet import Claim, FakeKubelet  # noqa: E402
+
+NODE = "bench-node"
+
+
+@dataclass
+class Proc:
+    name: str
+    popen: subprocess.Popen[bytes]
+    log: Path
+
+    def peak_rss_mb(self) -> float:
+        """VmHWM: the highest resident set size the process has had."""
+        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError(f"{self.name}: no VmHWM in /proc/{self.popen.pid}/status")
+
+    def check_alive(self) -> None:
+        if self.popen.poll() is not None:
+            raise SystemExit(f"{self.name} exited {self.popen.returncode}:\n{self.log.read_text()}")
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGTERM)
+            try:
+                self.popen.wait(15)
+            except subprocess.TimeoutExpired:
+                os.kill(self.popen.pid, signal.SIGKILL)
+                self.popen.wait()
+
+
+def spawn(root: Path, name: str, *args: str) -> Proc:
+    log = root / f"{name}.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(
+            [sys.executable, "-m", "services.cli", name, "--node-name", NODE,
+             "--log-level", "warning", *args],
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    return Proc(name, popen, log)
+
+
+def claim(uid: str, gpu: str, admin: bool) -> ResourceClaim:
+    result = DeviceRequestAllocationResult(
+        request="gpu", driver=DRIVER_NAME, pool=NODE, device=gpu, admin_access=admin or None
+    )
+    return ResourceClaim(
+        metadata=ObjectMeta(name=f"bench-{uid[:8]}", namespace="bench", uid=uid),
+        spec=ResourceClaimSpec(),
+        status=ResourceClaimStatus(
+            allocation=AllocationResult(devices=DeviceAllocationResult(results=[result]))
+        ),
+    )
+
+
+async def wait_for_inventory(bus: Bus, proc: Proc) -> NodeInventory:
+    for _ in range(300):
+        proc.check_alive()
+        found = await bus.kv_get(
+            subjects.INVENTORY_BUCKET, subjects.inventory_key(NODE), NodeInventory
+        )
+        if found:
+            return found[0]
+        await asyncio.sleep(0.1)
+    raise SystemExit("discovery published no inventory within 30 s")
+
+
+async def wait_for_preparer(kubelet: FakeKubelet, proc: Proc) -> None:
+    """Ready once an unprepare of an unknown claim succeeds through the whole path."""
+    probe = Claim(str(uuid.uuid4()), "bench", "probe")
+    for _ in range(300):
+        proc.check_alive()
+        if (await kubelet.unprepare([probe], timeout=2))[probe.uid] == "":
+            return
+        await asyncio.sleep(0.1)
+    raise SystemExit(f"the preparer did not answer within 30 s:\n{proc.log.read_text()}")
+
+
+class Caller(Protocol):
+    async def prepare(self, claims: Sequence[Claim]) -> Mapping[str, Any]: ...
+    async def unprepare(self, claims: Sequence[Claim]) -> Mapping[str, str]: ...
+
+
+class DirectCaller:
+    """What the front does, done here: one NATS request per call (``--direct``)."""
+
+    def __init__(self, bus: Bus) -> None:
+        self.bus = bus
+
+    async def _call(self, op: str, claims: Sequence[Claim]) -> NodeReply:
+        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(NODE)
+        refs = [ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name) for c in claims]
+        request = NodeRequest(node=NODE, claims=refs, deadline=time.time() + 45)
+        return await self.bus.request(subject, request, NodeReply, timeout=45)
+
+    async def prepare(self, claims: Sequence[Claim]) -> Mapping[str, Any]:
+        return (await self._call("prepare", claims)).claims
+
+    async def unprepare(self, claims: Sequence[Claim]) -> Mapping[str, str]:
+        return {uid: r.error for uid, r in (await self._call("unprepare", claims)).claims.items()}
+
+
+@dataclass
+class Phase:
+    concurrency: int
+    prepare_ms: list[float]
+    unprepare_ms: list[float]
+    seconds: float
+    errors: list[str]
+
+
+async def run_phase(
+    kubelet: Caller, bus: Bus, gpus: list[str], cycles: int, concurrency: int
+) -> Phase:
+    admin = concurrency > len(gpus)
+    plan: list[list[Claim]] = [[] for _ in range(concurrency)]
+    for i in range(cycles):
+        slot = i % concurrency
+        uid = str(uuid.uuid4())
+        rc = claim(uid, gpus[slot % len(gpus)], admin)
+        await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, uid), rc)
+        plan[slot].append(Claim(uid, "bench", rc.metadata.name))
+    prepare_ms: list[float] = []
+    unprepare_ms: list[float] = []
+    errors: list[str] = []
+
+    async def worker(claims: list[Claim]) -> None:
+        for c in claims:
+            t0 = time.perf_counter()
+            result = (await kubelet.prepare([c]))[c.uid]
+            t1 = time.perf_counter()
+            error = (await kubelet.unprepare([c]))[c.uid]
+            t2 = time.perf_counter()
+            prepare_ms.append((t1 - t0) * 1000)
+            unprepare_ms.append((t2 - t1) * 1000)
+            if result.error or len(result.devices) != 1 or error:
+                errors.append(result.error or error or f"{len(result.devices)} devices")
+
+    started = time.perf_counter()
+    await asyncio.gather(*(worker(claims) for claims in plan))
+    return Phase(concurrency, prepare_ms, unprepare_ms, time.perf_counter() - started, errors)
+
+
+def pct(values: list[float], p: float) -> float:
+    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
+
+
+def report(phase: Phase, cycles: int, shared: bool) -> None:
+    note = " (adminAccess: workers share GPUs)" if shared else ""
+    print(f"concurrency {phase.concurrency}{note}: {cycles} prepare+unprepare cycles")
+    for name, values in (("prepare", phase.prepare_ms), ("unprepare", phase.unprepare_ms)):
+        print(
+            f"  {name:<9} p50 {pct(values, 50):6.2f} ms   p99 {pct(values, 99):6.2f} ms   "
+            f"max {max(values):6.2f} ms"
+        )
+    print(
+        f"  throughput {cycles / phase.seconds:7.1f} prepares/s (each with its unprepare), "
+        f"{phase.seconds:.1f} s"
+    )
+    if phase.errors:
+        print(f"  ERRORS: {len(phase.errors)}, first: {phase.errors[0]}")
+
+
+async def main(args: argparse.Namespace) -> int:
+    root = Path(tempfile.mkdtemp(prefix="gpudra-bench-", dir="/tmp"))
+    nats = NatsServer(root / "nats", log_file=root / "nats.log")
+    procs: list[Proc] = []
+    failed = False
+    try:
+        nats.start()
+        bus = await Bus.connect(nats.url, name="bench")
+        boot_id = root / "boot_id"
+        boot_id.write_text(f"{uuid.uuid4()}\n")
+        discovery = spawn(root, "discovery", "--nats-url", nats.url, "--fleet", args.fleet,
+                          "--rescan-interval", "3600")  # fmt: skip
+        procs.append(discovery)
+        inventory = await wait_for_inventory(bus, discovery)
+        gpus = [gpu_device_name(g.minor) for g in inventory.gpus if not g.mig_enabled]
+        kubelet_root = root / "kubelet"
+        preparer = spawn(root, "preparer", "--nats-url", nats.url, "--fleet", args.fleet,
+                         "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
+                         "--boot-id-file", str(boot_id), "--no-api-fallback")  # fmt: skip
+        front = spawn(root, "kubeletplugin", "--nats-url", nats.url,
+                      "--kubelet-root", str(kubelet_root))  # fmt: skip
+        procs += [preparer, front]
+        async with FakeKubelet(kubelet_root) as kubelet:
+            await kubelet.wait_for_registration_socket(timeout=30)
+            await kubelet.register()
+            front.check_alive()
+            print(
+                f"fleet {args.fleet}: {len(gpus)} GPUs; checkpoint fsync on; "
+                f"front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
+            )
+            await wait_for_preparer(kubelet, preparer)
+            warm = await run_phase(kubelet, bus, gpus, args.warmup, 1)
+            if warm.errors:
+                raise SystemExit(f"warm-up failed: {warm.errors[0]}\n{preparer.log.read_text()}")
+            caller: Caller = DirectCaller(bus) if args.direct else kubelet
+            if args.direct:
+                print("--direct: NATS requests straight to the preparer, no front, no socket")
+            for concurrency in args.concurrency:
+                phase = await run_phase(caller, bus, gpus, args.cycles, concurrency)
+                report(phase, args.cycles, concurrency > len(gpus))
+                failed = failed or bool(phase.errors)
+            print(
+                f"peak RSS: front {front.peak_rss_mb():.1f} MB, "
+                f"preparer {preparer.peak_rss_mb():.1f} MB"
+            )
+        await bus.close()
+    finally:
+        for proc in reversed(procs):
+            proc.stop()
+        nats.stop()
+        shutil.rmtree(root, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cycles", type=int, default=2000)
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--fleet", default="dgx-h100")
+    parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument(
+        "--direct",
+        action="store_true",
+        help="bypass the front: time the preparer alone (to see what the front adds)",
+    )
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))
