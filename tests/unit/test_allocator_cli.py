@@ -1,0 +1,89 @@
+"""``gpudra allocate`` / ``gpudra explain`` as a process: exit codes, bad input, explanations."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+GPUDRA = [sys.executable, "-m", "services.cli"]
+CLASS = """apiVersion: resource.k8s.io/v1
+kind: DeviceClass
+metadata: {name: gpu.nvidia.com}
+spec:
+  selectors:
+  - cel:
+      expression: >-
+        device.driver == "gpu.nvidia.com" && device.attributes["gpu.nvidia.com"].type == "gpu"
+"""
+TYPO_CLAIM = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: typo, namespace: team}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly:
+        deviceClassName: gpu.nvidia.com
+        selectors:
+        - cel:
+            expression: device.attributes["gpu.nvidia.com"].productname == "NVIDIA H100 80GB HBM3"
+"""
+
+
+def gpudra(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*GPUDRA, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_explain_suggests_product_name_on_rendered_slices(tmp_path: Path) -> None:
+    slices = gpudra("slices", "--fleet", "dgx-h100", "--node", "node-1", "-o", "yaml")
+    assert slices.returncode == 0, slices.stderr
+    inputs = tmp_path / "in.yaml"
+    inputs.write_text(slices.stdout + "\n---\n" + CLASS + "---\n" + TYPO_CLAIM)
+    out = gpudra("explain", "-f", str(inputs))
+    assert out.returncode == 0, out.stderr
+    assert "team/typo: error" in out.stdout
+    assert "no such key: productname" in out.stdout
+    assert "did you mean 'productName'?" in out.stdout
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        ("kind: [unclosed", "not valid YAML or JSON"),
+        (
+            "apiVersion: resource.k8s.io/v1beta1\nkind: DeviceClass\nmetadata: {name: x}\n",
+            "document 1: unsupported object apiVersion='resource.k8s.io/v1beta1'",
+        ),
+        (
+            '{"apiVersion": "v1", "kind": "List", "items": [{"apiVersion": "resource.k8s.io/v1",'
+            ' "kind": "ResourceSlice", "metadata": {"name": "s"}, "spec": {"driver": 5}}]}',
+            "document 1, item 1: invalid ResourceSlice",
+        ),
+        (
+            "apiVersion: resource.k8s.io/v1\nkind: ResourceSlice\nmetadata: {name: s}\nspec:\n"
+            "  driver: d\n  nodeName: n\n  pool: {name: p, generation: 0, resourceSliceCount: 1}\n"
+            "  devices: [{name: a, capacity: {memory: {value: 80GB}}}]\n",
+            "spec.devices[0].capacity[memory].value",
+        ),
+    ],
+)
+def test_invalid_input_exits_2_naming_file_and_document(
+    tmp_path: Path, content: str, fragment: str
+) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(content)
+    out = gpudra("allocate", "-f", str(bad))
+    assert out.returncode == 2
+    assert str(bad) in out.stderr and fragment in out.stderr, out.stderr
+
+
+def test_unknown_feature_gate_exits_2(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("")
+    out = gpudra("allocate", "-f", str(empty), "--feature-gates", "DRANope=true")
+    assert out.returncode == 2 and "unknown feature gate 'DRANope'" in out.stderr
+    ok = gpudra("allocate", "-f", str(empty), "-o", "yaml")
+    assert ok.returncode == 0 and ok.stdout.strip() == "claims: []"
