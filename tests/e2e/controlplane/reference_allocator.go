@@ -9,9 +9,11 @@ package main
 //
 // Input: YAML (several documents) or JSON (one object or a kind: List) with
 // resource.k8s.io/v1 DeviceClass, ResourceSlice and ResourceClaim objects and
-// optionally v1 Node objects. Objects are decoded strictly, defaulted and
-// validated the way the API server would (k8s.io/kubernetes/pkg/apis/resource
-// defaults and validation). Claims with status.allocation count as allocated;
+// optionally v1 Node objects (labels for node selectors) and v1 Namespace
+// objects (labels for the adminAccess check; a namespace not given allows
+// adminAccess). Objects are decoded strictly and go through what the API
+// server does on create (defaults, the registry strategies' PrepareForCreate,
+// which drops fields of disabled features, and validation). Claims with status.allocation count as allocated;
 // the others are allocated in input order, each seeing the results before it.
 // With --node only that node is tried, otherwise nodes in name order (the Node
 // objects given, else the node names found in slices) and the first that fits
@@ -33,6 +35,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"runtime/debug"
 	"sort"
 	"strings"
 
@@ -47,16 +50,21 @@ import (
 	serializerjson "k8s.io/apimachinery/pkg/runtime/serializer/json"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/sets"
+	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientscheme "k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/dynamic-resource-allocation/cel"
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/api/legacyscheme"
 	resourceinternal "k8s.io/kubernetes/pkg/apis/resource"
 	_ "k8s.io/kubernetes/pkg/apis/resource/install" // defaults + conversions for resource.k8s.io
-	resourcevalidation "k8s.io/kubernetes/pkg/apis/resource/validation"
+	deviceclassregistry "k8s.io/kubernetes/pkg/registry/resource/deviceclass"
+	resourceclaimregistry "k8s.io/kubernetes/pkg/registry/resource/resourceclaim"
+	resourcesliceregistry "k8s.io/kubernetes/pkg/registry/resource/resourceslice"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 	schedulerfeature "k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 	"k8s.io/utils/ptr"
@@ -93,13 +101,25 @@ func inputErrorf(format string, args ...any) error {
 }
 
 type allocatorInput struct {
+	objects    []decodedObject // in input order
+	nodes      map[string]*v1.Node
+	namespaces map[string]*v1.Namespace
+
+	// Admitted objects.
 	classes map[string]*resourceapi.DeviceClass
 	slices  []*resourceapi.ResourceSlice
 	claims  []*resourceapi.ResourceClaim
-	nodes   map[string]*v1.Node
 }
 
-func runReferenceAllocator() int {
+func runReferenceAllocator() (code int) {
+	// A Go panic exits with 2, which here means "invalid input": report
+	// internal failures as 1 instead.
+	defer func() {
+		if r := recover(); r != nil {
+			fmt.Fprintf(os.Stderr, "reference-allocator: internal error: %v\n%s", r, debug.Stack())
+			code = 1
+		}
+	}()
 	fs := pflag.NewFlagSet("reference-allocator", pflag.ContinueOnError)
 	files := fs.StringArrayP("filename", "f", nil, "input file (YAML or JSON; '-' for stdin); repeatable")
 	node := fs.String("node", "", "allocate on this node only")
@@ -130,12 +150,20 @@ func runReferenceAllocator() int {
 		return 2
 	}
 
-	input := &allocatorInput{classes: map[string]*resourceapi.DeviceClass{}, nodes: map[string]*v1.Node{}}
+	input := &allocatorInput{
+		classes:    map[string]*resourceapi.DeviceClass{},
+		nodes:      map[string]*v1.Node{},
+		namespaces: map[string]*v1.Namespace{},
+	}
 	for _, file := range *files {
 		if err := input.readFile(file); err != nil {
 			fmt.Fprintln(os.Stderr, "reference-allocator:", err)
 			return 2
 		}
+	}
+	if err := input.admit(); err != nil {
+		fmt.Fprintln(os.Stderr, "reference-allocator:", err)
+		return 2
 	}
 
 	features := dynamicresources.AllocatorFeatures(schedulerfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
@@ -166,6 +194,12 @@ func runReferenceAllocator() int {
 
 var strictDecoder = serializerjson.NewSerializerWithOptions(serializerjson.DefaultMetaFactory,
 	clientscheme.Scheme, clientscheme.Scheme, serializerjson.SerializerOptions{Strict: true})
+
+// decodedObject is one input object and where it came from.
+type decodedObject struct {
+	where string
+	obj   runtime.Object
+}
 
 func (in *allocatorInput) readFile(file string) error {
 	var r io.Reader
@@ -205,110 +239,172 @@ func (in *allocatorInput) readFile(file string) error {
 
 func (in *allocatorInput) addDocument(where string, data []byte) error {
 	var meta struct {
-		APIVersion string            `json:"apiVersion"`
-		Kind       string            `json:"kind"`
-		Items      []json.RawMessage `json:"items"`
+		Kind  string            `json:"kind"`
+		Items []json.RawMessage `json:"items"`
 	}
 	if err := json.Unmarshal(data, &meta); err != nil {
 		return inputErrorf("%s: not an object: %v", where, err)
 	}
-	if strings.HasSuffix(meta.Kind, "List") && meta.Kind != "List" && meta.Items != nil {
-		// DeviceClassList etc.: treat like a List.
-		meta.Kind = "List"
-	}
-	if meta.Kind == "List" {
+	if meta.Kind == "List" || (strings.HasSuffix(meta.Kind, "List") && meta.Items != nil) {
 		for i, item := range meta.Items {
-			if err := in.addObject(fmt.Sprintf("%s, item %d", where, i+1), item); err != nil {
+			if err := in.decode(fmt.Sprintf("%s, item %d", where, i+1), item); err != nil {
 				return err
 			}
 		}
 		return nil
 	}
-	return in.addObject(where, data)
+	return in.decode(where, data)
 }
 
-func (in *allocatorInput) addObject(where string, data []byte) error {
+func (in *allocatorInput) decode(where string, data []byte) error {
 	obj, gvk, err := strictDecoder.Decode(data, nil, nil)
 	if err != nil {
 		return inputErrorf("%s: %v", where, err)
 	}
 	switch o := obj.(type) {
-	case *resourceapi.DeviceClass:
-		legacyscheme.Scheme.Default(o)
-		if err := validate(o, &resourceinternal.DeviceClass{}, func(i runtime.Object) []error {
-			return resourcevalidation.ValidateDeviceClass(i.(*resourceinternal.DeviceClass)).ToAggregate().Errors()
-		}); err != nil {
-			return inputErrorf("%s: DeviceClass %s: %v", where, o.Name, err)
-		}
-		if _, dup := in.classes[o.Name]; dup {
-			return inputErrorf("%s: DeviceClass %s given twice", where, o.Name)
-		}
-		in.classes[o.Name] = o
-	case *resourceapi.ResourceSlice:
-		legacyscheme.Scheme.Default(o)
-		if err := validate(o, &resourceinternal.ResourceSlice{}, func(i runtime.Object) []error {
-			return resourcevalidation.ValidateResourceSlice(i.(*resourceinternal.ResourceSlice)).ToAggregate().Errors()
-		}); err != nil {
-			return inputErrorf("%s: ResourceSlice %s: %v", where, o.Name, err)
-		}
-		in.slices = append(in.slices, o)
-	case *resourceapi.ResourceClaim:
-		if o.Namespace == "" {
-			o.Namespace = metav1.NamespaceDefault
-		}
-		legacyscheme.Scheme.Default(o)
-		if err := validate(o, &resourceinternal.ResourceClaim{}, func(i runtime.Object) []error {
-			claim := i.(*resourceinternal.ResourceClaim)
-			errs := resourcevalidation.ValidateResourceClaim(claim).ToAggregate()
-			if errs != nil {
-				return errs.Errors()
-			}
-			if claim.Status.Allocation != nil || len(claim.Status.ReservedFor) > 0 || len(claim.Status.Devices) > 0 {
-				old := claim.DeepCopy()
-				old.Status = resourceinternal.ResourceClaimStatus{}
-				if errs := resourcevalidation.ValidateResourceClaimStatusUpdate(claim, old).ToAggregate(); errs != nil {
-					return errs.Errors()
-				}
-			}
-			return nil
-		}); err != nil {
-			return inputErrorf("%s: ResourceClaim %s/%s: %v", where, o.Namespace, o.Name, err)
-		}
-		for _, other := range in.claims {
-			if other.Namespace == o.Namespace && other.Name == o.Name {
-				return inputErrorf("%s: ResourceClaim %s/%s given twice", where, o.Namespace, o.Name)
-			}
-		}
-		if o.UID == "" {
-			o.UID = types.UID(fmt.Sprintf("reference-allocator-%d", len(in.claims)+1))
-		}
-		in.claims = append(in.claims, o)
+	case *resourceapi.DeviceClass, *resourceapi.ResourceSlice, *resourceapi.ResourceClaim:
 	case *v1.Node:
 		if o.Name == "" {
 			return inputErrorf("%s: Node without metadata.name", where)
 		}
 		in.nodes[o.Name] = o
+	case *v1.Namespace:
+		if o.Name == "" {
+			return inputErrorf("%s: Namespace without metadata.name", where)
+		}
+		in.namespaces[o.Name] = o
 	default:
-		return inputErrorf("%s: unsupported object %s (want resource.k8s.io/v1 DeviceClass, ResourceSlice, ResourceClaim or v1 Node)", where, gvk)
+		return inputErrorf("%s: unsupported object %s (want resource.k8s.io/v1 DeviceClass, ResourceSlice, ResourceClaim, or v1 Node, Namespace)", where, gvk)
+	}
+	in.objects = append(in.objects, decodedObject{where: where, obj: obj})
+	return nil
+}
+
+// namespaceGetter answers the API server's admin-access check
+// (pkg/registry/resource AuthorizedForAdmin): a Namespace from the input
+// as given, any other namespace as one that carries
+// resource.kubernetes.io/admin-access=true, so that offline what-if runs
+// can use adminAccess without writing Namespaces.
+type namespaceGetter struct {
+	typedcorev1.NamespaceInterface // only Get is used
+	namespaces                     map[string]*v1.Namespace
+}
+
+func (g namespaceGetter) Get(_ context.Context, name string, _ metav1.GetOptions) (*v1.Namespace, error) {
+	if ns, ok := g.namespaces[name]; ok {
+		return ns, nil
+	}
+	return &v1.Namespace{ObjectMeta: metav1.ObjectMeta{
+		Name:   name,
+		Labels: map[string]string{resourceinternal.DRAAdminNamespaceLabelKey: "true"},
+	}}, nil
+}
+
+func requestContext(resource, subresource, verb string) context.Context {
+	return genericapirequest.WithRequestInfo(context.Background(), &genericapirequest.RequestInfo{
+		IsResourceRequest: true,
+		Verb:              verb,
+		APIGroup:          resourceapi.GroupName,
+		APIVersion:        "v1",
+		Resource:          resource,
+		Subresource:       subresource,
+	})
+}
+
+// admit passes every object through what the API server does on create:
+// defaulting, the registry strategy's PrepareForCreate (which drops fields
+// of disabled features) and Validate; a claim with status goes on through
+// the status strategy's PrepareForUpdate and ValidateUpdate, as when the
+// scheduler wrote that status. The objects the allocator gets are the
+// results, converted back to resource.k8s.io/v1.
+func (in *allocatorInput) admit() error {
+	claimStrategy := resourceclaimregistry.NewStrategy(namespaceGetter{namespaces: in.namespaces})
+	claimStatusStrategy := resourceclaimregistry.NewStatusStrategy(claimStrategy)
+	for _, d := range in.objects {
+		switch o := d.obj.(type) {
+		case *resourceapi.DeviceClass:
+			legacyscheme.Scheme.Default(o)
+			internal := &resourceinternal.DeviceClass{}
+			ctx := requestContext("deviceclasses", "", "create")
+			err := roundTrip(o, internal, func() field.ErrorList {
+				deviceclassregistry.Strategy.PrepareForCreate(ctx, internal)
+				return deviceclassregistry.Strategy.Validate(ctx, internal)
+			})
+			if err != nil {
+				return inputErrorf("%s: DeviceClass %s: %v", d.where, o.Name, err)
+			}
+			if _, dup := in.classes[o.Name]; dup {
+				return inputErrorf("%s: DeviceClass %s given twice", d.where, o.Name)
+			}
+			in.classes[o.Name] = o
+		case *resourceapi.ResourceSlice:
+			legacyscheme.Scheme.Default(o)
+			internal := &resourceinternal.ResourceSlice{}
+			ctx := requestContext("resourceslices", "", "create")
+			err := roundTrip(o, internal, func() field.ErrorList {
+				resourcesliceregistry.Strategy.PrepareForCreate(ctx, internal)
+				return resourcesliceregistry.Strategy.Validate(ctx, internal)
+			})
+			if err != nil {
+				return inputErrorf("%s: ResourceSlice %s: %v", d.where, o.Name, err)
+			}
+			in.slices = append(in.slices, o)
+		case *resourceapi.ResourceClaim:
+			if o.Namespace == "" {
+				o.Namespace = metav1.NamespaceDefault
+			}
+			legacyscheme.Scheme.Default(o)
+			internal := &resourceinternal.ResourceClaim{}
+			err := roundTrip(o, internal, func() field.ErrorList {
+				status := internal.Status
+				ctx := requestContext("resourceclaims", "", "create")
+				claimStrategy.PrepareForCreate(ctx, internal)
+				if errs := claimStrategy.Validate(ctx, internal); len(errs) > 0 {
+					return errs
+				}
+				if status.Allocation == nil && len(status.ReservedFor) == 0 && len(status.Devices) == 0 {
+					return nil
+				}
+				if internal.ResourceVersion == "" {
+					internal.ResourceVersion = "1" // update validation wants one
+				}
+				old := internal.DeepCopy()
+				internal.Status = status
+				ctx = requestContext("resourceclaims", "status", "update")
+				claimStatusStrategy.PrepareForUpdate(ctx, internal, old)
+				return claimStatusStrategy.ValidateUpdate(ctx, internal, old)
+			})
+			if err != nil {
+				return inputErrorf("%s: ResourceClaim %s/%s: %v", d.where, o.Namespace, o.Name, err)
+			}
+			for _, other := range in.claims {
+				if other.Namespace == o.Namespace && other.Name == o.Name {
+					return inputErrorf("%s: ResourceClaim %s/%s given twice", d.where, o.Namespace, o.Name)
+				}
+			}
+			if o.UID == "" {
+				o.UID = types.UID(fmt.Sprintf("reference-allocator-%d", len(in.claims)+1))
+			}
+			in.claims = append(in.claims, o)
+		}
 	}
 	return nil
 }
 
-// validate converts a v1 object to the internal type and runs the API
-// server's validation on it.
-func validate(obj runtime.Object, internal runtime.Object, check func(runtime.Object) []error) error {
+// roundTrip converts a v1 object to its internal type, runs admit on it and
+// converts the result back into the v1 object.
+func roundTrip(obj runtime.Object, internal runtime.Object, admit func() field.ErrorList) error {
 	if err := legacyscheme.Scheme.Convert(obj, internal, nil); err != nil {
 		return err
 	}
-	errs := check(internal)
-	if len(errs) == 0 {
-		return nil
+	if errs := admit(); len(errs) > 0 {
+		msgs := make([]string, 0, len(errs))
+		for _, err := range errs {
+			msgs = append(msgs, err.Error())
+		}
+		return errors.New(strings.Join(msgs, "; "))
 	}
-	msgs := make([]string, 0, len(errs))
-	for _, err := range errs {
-		msgs = append(msgs, err.Error())
-	}
-	return errors.New(strings.Join(msgs, "; "))
+	return legacyscheme.Scheme.Convert(internal, obj, nil)
 }
 
 // ---- allocation ----

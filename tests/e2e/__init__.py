@@ -1,0 +1,1 @@
+"""End-to-end tests against a real Kubernetes control plane (see cluster.py)."""
