@@ -183,8 +183,14 @@ def _list_fleets(_args: argparse.Namespace) -> int:
 def _run_sim(
     action: Callable[[SimStore, argparse.Namespace], Awaitable[Any]], args: argparse.Namespace
 ) -> int:
+    logs.setup("sim", "error")  # the command's own output is what matters here
+
     async def main() -> int:
-        bus = await Bus.connect(args.nats_url, name="gpudra-sim")
+        try:
+            bus = await asyncio.wait_for(Bus.connect(args.nats_url, name="gpudra-sim"), 10)
+        except TimeoutError:
+            print(f"gpudra sim: cannot reach NATS at {args.nats_url}", file=sys.stderr)
+            return 1
         try:
             result = await action(SimStore(bus), args)
         finally:

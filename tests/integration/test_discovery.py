@@ -52,6 +52,10 @@ async def start_discovery(nats_server: NatsServer, tmp_path: Path) -> AsyncItera
     yield start
     for proc in procs:
         await stop(proc)
+    # SIGTERM is a clean shutdown, never a crash
+    assert [p.returncode for p in procs] == [0] * len(procs), (
+        tmp_path / "discovery-0.log"
+    ).read_text()
 
 
 async def stop(proc: asyncio.subprocess.Process) -> None:
