@@ -31,6 +31,7 @@ from services.discovery.simstore import sim_key
 
 log = logging.getLogger(__name__)
 EVENT_WAIT_S = 0.5  # how long one NVML wait blocks the event thread
+RETRY_S = 1.0  # pause before retrying a failed inventory write
 
 
 class Discovery:
@@ -119,9 +120,9 @@ class Discovery:
                     node=self.node, digest=inv.digest(), revision=revision, changes=changes
                 ),
             )
-        except Exception as exc:  # the bus is down: retry on the next scan
+        except Exception as exc:  # the bus is down: scan and try again shortly
             log.error("storing inventory failed", extra={"node": self.node, "error": str(exc)})
-            self.wake()
+            asyncio.get_running_loop().call_later(RETRY_S, self.wake)
             return
         metrics.INVENTORY_UPDATES.inc()
         log.info("inventory updated", extra={"node": self.node, "changes": changes})
