@@ -261,6 +261,40 @@ async def test_stale_sockets_are_replaced_and_rolling_update_names_used(
     assert not any(p.exists() for p in stale)
 
 
+def test_dra_socket_serves_before_the_registration_socket_appears(
+    short_dir: Path, nats_server: NatsServer
+) -> None:
+    root = short_dir / "kubelet"
+    reg = root / "plugins_registry" / f"{DRIVER}-reg.sock"
+    dra = root / "plugins" / DRIVER / "dra.sock"
+    front = start_front(root, nats_server.url)
+    try:
+        deadline = time.monotonic() + 20
+        while not reg.exists():  # the kubelet's watcher acts on the first inotify event
+            assert time.monotonic() < deadline and front.proc.poll() is None, front.output()
+            time.sleep(0.001)
+        with socket.socket(socket.AF_UNIX) as probe:
+            probe.connect(str(dra))  # already accepting
+    finally:
+        assert front.terminate() == 0
+
+
+async def test_sigint_also_removes_sockets_and_presence(
+    front: Front, kubelet: FakeKubelet, bus: Bus
+) -> None:
+    key = subjects.presence_key(NODE, DRIVER)
+    await kubelet.register()
+    await wait_for(
+        lambda: bus.kv_get(subjects.PRESENCE_BUCKET, key, PluginPresence), what="presence"
+    )
+    await kubelet.close()
+    os.kill(front.proc.pid, signal.SIGINT)
+    assert front.proc.wait(15) == 0
+    assert await bus.kv_get(subjects.PRESENCE_BUCKET, key, PluginPresence) is None
+    assert kubelet.registration_sockets() == []
+    assert not is_there(str(front.root / "plugins" / DRIVER / "dra.sock"))
+
+
 def test_a_file_in_the_socket_path_is_refused_not_deleted(
     short_dir: Path, nats_server: NatsServer
 ) -> None:
