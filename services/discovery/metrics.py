@@ -20,3 +20,7 @@ SIM_REJECTED = Counter(
     "gpudra_discovery_sim_states_rejected_total",
     "Simulated NVML states that decoded but could not be used.",
 )
+SIM_CONFLICTS = Counter(
+    "gpudra_discovery_sim_write_conflicts_total",
+    "Simulated NVML changes retried because another writer changed the state first.",
+)

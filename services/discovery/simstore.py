@@ -22,7 +22,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from services.core import subjects
 from services.core.bus import Bus
 from services.core.schemas import MigDevice, SchemaError
-from services.discovery import mig
+from services.discovery import metrics, mig
 from services.discovery.fleet import Fleet
 from services.discovery.sim import SimNvml, SimStateError
 from services.discovery.simstate import SimNodeState, decode_state, encode_state
@@ -103,6 +103,7 @@ class SimStore:
             try:
                 await kv.update(sim_key(node), encode_state(sim.state), last=revision)
             except KeyWrongLastSequenceError:
+                metrics.SIM_CONFLICTS.inc()
                 continue
             return result
         raise SimConflict(f"node {node!r}: gave up after {MAX_ATTEMPTS} conflicting writes")

@@ -17,10 +17,14 @@ from services.core.natsserver import NatsServer
 from services.core.schemas import (
     HealthEvent,
     InventoryChanged,
+    MigDevice,
     NodeInventory,
     SimMigReply,
     SimMigRequest,
 )
+from services.discovery import backend as nv
+from services.discovery.fleet import get_fleet
+from services.discovery.metrics import SIM_CONFLICTS
 from services.discovery.simstate import encode_state
 from services.discovery.simstore import SimStore, sim_key
 
@@ -321,3 +325,38 @@ async def test_restart_keeps_state_and_does_not_churn(
     assert rebooted.gpus[1].mig_enabled and {g.uuid for g in rebooted.gpus}.isdisjoint(
         g.uuid for g in inv.gpus
     )
+
+
+async def test_concurrent_writers_never_lose_an_update(bus: Bus) -> None:
+    store, other = SimStore(bus), SimStore(await Bus.connect(bus_url(bus), name="writer-2"))
+    try:
+        state, revision = await store.boot(NODE, get_fleet("dgx-h100"), 0)
+        assert await store.boot(NODE, get_fleet("dgx-h100"), 0) == (state, revision)  # kept
+        conflicts = SIM_CONFLICTS._value.get()
+        results = await asyncio.gather(
+            *(s.create_mig_device(NODE, 0, "1g.10gb") for s in [store, other] * 4),
+            return_exceptions=True,
+        )
+        made = [r for r in results if isinstance(r, MigDevice)]
+        refused = [r for r in results if isinstance(r, nv.NvmlError)]
+        assert len(made) == 7 and len(refused) == 1, results  # seven 1g slots, one too many
+        assert isinstance(refused[0], nv.InsufficientResources)
+        assert sorted(d.placement.start for d in made) == list(range(7))
+        found = await store.get(NODE)
+        assert found is not None
+        assert sorted(gi.id for gi in found[0].gpus[0].gpu_instances) == list(range(7, 14))
+        assert len({d.uuid for d in made}) == 7
+        assert (
+            SIM_CONFLICTS._value.get() > conflicts
+        )  # the writers did collide, and CAS resolved it
+
+        reseeded, _ = await store.boot(NODE, get_fleet("dgx-h100"), 1)  # another seed: a reboot
+        assert reseeded.gpus[0].gpu_instances == [] and reseeded.gpus[0].uuid != state.gpus[0].uuid
+    finally:
+        await other.bus.close()
+
+
+def bus_url(bus: Bus) -> str:
+    url = bus.nc.connected_url
+    assert url is not None
+    return f"nats://{url.hostname}:{url.port}"
