@@ -33,7 +33,9 @@ async def serve(bus: Bus, store: SimStore, node: str) -> None:
             log.exception("simulated MIG request failed", extra={"op": req.op})
             return SimMigReply(error=f"{type(exc).__name__}: {exc}")
 
-    await bus.serve(subjects.sim_control(node), SimMigRequest, handle)
+    # A queue group: should two discovery processes serve one node, each request
+    # is still applied once.
+    await bus.serve(subjects.sim_control(node), SimMigRequest, handle, queue="discovery")
 
 
 async def apply(store: SimStore, node: str, req: SimMigRequest) -> SimMigReply:
