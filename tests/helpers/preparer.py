@@ -225,16 +225,21 @@ class Node:
         raise AssertionError(f"timed out waiting for {what}")
 
     async def start_preparer(
-        self, gates: str = "", env: Mapping[str, str] | None = None, ready: bool = True
+        self,
+        gates: str = "",
+        env: Mapping[str, str] | None = None,
+        ready: bool = True,
+        kubeconfig: Path | None = None,
     ) -> Proc:
         if not self.boot_id_file.exists():
             self.boot_id_file.write_text(new_uid() + "\n")
+        api = ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--no-api-fallback"]
         proc = self._spawn(
             "preparer",
             ["preparer", "--node-name", self.name, "--fleet", self.fleet,
              "--nats-url", self.nats_url, "--kubelet-root", str(self.kubelet_root),
              "--cdi-root", str(self.cdi_root), "--boot-id-file", str(self.boot_id_file),
-             "--no-api-fallback", "--feature-gates", gates],
+             "--feature-gates", gates, *api],
             env=env,
         )  # fmt: skip
         if ready:
@@ -263,6 +268,18 @@ class Node:
             ["kubeletplugin", "--node-name", self.name, "--kubelet-root",
              str(self.kubelet_root), "--nats-url", self.nats_url],
         )  # fmt: skip
+
+    def files(self) -> list[str]:
+        """Every file the node's processes wrote (sockets, logs and NATS data aside)."""
+        found = []
+        for top in (self.kubelet_root, self.cdi_root):
+            if top.is_dir():
+                found += [
+                    str(p.relative_to(self.root))
+                    for p in sorted(top.rglob("*"))
+                    if p.is_file() and not p.is_socket()
+                ]
+        return found
 
     def stop_all(self) -> None:
         for proc in reversed(self.procs):
