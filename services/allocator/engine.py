@@ -26,7 +26,14 @@ from services.allocator import capacity as cap
 from services.allocator.celenv import CelEnvironment, CelError, DeviceInput, Selector
 from services.allocator.constraints import Constraint, DistinctAttribute, MatchAttribute
 from services.allocator.features import Features
-from services.allocator.pools import Node, NodeSelectorError, Pool, gather_pools, node_matches
+from services.allocator.pools import (
+    Node,
+    NodeSelectorError,
+    Pool,
+    PoolCache,
+    gather_pools,
+    node_matches,
+)
 from services.allocator.requests import ALL, EXACT_COUNT, RequestSpec, alternatives
 from services.allocator.state import AllocatedState, DeviceID
 from services.core.resource import (
@@ -130,6 +137,7 @@ class Engine:
         self.state = state or AllocatedState()
         self.env = CelEnvironment(consumable_capacity=features.consumable_capacity)
         self._views: dict[str | None, NodeView] = {}
+        self._pools: PoolCache = {}
         self._activations: dict[int, Any] = {}
         self._matches: dict[tuple[str, int], bool | CelError] = {}
         self._available: dict[tuple[str, str], Counters] = {}
@@ -141,7 +149,7 @@ class Engine:
         key = node.name if node else None
         cached = self._views.get(key)
         if cached is None:
-            pools = gather_pools(self.slices, node, self.features)
+            pools = gather_pools(self.slices, node, self.features, self._pools)
             candidates = [
                 Candidate(pool, s, d, (pool.driver, pool.name, d.name), _consumption(d))
                 for pool in pools

@@ -117,8 +117,21 @@ def _slice_for_node(slice_: ResourceSlice, node: Node | None, features: Features
     return None
 
 
-def gather_pools(slices: list[ResourceSlice], node: Node | None, features: Features) -> list[Pool]:
-    """The pools ``node`` can use; raises :class:`NodeSelectorError` on a bad selector."""
+PoolCache = dict[tuple[object, ...], Pool]
+
+
+def gather_pools(
+    slices: list[ResourceSlice],
+    node: Node | None,
+    features: Features,
+    cache: PoolCache | None = None,
+) -> list[Pool]:
+    """The pools ``node`` can use; raises :class:`NodeSelectorError` on a bad selector.
+
+    ``cache`` shares built pools between nodes: a pool built from the same slices
+    is the same whichever node asks (counter slices are seen from every node).
+    """
+    built: PoolCache = {} if cache is None else cache
     grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
     for slice_ in slices:
         if not _slice_for_node(slice_, node, features):
@@ -134,7 +147,7 @@ def gather_pools(slices: list[ResourceSlice], node: Node | None, features: Featu
     for (driver, name), members in grouped.items():
         wanted = members[0].spec.pool.resource_slice_count
         if len(members) == wanted:
-            pools.append(_build(driver, name, members, features, None))
+            pools.append(_cached(built, driver, name, members, features, None))
             continue
         newer, same_generation = _pool_slices(slices, driver, name, members[0].spec.pool.generation)
         if newer:
@@ -142,8 +155,28 @@ def gather_pools(slices: list[ResourceSlice], node: Node | None, features: Featu
         if len(same_generation) != wanted:
             pools.append(Pool(driver, name, incomplete=True))
             continue
-        pools.append(_build(driver, name, members, features, same_generation))
+        pools.append(_cached(built, driver, name, members, features, same_generation))
     return pools
+
+
+def _cached(
+    built: PoolCache,
+    driver: str,
+    name: str,
+    members: list[ResourceSlice],
+    features: Features,
+    all_members: list[ResourceSlice] | None,
+) -> Pool:
+    key = (
+        driver,
+        name,
+        tuple(id(s) for s in members),
+        tuple(id(s) for s in all_members) if all_members is not None else None,
+    )
+    pool = built.get(key)
+    if pool is None:
+        pool = built[key] = _build(driver, name, members, features, all_members)
+    return pool
 
 
 def _pool_slices(
