@@ -262,11 +262,11 @@ class Node:
             return
         raise AssertionError(f"preparer not ready within {timeout}s:\n{proc.output()}")
 
-    def start_front(self) -> Proc:
+    def start_front(self, *extra: str) -> Proc:
         return self._spawn(
             "kubeletplugin",
             ["kubeletplugin", "--node-name", self.name, "--kubelet-root",
-             str(self.kubelet_root), "--nats-url", self.nats_url],
+             str(self.kubelet_root), "--nats-url", self.nats_url, *extra],
         )  # fmt: skip
 
     def files(self) -> list[str]:
