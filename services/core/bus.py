@@ -23,7 +23,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
 from services.core import subjects
@@ -145,7 +145,7 @@ class Bus:
     async def kv_keys(self, bucket: str) -> list[str]:
         try:
             return list(await (await self.kv(bucket)).keys())
-        except NotFoundError:  # nats-py raises NoKeysError (a NotFoundError) when empty
+        except (NotFoundError, NoKeysError):  # an empty bucket raises NoKeysError
             return []
 
     async def watch_kv(
