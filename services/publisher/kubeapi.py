@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -134,7 +134,7 @@ class KubeSliceApi:
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": preconditions}
         await _call(self.resource.delete_resource_slice, name, body=options)
 
-    async def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def watch(self, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
         resp = await _open(
             self.resource.list_resource_slice,
             field_selector=_selector(None),
@@ -153,13 +153,19 @@ class KubeSliceApi:
 
 
 def _decode_event(line: bytes) -> WatchEvent | None:
-    raw = msgspec.json.decode(line, type=_Event)
+    try:
+        raw = msgspec.json.decode(line, type=_Event)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(0, f"undecodable watch event: {exc}") from exc
     if raw.type == "ERROR":
         status = msgspec.json.decode(raw.object, type=_Status)
         raise ApiError(status.code, status.message, reason=status.reason)
     if raw.type not in ("ADDED", "MODIFIED", "DELETED"):
         return None  # BOOKMARK
-    obj = msgspec.json.decode(raw.object, type=ResourceSlice)
+    try:
+        obj = msgspec.json.decode(raw.object, type=ResourceSlice)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(0, f"undecodable ResourceSlice in a watch event: {exc}") from exc
     return WatchEvent(raw.type, obj)  # type: ignore[arg-type]
 
 

@@ -15,7 +15,7 @@ import time
 import uuid
 import zlib
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 
 import msgspec
@@ -141,7 +141,7 @@ class MemorySliceApi:
         self.writes.append(Write("delete", name, stored.node, time.monotonic()))
         await self._emit("DELETED", self._load(stored))
 
-    async def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
+    async def watch(self, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
         self._count("watch")
         since = int(resource_version or 0)
         changed = self._condition()

@@ -279,6 +279,7 @@ class Reconciler:
         self.retry = retry or RetryPolicy()
         self.synced: dict[str, str] = {}  # node -> fingerprint in effect
         self.written: dict[str, str] = {}  # slice name -> resourceVersion we wrote
+        self.deleted: set[str] = set()  # slice names we deleted, until the watch reports it
         self._owners: dict[str, OwnerReference] = {}
 
     def forget(self, node: str) -> None:
@@ -336,6 +337,7 @@ class Reconciler:
     async def _delete(self, obj: ResourceSlice) -> None:
         name = obj.metadata.name
         self.written.pop(name, None)
+        self.deleted.add(name)
         try:
             await self.api.delete(
                 name, uid=obj.metadata.uid, resource_version=obj.metadata.resource_version

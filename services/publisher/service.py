@@ -137,9 +137,9 @@ class Publisher:
                 "slices synced",
                 extra={
                     "node": node,
-                    "created": result.created,
-                    "updated": result.updated,
-                    "deleted": result.deleted,
+                    "slices_created": result.created,
+                    "slices_updated": result.updated,
+                    "slices_deleted": result.deleted,
                     "generation": result.generation,
                 },
             )
@@ -156,6 +156,10 @@ class Publisher:
             self._busy.add(node)
             try:
                 await self.sync_node(node)
+            except Exception:  # a bug must cost one node a retry, never the service
+                metrics.SYNC_FAILURES.labels(reason="internal").inc()
+                log.exception("sync crashed; retrying later", extra={"node": node})
+                asyncio.get_running_loop().call_later(self.config.retry_failed_s, self.mark, node)
             finally:
                 self._busy.discard(node)
                 self._replay_events(node)
@@ -179,6 +183,7 @@ class Publisher:
     async def resync(self) -> str:
         """List every slice of the driver, mark each node to check; return the list's RV."""
         listing = await self.api.list_slices()
+        self.reconciler.deleted.clear()  # events before this listing no longer matter
         nodes = {s.spec.node_name for s in listing.items if s.spec.node_name}
         self.seen |= nodes
         for node in nodes | set(self.inventories):
@@ -230,16 +235,26 @@ class Publisher:
             self._judge(node, *event)
 
     def _judge(self, node: str, kind: str, name: str, rv: str | None) -> None:
-        ours = self.reconciler.written.get(name)
         if kind == "DELETED":
-            if ours is None:
-                return  # we deleted it ourselves
-            del self.reconciler.written[name]
-        elif ours is not None and ours == rv:
+            if name in self.reconciler.deleted:
+                self.reconciler.deleted.discard(name)
+                return  # our own delete coming back
+            self.reconciler.written.pop(name, None)
+        elif self.reconciler.written.get(name) == rv:
             return  # our own write coming back
         self.seen.add(node)
         self.reconciler.forget(node)
         self.mark(node)
+
+    async def _server_minor(self) -> int:
+        backoff = 0.1
+        while True:
+            try:
+                return await self.api.server_minor()
+            except ApiError as exc:
+                log.warning("API server version unknown; retrying", extra={"error": str(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     async def resync_forever(self) -> None:
         while True:
@@ -291,7 +306,7 @@ class Publisher:
     async def run(self, bus: Bus) -> None:
         """Serve until cancelled."""
         if self.config.kube_minor is None:
-            self.config.kube_minor = await self.api.server_minor()
+            self.config.kube_minor = await self._server_minor()
         render = self.config.render
         self.config.render = RenderOptions(
             gates=render.gates,
