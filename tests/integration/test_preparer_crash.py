@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.core import nvidia
-from services.core.bus import Bus
+from services.core.bus import Bus, RequestFailed
 from services.core.natsserver import NatsServer
 from services.preparer import cdi
 from services.preparer.faults import ENV, EXIT_STATUS, STEPS
@@ -113,10 +113,8 @@ async def test_a_claim_unprepared_after_a_crash_leaves_nothing(node: Node) -> No
     claim = await node.put_claim(make_claim(node.name, [Dev("slice", MIG)], name="gone"))
     uid = ref(claim).uid
     preparer = await node.start_preparer(gates=GATES, env={ENV: "after-mig-create"})
-    try:
-        await node.prepare(claim)
-    except Exception:  # the request dies with the preparer
-        pass
+    with pytest.raises(RequestFailed):  # the request dies with the preparer
+        await node.request("prepare", [ref(claim)], timeout=3)
     assert preparer.wait(timeout=10) == EXIT_STATUS
     await node.wait_for(  # the crash left a MIG device behind ...
         lambda inv: any(g.minor == 3 and g.mig_devices for g in inv.gpus), "the stray MIG device"
