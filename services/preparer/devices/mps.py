@@ -166,10 +166,15 @@ class MpsDaemons:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process exists and is not a zombie (a dead daemon nobody reaped yet)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
