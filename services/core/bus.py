@@ -43,6 +43,7 @@ BUCKETS: Mapping[str, int] = {  # bucket -> history depth
     subjects.CLAIMS_BUCKET: 1,
     subjects.PRESENCE_BUCKET: 1,
     subjects.SIM_BUCKET: 1,
+    subjects.PREPARED_BUCKET: 1,
 }
 
 

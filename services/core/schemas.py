@@ -244,6 +244,27 @@ class ClaimEvent(msgspec.Struct, frozen=True, kw_only=True):
     timestamp: float = msgspec.field(default_factory=now)
 
 
+class HeldDevice(msgspec.Struct, frozen=True, kw_only=True):
+    device: str  # "gpu-3", "gpu-vfio-1", "gpu-0-mig-1g10gb-19-0"
+    kind: Literal["gpu", "mig", "vfio"]
+    pci_bus_id: str  # the physical GPU
+    claim_uid: str
+
+
+class NodePreparedDevices(msgspec.Struct, frozen=True, kw_only=True):
+    """KV ``prepared`` (key = node), written by the preparer: what prepared claims hold.
+
+    A GPU and its VFIO twin are mutually exclusive: while a GPU (or a MIG device
+    on it) is prepared its VFIO twin must not be offered, and while the VFIO
+    twin is prepared neither the GPU nor its MIG devices may be.
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    node: str
+    devices: list[HeldDevice] = []
+    updated_at: float = msgspec.field(default_factory=now)
+
+
 # ---------------------------------------------------------------- node prepare requests
 
 

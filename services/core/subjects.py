@@ -18,6 +18,7 @@ INVENTORY_BUCKET = "inventory"
 CLAIMS_BUCKET = "claims"
 PRESENCE_BUCKET = "presence"
 SIM_BUCKET = "simnvml"
+PREPARED_BUCKET = "prepared"  # key = node: devices its prepared claims hold
 
 # Subject roots.
 CLAIM_ROOT = "dra.claim"
@@ -81,6 +82,10 @@ def health_all() -> str:
 
 
 def inventory_key(node: str) -> str:
+    return escape_token(node)
+
+
+def prepared_key(node: str) -> str:
     return escape_token(node)
 
 

@@ -29,6 +29,7 @@ from services.core.schemas import (
     NodeRequest,
 )
 from services.preparer.engine import Engine, Outcome
+from services.preparer.holdings import HoldingsPublisher
 
 log = logging.getLogger(__name__)
 tracer = tracing.tracer("gpudra.preparer")
@@ -84,13 +85,16 @@ class PreparerService:
         self.engine = engine
         self.node = node
         self.events = EventSink(bus)
+        self.holdings = HoldingsPublisher(bus, node, engine.store)
 
     async def start(self) -> None:
         self.events.start()
+        self.holdings.start()
         await self.bus.serve(subjects.node_prepare(self.node), NodeRequest, self.on_prepare)
         await self.bus.serve(subjects.node_unprepare(self.node), NodeRequest, self.on_unprepare)
 
     async def close(self) -> None:
+        await self.holdings.close()
         await self.events.close()
 
     async def on_prepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
@@ -127,6 +131,8 @@ class PreparerService:
             outcomes = await asyncio.gather(
                 *(self._one(op, request, ref, run, requested, succeeded) for ref in request.claims)
             )
+        if any(not o.error for o in outcomes):
+            self.holdings.changed()
         return NodeReply(
             claims={ref.uid: result for ref, result in zip(request.claims, outcomes, strict=True)}
         )

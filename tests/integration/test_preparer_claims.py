@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -18,7 +18,7 @@ import pytest
 from services.core import nvidia, subjects
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent
+from services.core.schemas import ClaimEvent, HeldDevice, NodePreparedDevices
 from services.preparer import cdi
 from tests.helpers.preparer import (
     API,
@@ -59,6 +59,19 @@ def exists(path: str) -> bool:
 
 def read_lines(path: str) -> list[str]:
     return Path(path).read_text().splitlines()
+
+
+async def wait_held(node: Node, check: Callable[[list[HeldDevice]], bool]) -> list[HeldDevice]:
+    """The node's ``prepared`` record once ``check`` holds (it is written in the background)."""
+    for _ in range(100):
+        got = await node.bus.kv_get(
+            subjects.PREPARED_BUCKET, subjects.prepared_key(node.name), NodePreparedDevices
+        )
+        devices = got[0].devices if got else []
+        if got and check(devices):
+            return devices
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"prepared devices never matched; last: {devices}")
 
 
 def assert_clean(node: Node) -> None:
@@ -282,7 +295,13 @@ async def test_vfio_binds_withdraws_the_gpu_twin_and_writes_kep5304_metadata(h10
     refused = (await h100.prepare(other)).claims[other.metadata.uid or ""].error
     assert f"device 'gpu-{twin.minor}' is held by claim default/vm ({uid}, prepared)" in refused
 
+    held = await wait_held(h100, lambda devices: len(devices) == 1)
+    assert [(d.device, d.kind, d.pci_bus_id, d.claim_uid) for d in held] == [
+        ("gpu-vfio-1", "vfio", "0000:2a:00.0", uid)
+    ]  # the publisher withdraws the GPU twin from this
+
     assert (await h100.unprepare(claim)).claims[uid].error == ""
+    assert await wait_held(h100, lambda devices: devices == []) == []
     assert h100.sim_host()["pci_driver"] == {}
     assert not exists(mount["hostPath"])
     assert_clean(h100)
