@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from opentelemetry import trace
 
 from services.core import featuregates as fg
 from services.core import nvidia, tracing
@@ -53,7 +54,6 @@ from services.preparer.faults import Faults
 from services.preparer.inventory import DeviceNotFound, InventoryView, Target, locate
 
 log = logging.getLogger(__name__)
-tracer = tracing.tracer("gpudra.preparer")
 
 DRIVER = nvidia.DRIVER_NAME
 EXPECTED = (ClaimError, configs.ConfigError, DeviceNotFound, DeviceOpError)
@@ -111,7 +111,9 @@ class Engine:
         inventory: InventoryView,
         ops: DeviceOps,
         faults: Faults | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
+        self.tracer = tracer or tracing.tracer("gpudra.preparer")
         self.s = settings
         self.store = store
         self.claims = claims
@@ -152,14 +154,14 @@ class Engine:
         entry = self.store.claims.get(ref.uid)
         if entry is not None and entry.state == PREPARE_COMPLETED:
             return reply_devices(ref.uid, entry)
-        with tracer.start_as_current_span("claim.fetch"):
+        with self.tracer.start_as_current_span("claim.fetch"):
             claim = await self.claims.get(ref)
         allocation = claim.status.allocation if claim.status else None
         assert allocation is not None  # ClaimSource refuses unallocated claims
         results = self._our_results(ref, allocation)
         inv = self.inventory.require()
         targets = {r.device: locate(inv, r.device) for r in results}
-        with tracer.start_as_current_span("config.resolve"):
+        with self.tracer.start_as_current_span("config.resolve"):
             kinds = {name: t.kind for name, t in targets.items()}
             config_list = allocation.devices.config if allocation.devices else None
             groups = configs.resolve(config_list, results, kinds, self.s.gates)
@@ -167,9 +169,9 @@ class Engine:
         self._reserve(ref.uid, f"{ref.namespace}/{ref.name}", results, targets)
         try:
             if entry is not None:  # PrepareStarted: a previous attempt died half-way
-                with tracer.start_as_current_span("rollback.partial"):
+                with self.tracer.start_as_current_span("rollback.partial"):
                     await self._rollback_started(ref.uid, entry)
-            with tracer.start_as_current_span("checkpoint.started"):
+            with self.tracer.start_as_current_span("checkpoint.started"):
                 await self.store.put(
                     ref.uid,
                     ClaimEntry(
@@ -278,7 +280,7 @@ class Engine:
             devices.extend(members)
             group_states.append(await self._apply_sharing(ref.uid, group, members, done))
         mounts = self._write_metadata(ref, annotations, devices, targets, done)
-        with tracer.start_as_current_span("cdi.write"):
+        with self.tracer.start_as_current_span("cdi.write"):
             spec = cdi.render(ref.uid, devices, group_states, self.ops.facts(), mounts)
             done.files = True
             await asyncio.to_thread(cdi.write, self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync)
@@ -293,7 +295,7 @@ class Engine:
             metadata_files=[m.host_path for m in mounts],
         )
         self.faults.hit("before-prepare-completed")
-        with tracer.start_as_current_span("checkpoint.completed"):
+        with self.tracer.start_as_current_span("checkpoint.completed"):
             await self.store.put(ref.uid, entry)
         return entry
 
@@ -318,7 +320,8 @@ class Engine:
             group=group,
         )
         if target.kind == nvidia.VFIO_TYPE:
-            with tracer.start_as_current_span("vfio.bind", attributes={"device": result.device}):
+            where = {"device": target.name}
+            with self.tracer.start_as_current_span("vfio.bind", attributes=where):
                 vfio = await self.ops.bind_vfio(target.gpu)
             done.vfio.append(vfio)
             return msgspec.structs.replace(state, vfio=vfio)
@@ -347,7 +350,7 @@ class Engine:
                 ci_id=live.ci_id,
                 created=False,
             )
-        with tracer.start_as_current_span("mig.create", attributes={"device": target.name}):
+        with self.tracer.start_as_current_span("mig.create", attributes={"device": target.name}):
             mig = await self.ops.create_mig(target.gpu, target.profile, target.placement)
         done.migs.append(mig)
         self.faults.hit("after-mig-create")
@@ -379,7 +382,7 @@ class Engine:
             interval = (sharing.time_slicing_config or configs.TimeSlicingConfig()).interval
             gpus = sorted({m.gpu_uuid for m in members if m.kind == nvidia.GPU_TYPE})
             if interval and gpus:
-                with tracer.start_as_current_span(
+                with self.tracer.start_as_current_span(
                     "timeslice.set", attributes={"interval": interval}
                 ):
                     await self.ops.set_time_slice(gpus, interval)
@@ -399,7 +402,7 @@ class Engine:
                 ),
                 multi_user=bool(mps_config.multi_user),
             )
-            with tracer.start_as_current_span("mps.start"):
+            with self.tracer.start_as_current_span("mps.start"):
                 mps = await self.ops.start_mps(request)
             done.mps.append(mps)
             state = msgspec.structs.replace(state, mps=mps)
@@ -471,10 +474,10 @@ class Engine:
         if entry.state == PREPARE_STARTED:
             await self._rollback_started(ref.uid, entry)
         else:
-            with tracer.start_as_current_span("devices.undo"):
+            with self.tracer.start_as_current_span("devices.undo"):
                 await self._undo_completed(ref.uid, entry)
         await asyncio.to_thread(self._delete_files, ref.uid)
-        with tracer.start_as_current_span("checkpoint.remove"):
+        with self.tracer.start_as_current_span("checkpoint.remove"):
             await self.store.remove(ref.uid)
 
     async def _undo_completed(self, uid: str, entry: ClaimEntry) -> None:

@@ -15,6 +15,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 
+from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Counter, Histogram
 
@@ -32,7 +33,6 @@ from services.preparer.engine import Engine, Outcome
 from services.preparer.holdings import HoldingsPublisher
 
 log = logging.getLogger(__name__)
-tracer = tracing.tracer("gpudra.preparer")
 ACTOR = "preparer"
 
 OPERATIONS = Counter(
@@ -80,7 +80,10 @@ class EventSink:
 
 
 class PreparerService:
-    def __init__(self, bus: Bus, engine: Engine, node: str) -> None:
+    def __init__(
+        self, bus: Bus, engine: Engine, node: str, tracer: trace.Tracer | None = None
+    ) -> None:
+        self.tracer = tracer or tracing.tracer("gpudra.preparer")
         self.bus = bus
         self.engine = engine
         self.node = node
@@ -122,7 +125,7 @@ class PreparerService:
         succeeded: ClaimEventName,
     ) -> NodeReply:
         uids = [c.uid for c in request.claims]
-        with tracer.start_as_current_span(
+        with self.tracer.start_as_current_span(
             f"preparer.{op}",
             context=tracing.extract(headers),
             links=tracing.claim_links(uids),
@@ -146,7 +149,7 @@ class PreparerService:
         requested: ClaimEventName,
         succeeded: ClaimEventName,
     ) -> ClaimResult:
-        with tracer.start_as_current_span(
+        with self.tracer.start_as_current_span(
             f"claim.{op}",
             links=tracing.claim_links([ref.uid]),
             attributes=tracing.claim_attributes(ref, self.node),
