@@ -129,8 +129,13 @@ def gpu_device_name(minor: int) -> str:
 
 def mig_device_name(parent_minor: int, profile: str, gi_profile_id: int, start: int) -> str:
     """``gpu-<minor>-mig-<profile without dots>-<giProfileId>-<placementStart>``."""
-    token = rfc1123(profile.replace(".", ""))
-    return f"gpu-{parent_minor}-mig-{token}-{gi_profile_id}-{start}"
+    return f"gpu-{parent_minor}-mig-{profile_token(profile)}-{gi_profile_id}-{start}"
+
+
+@functools.lru_cache(maxsize=256)
+def profile_token(profile: str) -> str:
+    """A profile as it appears in device names: "1g.10gb+me" -> "1g10gb-me"."""
+    return rfc1123(profile.replace(".", ""))
 
 
 def vfio_device_name(index: int) -> str:
@@ -416,16 +421,17 @@ class PartitionModel:
 
 def consumed_counters(values: dict[str, int], start: int, size: int) -> dict[str, Counter]:
     """One counter per capacity (addCountersForMemSlices), plus ``memory-slice-<i>``=1 per slice."""
-    out = _capacity_counters(tuple(values.items())).copy()
-    one = _counter(1)
+    return dict(_consumed_counters(tuple(values.items()), start, size))
+
+
+@functools.lru_cache(maxsize=4096)
+def _consumed_counters(
+    values: tuple[tuple[str, int], ...], start: int, size: int
+) -> dict[str, Counter]:
+    out = {counter_name(name): _counter(v) for name, v in values}
     for i in range(start, start + size):
-        out[memory_slice_counter(i)] = one
+        out[memory_slice_counter(i)] = _counter(1)
     return out
-
-
-@functools.lru_cache(maxsize=1024)
-def _capacity_counters(values: tuple[tuple[str, int], ...]) -> dict[str, Counter]:
-    return {counter_name(name): _counter(v) for name, v in values}
 
 
 def counter_sets(gpu: Gpu, model: PartitionModel) -> list[CounterSet]:
@@ -465,8 +471,10 @@ def partition_devices(
 ) -> list[Device]:
     """Every abstract MIG device of a GPU (default: each partition profile x placement).
 
-    Attributes and capacities are built once per profile and shared by its
-    placements (copied dicts, shared immutable values).
+    A rendered pool is a value: attribute, capacity and counter maps are built
+    once per profile (counters once per profile and placement, across GPUs and
+    nodes) and shared by the devices that have them, so nothing may change a
+    rendered device's maps in place (replace them instead).
     """
     if offers is None:
         offers = [(p, p.placements) for p in partition_profiles(gpu)]
@@ -474,21 +482,17 @@ def partition_devices(
     devices = []
     for profile, placements in offers:
         values = profile_capacities(profile)
+        key = tuple(values.items())
         attrs = mig_attributes(gpu, profile.name, inv)
         capacity = _capacities(values)
         for placement in placements:
             consumes = DeviceCounterConsumption(
                 counter_set=set_name,
-                counters=consumed_counters(values, placement.start, placement.size),
+                counters=_consumed_counters(key, placement.start, placement.size),
             )
             name = mig_device_name(gpu.minor, profile.name, profile.gi_profile_id, placement.start)
             devices.append(
-                Device(
-                    name=name,
-                    attributes=dict(attrs),
-                    capacity=dict(capacity),
-                    consumes_counters=[consumes],
-                )
+                Device(name=name, attributes=attrs, capacity=capacity, consumes_counters=[consumes])
             )
     return devices
 

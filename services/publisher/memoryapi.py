@@ -77,6 +77,9 @@ class MemorySliceApi:
     def writes_for(self, node: str) -> list[Write]:
         return [w for w in self.writes if w.node == node]
 
+    def count(self) -> int:
+        return len(self._objects)
+
     def stored_bytes(self) -> int:
         return sum(len(s.data) for s in self._objects.values())
 

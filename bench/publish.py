@@ -1,0 +1,228 @@
+"""Benchmark: the publisher on 1,000 simulated nodes (dgx-h100 and dgx-a100, DynamicMIG on).
+
+Prints, without asserting anything:
+
+1. render: every node's slices rendered once (no API), total time, slices/s;
+2. publish: all nodes' inventories through the bus into a recording sink,
+   time until every slice is written;
+3. change -> slice written: one device change at a time (an XID on a random
+   GPU of a random node, so one device's taints change), from the inventory
+   put into KV ``inventory`` to the sink recording the write, p50/p99/max;
+4. repeat: the same inventories again, which must cause zero writes;
+5. peak RSS of this process (publisher + its in-process sink + the bus client).
+
+The sink is :class:`MemorySliceApi` (compressed storage, no watch history); the
+real API server plugs in through the same :class:`SliceApi` seam.
+Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct]``
+(``--direct`` skips NATS and hands inventories to the publisher in-process).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import statistics
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import msgspec
+
+import services.publisher.kubeapi  # noqa: F401  (a real publisher process imports it too)
+from services.core import featuregates, subjects
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.offline.cli import fleet_inventory
+from services.publisher.memoryapi import MemorySliceApi
+from services.publisher.render import RenderOptions, render_contents
+from services.publisher.service import Publisher, PublisherConfig
+
+GATES = "DynamicMIG=true,NVMLDeviceHealthCheck=true"
+FLEETS = ("dgx-h100", "dgx-a100")
+XIDS = (79, 48, 94, 63, 74)
+
+
+def _inventories(count: int) -> Iterator[NodeInventory]:
+    """Each node booted from its fleet (one in two of each); made on demand, not kept."""
+    for i in range(count):
+        yield fleet_inventory(FLEETS[i % 2], f"gpu-node-{i:04d}", seed=i)
+
+
+def _peak_rss_mib() -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def bench_render(count: int, options: RenderOptions) -> None:
+    elapsed = 0.0
+    slices = devices = 0
+    for inv in _inventories(count):
+        start = time.perf_counter()
+        contents = render_contents(inv, options)
+        elapsed += time.perf_counter() - start
+        slices += len(contents)
+        devices += sum(len(c.devices or []) for c in contents)
+    print(
+        f"render:  {count} nodes -> {slices} slices, {devices} devices in {elapsed:.3f} s "
+        f"({slices / elapsed:,.0f} slices/s, {devices / elapsed:,.0f} devices/s, "
+        f"{elapsed / count * 1e3:.2f} ms/node)"
+    )
+
+
+def _changed(inv: NodeInventory, rng: random.Random) -> NodeInventory:
+    """One device's health changes: a new XID on a GPU that is published as a full GPU."""
+    whole = [i for i, g in enumerate(inv.gpus) if not g.mig_enabled]
+    index = rng.choice(whole)
+    gpu = inv.gpus[index]
+    xid = Xid(rng.choice(XIDS), time.time())
+    gpus = list(inv.gpus)
+    gpus[index] = msgspec.structs.replace(gpu, health=GpuHealth(xids=[*gpu.health.xids, xid]))
+    return msgspec.structs.replace(inv, gpus=gpus)
+
+
+class Feed:
+    """How inventories reach the publisher: through KV ``inventory``, or handed over directly."""
+
+    def __init__(self, publisher: Publisher, bus: Bus | None) -> None:
+        self.publisher, self.bus = publisher, bus
+
+    async def put(self, inv: NodeInventory) -> None:
+        if self.bus is None:
+            self.publisher.set_inventory(inv.node, inv)
+        else:
+            await self.bus.kv_put(subjects.INVENTORY_BUCKET, subjects.inventory_key(inv.node), inv)
+
+
+async def bench_publish(count: int, changes: int, options: RenderOptions, direct: bool) -> None:
+    sink = MemorySliceApi(minor=options.kube_minor, compress=True, history_size=0)
+    config = PublisherConfig(render=options, kube_minor=options.kube_minor, force_registered=True)
+    publisher = Publisher(sink, config)
+    with tempfile.TemporaryDirectory() as tmp:
+        nats = None if direct else NatsServer(Path(tmp) / "nats")
+        bus = None
+        if nats is not None:
+            nats.start()
+            bus = await Bus.connect(nats.url, name="bench")
+        service = asyncio.create_task(_serve(publisher, bus))
+        try:
+            feed = Feed(publisher, bus)
+            await asyncio.sleep(0.2)
+            _rss("start")
+            await _initial(publisher, feed, sink, count)
+            _rss("initial")
+            await _changes(publisher, feed, sink, count, changes)
+            _rss("changes")
+            await _repeat(publisher, feed, sink)
+            _rss("repeat")
+        finally:
+            service.cancel()
+            await asyncio.gather(service, return_exceptions=True)
+            if bus is not None:
+                await bus.close()
+            if nats is not None:
+                nats.stop()
+    stored = sink.stored_bytes() / 2**20
+    print(f"sink:    {sink.count()} slices stored, {stored:.1f} MiB compressed")
+
+
+async def _serve(publisher: Publisher, bus: Bus | None) -> None:
+    if bus is not None:
+        await publisher.run(bus)
+        return
+    await asyncio.gather(*(publisher.work() for _ in range(publisher.config.workers)))
+
+
+async def _initial(publisher: Publisher, feed: Feed, sink: MemorySliceApi, count: int) -> None:
+    start = time.perf_counter()
+    for inv in _inventories(count):
+        await feed.put(inv)
+    await _until(lambda: len(publisher.published) == count)
+    await publisher.settle(timeout=600)
+    elapsed = time.perf_counter() - start
+    print(
+        f"publish: {count} nodes, {len(sink.writes)} slice writes in {elapsed:.2f} s "
+        f"({len(sink.writes) / elapsed:,.0f} writes/s, inventories built and fed included)"
+    )
+
+
+async def _changes(
+    publisher: Publisher, feed: Feed, sink: MemorySliceApi, count: int, changes: int
+) -> None:
+    rng = random.Random(7)
+    latencies: list[float] = []
+    for _ in range(changes):
+        node = f"gpu-node-{rng.randrange(count):04d}"
+        current = publisher.inventory(node)
+        assert current is not None
+        changed = _changed(current, rng)
+        before = len(sink.writes)
+        start = time.monotonic()
+        await feed.put(changed)
+        await _until(lambda n=before: len(sink.writes) > n, timeout=10)
+        latencies.append((sink.writes[before].at - start) * 1e3)
+        await publisher.settle()
+    print(
+        f"change:  {changes} single-device changes -> slice written: "
+        f"p50 {statistics.median(latencies):.1f} ms, p99 {_pct(latencies, 0.99):.1f} ms, "
+        f"max {max(latencies):.1f} ms"
+    )
+
+
+async def _repeat(publisher: Publisher, feed: Feed, sink: MemorySliceApi) -> None:
+    before = len(sink.writes)
+    nodes = sorted(publisher.nodes)
+    for node in nodes:
+        inv = publisher.inventory(node)
+        assert inv is not None
+        await feed.put(inv)
+    await asyncio.sleep(0.5)
+    await publisher.settle()
+    print(f"repeat:  the same {len(nodes)} inventories again -> {len(sink.writes) - before} writes")
+
+
+async def _until(condition, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise TimeoutError("benchmark step did not finish")
+        await asyncio.sleep(0.001)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--changes", type=int, default=200)
+    parser.add_argument("--kube-version", type=int, default=35, help="API minor (layout)")
+    parser.add_argument(
+        "--direct", action="store_true", help="no NATS: feed the publisher directly"
+    )
+    parser.add_argument("--render-only", action="store_true")
+    args = parser.parse_args()
+    options = RenderOptions(gates=featuregates.parse(GATES), kube_minor=args.kube_version)
+    print(f"gates {GATES}, API 1.{args.kube_version}, fleets {'/'.join(FLEETS)} alternating")
+    bench_render(args.nodes, options)
+    _rss("render")
+    if not args.render_only:
+        asyncio.run(bench_publish(args.nodes, args.changes, options, args.direct))
+    print(f"peak RSS: {_peak_rss_mib():.0f} MiB (this process: publisher, sink, bus client)")
+
+
+def _rss(label: str) -> None:
+    now = [
+        ln for ln in Path("/proc/self/status").read_text().splitlines() if ln.startswith("VmRSS")
+    ]
+    print(f"  [{label}] {now[0].split()[1]} kB now, peak {_peak_rss_mib():.0f} MiB")
+
+
+if __name__ == "__main__":
+    main()
