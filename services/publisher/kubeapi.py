@@ -19,7 +19,7 @@ from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.core import nvidia
 from services.core.resource import ResourceSlice, to_builtins
-from services.publisher.sliceapi import ApiError, SliceList, WatchEvent
+from services.publisher.sliceapi import ApiError, SliceList, SliceNodes, WatchEvent
 
 _PAGE = 500
 WATCH_TIMEOUT_S = 300
@@ -48,6 +48,24 @@ class _Event(msgspec.Struct):
 
 class _Meta(msgspec.Struct, rename="camel"):
     uid: str = ""
+    name: str = ""
+    resource_version: str = ""
+
+
+class _LiteSpec(msgspec.Struct, rename="camel"):
+    node_name: str = ""
+
+
+class _LiteSlice(msgspec.Struct):
+    """Only what identifies a slice; decoding skips the devices without building them."""
+
+    metadata: _Meta
+    spec: _LiteSpec = msgspec.field(default_factory=_LiteSpec)
+
+
+class _LiteList(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[_LiteSlice] = []
 
 
 class _Named(msgspec.Struct):
@@ -117,6 +135,21 @@ class KubeSliceApi:
             if not token:
                 return SliceList(items, page.metadata.resource_version)
 
+    async def slice_nodes(self) -> SliceNodes:
+        nodes: set[str] = set()
+        token = ""
+        while True:
+            kwargs: dict[str, Any] = {"field_selector": _selector(None), "limit": _PAGE}
+            if token:
+                kwargs["_continue"] = token
+            page = msgspec.json.decode(
+                await _call(self.resource.list_resource_slice, **kwargs), type=_LiteList
+            )
+            nodes.update(item.spec.node_name for item in page.items if item.spec.node_name)
+            token = page.metadata.continue_
+            if not token:
+                return SliceNodes(nodes, page.metadata.resource_version)
+
     async def create(self, obj: ResourceSlice) -> ResourceSlice:
         body = await _call(self.resource.create_resource_slice, to_builtins(obj))
         return msgspec.json.decode(body, type=ResourceSlice)
@@ -163,10 +196,11 @@ def _decode_event(line: bytes) -> WatchEvent | None:
     if raw.type not in ("ADDED", "MODIFIED", "DELETED"):
         return None  # BOOKMARK
     try:
-        obj = msgspec.json.decode(raw.object, type=ResourceSlice)
+        obj = msgspec.json.decode(raw.object, type=_LiteSlice)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise ApiError(0, f"undecodable ResourceSlice in a watch event: {exc}") from exc
-    return WatchEvent(raw.type, obj)  # type: ignore[arg-type]
+    meta = obj.metadata
+    return WatchEvent(raw.type, meta.name, obj.spec.node_name, meta.resource_version)  # type: ignore[arg-type]
 
 
 async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:

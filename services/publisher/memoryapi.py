@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from services.core.resource import ResourceSlice
-from services.publisher.sliceapi import ApiError, EventType, SliceList, WatchEvent
+from services.publisher.sliceapi import ApiError, EventType, SliceList, SliceNodes, WatchEvent
 
 
 @dataclass(frozen=True)
@@ -114,6 +114,11 @@ class MemorySliceApi:
         items = [self._load(s) for s in self._objects.values() if node in (None, s.node)]
         return SliceList(items, str(self._rv))
 
+    async def slice_nodes(self) -> SliceNodes:
+        self._count("list")
+        nodes = {s.node for s in self._objects.values() if s.node}
+        return SliceNodes(nodes, str(self._rv))
+
     async def create(self, obj: ResourceSlice) -> ResourceSlice:
         self._count("create")
         name = obj.metadata.name
@@ -145,6 +150,14 @@ class MemorySliceApi:
         await self._emit("DELETED", self._load(stored))
 
     async def watch(self, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
+        async for kind, obj in self.watch_objects(resource_version):
+            meta = obj.metadata
+            yield WatchEvent(kind, meta.name, obj.spec.node_name or "", meta.resource_version or "")
+
+    async def watch_objects(
+        self, resource_version: str
+    ) -> AsyncGenerator[tuple[EventType, ResourceSlice], None]:
+        """The watch with whole objects (what an HTTP front such as a test server sends)."""
         self._count("watch")
         since = int(resource_version or 0)
         changed = self._condition()
@@ -154,7 +167,7 @@ class MemorySliceApi:
             for rv, kind, data in list(self._history):
                 if rv > since:
                     since = rv
-                    yield WatchEvent(kind, self._decode(data))
+                    yield kind, self._decode(data)
             async with changed:
                 if not any(rv > since for rv, _, _ in self._history):
                     await changed.wait()

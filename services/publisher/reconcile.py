@@ -217,10 +217,12 @@ def _untimed(taint: DeviceTaint) -> DeviceTaint:
 
 def _as_update(current: ResourceSlice, wanted: ResourceSlice) -> ResourceSlice:
     """The wanted content on the current object: same resourceVersion, kept taint times."""
-    owners = list(current.metadata.owner_references or [])
-    for owner in wanted.metadata.owner_references or []:
-        if not any(o.uid == owner.uid for o in owners):
-            owners.append(owner)
+    # Our Node owner replaces any older one (a Node re-created under the same
+    # name has a new UID; only one owner may be the controller).
+    wanted_owners = wanted.metadata.owner_references or []
+    kinds = {o.kind for o in wanted_owners}
+    owners = [o for o in current.metadata.owner_references or [] if o.kind not in kinds]
+    owners += wanted_owners
     meta = msgspec.structs.replace(current.metadata, owner_references=owners or None)
     devices = _keep_taint_times(current.spec.devices or [], wanted.spec.devices)
     spec = msgspec.structs.replace(wanted.spec, devices=devices)
@@ -283,8 +285,9 @@ class Reconciler:
         self._owners: dict[str, OwnerReference] = {}
 
     def forget(self, node: str) -> None:
-        """Someone else touched the node's slices: the next sync must look."""
+        """Someone else touched the node's slices: the next sync must look, and re-read the Node."""
         self.synced.pop(node, None)
+        self._owners.pop(node, None)
 
     def is_current(self, node: str, contents: Sequence[SliceContent] | None) -> bool:
         return self.synced.get(node) == fingerprint(contents)

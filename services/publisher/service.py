@@ -27,12 +27,11 @@ import msgspec
 from services.core import nvidia, subjects
 from services.core.bus import Bus, KvUpdate
 from services.core.metrics import MALFORMED_MESSAGES
-from services.core.resource import ResourceSlice
 from services.core.schemas import NodeInventory, PluginPresence, SchemaError
 from services.publisher import metrics
 from services.publisher.reconcile import NodeNotFound, Reconciler, SyncFailed
 from services.publisher.render import RenderError, RenderOptions, render_contents
-from services.publisher.sliceapi import ApiError, SliceApi
+from services.publisher.sliceapi import ApiError, SliceApi, WatchEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -70,7 +69,7 @@ class Publisher:
         self.on_synced: Callable[[str, float], None] | None = None  # (node, seconds dirty)
         self._dirty: dict[str, float] = {}  # node -> when it became dirty
         self._busy: set[str] = set()
-        self._events_while_busy: dict[str, list[tuple[str, str, str | None]]] = {}
+        self._events_while_busy: dict[str, list[WatchEvent]] = {}
         self._wake = asyncio.Event()
 
     # ---------------------------------------------------------------- state changes
@@ -195,9 +194,9 @@ class Publisher:
 
     async def resync(self) -> str:
         """List every slice of the driver, mark each node to check; return the list's RV."""
-        listing = await self.api.list_slices()
+        listing = await self.api.slice_nodes()
         self.reconciler.deleted.clear()  # events before this listing no longer matter
-        nodes = {s.spec.node_name for s in listing.items if s.spec.node_name}
+        nodes = listing.nodes
         self.seen |= nodes
         for node in nodes | self.nodes:
             self.reconciler.forget(node)
@@ -223,8 +222,8 @@ class Publisher:
             try:
                 async for event in self.api.watch(resource_version):
                     backoff = 0.1
-                    resource_version = event.slice.metadata.resource_version or resource_version
-                    self.on_slice_event(event.type, event.slice)
+                    resource_version = event.resource_version or resource_version
+                    self.on_slice_event(event)
                 continue  # the server ended the watch (timeout): resume where we were
             except ApiError as exc:
                 metrics.API_RETRIES.labels(reason=str(exc.status)).inc()
@@ -235,29 +234,27 @@ class Publisher:
                 if exc.gone:
                     resource_version = await self.relist()
 
-    def on_slice_event(self, kind: str, obj: ResourceSlice) -> None:
-        node = obj.spec.node_name or ""
-        event = (kind, obj.metadata.name, obj.metadata.resource_version)
-        if node in self._busy:  # likely our own write: judge once the sync has recorded it
-            self._events_while_busy.setdefault(node, []).append(event)
-        elif node:
-            self._judge(node, *event)
+    def on_slice_event(self, event: WatchEvent) -> None:
+        if event.node in self._busy:  # likely our own write: judge once the sync recorded it
+            self._events_while_busy.setdefault(event.node, []).append(event)
+        elif event.node:
+            self._judge(event)
 
     def _replay_events(self, node: str) -> None:
         for event in self._events_while_busy.pop(node, []):
-            self._judge(node, *event)
+            self._judge(event)
 
-    def _judge(self, node: str, kind: str, name: str, rv: str | None) -> None:
-        if kind == "DELETED":
-            if name in self.reconciler.deleted:
-                self.reconciler.deleted.discard(name)
+    def _judge(self, event: WatchEvent) -> None:
+        if event.type == "DELETED":
+            if event.name in self.reconciler.deleted:
+                self.reconciler.deleted.discard(event.name)
                 return  # our own delete coming back
-            self.reconciler.written.pop(name, None)
-        elif self.reconciler.written.get(name) == rv:
+            self.reconciler.written.pop(event.name, None)
+        elif self.reconciler.written.get(event.name) == event.resource_version:
             return  # our own write coming back
-        self.seen.add(node)
-        self.reconciler.forget(node)
-        self.mark(node)
+        self.seen.add(event.node)
+        self.reconciler.forget(event.node)
+        self.mark(event.node)
 
     async def _server_minor(self) -> int:
         backoff = 0.1

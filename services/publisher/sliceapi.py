@@ -54,8 +54,24 @@ EventType = Literal["ADDED", "MODIFIED", "DELETED"]
 
 @dataclass(frozen=True)
 class WatchEvent:
+    """What the publisher needs of a slice change: which slice, whose, which version.
+
+    The object itself is not decoded: the watch carries every write of a whole
+    fleet, and the node's slices are listed anyway when it is re-synced.
+    """
+
     type: EventType
-    slice: ResourceSlice
+    name: str
+    node: str
+    resource_version: str
+
+
+@dataclass(frozen=True)
+class SliceNodes:
+    """The nodes that have slices of our driver, and where a watch continues from."""
+
+    nodes: set[str]
+    resource_version: str
 
 
 class SliceApi(Protocol):
@@ -71,6 +87,10 @@ class SliceApi(Protocol):
 
     async def list_slices(self, node: str | None = None) -> SliceList:
         """Our driver's slices, of one node or of all."""
+        ...
+
+    async def slice_nodes(self) -> SliceNodes:
+        """Which nodes have our slices, without holding every slice in memory at once."""
         ...
 
     async def create(self, obj: ResourceSlice) -> ResourceSlice: ...

@@ -141,9 +141,10 @@ class FakeKube:
         assert task is not None
         self.watches.add(task)
         try:
-            async for event in self.api.watch(request.query.get("resourceVersion", "0")):
-                if node is None or event.slice.spec.node_name == node:
-                    line = {"type": event.type, "object": to_builtins(event.slice)}
+            since = request.query.get("resourceVersion", "0")
+            async for kind, obj in self.api.watch_objects(since):
+                if node is None or obj.spec.node_name == node:
+                    line = {"type": kind, "object": to_builtins(obj)}
                     await response.write(json.dumps(line).encode() + b"\n")
         except ApiError as exc:
             status = {"kind": "Status", "code": exc.status, "reason": exc.reason,
@@ -370,6 +371,7 @@ async def test_kube_slice_api_pages_watches_and_reports_errors(
             await client.create(s)
         listing = await client.list_slices("n1")
         assert len(listing.items) == 600 and listing.resource_version == "600"
+        assert (await client.slice_nodes()).nodes == {"n1"}
         with pytest.raises(ApiError) as conflict:
             await client.create(listing.items[0])
         assert conflict.value.conflict and conflict.value.reason == "AlreadyExists"
@@ -381,9 +383,10 @@ async def test_kube_slice_api_pages_watches_and_reports_errors(
         events = client.watch(listing.resource_version)
         await client.delete("s-1", uid=None, resource_version=None)
         first = await asyncio.wait_for(anext(events), 5)
-        assert first.type == "MODIFIED" and first.slice.metadata.name == "s-0"
+        assert (first.type, first.name, first.node) == ("MODIFIED", "s-0", "n1")
         second = await asyncio.wait_for(anext(events), 5)
-        assert (second.type, second.slice.metadata.name) == ("DELETED", "s-1")
+        assert (second.type, second.name) == ("DELETED", "s-1")
+        assert int(second.resource_version) > int(first.resource_version)
         await events.aclose()
         with pytest.raises(ApiError) as missing:
             await client.delete("s-1", uid=None, resource_version=None)

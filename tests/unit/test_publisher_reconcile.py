@@ -207,3 +207,15 @@ def test_plan_keeps_generation_for_one_update_and_bumps_for_creates() -> None:
 def test_taint_model_round_trips() -> None:
     taint = DeviceTaint(key="gpu.nvidia.com/xid", value="79", effect="NoSchedule")
     assert msgspec.json.decode(msgspec.json.encode(taint), type=DeviceTaint) == taint
+
+
+async def test_a_recreated_node_becomes_the_only_owner() -> None:
+    api = MemorySliceApi()
+    reconciler = Reconciler(api, FAST)
+    await reconciler.sync("n1", _contents(node()))
+    api.nodes["n1"] = "0f0f0f0f-0000-4000-8000-000000000001"  # deleted and created again
+    reconciler.forget("n1")
+    result = await reconciler.sync("n1", _contents(node()))
+    assert result.updated == 9
+    for s in api.stored():
+        assert [o.uid for o in s.metadata.owner_references or []] == [api.nodes["n1"]]
