@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -187,8 +188,6 @@ def test_scheduler_allocates_and_kubelet_dra_reports_missing_driver(
 
 def test_reference_allocator_cli(controlplane_binary: Path, tmp_path: Path) -> None:
     """The reference allocator answers offline, from files."""
-    import subprocess
-
     suffix = "offline"
     objects = _objects(suffix, "default")[:3]
     path = tmp_path / "input.json"

@@ -15,9 +15,10 @@ package main
 // server does on create (defaults, the registry strategies' PrepareForCreate,
 // which drops fields of disabled features, and validation). Claims with status.allocation count as allocated;
 // the others are allocated in input order, each seeing the results before it.
-// With --node only that node is tried, otherwise nodes in name order (the Node
-// objects given, else the node names found in slices) and the first that fits
-// wins.
+// With --node only that node is tried, otherwise every node the input names
+// (Node objects, nodeName of slices and devices) in name order, and the first
+// that fits wins; with no node named at all, one anonymous node (output node:
+// null).
 //
 // Feature gates are Kubernetes' own (defaults of 1.35); the allocator features
 // are derived from them exactly as kube-scheduler derives them.
@@ -439,9 +440,11 @@ func newNode(name string) *v1.Node {
 	return node
 }
 
-// candidateNodes: --node, else Node objects by name, else node names of
-// slices by name, else one anonymous node without labels (which only
-// allNodes slices can serve).
+// candidateNodes: --node, else every node the input names (Node objects,
+// the nodeName of slices and of devices), in name order, else one anonymous
+// node without labels (which only allNodes / selector-less slices can serve).
+// A node known only by name gets the kubernetes.io/hostname label a kubelet
+// would give it.
 func (in *allocatorInput) candidateNodes(only string) []*v1.Node {
 	if only != "" {
 		if node, ok := in.nodes[only]; ok {
@@ -450,14 +453,16 @@ func (in *allocatorInput) candidateNodes(only string) []*v1.Node {
 		return []*v1.Node{newNode(only)}
 	}
 	names := sets.New[string]()
-	if len(in.nodes) > 0 {
-		for name := range in.nodes {
+	for name := range in.nodes {
+		names.Insert(name)
+	}
+	for _, slice := range in.slices {
+		if name := ptr.Deref(slice.Spec.NodeName, ""); name != "" {
 			names.Insert(name)
 		}
-	} else {
-		for _, slice := range in.slices {
-			if slice.Spec.NodeName != nil && *slice.Spec.NodeName != "" {
-				names.Insert(*slice.Spec.NodeName)
+		for _, device := range slice.Spec.Devices {
+			if name := ptr.Deref(device.NodeName, ""); name != "" {
+				names.Insert(name)
 			}
 		}
 	}
@@ -596,7 +601,9 @@ func allocateAll(ctx context.Context, in *allocatorInput, only string, features 
 				claim.Status.Allocation = &allocation
 				addAllocated(&state, claim, features.ConsumableCapacity)
 				outcome.Status = statusAllocated
-				outcome.Node = ptr.To(node.Name)
+				if node.Name != "" {
+					outcome.Node = ptr.To(node.Name)
+				}
 				outcome.Allocation = &allocation
 			}
 			break
@@ -622,7 +629,11 @@ func printText(w io.Writer, out allocateOutput) error {
 	for _, c := range out.Claims {
 		switch c.Status {
 		case statusAllocated:
-			fmt.Fprintf(bw, "%s/%s: allocated on %s\n", c.Namespace, c.Name, ptr.Deref(c.Node, ""))
+			where := ""
+			if c.Node != nil {
+				where = " on " + *c.Node
+			}
+			fmt.Fprintf(bw, "%s/%s: allocated%s\n", c.Namespace, c.Name, where)
 			for _, r := range c.Allocation.Devices.Results {
 				extra := ""
 				if ptr.Deref(r.AdminAccess, false) {
