@@ -49,6 +49,7 @@ class MemorySliceApi:
     minor: int = 35
     compress: bool = False
     history_size: int = 256  # watch events kept for resuming watches (0: watches always 410)
+    drops: frozenset[str] = frozenset()  # fields not stored, as with a feature gate off
     nodes: dict[str, str] = field(default_factory=dict)  # name -> uid
     auto_nodes: bool = True  # any node name exists unless listed in missing_nodes
     missing_nodes: set[str] = field(default_factory=set)
@@ -190,6 +191,10 @@ class MemorySliceApi:
         return self._changed
 
     async def _put(self, obj: ResourceSlice, uid: str, record: str = "") -> ResourceSlice:
+        if self.drops:
+            from services.publisher.reconcile import without
+
+            obj = without(obj, self.drops)
         self._rv += 1
         meta = msgspec.structs.replace(
             obj.metadata, uid=uid, resource_version=str(self._rv), generation=None

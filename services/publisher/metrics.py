@@ -20,6 +20,11 @@ INVALID_INVENTORIES = Counter(
 SYNC_FAILURES = Counter(
     "gpudra_publisher_sync_failures_total", "Node syncs that failed after all retries.", ["reason"]
 )
+DROPPED_FIELDS = Counter(
+    "gpudra_publisher_dropped_fields_total",
+    "Writes after which the API server had dropped slice fields (a feature gate is off).",
+    ["field"],
+)
 SYNC_SECONDS = Histogram(
     "gpudra_publisher_sync_seconds",
     "Time from a node being marked dirty to its slices matching.",

@@ -97,13 +97,24 @@ class PoolPlan:
 # ------------------------------------------------------------------ planning (pure)
 
 
+DropKind = str  # "sharedCounters" | "consumesCounters" | "taints"
+DROPPABLE: tuple[DropKind, ...] = ("sharedCounters", "consumesCounters", "taints")
+
+
 def plan_pool(
     node: str,
     desired: Sequence[SliceContent] | None,
     actual: Sequence[ResourceSlice],
     owner: OwnerReference | None,
+    dropped: frozenset[DropKind] = frozenset(),
 ) -> PoolPlan:
-    """What to delete, replace and create; ``desired`` None removes the node's pool."""
+    """What to delete, replace and create; ``desired`` None removes the node's pool.
+
+    ``dropped`` names fields the API server is known to drop (its
+    DRAPartitionableDevices or DRADeviceTaints gate is off): they are left out
+    of the comparison, as the resourceslice controller does after a
+    DroppedFieldsError, so a server that cannot store them is not rewritten forever.
+    """
     if desired is None:
         return PoolPlan(delete=list(actual))
     names = [slice_name(node, i) for i in range(len(desired))]
@@ -120,7 +131,8 @@ def plan_pool(
     changed = [
         w
         for w in wanted
-        if w.metadata.name in by_name and not same_slice(by_name[w.metadata.name], w)
+        if w.metadata.name in by_name
+        and not same_slice(by_name[w.metadata.name], without(w, dropped))
     ]
     bump = bool(new) or len(changed) > 1
     if bump:
@@ -135,6 +147,42 @@ def plan_pool(
         create=[w for w in wanted if w.metadata.name not in by_name],
         generation=generation,
     )
+
+
+def without(obj: ResourceSlice, dropped: frozenset[DropKind]) -> ResourceSlice:
+    """``obj`` as a server that drops ``dropped`` stores it."""
+    if not dropped:
+        return obj
+    spec = obj.spec
+    devices = spec.devices
+    if devices and dropped & {"consumesCounters", "taints"}:
+        devices = [
+            msgspec.structs.replace(
+                d,
+                consumes_counters=None if "consumesCounters" in dropped else d.consumes_counters,
+                taints=None if "taints" in dropped else d.taints,
+            )
+            for d in devices
+        ]
+    counters = None if "sharedCounters" in dropped else spec.shared_counters
+    spec = msgspec.structs.replace(spec, devices=devices, shared_counters=counters)
+    return msgspec.structs.replace(obj, spec=spec)
+
+
+def dropped_fields(sent: ResourceSlice, stored: ResourceSlice) -> set[DropKind]:
+    """Which droppable fields the server did not keep (compare with :func:`without`)."""
+    out = set()
+    if sent.spec.shared_counters and not stored.spec.shared_counters:
+        out.add("sharedCounters")
+    sent_devices = sent.spec.devices or []
+    stored_devices = stored.spec.devices or []
+    if any(d.consumes_counters for d in sent_devices) and not any(
+        d.consumes_counters for d in stored_devices
+    ):
+        out.add("consumesCounters")
+    if any(d.taints for d in sent_devices) and not any(d.taints for d in stored_devices):
+        out.add("taints")
+    return out
 
 
 def same_slice(actual: ResourceSlice, wanted: ResourceSlice) -> bool:
@@ -282,6 +330,7 @@ class Reconciler:
         self.synced: dict[str, str] = {}  # node -> fingerprint in effect
         self.written: dict[str, str] = {}  # slice name -> resourceVersion we wrote
         self.deleted: set[str] = set()  # slice names we deleted, until the watch reports it
+        self.dropped: frozenset[DropKind] = frozenset()  # fields the server does not store
         self._owners: dict[str, OwnerReference] = {}
 
     def forget(self, node: str) -> None:
@@ -323,16 +372,16 @@ class Reconciler:
         if actual is None:
             actual = (await self.api.list_slices(node)).items
         owner = await self._owner(node) if desired is not None else None
-        plan = plan_pool(node, desired, actual, owner)
+        plan = plan_pool(node, desired, actual, owner, self.dropped)
         result = SyncResult(generation=plan.generation if desired is not None else None)
         for obj in plan.delete:
             await self._delete(obj)
             result.deleted += 1
         for obj in plan.update:
-            self._record(await self.api.replace(obj))
+            self._record(obj, await self.api.replace(obj))
             result.updated += 1
         for obj in plan.create:
-            self._record(await self.api.create(obj))
+            self._record(obj, await self.api.create(obj))
             result.created += 1
         metrics.record_writes(result.created, result.updated, result.deleted)
         return result
@@ -349,9 +398,20 @@ class Reconciler:
             if not exc.not_found:
                 raise
 
-    def _record(self, stored: ResourceSlice) -> None:
+    def _record(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
         if stored.metadata.resource_version:
             self.written[stored.metadata.name] = stored.metadata.resource_version
+        lost = dropped_fields(sent, stored) - self.dropped
+        if lost:
+            self.dropped |= lost
+            for field_name in lost:
+                metrics.DROPPED_FIELDS.labels(field=field_name).inc()
+            log.error(
+                "the API server dropped fields of our slices; enable its feature gates "
+                "DRAPartitionableDevices (counters) and DRADeviceTaints (taints), or turn off "
+                "DynamicMIG / NVMLDeviceHealthCheck here; comparing without them meanwhile",
+                extra={"fields": sorted(lost), "slice": sent.metadata.name},
+            )
 
     async def _owner(self, node: str) -> OwnerReference:
         if node not in self._owners:

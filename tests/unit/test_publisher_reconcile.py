@@ -219,3 +219,21 @@ async def test_a_recreated_node_becomes_the_only_owner() -> None:
     assert result.updated == 9
     for s in api.stored():
         assert [o.uid for o in s.metadata.owner_references or []] == [api.nodes["n1"]]
+
+
+async def test_fields_the_server_drops_are_reported_once_and_not_rewritten() -> None:
+    api = MemorySliceApi(drops=frozenset({"sharedCounters", "consumesCounters", "taints"}))
+    reconciler = Reconciler(api, FAST)
+    counted = metrics.DROPPED_FIELDS.labels(field="sharedCounters")
+    before = counted._value.get()
+    await reconciler.sync("n1", _contents(node()))
+    assert not any(s.spec.shared_counters for s in api.stored())
+    assert reconciler.dropped == {"sharedCounters", "consumesCounters"}
+    assert counted._value.get() == before + 1
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node()))).writes == 0
+    tainted = _contents(_with_xid(node(), 0, 79))
+    await reconciler.sync("n1", tainted)  # the first taint shows taints are dropped too
+    assert "taints" in reconciler.dropped
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", tainted)).writes == 0

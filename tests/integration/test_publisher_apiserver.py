@@ -1,0 +1,129 @@
+"""The publisher's API client and reconciler against a real kube-apiserver (v1.35).
+
+Uses the control plane that tests/e2e builds (etcd + kube-apiserver from the Go
+module proxy); skipped when it cannot be built here. The API server runs with
+DRAPartitionableDevices and DRADeviceTaints so it stores counters and taints.
+What this shows that the fake cannot: the server's own validation accepts every
+rendered layout, its canonical quantities and ``timeAdded`` stamps compare equal
+to what we render (a restart writes nothing), field selectors and the watch
+behave as we assume, and the Node owner reference carries the real UID.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from services.core import featuregates, slicecheck
+from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.offline.cli import fleet_inventory
+from services.publisher.kubeapi import KubeSliceApi, connect
+from services.publisher.reconcile import Reconciler, SyncFailed
+from services.publisher.render import RenderOptions, render_contents
+from services.publisher.service import Publisher, PublisherConfig
+from tests.e2e.cluster import ControlPlane, ControlPlaneError, build_controlplane
+
+pytestmark = [pytest.mark.integration, pytest.mark.e2e]
+NODE = "pub-node-1"
+
+
+@pytest.fixture(scope="module")
+def apiserver() -> Iterator[ControlPlane]:
+    try:
+        binary = build_controlplane()
+    except ControlPlaneError as exc:
+        pytest.skip(f"no control-plane binary: {exc}")
+    gates = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
+    with ControlPlane(binary, nodes=[NODE], feature_gates=gates) as cp:
+        yield cp
+
+
+def _sick(inv: NodeInventory) -> NodeInventory:
+    import msgspec
+
+    gpus = list(inv.gpus)
+    health = GpuHealth(xids=[Xid(13, 1.0)], lost=True)
+    gpus[1] = msgspec.structs.replace(gpus[1], health=health)
+    return msgspec.structs.replace(inv, gpus=gpus)
+
+
+LAYOUTS = [
+    ("dgx-h100", "", 35),
+    ("dgx-a100", "PassthroughSupport=true,NVMLDeviceHealthCheck=true", 35),
+    ("dgx-h100", "DynamicMIG=true,NVMLDeviceHealthCheck=true", 35),
+    ("dgx-a100", "DynamicMIG=true", 35),
+    ("mixed", "DynamicMIG=true", 35),
+]
+
+
+async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
+    apiserver: ControlPlane,
+) -> None:
+    """Also: the 1.34 combined layout is refused by 1.35, as slicecheck predicts."""
+    api = KubeSliceApi(await connect(str(apiserver.kubeconfig)))
+    try:
+        assert await api.server_minor() == 35
+        node_uid = await api.node_uid(NODE)
+        assert node_uid
+        for fleet, gates, minor in LAYOUTS:
+            inv = _sick(fleet_inventory(fleet, NODE))
+            contents = render_contents(inv, RenderOptions(featuregates.parse(gates), minor))
+            first = await Reconciler(api).sync(NODE, contents)
+            assert first.writes, (fleet, gates)
+            restarted = await Reconciler(api).sync(NODE, contents)
+            assert restarted.writes == 0, (fleet, gates, minor)
+            stored = (await api.list_slices(NODE)).items
+            assert len(stored) == len(contents)
+            assert not slicecheck.check_pool(stored)
+            for s in stored:
+                assert [o.uid for o in s.metadata.owner_references or []] == [node_uid]
+            if "NVMLDeviceHealthCheck" in gates:
+                taints = [t for s in stored for d in s.spec.devices or [] for t in d.taints or []]
+                assert taints and all(t.time_added for t in taints)  # stamped by the server
+        assert (await Reconciler(api).sync(NODE, None)).deleted == len(contents)
+        combined = render_contents(
+            fleet_inventory("dgx-h100", NODE),
+            RenderOptions(featuregates.parse("DynamicMIG=true"), 34),
+        )
+        with pytest.raises(SyncFailed, match="only one of `sharedCounters` or `devices`"):
+            await Reconciler(api).sync(NODE, combined)
+        await Reconciler(api).sync(NODE, None)
+    finally:
+        await api.close()
+
+
+async def test_the_service_puts_back_a_slice_deleted_behind_its_back(
+    apiserver: ControlPlane,
+) -> None:
+    api = KubeSliceApi(await connect(str(apiserver.kubeconfig)))
+    config = PublisherConfig(
+        render=RenderOptions(featuregates.parse("DynamicMIG=true")), kube_minor=35,
+        force_registered=True,
+    )  # fmt: skip
+    publisher = Publisher(api, config)
+    rv = await publisher.relist()
+    tasks = [asyncio.create_task(publisher.work()), asyncio.create_task(publisher.watch_slices(rv))]
+    try:
+        publisher.set_inventory(NODE, fleet_inventory("dgx-h100", NODE))
+        await publisher.settle()
+        names = sorted(s.metadata.name for s in (await api.list_slices(NODE)).items)
+        assert len(names) == 9
+        apiserver.kubectl("delete", "resourceslice", names[3])
+        deadline = time.monotonic() + 20
+        while len((await api.list_slices(NODE)).items) < 9:
+            assert time.monotonic() < deadline, "the deleted slice did not come back"
+            await asyncio.sleep(0.1)
+        await publisher.settle()
+        generations = {s.spec.pool.generation for s in (await api.list_slices(NODE)).items}
+        assert generations == {2}  # re-created slice: the whole pool moved on together
+        publisher.set_inventory(NODE, None)
+        await publisher.settle()
+        assert (await api.list_slices(NODE)).items == []
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await api.close()
