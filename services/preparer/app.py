@@ -88,6 +88,8 @@ async def run(settings: Settings) -> int:
     inventory = InventoryView(bus, settings.node)
     await inventory.start()
     api = _api_reader(settings)
+    claims = ClaimSource(bus, settings.node, api)
+    claims.follow()
     ops = _backend(settings, bus, inventory, pdir)
     engine = Engine(
         EngineSettings(
@@ -98,7 +100,7 @@ async def run(settings: Settings) -> int:
             fsync=settings.fsync,
         ),
         store,
-        ClaimSource(bus, settings.node, api),
+        claims,
         inventory,
         ops,
         settings.faults,
@@ -117,6 +119,7 @@ async def run(settings: Settings) -> int:
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await service.close()
+    await claims.close()
     await inventory.stop()
     await ops.close()
     if isinstance(api, KubernetesReader):

@@ -31,6 +31,8 @@ MPS_PIPE_IN_CONTAINER = "/tmp/nvidia-mps"
 MPS_SHM_IN_CONTAINER = "/dev/shm"
 METADATA_IN_CONTAINER = "/var/run/kubernetes.io/dra-device-attributes"
 
+# libyaml's emitter is ~5x faster than the pure-Python one; same output.
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 _SPEC_FILE = re.compile(rf"^{re.escape(VENDOR)}-{CLASS}_(?P<uid>.+)\.yaml$")
 _CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
 
@@ -237,7 +239,7 @@ def write(root: Path, uid: str, spec: dict[str, Any], *, fsync: bool = True) -> 
     """Write the claim's spec atomically: mode 0644 in a 0755 directory."""
     ensure_root(root)
     path = spec_path(root, uid)
-    body = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False).encode()
+    body = yaml.dump(spec, Dumper=_DUMPER, sort_keys=False, default_flow_style=False).encode()
     atomic_write(path, body, mode=SPEC_MODE, fsync=fsync)
     return path
 

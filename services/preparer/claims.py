@@ -9,6 +9,8 @@ subjects and (KEP-5304) container paths, so they are validated strictly first.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from typing import Any, Protocol
@@ -106,12 +108,38 @@ class KubernetesReader:
 
 
 class ClaimSource:
-    """A claim's current object: the ``claims`` bucket first, then the API server."""
+    """A claim's current object: the ``claims`` bucket first, then the API server.
+
+    With :meth:`follow` running, this node's entries of the bucket are kept in
+    memory as the allocator writes them, so a prepare reads its claim without
+    a round trip; a claim not seen yet is read from the bucket directly.
+    """
 
     def __init__(self, bus: Bus, node: str, api: ApiReader | None = None) -> None:
         self.bus = bus
         self.node = node
         self.api = api
+        self._cache: dict[str, ResourceClaim] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    def follow(self) -> None:
+        """Start mirroring this node's claims in the background."""
+        self._task = asyncio.create_task(self._mirror())
+
+    async def _mirror(self) -> None:
+        prefix = subjects.claim_key(self.node, "")[:-1]  # "<node>." (the uid part escaped to "=")
+        async for update in self.bus.watch_kv(subjects.CLAIMS_BUCKET, ResourceClaim, f"{prefix}>"):
+            uid = subjects.unescape_token(update.key[len(prefix) :])
+            if update.value is None:
+                self._cache.pop(uid, None)
+            else:
+                self._cache[uid] = update.value
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
 
     async def get(self, ref: ClaimRef) -> ResourceClaim:
         """The allocated claim ``ref`` names; :class:`ClaimError` when it cannot be used."""
@@ -132,6 +160,9 @@ class ClaimSource:
         return claim
 
     async def _from_bucket(self, ref: ClaimRef) -> ResourceClaim | None:
+        cached = self._cache.get(ref.uid)
+        if cached is not None:
+            return cached
         key = subjects.claim_key(self.node, ref.uid)
         try:
             got = await self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim)
