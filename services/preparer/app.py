@@ -87,6 +87,9 @@ async def run(settings: Settings) -> int:
     store.load()
     inventory = InventoryView(bus, settings.node)
     await inventory.start()
+    # Start-up clean-up compares the checkpoint with the node's devices: give discovery a moment.
+    if inventory.current is None and not await inventory.wait_for(0, timeout=10):
+        log.warning("no inventory for this node yet; stray MIG devices may survive clean-up")
     api = _api_reader(settings)
     claims = ClaimSource(bus, settings.node, api)
     claims.follow()
