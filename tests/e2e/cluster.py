@@ -712,6 +712,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         feature_gates=args.feature_gates,
     )
     stop = False
+    failed = False
 
     def on_signal(signum: int, _frame: object) -> None:
         nonlocal stop
@@ -735,11 +736,18 @@ def main(argv: Sequence[str] | None = None) -> int:
                         f"{p.name} exited with {p.proc.returncode}; see {p.log_path}",
                         file=sys.stderr,
                     )
-                    stop = True
+                    stop = failed = True
             time.sleep(0.5)
+    except BaseException:
+        failed = True
+        raise
     finally:
-        cp.stop()
-    return 0
+        if failed or args.workdir is not None:
+            cp.stop()
+            print(f"logs kept in {cp.logs_dir}", file=sys.stderr)
+        else:
+            cp.cleanup()
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
