@@ -63,7 +63,7 @@ class Publisher:
         # Inventories are kept encoded: a thousand nodes of decoded structs are
         # millions of objects that every full GC pass walks (pauses of 300 ms).
         self._inventories: dict[str, bytes] = {}
-        self.present: set[str] = set()
+        self.present: dict[str, float] = {}  # node -> when its plugin registered
         self.published: set[str] = set()  # nodes whose slices we made exist
         self.seen: set[str] = set()  # nodes with slices seen in a listing or the watch
         self.on_synced: Callable[[str, float], None] | None = None  # (node, seconds dirty)
@@ -94,14 +94,17 @@ class Publisher:
         """Nodes with an inventory."""
         return set(self._inventories)
 
-    def set_present(self, node: str, present: bool) -> None:
-        if present == (node in self.present):
+    def set_present(self, node: str, registered_at: float | None) -> None:
+        """The node's plugin registered (at ``registered_at``) or went away (None)."""
+        if self.present.get(node) == registered_at:
             return
-        if present:
-            self.present.add(node)
+        if registered_at is None:
+            del self.present[node]
         else:
-            self.present.discard(node)
-        self.reconciler.forget(node)  # a kubelet that restarted has wiped our slices
+            self.present[node] = registered_at
+        # A plugin that (re)registered may follow a kubelet restart, which deletes
+        # the node's slices: look at the API server again rather than trust our notes.
+        self.reconciler.forget(node)
         self.mark(node)
 
     def mark(self, node: str) -> None:
@@ -311,7 +314,8 @@ class Publisher:
     def apply_presence(self, update: KvUpdate[PluginPresence]) -> None:
         node_token, _, driver_token = update.key.partition(".")
         if driver_token == _DRIVER_TOKEN:
-            self.set_present(subjects.unescape_token(node_token), update.value is not None)
+            registered_at = None if update.value is None else update.value.registered_at
+            self.set_present(subjects.unescape_token(node_token), registered_at)
 
     async def run(self, bus: Bus) -> None:
         """Serve until cancelled."""

@@ -71,6 +71,22 @@ async def test_a_node_is_published_only_while_its_plugin_is_registered() -> None
         assert api.stored() == []
 
 
+async def test_a_re_registered_plugin_gets_its_wiped_slices_back() -> None:
+    api = MemorySliceApi()
+    key = "n1.gpu=2Envidia=2Ecom"
+    async with _running(_publisher(api), watch=False) as pub:
+        pub.set_inventory("n1", node("n1"))
+        pub.apply_presence(KvUpdate(key, _presence("n1", at=100.0), 1))
+        await pub.settle()
+        await api.remove("n1-gpu.nvidia.com-0")  # the restarted kubelet wipes the node's slices
+        pub.apply_presence(KvUpdate(key, _presence("n1", at=100.0), 2))  # same record: no news
+        await pub.settle()
+        assert api.stored() == []
+        pub.apply_presence(KvUpdate(key, _presence("n1", at=200.0), 3))  # registered again
+        await pub.settle()
+        assert _nodes(api) == {"n1"}
+
+
 async def test_identical_inventories_cause_no_api_calls_at_all() -> None:
     api = MemorySliceApi()
     async with _running(_publisher(api, force=True), watch=False) as pub:
@@ -195,5 +211,6 @@ async def _until(condition: Callable[[], bool], timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def _presence(n: str) -> PluginPresence:
-    return PluginPresence(node=n, driver="gpu.nvidia.com", endpoint="/var/lib/kubelet/plugins/x")
+def _presence(n: str, at: float = 1.0) -> PluginPresence:
+    endpoint = "/var/lib/kubelet/plugins/gpu.nvidia.com/dra.sock"
+    return PluginPresence(node=n, driver="gpu.nvidia.com", endpoint=endpoint, registered_at=at)
