@@ -25,7 +25,7 @@ import random
 import statistics
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import msgspec
@@ -190,7 +190,7 @@ async def _repeat(publisher: Publisher, feed: Feed, sink: MemorySliceApi) -> Non
     print(f"repeat:  the same {len(nodes)} inventories again -> {len(sink.writes) - before} writes")
 
 
-async def _until(condition, timeout: float = 600.0) -> None:  # type: ignore[no-untyped-def]
+async def _until(condition: Callable[[], bool], timeout: float = 600.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         if time.monotonic() > deadline:
