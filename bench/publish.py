@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import random
 import statistics
 import tempfile
@@ -168,7 +169,7 @@ async def _changes(
         before = len(sink.writes)
         start = time.monotonic()
         await feed.put(changed)
-        await _until(lambda n=before: len(sink.writes) > n, timeout=10)
+        await _until(functools.partial(_more_than, sink, before), timeout=10)
         latencies.append((sink.writes[before].at - start) * 1e3)
         await publisher.settle()
     print(
@@ -188,6 +189,10 @@ async def _repeat(publisher: Publisher, feed: Feed, sink: MemorySliceApi) -> Non
     await asyncio.sleep(0.5)
     await publisher.settle()
     print(f"repeat:  the same {len(nodes)} inventories again -> {len(sink.writes) - before} writes")
+
+
+def _more_than(sink: MemorySliceApi, writes: int) -> bool:
+    return len(sink.writes) > writes
 
 
 async def _until(condition: Callable[[], bool], timeout: float = 600.0) -> None:
