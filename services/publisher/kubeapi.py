@@ -206,12 +206,15 @@ def _decode_event(line: bytes) -> WatchEvent | None:
 async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
     """Newline-delimited watch events of any size (aiohttp's readline caps line length)."""
     buffer = b""
-    async for chunk in resp.content.iter_any():
-        buffer += chunk
-        *complete, buffer = buffer.split(b"\n")
-        for line in complete:
-            if line.strip():
-                yield line
+    try:
+        async for chunk in resp.content.iter_any():
+            buffer += chunk
+            *complete, buffer = buffer.split(b"\n")
+            for line in complete:
+                if line.strip():
+                    yield line
+    except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+        raise ApiError(0, f"watch stream broke: {type(exc).__name__}: {exc}") from exc
     if buffer.strip():
         yield buffer
 

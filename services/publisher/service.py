@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -222,12 +222,16 @@ class Publisher:
         """Follow slice changes; an expired watch (410) starts over from a fresh list."""
         backoff = 0.1
         while True:
+            events = 0
             try:
                 async for event in self.api.watch(resource_version):
-                    backoff = 0.1
+                    events += 1
                     resource_version = event.resource_version or resource_version
                     self.on_slice_event(event)
-                continue  # the server ended the watch (timeout): resume where we were
+                # The server ended the watch (its timeout): resume where we were,
+                # pausing first if it ended without news (a server in trouble).
+                backoff = 0.1 if events else min(backoff * 2, _MAX_BACKOFF_S)
+                await asyncio.sleep(0 if events else backoff)
             except ApiError as exc:
                 metrics.API_RETRIES.labels(reason=str(exc.status)).inc()
                 if not exc.gone:
@@ -236,6 +240,10 @@ class Publisher:
                 backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 if exc.gone:
                     resource_version = await self.relist()
+            except Exception as exc:  # never lose the watch to a surprise
+                log.exception("slice watch crashed; restarting it", extra={"error": str(exc)})
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
     def on_slice_event(self, event: WatchEvent) -> None:
         if event.node in self._busy:  # likely our own write: judge once the sync recorded it
@@ -272,7 +280,10 @@ class Publisher:
     async def resync_forever(self) -> None:
         while True:
             await asyncio.sleep(self.config.resync_s)
-            await self.relist()
+            try:
+                await self.relist()
+            except Exception:
+                log.exception("periodic resync crashed")
 
     # ---------------------------------------------------------------- bus wiring
 
@@ -289,16 +300,23 @@ class Publisher:
 
     async def follow_inventory(self, bus: Bus) -> None:
         """Every inventory change; the bus skips (logs, counts) values that do not decode."""
-        async for update in bus.watch_kv(subjects.INVENTORY_BUCKET, NodeInventory):
-            try:
-                self.apply_inventory(update)
-            except Exception:  # one bad update must never stop the stream
-                metrics.INVALID_INVENTORIES.labels(reason="handler").inc()
-                log.exception("failed to apply an inventory update", extra={"key": update.key})
+
+        async def follow() -> None:
+            async for update in bus.watch_kv(subjects.INVENTORY_BUCKET, NodeInventory):
+                try:
+                    self.apply_inventory(update)
+                except Exception:  # one bad update must never stop the stream
+                    metrics.INVALID_INVENTORIES.labels(reason="handler").inc()
+                    log.exception("failed to apply an inventory update", extra={"key": update.key})
+
+        await _forever("inventory watch", follow)
 
     async def follow_presence(self, bus: Bus) -> None:
-        async for update in bus.watch_kv(subjects.PRESENCE_BUCKET, PluginPresence):
-            self.apply_presence(update)
+        async def follow() -> None:
+            async for update in bus.watch_kv(subjects.PRESENCE_BUCKET, PluginPresence):
+                self.apply_presence(update)
+
+        await _forever("presence watch", follow)
 
     def apply_inventory(self, update: KvUpdate[NodeInventory]) -> None:
         node = subjects.unescape_token(update.key)
@@ -344,6 +362,27 @@ class Publisher:
             group.create_task(self.follow_presence(bus))
             group.create_task(self.watch_slices(rv))
             group.create_task(self.resync_forever())
+
+
+async def _forever(what: str, follow: Callable[[], Awaitable[None]]) -> None:
+    """Run a KV watch; when it ends or fails (NATS trouble), start it again after a pause.
+
+    A restarted watch replays current values first; unchanged ones are no-ops.
+    """
+    backoff = 0.1
+    while True:
+        started = time.monotonic()
+        try:
+            await follow()
+            log.warning(f"{what} ended; starting it again")
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            log.warning(f"{what} failed; starting it again", extra={"error": str(exc)})
+        if time.monotonic() - started > 60:
+            backoff = 0.1
+        await asyncio.sleep(backoff)
+        backoff = min(backoff * 2, _MAX_BACKOFF_S)
 
 
 async def _get(bus: Bus, bucket: str, key: str, kind: type[T]) -> T | None:
