@@ -6,12 +6,20 @@ Contract (external scenario suites call it):
 allocation, error, explanation}]}``; exit 0 whenever the input parsed, 2 with a
 message naming the file and document when it did not. ``gpudra explain`` takes
 the same arguments and prints, for people, why each claim is or is not allocated.
+
+``gpudra allocator --kubeconfig F [--nats-url URL] [--pending-threshold 30s]
+[--kube-feature-gates NAME=bool,...]`` runs the claim watcher (cluster mode).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import contextlib
 import json
+import logging
+import re
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -21,6 +29,9 @@ import yaml
 from services.allocator import features as kube_features
 from services.allocator.inputs import InputError, load
 from services.allocator.offline import ClaimOutcome, OfflineAllocator, describe
+from services.core import config, logs, metrics, tracing
+
+log = logging.getLogger(__name__)
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -77,7 +88,86 @@ def _explain(args: argparse.Namespace) -> int:
     return 0
 
 
+def duration(value: str) -> float:
+    """``30s``, ``2m``, ``1h``, ``500ms`` or plain seconds."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)?\s*", value)
+    if match is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 30s, 2m or 500ms, got {value!r}"
+        )
+    scale = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}[match.group(2) or "s"]
+    return float(match.group(1)) * scale
+
+
+def kube_gates(value: str) -> kube_features.Features:
+    try:
+        return kube_features.parse(value)
+    except kube_features.FeatureGateError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def _serve(args: argparse.Namespace) -> int:
+    logs.setup("allocator", args.log_level)
+    tracing.setup("allocator", args.otlp_endpoint)
+    metrics.serve(args.metrics_port)
+    try:
+        asyncio.run(_watch(args))
+    finally:
+        tracing.shutdown()
+    return 0
+
+
+async def _watch(args: argparse.Namespace) -> None:
+    from services.allocator.kubeapi import HttpKubeApi, connect
+    from services.allocator.watcher import ClaimWatcher, WatcherConfig
+    from services.core.bus import Bus
+
+    settings = WatcherConfig(
+        pending_threshold=args.pending_threshold, features=args.kube_feature_gates
+    )
+    bus = await Bus.connect(args.nats_url, name="allocator")
+    api = HttpKubeApi(await connect(args.kubeconfig or None))
+    task = asyncio.current_task()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        if task is not None:
+            loop.add_signal_handler(sig, task.cancel)
+    try:
+        await ClaimWatcher(api, bus, settings).run()
+    except asyncio.CancelledError:
+        log.info("claim watcher stopping")
+    finally:
+        with contextlib.suppress(Exception):
+            await api.close()
+        await bus.close()
+
+
 def register(subparsers: Any) -> None:
+    watcher = subparsers.add_parser(
+        "allocator",
+        help="watch ResourceClaims: lifecycle events, the claims bucket, why-pending Events",
+    )
+    config.add_common_flags(watcher)
+    watcher.add_argument(
+        "--kubeconfig",
+        default=config.env("kubeconfig", ""),
+        help="kubeconfig file (empty: the pod's service account)",
+    )
+    watcher.add_argument(
+        "--pending-threshold",
+        type=duration,
+        default=duration(config.env("pending-threshold", "30s")),
+        help="explain a claim once its pod has waited this long, and again every period",
+    )
+    watcher.add_argument(
+        "--kube-feature-gates",
+        type=kube_gates,
+        default=kube_gates(config.env("kube-feature-gates", "")),
+        metavar="NAME=bool,...",
+        help="the scheduler's DRA gates for explanations (1.35 defaults)",
+    )
+    watcher.set_defaults(func=_serve)
+
     allocate = subparsers.add_parser(
         "allocate", help="allocate claims from files as kube-scheduler would (offline)"
     )

@@ -1,0 +1,233 @@
+"""The few API server calls the claim watcher makes, as raw JSON over kubernetes-asyncio.
+
+kubernetes-asyncio does authentication, TLS and the kubeconfig; the watcher
+decodes the JSON itself into :mod:`services.core.resource` models (faster than
+the generated models, and the exact wire shape). Every failure is an
+:class:`ApiError` with the HTTP status (0: no answer), so callers decide on
+retries by status alone.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import msgspec
+from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+PAGE_SIZE = 500
+WATCH_TIMEOUT_S = 300  # the server ends a watch after this; we resume from the last RV
+REQUEST_TIMEOUT_S = 30.0
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"{status} {reason}: {message}" if reason else f"{status}: {message}")
+        self.status = status
+        self.reason = reason
+
+    @property
+    def gone(self) -> bool:
+        """The resourceVersion is too old (compacted): list again."""
+        return self.status == 410
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    items: list[msgspec.Raw]
+    resource_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: msgspec.Raw
+
+
+class KubeApi(Protocol):
+    """What the informers and the event poster need; :class:`HttpKubeApi` is the real one."""
+
+    async def list(self, path: str, params: Mapping[str, str]) -> Listing: ...
+
+    def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str
+    ) -> AsyncIterator[RawEvent]: ...
+
+    async def get(self, path: str) -> bytes: ...
+
+    async def create(self, path: str, body: dict[str, Any]) -> bytes: ...
+
+    async def patch(self, path: str, body: dict[str, Any]) -> bytes: ...
+
+    async def close(self) -> None: ...
+
+
+class _ListMeta(msgspec.Struct, rename="camel"):
+    resource_version: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _List(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+    reason: str = ""
+    message: str = ""
+
+
+async def connect(kubeconfig: str | None) -> client.ApiClient:
+    """An API client from a kubeconfig file, or from the pod's service account when empty."""
+    cfg = client.Configuration()
+    if kubeconfig:
+        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    else:
+        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
+    return client.ApiClient(configuration=cfg)
+
+
+class HttpKubeApi:
+    """:class:`KubeApi` through a kubernetes-asyncio ``ApiClient``."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def list(self, path: str, params: Mapping[str, str]) -> Listing:
+        items: list[msgspec.Raw] = []
+        token = ""
+        while True:
+            query = {**params, "limit": str(PAGE_SIZE)}
+            if token:
+                query["continue"] = token
+            body = await self._call("GET", path, query)
+            try:
+                page = msgspec.json.decode(body, type=_List)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise ApiError(0, f"undecodable list of {path}: {exc}") from exc
+            items += page.items or []
+            token = page.metadata.continue_
+            if not token:
+                return Listing(items, page.metadata.resource_version)
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str
+    ) -> AsyncIterator[RawEvent]:
+        query = {
+            **params,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_S),
+        }
+        resp = await self._open("GET", path, query, timeout=None)
+        try:
+            async for line in _lines(resp):
+                try:
+                    raw = msgspec.json.decode(line, type=_Event)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ApiError(0, f"undecodable watch event on {path}: {exc}") from exc
+                if raw.type == "ERROR":
+                    raise _status_error(0, bytes(raw.object))
+                yield RawEvent(raw.type, raw.object)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"watch of {path} broke: {type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()
+
+    async def get(self, path: str) -> bytes:
+        return await self._call("GET", path, {})
+
+    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+        return await self._call("POST", path, {}, body=body)
+
+    async def patch(self, path: str, body: dict[str, Any]) -> bytes:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        return await self._call("PATCH", path, {}, body=body, headers=headers)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
+        resp = await self._open(method, path, query, body, headers, timeout=REQUEST_TIMEOUT_S)
+        try:
+            return await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()
+
+    async def _open(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = REQUEST_TIMEOUT_S,
+    ) -> aiohttp.ClientResponse:
+        try:
+            resp: aiohttp.ClientResponse = await self.api_client.call_api(
+                path,
+                method,
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json", **(headers or {})},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+        except ApiException as exc:
+            raise ApiError(int(exc.status or 0), str(exc.reason)) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= resp.status <= 299:
+            data = await resp.read()
+            resp.release()
+            raise _status_error(resp.status, data)
+        return resp
+
+
+async def _lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Newline-delimited watch events of any size (aiohttp's readline caps line length)."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+def _status_error(code: int, body: bytes) -> ApiError:
+    try:
+        status = msgspec.json.decode(body, type=_Status)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ApiError(code, body[:200].decode(errors="replace"))
+    return ApiError(status.code or code, status.message, status.reason)

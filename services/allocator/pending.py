@@ -1,0 +1,199 @@
+"""Claims stuck pending: which ones, and why, from the watcher's caches.
+
+A claim is *waiting* when it is not allocated, nobody has reserved it, and an
+unscheduled pod that uses it (``spec.resourceClaims`` by name, or a claim
+generated from a template and named in ``status.resourceClaimStatuses``) has
+existed longer than the threshold. Only claims that concern our driver are
+considered: a request names a DeviceClass whose selectors mention
+``gpu.nvidia.com``, or a DeviceClass that does not exist.
+
+To say why, our allocation engine runs over the cluster as the caches see it
+(DeviceClasses, ResourceSlices, Nodes, and the claims already allocated) and
+tries every node in name order, exactly as ``gpudra allocate`` does offline.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from services.allocator.features import Features
+from services.allocator.inputs import Inputs
+from services.allocator.kubeobjects import NodeObject, Pod
+from services.allocator.lifecycle import DRIVER
+from services.allocator.offline import ClaimOutcome, OfflineAllocator
+from services.allocator.pools import Node
+from services.allocator.requests import alternatives
+from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+
+EVENT_MESSAGE_LIMIT = 1024  # bytes: core/v1 Event message limit (NoteLengthLimit)
+
+
+def parse_time(text: str | None) -> float | None:
+    """An RFC 3339 API timestamp as Unix time; None when absent or unreadable."""
+    if not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def concerns_driver(claim: ResourceClaim, classes: Mapping[str, DeviceClass]) -> bool:
+    for request in (claim.spec.devices.requests if claim.spec.devices else None) or []:
+        for spec in alternatives(request):
+            device_class = classes.get(spec.class_name)
+            if device_class is None:
+                return True
+            for selector in device_class.spec.selectors or []:
+                if selector.cel and f'"{DRIVER}"' in selector.cel.expression:
+                    return True
+    return False
+
+
+def is_unallocated(claim: ResourceClaim) -> bool:
+    status = claim.status
+    return status is None or (status.allocation is None and not status.reserved_for)
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    claim: ResourceClaim
+    pod: Pod
+    waited: float  # seconds
+
+
+class PodClock:
+    """How long each unscheduled pod has waited: since its creation, or since we first
+    saw it if that is earlier (a clock behind the API server's never makes it negative)."""
+
+    def __init__(self) -> None:
+        self.first_seen: dict[str, float] = {}
+
+    def since(self, pod: Pod, now: float) -> float:
+        uid = pod.metadata.uid or f"{pod.metadata.namespace}/{pod.metadata.name}"
+        seen = self.first_seen.setdefault(uid, now)
+        created = parse_time(pod.metadata.creation_timestamp)
+        start = min(seen, created) if created is not None else seen
+        return now - start
+
+    def forget_except(self, uids: set[str]) -> None:
+        for uid in set(self.first_seen) - uids:
+            del self.first_seen[uid]
+
+
+def waiting_claims(
+    pods: Iterable[Pod],
+    claims: Mapping[str, ResourceClaim],
+    classes: Mapping[str, DeviceClass],
+    clock: PodClock,
+    threshold: float,
+    now: float | None = None,
+) -> list[Waiting]:
+    """Claims (once each) whose unscheduled pod has waited at least ``threshold`` seconds."""
+    now = time.time() if now is None else now
+    found: dict[str, Waiting] = {}
+    live: set[str] = set()
+    for pod in pods:
+        if pod.spec.node_name or pod.metadata.deletion_timestamp:
+            continue
+        live.add(pod.metadata.uid or f"{pod.metadata.namespace}/{pod.metadata.name}")
+        waited = clock.since(pod, now)
+        if waited < threshold:
+            continue
+        for name in pod.claim_names():
+            claim = claims.get(f"{pod.metadata.namespace}/{name}")
+            if claim is None or not claim.metadata.uid or claim.metadata.uid in found:
+                continue
+            if is_unallocated(claim) and concerns_driver(claim, classes):
+                found[claim.metadata.uid] = Waiting(claim, pod, waited)
+    clock.forget_except(live)
+    return list(found.values())
+
+
+class ClusterAllocator:
+    """Our engine over a snapshot of the caches, rebuilt when the snapshot changes."""
+
+    def __init__(self, features: Features) -> None:
+        self.features = features
+        self._version: object = None
+        self._allocator: OfflineAllocator | None = None
+
+    def update(
+        self,
+        version: object,
+        classes: Iterable[DeviceClass],
+        slices: Iterable[ResourceSlice],
+        claims: Iterable[ResourceClaim],
+        nodes: Iterable[NodeObject],
+    ) -> None:
+        """Take a snapshot (call from the event loop: the caches change there)."""
+        if version == self._version and self._allocator is not None:
+            return
+        inputs = Inputs(
+            classes={c.metadata.name: c for c in classes},
+            slices=list(slices),
+            claims=[c for c in claims if c.status and c.status.allocation],
+            nodes={
+                n.metadata.name: Node(n.metadata.name, dict(n.metadata.labels or {})) for n in nodes
+            },
+        )
+        self._allocator = OfflineAllocator(inputs, self.features, explain=True)
+        self._version = version
+
+    def explain(self, claim: ResourceClaim) -> ClaimOutcome:
+        """Allocate ``claim`` on the snapshot (any thread); nothing is kept."""
+        allocator = self._allocator
+        if allocator is None:
+            raise RuntimeError("ClusterAllocator.explain before update")
+        outcome = allocator.allocate(claim, allocator.nodes(None))
+        if outcome.status == "allocated":
+            self._version = None  # the snapshot now holds this allocation: rebuild next time
+        return outcome
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What to write on the claim's Kubernetes Event."""
+
+    reason: str
+    type: str  # Normal or Warning
+    message: str
+    status: str
+
+
+def verdict(outcome: ClaimOutcome) -> Verdict:
+    if outcome.status == "allocated":
+        results = (
+            outcome.allocation.devices.results
+            if outcome.allocation and outcome.allocation.devices
+            else None
+        )
+        names = ", ".join(f"{r.pool}/{r.device}" for r in results or [])
+        message = (
+            f"gpudra allocator: the claim fits on node {outcome.node or '(any)'} ({names}); "
+            "it is pending for a reason other than its devices"
+        )
+        return Verdict("AllocationExplained", "Normal", truncate(message), outcome.status)
+    lines = outcome.explanation.lines() if outcome.explanation else []
+    if outcome.status == "error":
+        head = "gpudra allocator: allocation fails"
+        if not lines:
+            lines = [outcome.error or "unknown error"]
+    else:
+        nodes = outcome.explanation.nodes if outcome.explanation else 0
+        head = f"gpudra allocator: no node can allocate the claim ({nodes} node(s) tried)"
+    body = "; ".join(line.strip() for line in lines)
+    return Verdict(
+        "Unschedulable", "Warning", truncate(f"{head}: {body}" if body else head), outcome.status
+    )
+
+
+def truncate(message: str, limit: int = EVENT_MESSAGE_LIMIT) -> str:
+    """At most ``limit`` UTF-8 bytes, ending in "..." when cut."""
+    data = message.encode()
+    if len(data) <= limit:
+        return message
+    return data[: limit - 3].decode(errors="ignore") + "..."

@@ -1,0 +1,342 @@
+"""The claim watcher (`gpudra allocator`) against the real API server and scheduler.
+
+kube-scheduler allocates a claim from a ResourceSlice of our driver and
+reserves it for a pod; the watcher, as its own process, must publish
+``allocated`` and ``reserved`` to the CLAIMS stream and put the claim into the
+``claims`` bucket; after the pod goes, ``released``; a claim deleted while the
+watcher was down is reported ``deleted`` on restart and leaves the bucket. An
+unsatisfiable claim with a waiting pod gets our explanation as one Kubernetes
+Event, updated (count) rather than duplicated.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.core import subjects
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+from services.core.resource import ResourceClaim
+from services.core.schemas import ClaimEvent
+from tests.e2e.cluster import ControlPlane
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+
+REPO = Path(__file__).resolve().parents[2]
+DRIVER = "gpu.nvidia.com"
+NODE = "e2e-node-1"
+THRESHOLD_S = 2.0
+
+
+class Watcher:
+    """``gpudra allocator`` as a process, stopped by PID."""
+
+    def __init__(self, cp: ControlPlane, nats_url: str, log: Path) -> None:
+        self.log = log
+        with open(log, "ab") as out:
+            self.popen = subprocess.Popen(
+                [
+                    sys.executable, "-m", "services.cli", "allocator",
+                    "--kubeconfig", str(cp.kubeconfig),
+                    "--nats-url", nats_url,
+                    "--pending-threshold", f"{THRESHOLD_S}s",
+                    "--log-level", "debug",
+                ],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )  # fmt: skip
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def stop(self) -> int:
+        if self.popen.poll() is None:
+            os.kill(self.popen.pid, signal.SIGTERM)
+        try:
+            return self.popen.wait(15)
+        except subprocess.TimeoutExpired:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            return self.popen.wait()
+
+
+class Recorder:
+    """Every ClaimEvent of one namespace, as a core subscriber sees the stream's subjects."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+        self.events: list[tuple[str, ClaimEvent]] = []
+
+    async def on_event(self, event: ClaimEvent, headers: dict[str, str]) -> None:
+        if event.claim.namespace == self.namespace:
+            self.events.append((event.event, event))
+
+    def names(self, uid: str) -> list[str]:
+        return [name for name, e in self.events if e.claim.uid == uid]
+
+
+async def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+@pytest.fixture
+async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
+    client = await Bus.connect(nats_server.url, name="e2e-allocator")
+    try:
+        yield client
+    finally:
+        await client.close()
+
+
+def _class_and_slice(suffix: str, devices: int) -> list[dict[str, Any]]:
+    selector = (
+        f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].watcherTest == "{suffix}"'
+    )
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceClass",
+            "metadata": {"name": f"watcher-{suffix}"},
+            "spec": {"selectors": [{"cel": {"expression": selector}}]},
+        },
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceSlice",
+            "metadata": {"name": f"watcher-{suffix}"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": NODE,
+                "pool": {"name": f"{NODE}-{suffix}", "generation": 1, "resourceSliceCount": 1},
+                "devices": [
+                    {
+                        "name": f"gpu-{i}",
+                        "attributes": {
+                            "type": {"string": "gpu"},
+                            "watcherTest": {"string": suffix},
+                        },
+                        "capacity": {"memory": {"value": "80Gi"}},
+                    }
+                    for i in range(devices)
+                ],
+            },
+        },
+    ]
+
+
+def _claim_and_pod(namespace: str, suffix: str, count: int) -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "ResourceClaim",
+            "metadata": {"name": "gpu", "namespace": namespace},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {
+                            "name": "gpu",
+                            "exactly": {"deviceClassName": f"watcher-{suffix}", "count": count},
+                        }
+                    ]
+                }
+            },
+        },
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "workload", "namespace": namespace},
+            "spec": {
+                "resourceClaims": [{"name": "gpu", "resourceClaimName": "gpu"}],
+                "containers": [
+                    {
+                        "name": "main",
+                        "image": "registry.invalid/none",
+                        "resources": {"claims": [{"name": "gpu"}]},
+                    }
+                ],
+                "terminationGracePeriodSeconds": 0,
+            },
+        },
+    ]
+
+
+def _setup(cp: ControlPlane, suffix: str, devices: int) -> str:
+    namespace = f"watcher-{suffix}"
+    cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    cp.apply(_class_and_slice(suffix, devices))
+    return namespace
+
+
+async def _kv_claim(bus: Bus, node: str, uid: str) -> ResourceClaim | None:
+    got = await bus.kv_get(subjects.CLAIMS_BUCKET, subjects.claim_key(node, uid), ResourceClaim)
+    return got[0] if got else None
+
+
+def _reserved(cp: ControlPlane, namespace: str) -> Any:
+    claim = cp.get("resourceclaim", "gpu", namespace)
+    return claim if claim and claim.get("status", {}).get("reservedFor") else None
+
+
+async def test_lifecycle_events_and_claims_bucket(
+    controlplane: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    cp = controlplane
+    suffix = secrets.token_hex(3)
+    namespace = _setup(cp, suffix, devices=2)
+    recorder = Recorder(namespace)
+    await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
+    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator.log")
+    try:
+        cp.apply(_claim_and_pod(namespace, suffix, count=1))
+        claim = await eventually(lambda: _reserved(cp, namespace), 60, "allocation + reservation")
+        uid = claim["metadata"]["uid"]
+        device = claim["status"]["allocation"]["devices"]["results"][0]["device"]
+        await eventually(lambda: "reserved" in recorder.names(uid), 30, "allocated + reserved")
+        assert recorder.names(uid) == ["allocated", "reserved"], watcher.output()
+        allocated = next(e for n, e in recorder.events if n == "allocated")
+        assert allocated.node == NODE
+        assert allocated.actor == "allocator"
+        assert (allocated.claim.name, allocated.claim.namespace) == ("gpu", namespace)
+        assert [(d.request, d.pool, d.device) for d in allocated.devices] == [
+            ("gpu", f"{NODE}-{suffix}", device)
+        ]
+
+        stored = await _kv_claim(bus, NODE, uid)
+        assert stored is not None, watcher.output()
+        assert stored.metadata.uid == uid
+        assert stored.status is not None and stored.status.allocation is not None
+        results = stored.status.allocation.devices.results  # type: ignore[union-attr]
+        assert [(r.driver, r.device) for r in results or []] == [(DRIVER, device)]
+        assert stored.status.reserved_for
+
+        # The pod goes: the claim controller drops the reservation and deallocates.
+        cp.kubectl("delete", "pod", "workload", "-n", namespace, "--grace-period=0", "--force")
+        await eventually(lambda: "released" in recorder.names(uid), 60, "released")
+        await eventually(
+            lambda: (
+                not (cp.get("resourceclaim", "gpu", namespace) or {})
+                .get("status", {})
+                .get("allocation")
+            ),
+            60,
+            "deallocation",
+        )
+        await eventually(lambda: _kv_gone(bus, uid), 30, "the claim to leave the bucket")
+
+        cp.kubectl("delete", "resourceclaim", "gpu", "-n", namespace)
+        await eventually(lambda: "deleted" in recorder.names(uid), 30, "deleted")
+        assert recorder.names(uid) == ["allocated", "reserved", "released", "deleted"]
+        assert await _kv_claim(bus, NODE, uid) is None
+    finally:
+        watcher.stop()
+
+
+async def _kv_gone(bus: Bus, uid: str) -> bool:
+    return await _kv_claim(bus, NODE, uid) is None
+
+
+async def test_restart_repeats_nothing_and_reports_deletions_it_missed(
+    controlplane: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    cp = controlplane
+    suffix = secrets.token_hex(3)
+    namespace = _setup(cp, suffix, devices=1)
+    recorder = Recorder(namespace)
+    await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
+    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-1.log")
+    try:
+        cp.apply(_claim_and_pod(namespace, suffix, count=1))
+        claim = await eventually(lambda: _reserved(cp, namespace), 60, "allocation + reservation")
+        uid = claim["metadata"]["uid"]
+        await eventually(lambda: _kv_claim(bus, NODE, uid), 30, "the claim in the bucket")
+        assert recorder.names(uid) == ["allocated", "reserved"]
+
+        assert watcher.stop() == 0, watcher.output()
+        watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-2.log")
+        await eventually(lambda: "claim watcher synced" in watcher.output(), 30, "a resync")
+        await asyncio.sleep(1)
+        assert recorder.names(uid) == ["allocated", "reserved"], watcher.output()
+
+        # Deleted while the watcher is down: reported once it is back.
+        assert watcher.stop() == 0, watcher.output()
+        cp.kubectl("delete", "pod", "workload", "-n", namespace, "--grace-period=0", "--force")
+        cp.kubectl("delete", "resourceclaim", "gpu", "-n", namespace, "--wait=true")
+        watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-3.log")
+        await eventually(lambda: "deleted" in recorder.names(uid), 30, "deleted after restart")
+        assert recorder.names(uid) == ["allocated", "reserved", "deleted"], watcher.output()
+        deleted = next(e for n, e in recorder.events if n == "deleted")
+        assert deleted.node == NODE
+        assert [d.device for d in deleted.devices] == ["gpu-0"]
+        assert await _kv_claim(bus, NODE, uid) is None
+    finally:
+        watcher.stop()
+
+
+async def test_unsatisfiable_claim_gets_one_explanation_event(
+    controlplane: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    cp = controlplane
+    suffix = secrets.token_hex(3)
+    namespace = _setup(cp, suffix, devices=1)
+    recorder = Recorder(namespace)
+    await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
+    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator.log")
+    try:
+        cp.apply(_claim_and_pod(namespace, suffix, count=3))  # one device exists
+        claim = cp.get("resourceclaim", "gpu", namespace)
+        uid = claim["metadata"]["uid"]
+
+        def ours() -> list[dict[str, Any]]:
+            events = cp.kubectl_json("get", "events", "-n", namespace)["items"]
+            return [
+                e
+                for e in events
+                if e["involvedObject"].get("uid") == uid
+                and e.get("source", {}).get("component") == "gpudra-allocator"
+            ]
+
+        first = await eventually(ours, 60, "the explanation Event")
+        assert len(first) == 1, first
+        event = first[0]
+        assert event["reason"] == "Unschedulable"
+        assert event["type"] == "Warning"
+        assert event["involvedObject"]["kind"] == "ResourceClaim"
+        assert event["involvedObject"]["name"] == "gpu"
+        assert "request gpu: needs 3, 1 candidate device(s)" in event["message"], event
+        assert len(event["message"].encode()) <= 1024
+
+        # Several threshold periods later: still one Event object, counted up.
+        await asyncio.sleep(THRESHOLD_S * 3 + 1)
+        later = ours()
+        assert len(later) == 1, later
+        assert later[0]["metadata"]["name"] == event["metadata"]["name"]
+        assert later[0]["count"] >= 2, later[0]
+        assert later[0]["lastTimestamp"] >= event["lastTimestamp"]
+
+        pending = [e for n, e in recorder.events if n == "pending" and e.claim.uid == uid]
+        assert pending, watcher.output()
+        assert pending[0].outcome == "error"
+        assert "needs 3" in pending[0].error
+        assert not [n for n in recorder.names(uid) if n != "pending"]
+    finally:
+        watcher.stop()

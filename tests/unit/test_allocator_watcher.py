@@ -1,0 +1,446 @@
+"""The claim watcher's parts without a cluster: lifecycle decisions, the informer
+(list, watch, bookmarks, 410 relist, malformed objects), pending detection,
+explanation messages and the Kubernetes Event recorder, against a scripted API."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+import msgspec
+import pytest
+
+from services.allocator import lifecycle
+from services.allocator.events import ClaimEventRecorder, event_name
+from services.allocator.features import Features
+from services.allocator.informer import Informer
+from services.allocator.kubeapi import ApiError, Listing, RawEvent
+from services.allocator.kubeobjects import NodeObject, Pod
+from services.allocator.pending import (
+    ClusterAllocator,
+    PodClock,
+    truncate,
+    verdict,
+    waiting_claims,
+)
+from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+
+DRIVER = "gpu.nvidia.com"
+
+
+# ------------------------------------------------------------------ objects
+
+
+def claim(
+    name: str = "c",
+    uid: str = "u1",
+    rv: str = "1",
+    devices: list[tuple[str, str, str]] | None = None,
+    consumers: list[str] | None = None,
+    driver: str = DRIVER,
+    node: str | None = "n1",
+    count: int = 1,
+    class_name: str = "gpu",
+) -> ResourceClaim:
+    status: dict[str, Any] = {}
+    if devices is not None:
+        allocation: dict[str, Any] = {
+            "devices": {
+                "results": [
+                    {"request": r, "driver": driver, "pool": p, "device": d} for r, p, d in devices
+                ]
+            }
+        }
+        if node:
+            allocation["nodeSelector"] = {
+                "nodeSelectorTerms": [
+                    {"matchFields": [{"key": "metadata.name", "operator": "In", "values": [node]}]}
+                ]
+            }
+        status["allocation"] = allocation
+    if consumers:
+        status["reservedFor"] = [{"resource": "pods", "name": c, "uid": c} for c in consumers]
+    return msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "ns", "uid": uid, "resourceVersion": rv},
+            "spec": {
+                "devices": {
+                    "requests": [
+                        {"name": "gpu", "exactly": {"deviceClassName": class_name, "count": count}}
+                    ]
+                }
+            },
+            "status": status or None,
+        },
+        ResourceClaim,
+    )
+
+
+GPU0 = [("gpu", "n1", "gpu-0")]
+
+
+def device_class(name: str = "gpu") -> DeviceClass:
+    expression = f'device.driver == "{DRIVER}"'
+    return msgspec.convert(
+        {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expression}}]}},
+        DeviceClass,
+    )
+
+
+def slice_(node: str = "n1", devices: int = 1) -> ResourceSlice:
+    return msgspec.convert(
+        {
+            "metadata": {"name": f"{node}-slice"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": [{"name": f"gpu-{i}"} for i in range(devices)],
+            },
+        },
+        ResourceSlice,
+    )
+
+
+def pod(claims: list[str], created: str = "2020-01-01T00:00:00Z", node: str | None = None) -> Pod:
+    return msgspec.convert(
+        {
+            "metadata": {
+                "name": "p",
+                "namespace": "ns",
+                "uid": "pod-1",
+                "creationTimestamp": created,
+            },
+            "spec": {
+                "nodeName": node,
+                "resourceClaims": [{"name": c, "resourceClaimName": c} for c in claims],
+            },
+        },
+        Pod,
+    )
+
+
+# ------------------------------------------------------------------ lifecycle
+
+
+def run(steps: list[ResourceClaim]) -> list[list[str]]:
+    tracked: lifecycle.Tracked | None = None
+    out = []
+    for c in steps:
+        step = lifecycle.observe(tracked, c)
+        out.append(step.events)
+        tracked = step.tracked if step.tracked is not None else (None if step.forget else tracked)
+    return out
+
+
+def test_allocation_then_reservation_then_release_and_deallocation() -> None:
+    assert run(
+        [
+            claim(rv="1"),
+            claim(rv="2", devices=GPU0),
+            claim(rv="3", devices=GPU0, consumers=["pod-a"]),
+            claim(rv="4", devices=GPU0, consumers=["pod-a", "pod-b"]),
+            claim(rv="5", devices=GPU0, consumers=["pod-b"]),
+            claim(rv="6", devices=GPU0),
+            claim(rv="7"),
+        ]
+    ) == [[], ["allocated"], ["reserved"], ["reserved"], [], ["released"], []]
+
+
+def test_allocated_and_reserved_in_one_update_and_replays_repeat_nothing() -> None:
+    full = claim(rv="2", devices=GPU0, consumers=["pod-a"])
+    assert run([full, full, claim(rv="2", devices=GPU0, consumers=["pod-a"])]) == [
+        ["allocated", "reserved"],
+        [],
+        [],
+    ]
+
+
+def test_deallocation_of_a_reserved_claim_releases_once() -> None:
+    assert run([claim(devices=GPU0, consumers=["a"]), claim(rv="2")]) == [
+        ["allocated", "reserved"],
+        ["released"],
+    ]
+
+
+def test_reallocation_to_other_devices_releases_then_allocates() -> None:
+    other = [("gpu", "n2", "gpu-3")]
+    assert run([claim(devices=GPU0, consumers=["a"]), claim(rv="2", devices=other)]) == [
+        ["allocated", "reserved"],
+        ["released", "allocated"],
+    ]
+
+
+def test_other_drivers_are_ignored() -> None:
+    assert run([claim(devices=GPU0, consumers=["a"], driver="nic.example.com")]) == [[]]
+
+
+def test_bucket_writes_follow_resource_versions() -> None:
+    first = lifecycle.observe(None, claim(rv="1", devices=GPU0))
+    assert first.store
+    again = lifecycle.observe(first.tracked, claim(rv="1", devices=GPU0))
+    assert not again.store and not again.events
+    newer = lifecycle.observe(first.tracked, claim(rv="2", devices=GPU0, consumers=["a"]))
+    assert newer.store and newer.events == ["reserved"]
+
+
+def test_deleted_after_deallocation_is_still_reported() -> None:
+    step = lifecycle.observe(None, claim(devices=GPU0))
+    gone = lifecycle.observe(step.tracked, claim(rv="2"))
+    assert gone.forget and gone.tracked is not None and not gone.tracked.devices
+    assert lifecycle.deleted(gone.tracked).events == ["deleted"]
+    assert lifecycle.deleted(None).events == []
+
+
+def test_node_from_selector_else_pool() -> None:
+    assert lifecycle.allocation_node(claim(devices=GPU0, node="n7")) == "n7"
+    assert lifecycle.allocation_node(claim(devices=[("gpu", "pool-9", "gpu-0")], node=None)) == (
+        "pool-9"
+    )
+
+
+# ------------------------------------------------------------------ informer
+
+
+class ScriptedApi:
+    """list() answers from ``listings``; each watch() replays one script of events/errors."""
+
+    def __init__(self, listings: list[Listing], watches: list[list[RawEvent | ApiError]]) -> None:
+        self.listings = listings
+        self.watches = watches
+        self.watch_versions: list[str] = []
+        self.done = asyncio.Event()
+
+    async def list(self, path: str, params: Mapping[str, str]) -> Listing:
+        return self.listings.pop(0)
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str
+    ) -> AsyncIterator[RawEvent]:
+        self.watch_versions.append(resource_version)
+        if not self.watches:
+            self.done.set()
+            await asyncio.Event().wait()
+        for item in self.watches.pop(0):
+            if isinstance(item, ApiError):
+                raise item
+            yield item
+
+    async def get(self, path: str) -> bytes:
+        raise NotImplementedError
+
+    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def patch(self, path: str, body: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def close(self) -> None:
+        pass
+
+
+def raw(obj: ResourceClaim | dict[str, Any]) -> msgspec.Raw:
+    data = msgspec.json.encode(obj) if not isinstance(obj, dict) else json.dumps(obj).encode()
+    return msgspec.Raw(data)
+
+
+async def test_informer_lists_watches_skips_malformed_and_relists_after_410() -> None:
+    a1, b1 = claim("a", "ua", "10"), claim("b", "ub", "11")
+    a2 = claim("a", "ua", "20", devices=GPU0)
+    bad = {"metadata": {"name": "x", "namespace": "ns", "resourceVersion": "21"}, "spec": 7}
+    api = ScriptedApi(
+        listings=[Listing([raw(a1), raw(b1)], "11"), Listing([raw(a2)], "30")],
+        watches=[
+            [
+                RawEvent("MODIFIED", raw(a2)),
+                RawEvent("ADDED", raw(bad)),  # malformed: skipped, its RV still counts
+                RawEvent("BOOKMARK", raw({"metadata": {"resourceVersion": "25"}})),
+            ],
+            [ApiError(410, "too old resource version", "Expired")],
+        ],
+    )
+    changes: list[tuple[str | None, str | None]] = []
+
+    async def on_change(old: ResourceClaim | None, new: ResourceClaim | None) -> None:
+        changes.append(
+            (
+                old.metadata.resource_version if old else None,
+                new.metadata.resource_version if new else None,
+            )
+        )
+
+    informer = Informer(api, "resourceclaims", "/x", ResourceClaim, on_change=on_change)
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(api.done.wait(), 5)
+    task.cancel()
+    # Watch from the listing, resume after the bookmark, then list again after the 410.
+    assert api.watch_versions == ["11", "25", "30"]
+    assert changes == [(None, "10"), (None, "11"), ("10", "20"), ("11", None)]
+    assert set(informer.items) == {"ns/a"}
+
+
+async def test_informer_survives_a_failing_handler() -> None:
+    api = ScriptedApi(
+        listings=[Listing([raw(claim("a", "ua", "1")), raw(claim("b", "ub", "2"))], "2")],
+        watches=[],
+    )
+    seen: list[str] = []
+
+    async def on_change(old: ResourceClaim | None, new: ResourceClaim | None) -> None:
+        assert new is not None
+        seen.append(new.metadata.name)
+        if new.metadata.name == "a":
+            raise RuntimeError("boom")
+
+    informer = Informer(api, "resourceclaims", "/x", ResourceClaim, on_change=on_change)
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(api.done.wait(), 5)
+    task.cancel()
+    assert seen == ["a", "b"]
+
+
+# ------------------------------------------------------------------ pending
+
+
+def test_waiting_claims_need_an_unscheduled_pod_past_the_threshold() -> None:
+    classes = {"gpu": device_class()}
+    pending = claim("c", "uc")
+    claims = {"ns/c": pending}
+    now = 1577836800.0 + 100  # 100 s after the pod's creation
+    found = waiting_claims([pod(["c"])], claims, classes, PodClock(), threshold=30, now=now)
+    assert [w.claim.metadata.uid for w in found] == ["uc"]
+    assert found[0].waited == pytest.approx(100)
+    assert not waiting_claims([pod(["c"])], claims, classes, PodClock(), threshold=300, now=now)
+    assert not waiting_claims([pod(["c"], node="n1")], claims, classes, PodClock(), 30, now)
+    allocated = {"ns/c": claim("c", "uc", devices=GPU0)}
+    assert not waiting_claims([pod(["c"])], allocated, classes, PodClock(), 30, now)
+    other = {"gpu": msgspec.structs.replace(device_class(), spec=device_class().spec.__class__())}
+    assert not waiting_claims([pod(["c"])], claims, other, PodClock(), 30, now)
+
+
+def test_a_pod_created_in_our_future_waits_from_when_we_saw_it() -> None:
+    clock = PodClock()
+    future = pod(["c"], created="2100-01-01T00:00:00Z")
+    assert clock.since(future, 1000.0) == 0
+    assert clock.since(future, 1042.0) == 42
+
+
+def _cluster(devices: int) -> ClusterAllocator:
+    cluster = ClusterAllocator(Features())
+    node = msgspec.convert({"metadata": {"name": "n1"}}, NodeObject)
+    cluster.update(1, [device_class()], [slice_(devices=devices)], [], [node])
+    return cluster
+
+
+def test_verdict_for_an_unsatisfiable_claim_names_the_shortfall() -> None:
+    outcome = _cluster(devices=1).explain(claim(count=3))
+    result = verdict(outcome)
+    assert (result.reason, result.type, result.status) == (
+        "Unschedulable",
+        "Warning",
+        "unschedulable",
+    )
+    assert "no node can allocate the claim (1 node(s) tried)" in result.message
+    assert "request gpu: needs 3, 1 candidate device(s) on 1 node(s)" in result.message
+
+
+def test_verdict_for_a_claim_that_fits_says_so() -> None:
+    result = verdict(_cluster(devices=2).explain(claim(count=2)))
+    assert (result.reason, result.type) == ("AllocationExplained", "Normal")
+    assert "fits on node n1 (n1/gpu-0, n1/gpu-1)" in result.message
+
+
+def test_verdict_for_a_missing_class_is_an_error() -> None:
+    result = verdict(_cluster(devices=1).explain(claim(class_name="nope")))
+    assert result.reason == "Unschedulable" and result.status == "error"
+    assert "nope" in result.message
+
+
+def test_messages_are_cut_at_1024_bytes() -> None:
+    cut = truncate("é" * 1000)
+    assert len(cut.encode()) <= 1024 and cut.endswith("...")
+    assert truncate("short") == "short"
+
+
+# ------------------------------------------------------------------ Kubernetes Events
+
+
+class EventsApi(ScriptedApi):
+    def __init__(self, existing: dict[str, int] | None = None) -> None:
+        super().__init__([], [])
+        self.events: dict[str, dict[str, Any]] = {
+            k: {"count": v, "message": "old"} for k, v in (existing or {}).items()
+        }
+        self.calls: list[str] = []
+
+    async def get(self, path: str) -> bytes:
+        self.calls.append("get")
+        return json.dumps(self.events[path]).encode()
+
+    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+        self.calls.append("create")
+        full = f"{path}/{body['metadata']['name']}"
+        if full in self.events:
+            raise ApiError(409, "exists", "AlreadyExists")
+        self.events[full] = dict(body)
+        return b"{}"
+
+    async def patch(self, path: str, body: dict[str, Any]) -> bytes:
+        self.calls.append("patch")
+        if path not in self.events:
+            raise ApiError(404, "not found", "NotFound")
+        self.events[path].update(body)
+        return b"{}"
+
+
+def _event_path(c: ResourceClaim) -> str:
+    return f"/api/v1/namespaces/ns/events/{event_name(c)}"
+
+
+async def test_one_event_per_claim_counted_up() -> None:
+    api = EventsApi()
+    recorder = ClaimEventRecorder(api)
+    c = claim()
+    for message in ("first", "second", "third"):
+        assert await recorder.record(c, "Unschedulable", "Warning", message)
+    assert list(api.events) == [_event_path(c)]
+    event = api.events[_event_path(c)]
+    assert (event["count"], event["message"]) == (3, "third")
+    assert event["involvedObject"]["kind"] == "ResourceClaim"
+    assert event["involvedObject"]["uid"] == "u1"
+    assert api.calls == ["create", "patch", "patch"]
+
+
+async def test_an_event_from_before_a_restart_is_continued() -> None:
+    c = claim()
+    api = EventsApi(existing={_event_path(c): 4})
+    assert await ClaimEventRecorder(api).record(c, "Unschedulable", "Warning", "again")
+    assert api.events[_event_path(c)]["count"] == 5
+    assert api.calls == ["create", "get", "patch"]
+
+
+async def test_an_expired_event_is_created_again() -> None:
+    api = EventsApi()
+    recorder = ClaimEventRecorder(api)
+    c = claim()
+    await recorder.record(c, "Unschedulable", "Warning", "one")
+    api.events.clear()
+    assert await recorder.record(c, "Unschedulable", "Warning", "two")
+    assert api.events[_event_path(c)]["count"] == 1
+
+
+async def test_writes_are_rate_limited() -> None:
+    api = EventsApi()
+    recorder = ClaimEventRecorder(api, rate=0.001, burst=2)
+    results = [await recorder.record(claim(uid=f"u{i}"), "R", "Warning", "m") for i in range(4)]
+    assert results == [True, True, False, False]
+
+
+def test_event_names_are_stable_dns_subdomains() -> None:
+    long = claim(name="a" * 199 + "-b" * 20)
+    name = event_name(long)
+    assert len(name) <= 253 and ".-" not in name and "-." not in name
+    assert event_name(long) == name
+    assert event_name(claim(uid="other")) != event_name(claim())
