@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint typecheck unit integration e2e bench clean proto
+.PHONY: venv up test lint typecheck unit integration e2e controlplane bench clean proto
 
 venv: $(STAMP)
 
@@ -30,7 +30,14 @@ unit: venv
 integration: venv
 	$(BIN)/pytest tests/integration
 
-test: lint typecheck
+e2e: venv controlplane
+	$(BIN)/pytest tests/e2e
+
+# The Go control plane for e2e (cached outside the repo, keyed by its inputs).
+controlplane:
+	tests/e2e/controlplane/build.sh
+
+test: lint typecheck controlplane
 	$(BIN)/pytest tests
 
 proto: venv
@@ -38,6 +45,8 @@ proto: venv
 
 bench: venv
 	$(BIN)/python bench/publish.py
+	$(BIN)/python bench/allocate.py
+	$(BIN)/python bench/prepare.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
