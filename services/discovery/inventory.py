@@ -128,6 +128,7 @@ class _GpuScan:
             memory_bytes=self._memory(),
             pci_bus_id=pci.bus_id if pci else _prev(prev, "pci_bus_id"),
             pcie_root=self.query("PCIe root", lambda: be.pcie_root(i), None, required=False),
+            numa_node=self.query("NUMA node", lambda: be.numa_node(i), None, required=False),
             addressing_mode=self.query(
                 "addressing mode", lambda: be.addressing_mode(i), None, required=False
             ),

@@ -213,6 +213,9 @@ class NvmlBackend:
     def pcie_root(self, index: int) -> str | None:
         return sysfs.pcie_root(self.pci_info(index).bus_id, self.sysfs_root)
 
+    def numa_node(self, index: int) -> int | None:
+        return sysfs.numa_node(self.pci_info(index).bus_id, self.sysfs_root)
+
     def vfio_info(self, index: int) -> VfioInfo | None:
         return sysfs.vfio_info(self.pci_info(index).bus_id, self.sysfs_root, self.dev_root)
 

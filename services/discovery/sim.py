@@ -152,6 +152,10 @@ class SimNvml:
     def pcie_root(self, index: int) -> str | None:
         return self._gpu(index).pcie_root
 
+    def numa_node(self, index: int) -> int | None:
+        numa = self._gpu(index).numa_node
+        return numa if numa >= 0 else None
+
     def vfio_info(self, index: int) -> VfioInfo | None:
         gpu, model = self._gpu(index), self._model(index)
         return VfioInfo(

@@ -1,4 +1,4 @@
-"""PCI facts NVML does not give: the PCIe root and what a VFIO twin is published with.
+"""PCI facts NVML does not give: the PCIe root, the NUMA node and the VFIO twin's facts.
 
 Both are read from sysfs the way the reference driver's libraries do:
 ``/sys/bus/pci/devices/<bdf>`` is a link into ``/sys/devices/pci<domain>:<bus>/...``
@@ -38,6 +38,12 @@ def pcie_root(bus_id: str, sysfs_root: Path = Path("/sys")) -> str | None:
         log.warning("unexpected sysfs link", extra={"pci_bus_id": bus_id, "target": target})
         return None
     return parts[0]
+
+
+def numa_node(bus_id: str, sysfs_root: Path = Path("/sys")) -> int | None:
+    """The device's NUMA node as the kernel says (go-nvlib nvpci); None when unknown (-1)."""
+    numa = _int(sysfs_root / "bus" / "pci" / "devices" / bus_id / "numa_node", -1)
+    return numa if numa >= 0 else None
 
 
 def vfio_info(

@@ -293,6 +293,7 @@ def test_both_backends_give_the_same_inventory(sim: SimNvml, real: NvmlBackend) 
     assert from_pynvml.backend == "nvml"
     assert all(g.error is None and g.vfio is not None for g in from_pynvml.gpus)
     assert without_backend_name(from_pynvml) == without_backend_name(simulated)
+    assert [g.numa_node for g in from_pynvml.gpus] == [0, 0, 1, 1]  # mixed.yaml, via sysfs
 
 
 def test_profile_names_without_nvml_v2_follow_go_nvlib(
@@ -355,6 +356,11 @@ def test_bus_id_and_sysfs_edge_cases(tmp_path: Path) -> None:
     assert format_bus_id("0001:3b:00.0") == "0001:3b:00.0"
     assert sysfs.pcie_root("0000:3b:00.0", tmp_path) is None  # no sysfs entry
     assert sysfs.vfio_info("0000:3b:00.0", tmp_path, tmp_path) is None
+    assert sysfs.numa_node("0000:3b:00.0", tmp_path) is None
+    device = tmp_path / "bus" / "pci" / "devices" / "0000:3b:00.0"
+    device.mkdir(parents=True)
+    (device / "numa_node").write_text("-1\n")  # what a single-node machine says
+    assert sysfs.numa_node("0000:3b:00.0", tmp_path) is None
     lines = ["0x0 0x0 0x0", "0x1000 0x1fff 0x4", "0x3000 0x3fff 0x0"]
     assert sysfs.addressable_memory(lines) == 0x1000  # only the 64-bit BAR counts
     assert sysfs.addressable_memory(["0x1000 0x2fff 0xc"]) == 0x2000

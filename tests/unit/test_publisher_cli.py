@@ -78,6 +78,27 @@ def test_dgx_a100_shows_mig_devices_instead_of_gpus_in_mig_mode(
         assert any(k.startswith("memorySlice") for k in device["capacity"])
 
 
+def test_numa_node_of_every_device_comes_from_the_fleet(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """dgx-h100: GPUs 0-3 on socket 0, 4-7 on socket 1; MIG devices carry their parent's."""
+    numa = nvidia.ATTR_NUMA_NODE
+    h100 = _devices(_slices(capsys, "--fleet", "dgx-h100", "--node", "n1"))
+    assert {n: d["attributes"][numa] for n, d in h100.items()} == {
+        f"gpu-{i}": {"int": i // 4} for i in range(8)
+    }
+    args = ["--fleet", "dgx-a100", "--node", "n1", "--feature-gates", "PassthroughSupport=true"]
+    a100 = _devices(_slices(capsys, *args))
+    parents = {4: 7, 5: 7, 6: 5, 7: 5}
+    migs = {n: d for n, d in a100.items() if "-mig-" in n}
+    assert migs and all(
+        d["attributes"][numa] == {"int": parents[nvidia.parse_device_name(n).minor or 0]}
+        for n, d in migs.items()
+    )
+    assert a100["gpu-0"]["attributes"][numa] == {"int": 3}
+    assert a100["gpu-vfio-0"]["attributes"][numa] == {"int": 3}
+
+
 def test_dynamic_mig_adds_counter_sets(capsys: pytest.CaptureFixture[str]) -> None:
     items = _slices(
         capsys, "--fleet", "dgx-h100", "--node", "n1", "--feature-gates", "DynamicMIG=true"
