@@ -4,17 +4,33 @@ Inputs: 500 dgx-h100 nodes and 50 dgx-a100 nodes with DynamicMIG, their slices
 rendered by our publisher (``gpudra slices``, one render per fleet, renamed per
 node); claims: single GPUs with a CEL memory selector, 1g MIG partitions, and
 GPU pairs with ``matchAttribute`` on pcieRoot. Prints claims/s, p50/p99 per
-claim and peak RSS. Usage: ``python bench/allocate.py [--claims N] [--h100 N] [--a100 N]``.
+claim and peak RSS of our engine in process.
+
+Then, when the control-plane build cache holds ``reference-allocator`` (the
+upstream Go allocator behind the same command line), both command lines run on
+the same generated JSON files, scaled down by ``--reference-scale`` (the
+reference tries every node from the first for each claim, which is hours on
+the full set), each also on the files without claims so that reading and
+admission can be subtracted; prints both allocation rates and their ratio.
+
+Usage: ``python bench/allocate.py [--claims N] [--h100 N] [--a100 N]
+[--reference-scale 0.1] [--reference-timeout S]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import io
+import json
+import os
 import resource
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 from contextlib import redirect_stdout
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -24,7 +40,11 @@ from services.allocator import features as kube_features
 from services.allocator.inputs import Inputs
 from services.allocator.offline import OfflineAllocator
 from services.cli import main as gpudra
-from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice, to_builtins
+
+REPO = Path(__file__).resolve().parents[1]
+BUILD_SCRIPT = REPO / "tests" / "e2e" / "controlplane" / "build.sh"
+GATES = "DRAPartitionableDevices=true"
 
 TEMPLATE = "templatenode"
 PROFILE_1G = 'device.attributes["gpu.nvidia.com"].profile == "1g.5gb"'
@@ -38,9 +58,15 @@ def _render(fleet: str, gates: str) -> str:
     return out.getvalue()
 
 
-def _slices(text: str, node: str) -> list[ResourceSlice]:
-    docs = [d for d in yaml.safe_load_all(text.replace(TEMPLATE, node)) if d]
-    return [msgspec.convert(d, ResourceSlice) for d in docs]
+def _template(text: str) -> bytes:
+    """The rendered slices as one JSON list, parsed once per fleet."""
+    return msgspec.json.encode([d for d in yaml.safe_load_all(text) if d])
+
+
+def _slices(template: bytes, node: str) -> list[ResourceSlice]:
+    return msgspec.json.decode(
+        template.replace(TEMPLATE.encode(), node.encode()), type=list[ResourceSlice]
+    )
 
 
 def _class(name: str, kind: str) -> DeviceClass:
@@ -97,31 +123,26 @@ def _claim(index: int) -> ResourceClaim:
     )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--claims", type=int, default=5000)
-    parser.add_argument("--h100", type=int, default=500)
-    parser.add_argument("--a100", type=int, default=50)
-    args = parser.parse_args()
-
-    start = time.perf_counter()
-    h100, a100 = _render("dgx-h100", ""), _render("dgx-a100", "DynamicMIG=true")
+def _inputs(claims: int, h100: int, a100: int) -> Inputs:
+    h100_slices = _template(_render("dgx-h100", ""))
+    a100_slices = _template(_render("dgx-a100", "DynamicMIG=true"))
     inputs = Inputs(
         classes={
             "gpu.nvidia.com": _class("gpu.nvidia.com", "gpu"),
             "mig.nvidia.com": _class("mig.nvidia.com", "mig"),
         }
     )
-    for i in range(args.h100):
-        inputs.slices += _slices(h100, f"h100-{i:04d}")
-    for i in range(args.a100):
-        inputs.slices += _slices(a100, f"a100-{i:04d}")
-    inputs.claims = [_claim(i) for i in range(args.claims)]
-    devices = sum(len(s.spec.devices or []) for s in inputs.slices)
-    setup = time.perf_counter() - start
+    for i in range(h100):
+        inputs.slices += _slices(h100_slices, f"h100-{i:04d}")
+    for i in range(a100):
+        inputs.slices += _slices(a100_slices, f"a100-{i:04d}")
+    inputs.claims = [_claim(i) for i in range(claims)]
+    return inputs
 
-    features = kube_features.parse("DRAPartitionableDevices=true")
-    allocator = OfflineAllocator(inputs, features)
+
+def _in_process(inputs: Inputs) -> None:
+    """Our engine in this process: per-claim latencies, throughput, peak RSS."""
+    allocator = OfflineAllocator(inputs, kube_features.parse(GATES))
     nodes = allocator.nodes(None)
     latencies: list[float] = []
     statuses: dict[str, int] = {}
@@ -135,16 +156,120 @@ def main() -> None:
 
     latencies.sort()
     p99 = latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
-    rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    devices = sum(len(s.spec.devices or []) for s in inputs.slices)
     print(f"nodes: {len(nodes)}  slices: {len(inputs.slices)}  devices: {devices}")
-    print(f"setup (render + decode): {setup:.1f} s")
     print(f"claims: {len(inputs.claims)}  outcomes: {statuses}")
     print(f"throughput: {len(inputs.claims) / elapsed:.0f} claims/s  ({elapsed:.2f} s)")
     print(
         f"per claim: p50 {statistics.median(latencies) * 1e3:.2f} ms  "
         f"p99 {p99 * 1e3:.2f} ms  max {latencies[-1] * 1e3:.1f} ms"
     )
-    print(f"peak RSS: {rss_mib:.0f} MiB")
+    print(f"peak RSS: {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+
+
+def reference_binary() -> Path | None:
+    """reference-allocator from the control-plane build cache, or None (never builds)."""
+    env = {**os.environ, "GO": "/nonexistent/go"}  # a cache miss fails instead of building
+    try:
+        proc = subprocess.run(
+            [str(BUILD_SCRIPT)], capture_output=True, text=True, env=env, timeout=30, check=False
+        )
+    except subprocess.TimeoutExpired:
+        return None
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return None
+    binary = Path(lines[-1]).parent / "reference-allocator"
+    return binary if binary.exists() else None
+
+
+def _write(path: Path, inputs: Inputs, with_claims: bool) -> None:
+    items = [to_builtins(c) for c in inputs.classes.values()]
+    items += [to_builtins(s) for s in inputs.slices]
+    if with_claims:
+        items += [to_builtins(c) for c in inputs.claims]
+    path.write_bytes(msgspec.json.encode({"apiVersion": "v1", "kind": "List", "items": items}))
+
+
+def _timed(argv: list[str], timeout: float) -> tuple[float, dict[str, int]] | None:
+    """Seconds the command took and the count of each claim status it printed."""
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(argv, capture_output=True, timeout=timeout, check=False, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return None
+    elapsed = time.perf_counter() - start
+    if proc.returncode != 0:
+        raise SystemExit(f"{argv[0]} failed ({proc.returncode}): {proc.stderr[-500:]!r}")
+    statuses: dict[str, int] = {}
+    for claim in json.loads(proc.stdout)["claims"]:
+        statuses[claim["status"]] = statuses.get(claim["status"], 0) + 1
+    return elapsed, statuses
+
+
+def _compare(inputs: Inputs, binary: Path, timeout: float) -> None:
+    """Both command lines on the same files; allocation time = run minus a run without claims."""
+    ours = [sys.executable, "-m", "services.cli", "allocate", "-o", "json", "--feature-gates"]
+    theirs = [str(binary), "-o", "json", "--feature-gates"]
+    with tempfile.TemporaryDirectory(prefix="gpudra-bench-") as tmp:
+        full, base = Path(tmp) / "inputs.json", Path(tmp) / "no-claims.json"
+        _write(full, inputs, with_claims=True)
+        _write(base, inputs, with_claims=False)
+        rates: dict[str, float] = {}
+        for name, argv in (("gpudra allocate", ours), ("reference-allocator", theirs)):
+            empty = _timed([*argv, GATES, "-f", str(base)], timeout)
+            run = _timed([*argv, GATES, "-f", str(full)], timeout)
+            if empty is None or run is None:
+                print(f"{name}: no answer within {timeout:.0f} s")
+                continue
+            allocating = max(run[0] - empty[0], 1e-3)
+            rates[name] = len(inputs.claims) / allocating
+            print(
+                f"{name}: {run[0]:.2f} s end to end, {empty[0]:.2f} s reading the input, "
+                f"{rates[name]:.0f} claims/s allocating; outcomes {run[1]}"
+            )
+        if len(rates) == 2:
+            ratio = rates["gpudra allocate"] / rates["reference-allocator"]
+            print(f"ratio gpudra / reference: {ratio:.1f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--claims", type=int, default=5000)
+    parser.add_argument("--h100", type=int, default=500)
+    parser.add_argument("--a100", type=int, default=50)
+    parser.add_argument(
+        "--reference-scale",
+        type=float,
+        default=0.1,
+        help="fraction of nodes and claims for the reference comparison (0: skip it)",
+    )
+    parser.add_argument("--reference-timeout", type=float, default=600)
+    args = parser.parse_args()
+
+    start = time.perf_counter()
+    inputs = _inputs(args.claims, args.h100, args.a100)
+    print(f"setup (render + decode): {time.perf_counter() - start:.1f} s")
+    _in_process(inputs)
+    if args.reference_scale <= 0:
+        return
+    binary = reference_binary()
+    if binary is None:
+        print("reference: skipped (no cached control-plane build; see tests/e2e/README.md)")
+        return
+    scale = args.reference_scale
+    small = _inputs(
+        max(1, round(args.claims * scale)),
+        max(1, round(args.h100 * scale)),
+        max(1, round(args.a100 * scale)),
+    )
+    nodes = len(small.node_names())
+    print(
+        f"\nreference comparison, same generated files for both command lines "
+        f"({len(small.claims)} claims, {nodes} nodes; the reference tries every node "
+        "for every claim, so the full set would take it hours):"
+    )
+    _compare(small, binary, args.reference_timeout)
 
 
 if __name__ == "__main__":

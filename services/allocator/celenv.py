@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
 from cel_expr_python import cel
@@ -63,6 +64,9 @@ class Reference:
     name: str | None
 
 
+Fact = tuple[str, ...]  # ("driver",), ("allowMultipleAllocations",), (map, domain, name)
+
+
 @dataclass(slots=True)
 class Selector:
     """A compiled selector; ``error`` is set instead of a program when it does not compile."""
@@ -72,6 +76,9 @@ class Selector:
     error: str | None = None
     cost: int | None = None
     references: list[Reference] = field(default_factory=list)
+    # The device facts the result depends on, when that is all it depends on
+    # (see :func:`signature`); None: evaluate on every device.
+    facts: tuple[Fact, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,6 +171,7 @@ class CelEnvironment:
             )
             return selector
         selector.references = _references(tree)
+        selector.facts = signature(tree)
         rewritten = _default_domains(expression, tree)
         selector.program = checked if rewritten == expression else self._env.compile(rewritten)
         return selector
@@ -253,6 +261,100 @@ def _default_domains(expression: str, tree: Node) -> str:
     for pos, text in sorted(edits, reverse=True):
         expression = expression[:pos] + text + expression[pos:]
     return expression
+
+
+def signature(tree: Node) -> tuple[Fact, ...] | None:
+    """The facts of a device an expression reads, if it reads nothing else of it.
+
+    True when every use of ``device`` is ``device.driver``,
+    ``device.allowMultipleAllocations``, or a lookup with literal keys
+    ``device.attributes["domain"].name`` / ``["domain"]["name"]`` (the same for
+    ``capacity``, optional forms included). Then two devices with equal facts
+    get the same result (or the same error), so a result can be shared. Any
+    other use (a whole map, a computed key, a variable named ``device``) gives
+    None.
+    """
+    facts: list[Fact] = []
+
+    def visit(node: Node) -> bool:
+        fact = _fact(node)
+        if fact is not None:
+            if fact not in facts:
+                facts.append(fact)
+            return True
+        if node.kind == "ident" and node.name == "device":
+            return False
+        return all(visit(arg) for arg in node.args)
+
+    return tuple(facts) if visit(tree) else None
+
+
+def _fact(node: Node) -> Fact | None:
+    if node.kind == "select" and node.args[0].kind == "ident" and node.args[0].name == "device":
+        return (node.name,) if node.name in ("driver", MULTI_ALLOC_FIELD) else None
+    if node.kind == "select":
+        base, name = node.args[0], node.name
+    elif node.kind == "index" and _string_literal(node.args[1]):
+        base, name = node.args[0], str(node.args[1].value)
+    else:
+        return None
+    if base.kind != "index" or not _is_device_map(base.args[0]):
+        return None
+    key = base.args[1]
+    if not _string_literal(key):
+        return None
+    path = device_path(base.args[0]) or [""]
+    return (path[0], str(key.value), name)
+
+
+def _string_literal(node: Node) -> bool:
+    return node.kind == "lit" and isinstance(node.value, str)
+
+
+def device_facts(device: DeviceInput) -> dict[Fact, object] | None:
+    """What :func:`signature` facts read, per device; None when building the device's
+    activation would fail (then every selector fails on it, as in Kubernetes)."""
+    facts: dict[Fact, object] = {("driver",): device.driver}
+    facts[(MULTI_ALLOC_FIELD,)] = bool(device.device.allow_multiple_allocations)
+    for name, attr in (device.device.attributes or {}).items():
+        domain, ident = split_name(name, device.driver)
+        if attr.version is not None:
+            if not _semver_ok(attr.version):
+                return None
+            value: object = ("version", attr.version)
+        elif attr.int_ is not None:
+            value = ("int", attr.int_)
+        elif attr.bool_ is not None:
+            value = ("bool", attr.bool_)
+        elif attr.string is not None:
+            value = ("string", attr.string)
+        else:
+            return None
+        facts[("attributes", domain, ident)] = value
+    for name, cap in (device.device.capacity or {}).items():
+        if not _quantity_ok(cap.value):
+            return None
+        domain, ident = split_name(name, device.driver)
+        facts[("capacity", domain, ident)] = cap.value
+    return facts
+
+
+@lru_cache(maxsize=1024)
+def _quantity_ok(text: str) -> bool:
+    try:
+        Quantity.parse(text)
+    except ValueError:
+        return False
+    return True
+
+
+@lru_cache(maxsize=1024)
+def _semver_ok(text: str) -> bool:
+    try:
+        Semver.parse(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _references(tree: Node) -> list[Reference]:

@@ -8,6 +8,7 @@ silently drops an object.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -53,15 +54,31 @@ class Inputs:
         return self.nodes.get(name) or Node(name)
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
+
+
+def _json_document(text: str) -> list[Any] | None:
+    """A JSON file as its one document (JSON is YAML, but a JSON parser is far faster);
+    None when the text is not JSON, so YAML parsing (and its error messages) follows."""
+    if not text.lstrip().startswith(("{", "[")):
+        return None
+    try:
+        return [json.loads(text)]
+    except ValueError:
+        return None
+
+
 def _documents(path: Path) -> Iterator[tuple[str, Any]]:
     try:
         text = path.read_text()
     except OSError as exc:
         raise InputError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        docs = list(yaml.safe_load_all(text))
-    except yaml.YAMLError as exc:
-        raise InputError(f"{path}: not valid YAML or JSON: {exc}") from exc
+    docs = _json_document(text)
+    if docs is None:
+        try:
+            docs = list(yaml.load_all(text, Loader=_LOADER))
+        except yaml.YAMLError as exc:
+            raise InputError(f"{path}: not valid YAML or JSON: {exc}") from exc
     for number, doc in enumerate(docs, start=1):
         if doc is None:
             continue

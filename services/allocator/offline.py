@@ -58,6 +58,9 @@ class OfflineAllocator:
                 state.add(claim.status.allocation, features.consumable_capacity)
         self.engine = Engine(inputs.classes, inputs.slices, features, state)
         self._misfits: set[tuple[bytes, str | None]] = set()
+        # Per claim shape: the node list it was last tried on and how many of its
+        # first nodes are known misfits, so a long run skips full nodes at once.
+        self._frontier: dict[bytes, tuple[list[Node | None], int]] = {}
 
     def nodes(self, only: str | None) -> list[Node | None]:
         if only is not None:
@@ -75,11 +78,15 @@ class OfflineAllocator:
 
     def allocate(self, claim: ResourceClaim, nodes: list[Node | None]) -> ClaimOutcome:
         shape = msgspec.json.encode(claim.spec)
-        tried: list[Node | None] = []
-        for node in nodes:
+        known, skip = self._frontier.get(shape, (nodes, 0))
+        if known is not nodes:
+            skip = 0
+        for index in range(skip, len(nodes)):
+            node = nodes[index]
             key = (shape, node.name if node else None)
             if key in self._misfits:
-                tried.append(node)
+                if index == skip:
+                    skip += 1
                 continue
             try:
                 allocation = self.engine.allocate(claim, node)
@@ -89,16 +96,19 @@ class OfflineAllocator:
                     outcome.explanation = error_explanation(self.engine, claim, str(exc), node)
                 return outcome
             if allocation is not None:
+                self._frontier[shape] = (nodes, skip)
                 self.engine.commit(allocation)
                 return ClaimOutcome(
                     claim, "allocated", node=node.name if node else None, allocation=allocation
                 )
             self._misfits.add(key)
-            tried.append(node)
+            if index == skip:
+                skip += 1
+        self._frontier[shape] = (nodes, skip)
         outcome = ClaimOutcome(claim, "unschedulable")
         if self.explain:
             explainer = Explainer(self.engine, claim)
-            for node in tried:
+            for node in nodes:  # every node was tried (or known not to fit)
                 explainer.node(node)
             outcome.explanation = explainer.explanation()
         return outcome

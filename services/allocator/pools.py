@@ -120,8 +120,39 @@ def _slice_for_node(slice_: ResourceSlice, node: Node | None, features: Features
 PoolCache = dict[tuple[object, ...], Pool]
 
 
+class SliceIndex:
+    """The slices, indexed once so that gathering one node's pools touches only its slices.
+
+    Slices published for one ``nodeName`` are looked up by that name; every
+    other slice (counters, ``allNodes``, node selectors, per-device selection)
+    is checked for each node. Input order is kept: it decides pool order.
+    """
+
+    def __init__(self, slices: list[ResourceSlice]) -> None:
+        self.slices = slices
+        self.by_node: dict[str, list[tuple[int, ResourceSlice]]] = {}
+        self.shared: list[tuple[int, ResourceSlice]] = []
+        self.by_pool: dict[tuple[str, str], list[ResourceSlice]] = {}
+        for i, slice_ in enumerate(slices):
+            spec = slice_.spec
+            self.by_pool.setdefault((spec.driver, spec.pool.name), []).append(slice_)
+            if spec.node_name and not spec.shared_counters:
+                self.by_node.setdefault(spec.node_name, []).append((i, slice_))
+            else:
+                self.shared.append((i, slice_))
+
+    def for_node(self, node: Node | None) -> list[ResourceSlice]:
+        """The slices that may concern ``node``, in input order."""
+        own = self.by_node.get(node.name, []) if node is not None else []
+        if not own:
+            return [s for _, s in self.shared]
+        if not self.shared:
+            return [s for _, s in own]
+        return [s for _, s in sorted(own + self.shared, key=lambda pair: pair[0])]
+
+
 def gather_pools(
-    slices: list[ResourceSlice],
+    slices: list[ResourceSlice] | SliceIndex,
     node: Node | None,
     features: Features,
     cache: PoolCache | None = None,
@@ -131,9 +162,10 @@ def gather_pools(
     ``cache`` shares built pools between nodes: a pool built from the same slices
     is the same whichever node asks (counter slices are seen from every node).
     """
+    index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
     built: PoolCache = {} if cache is None else cache
     grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
-    for slice_ in slices:
+    for slice_ in index.for_node(node):
         if not _slice_for_node(slice_, node, features):
             continue
         key = (slice_.spec.driver, slice_.spec.pool.name)
@@ -149,7 +181,9 @@ def gather_pools(
         if len(members) == wanted:
             pools.append(_cached(built, driver, name, members, features, None))
             continue
-        newer, same_generation = _pool_slices(slices, driver, name, members[0].spec.pool.generation)
+        newer, same_generation = _pool_slices(
+            index.by_pool.get((driver, name), []), members[0].spec.pool.generation
+        )
         if newer:
             continue  # obsolete: a newer generation has no slice for this node
         if len(same_generation) != wanted:
@@ -180,12 +214,12 @@ def _cached(
 
 
 def _pool_slices(
-    slices: list[ResourceSlice], driver: str, name: str, generation: int
+    pool_slices: list[ResourceSlice], generation: int
 ) -> tuple[bool, list[ResourceSlice]]:
+    """checkSlicesInPool over the pool's own slices: a newer generation exists, or the
+    slices of ``generation``."""
     same: list[ResourceSlice] = []
-    for slice_ in slices:
-        if slice_.spec.driver != driver or slice_.spec.pool.name != name:
-            continue
+    for slice_ in pool_slices:
         if slice_.spec.pool.generation > generation:
             return True, []
         if slice_.spec.pool.generation == generation:

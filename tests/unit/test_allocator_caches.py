@@ -1,0 +1,234 @@
+"""The allocator's speed-ups must not change a single outcome.
+
+* Selector results are shared between devices with the same *facts* (the
+  attribute and capacity values an expression reads) only when the expression
+  reads nothing else of the device.
+* Available counters are kept up to date by each commit instead of being
+  recomputed; they must equal a recomputation.
+* Gathering a node's pools through the slice index keeps input order.
+* A claim shape skips the nodes already known not to fit it, and still falls
+  through to the first node that fits, in name order.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from services.allocator.celenv import CelEnvironment, signature
+from services.allocator.celparse import parse
+from services.allocator.engine import Engine
+from services.allocator.features import Features
+from services.allocator.inputs import Inputs
+from services.allocator.offline import OfflineAllocator
+from services.allocator.pools import Node, gather_pools
+from services.allocator.state import AllocatedState
+from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+
+DRIVER = "gpu.nvidia.com"
+
+
+@pytest.mark.parametrize(
+    ("expression", "facts"),
+    [
+        ('device.driver == "x"', [("driver",)]),
+        (
+            'device.attributes["gpu.nvidia.com"].type == "gpu" && '
+            'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0',
+            [("attributes", DRIVER, "type"), ("capacity", DRIVER, "memory")],
+        ),
+        ('device.attributes["d"]["name"] == 1', [("attributes", "d", "name")]),
+        ('has(device.attributes["d"].name)', [("attributes", "d", "name")]),
+        ('device.attributes[?"d"].?name.orValue(0) == 1', [("attributes", "d", "name")]),
+        (
+            'cel.bind(x, device.attributes["d"].a, x == 1 || x == 2)',
+            [("attributes", "d", "a")],
+        ),
+    ],
+)
+def test_expressions_that_read_only_facts(expression: str, facts: list[tuple[str, ...]]) -> None:
+    assert signature(parse(expression)) == tuple(facts)
+
+
+@pytest.mark.parametrize(
+    "expression",
+    [
+        '"name" in device.attributes["d"]',  # the whole map
+        'device.attributes["d"].size() > 2',
+        "device.attributes[device.driver].type == 1",  # a computed domain
+        'device.attributes["d"][device.driver] == 1',  # a computed name
+        "[1, 2].exists(device, device == 1)",  # a variable named device
+        "device.attributes.exists(d, true)",
+        'size(device.capacity) == 1 && device.driver == "x"',
+    ],
+)
+def test_expressions_that_read_more_are_evaluated_per_device(expression: str) -> None:
+    assert signature(parse(expression)) is None
+    assert CelEnvironment().compile(expression).facts is None
+
+
+def _slice(
+    node: str, devices: list[dict[str, Any]], pool: str | None = None, **spec: Any
+) -> ResourceSlice:
+    body: dict[str, Any] = {
+        "driver": DRIVER,
+        "pool": {"name": pool or node, "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+        **spec,
+    }
+    if not any(k in spec for k in ("allNodes", "nodeSelector", "sharedCounters")):
+        body["nodeName"] = node
+    return msgspec.convert({"metadata": {"name": f"{pool or node}-s"}, "spec": body}, ResourceSlice)
+
+
+def _gpu(name: str, memory: str, version: str = "12.0.0") -> dict[str, Any]:
+    return {
+        "name": name,
+        "attributes": {"type": {"string": "gpu"}, "cudaDriverVersion": {"version": version}},
+        "capacity": {"memory": {"value": memory}},
+    }
+
+
+def _class(name: str = "gpu", expression: str = 'device.driver == "gpu.nvidia.com"') -> DeviceClass:
+    return msgspec.convert(
+        {"metadata": {"name": name}, "spec": {"selectors": [{"cel": {"expression": expression}}]}},
+        DeviceClass,
+    )
+
+
+def _claim(name: str, selector: str | None = None, count: int = 1) -> ResourceClaim:
+    exactly: dict[str, Any] = {"deviceClassName": "gpu", "count": count}
+    if selector:
+        exactly["selectors"] = [{"cel": {"expression": selector}}]
+    return msgspec.convert(
+        {
+            "metadata": {"name": name, "namespace": "ns"},
+            "spec": {"devices": {"requests": [{"name": "r", "exactly": exactly}]}},
+        },
+        ResourceClaim,
+    )
+
+
+def _devices(engine: Engine, claim: ResourceClaim, node: str) -> list[str]:
+    allocation = engine.allocate(claim, Node(node))
+    if allocation is None:
+        return []
+    engine.commit(allocation)
+    return [r.device for r in (allocation.devices.results if allocation.devices else None) or []]
+
+
+MEMORY_40 = 'device.capacity["gpu.nvidia.com"].memory.compareTo(quantity("40Gi")) >= 0'
+
+
+def test_shared_results_follow_the_facts_not_the_device() -> None:
+    slices = [
+        _slice(
+            "n1",
+            [
+                _gpu("small-0", "24Gi"),
+                _gpu("big-0", "80Gi"),
+                _gpu("small-1", "24Gi"),
+                _gpu("big-1", "80Gi"),
+            ],
+        )
+    ]
+    engine = Engine({"gpu": _class()}, slices, Features())
+    assert _devices(engine, _claim("a", MEMORY_40), "n1") == ["big-0"]
+    assert _devices(engine, _claim("b", MEMORY_40), "n1") == ["big-1"]
+    assert _devices(engine, _claim("c", MEMORY_40), "n1") == []
+    assert _devices(engine, _claim("d"), "n1") == ["small-0"]
+
+
+def test_a_device_with_a_bad_version_still_fails_its_selectors() -> None:
+    """Upstream builds a device's whole attribute map first: a version that does not
+    parse fails every selector on that device, even one that never reads it."""
+    slices = [_slice("n1", [_gpu("good", "80Gi"), _gpu("bad", "80Gi", version="not-a-version")])]
+    engine = Engine({"gpu": _class()}, slices, Features())
+    assert _devices(engine, _claim("a", MEMORY_40), "n1") == ["good"]
+    from services.allocator.engine import AllocationError
+
+    with pytest.raises(AllocationError, match="parse semantic version"):
+        engine.allocate(_claim("b", MEMORY_40), Node("n1"))
+
+
+def _partitionable(node: str) -> list[ResourceSlice]:
+    counters = _slice(
+        node,
+        [],
+        pool=node,
+        sharedCounters=[{"name": "set", "counters": {"slices": {"value": "4"}}}],
+    )
+    counters.spec.devices = None
+    counters.spec.pool.resource_slice_count = 2
+    counters.metadata.name = f"{node}-counters"
+    parts = _slice(
+        node,
+        [
+            {
+                "name": f"part-{i}",
+                "attributes": {"type": {"string": "gpu"}},
+                "consumesCounters": [
+                    {"counterSet": "set", "counters": {"slices": {"value": str(size)}}}
+                ],
+            }
+            for i, size in enumerate([2, 1, 2, 1, 1])
+        ],
+        pool=node,
+    )
+    parts.spec.pool.resource_slice_count = 2
+    return [counters, parts]
+
+
+def test_counters_kept_by_commits_equal_a_recomputation() -> None:
+    features = Features(partitionable_devices=True)
+    slices = _partitionable("n1")
+    engine = Engine({"gpu": _class()}, slices, features)
+    assert _devices(engine, _claim("a"), "n1") == ["part-0"]
+    assert _devices(engine, _claim("b"), "n1") == ["part-1"]
+    assert _devices(engine, _claim("c", count=2), "n1") == []  # part-2 (2) does not fit
+    assert _devices(engine, _claim("d"), "n1") == ["part-3"]
+    assert _devices(engine, _claim("e"), "n1") == []
+    pool = engine.view(Node("n1")).pools[0]
+    kept = engine.available_counters(pool)
+    fresh = Engine({"gpu": _class()}, slices, features, AllocatedState())
+    fresh.state = engine.state
+    assert fresh.available_counters(fresh.view(Node("n1")).pools[0]) == kept
+    assert kept == {"set": {"slices": 0}}
+
+
+def test_pools_keep_input_order_across_node_and_shared_slices() -> None:
+    slices = [
+        _slice("n2", [_gpu("a", "1Gi")]),
+        _slice("any", [_gpu("b", "1Gi")], pool="everywhere", allNodes=True),
+        _slice("n1", [_gpu("c", "1Gi")]),
+        _slice(
+            "sel",
+            [_gpu("d", "1Gi")],
+            pool="labelled",
+            nodeSelector={
+                "nodeSelectorTerms": [
+                    {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["z1"]}]}
+                ]
+            },
+        ),
+        _slice("n1", [_gpu("e", "1Gi")], pool="n1-second"),
+    ]
+    pools = gather_pools(slices, Node("n1", {"zone": "z1"}), Features())
+    assert [p.name for p in pools] == ["everywhere", "n1", "labelled", "n1-second"]
+    assert [p.name for p in gather_pools(slices, Node("n2"), Features())] == ["n2", "everywhere"]
+    assert [p.name for p in gather_pools(slices, None, Features())] == ["everywhere"]
+
+
+def test_full_nodes_are_skipped_but_first_fit_in_name_order_holds() -> None:
+    inputs = Inputs(
+        classes={"gpu": _class()},
+        slices=[_slice(n, [_gpu("g0", "1Gi"), _gpu("g1", "1Gi")]) for n in ("n3", "n1", "n2")],
+        claims=[_claim(f"c{i}") for i in range(7)],
+    )
+    outcomes = OfflineAllocator(inputs, Features()).run()
+    assert [o.node for o in outcomes] == ["n1", "n1", "n2", "n2", "n3", "n3", None]
+    last = outcomes[-1]
+    assert last.status == "unschedulable"
+    assert last.explanation is not None and last.explanation.nodes == 3
