@@ -523,11 +523,13 @@ def xid_target(gpu: Gpu, xid: Xid) -> str | None:
 def health_taints(
     gpu: Gpu, device_names: Iterable[str], extra_non_fatal_xids: Iterable[int] = ()
 ) -> dict[str, list[DeviceTaint]]:
-    """Taints per device of one GPU (NVMLDeviceHealthCheck), for its GPU and MIG devices.
+    """Taints per device of one GPU (NVMLDeviceHealthCheck), for its GPU, MIG and VFIO devices.
 
     One taint per key and device: the device's most recent XID sets value and
-    effect (AddOrUpdateTaint), and a lost GPU taints every device of it with
-    ``gpu-lost``. VFIO twins are not NVML devices and get none.
+    effect (AddOrUpdateTaint); XIDs land on NVML devices only, never on the VFIO
+    twin. A lost GPU taints every device of it with ``gpu-lost``, its VFIO twin
+    included: the reference only knows its NVML devices, but a GPU that fell
+    off the bus is no use to a VM either.
     """
     names = list(device_names)
     out: dict[str, list[DeviceTaint]] = {}

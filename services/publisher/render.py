@@ -90,15 +90,34 @@ def _gpu_group(gpu: Gpu, inv: NodeInventory, opts: RenderOptions, vfio_index: in
         devices = [nvidia.gpu_device(gpu, inv)]
     else:
         devices = [nvidia.static_mig_device(gpu, mig, inv) for mig in gpu.mig_devices]
+    vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT) and not gpu.mig_devices
+    if vfio_ok and gpu.vfio is not None:
+        devices.append(nvidia.vfio_device(gpu, vfio_index))
     if gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK):
         taints = nvidia.health_taints(gpu, (d.name for d in devices), opts.extra_non_fatal_xids)
         for device in devices:
             device.taints = taints.get(device.name)
-    vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT) and not gpu.mig_devices
-    if vfio_ok and gpu.vfio is not None:
-        devices.append(nvidia.vfio_device(gpu, vfio_index))
     devices.sort(key=lambda d: d.name)
     return _GpuGroup(devices, counter_sets)
+
+
+def publishable(gpu: Gpu, gates: FeatureGates) -> bool:
+    """Whether a GPU's devices are published at all.
+
+    * NVML failed on a GPU that still answers: parts of its record are stale or
+      guessed, so none of it is published (the reference refuses to enumerate
+      such a GPU); the next clean scan brings it back.
+    * A lost GPU (NVML_ERROR_GPU_IS_LOST) keeps its last identity in the
+      inventory. With NVMLDeviceHealthCheck its devices stay published, each
+      tainted ``gpu-lost`` (NoSchedule), as the reference does: users see why
+      it is unusable and claims on it keep their device. Without the gate
+      nothing could keep the scheduler off it, so it is withdrawn.
+    * A GPU lost before discovery ever saw it answer has no identity to publish.
+    """
+    if gpu.health.lost:
+        known = bool(gpu.uuid and gpu.pci_bus_id) and gpu.minor >= 0
+        return known and gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK)
+    return not gpu.error
 
 
 def _groups(inv: NodeInventory, opts: RenderOptions) -> list[_GpuGroup]:
@@ -106,7 +125,7 @@ def _groups(inv: NodeInventory, opts: RenderOptions) -> list[_GpuGroup]:
     by_bus = sorted(inv.gpus, key=lambda g: g.pci_bus_id)
     groups = []
     for vfio_index, gpu in enumerate(by_bus):
-        if gpu.error:  # NVML failed on it: publish nothing rather than half a GPU
+        if not publishable(gpu, opts.gates):
             continue
         try:
             groups.append(_gpu_group(gpu, inv, opts, vfio_index))

@@ -521,6 +521,29 @@ def test_xid_taints_follow_the_latest_event_and_its_severity() -> None:
     assert all(d.taints is None for d in untainted.values())
 
 
+def test_a_lost_gpu_keeps_its_last_identity_with_gpu_lost_on_every_device() -> None:
+    lost_health = _health(Xid(79, 1.0), lost=True)
+    lost = h100(1, health=lost_health, error="NVML_ERROR_GPU_IS_LOST")
+    mig_lost = a100(2, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)], health=_health(lost=True))
+    mig_lost = msgspec.structs.replace(mig_lost, error="NVML_ERROR_GPU_IS_LOST")
+    inv = node(gpus=[h100(0), lost, mig_lost])
+    gates = "NVMLDeviceHealthCheck=true,PassthroughSupport=true"
+    devices = devices_of(render_slices(inv, opts(gates)))
+
+    def keys(name: str) -> list[tuple[str, str | None, str]]:
+        return [(t.key, t.value, t.effect) for t in devices[name].taints or []]
+
+    gpu_lost = ("gpu.nvidia.com/gpu-lost", None, "NoSchedule")
+    assert keys("gpu-1") == [("gpu.nvidia.com/xid", "79", "NoSchedule"), gpu_lost]
+    assert attrs(devices["gpu-1"])["uuid"] == lost.uuid  # the last identity
+    assert keys("gpu-vfio-1") == [gpu_lost]  # no XID on the twin, but it is lost too
+    assert keys("gpu-2-mig-3g20gb-9-0") == keys("gpu-2-mig-3g20gb-9-4") == [gpu_lost]
+    assert keys("gpu-0") == keys("gpu-vfio-0") == []
+    # Without the health check nothing could keep the scheduler off it: withdrawn.
+    plain = devices_of(render_slices(inv, opts("PassthroughSupport=true")))
+    assert set(plain) == {"gpu-0", "gpu-vfio-0"}
+
+
 def test_an_xid_with_gi_and_ci_taints_only_that_mig_device() -> None:
     gpu = a100(0, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)])
     gpu = msgspec.structs.replace(gpu, health=_health(Xid(94, 1.0, gi_id=1, ci_id=0)))
