@@ -142,6 +142,28 @@ def vfio_device_name(index: int) -> str:
     return f"gpu-vfio-{index}"
 
 
+def vfio_order(gpus: Iterable[Gpu]) -> list[Gpu]:
+    """The GPUs in VFIO numbering order: ``gpu-vfio-<i>`` is the twin of the i-th.
+
+    The reference numbers the node's NVIDIA GPUs in PCI address order (go-nvlib
+    nvpci.GetGPUs sorts by the address read as one hex number), counting GPUs
+    that get no twin (MIG devices, no VFIO support) too. A GPU whose address is
+    unknown (lost before discovery ever saw it answer) cannot be placed; it is
+    left out rather than shifting every other twin's index.
+    """
+    placed = [(key, gpu) for gpu in gpus if (key := _pci_address_id(gpu.pci_bus_id)) is not None]
+    return [gpu for _, gpu in sorted(placed, key=lambda kg: kg[0])]
+
+
+def _pci_address_id(bus_id: str) -> int | None:
+    """``0000:3b:00.0`` -> 0x00003b000 (go-nvlib's addressToID); None for no address."""
+    digits = bus_id.replace(":", "").replace(".", "")
+    try:
+        return int(digits, 16)
+    except ValueError:
+        return None
+
+
 def counter_set_name(minor: int) -> str:
     return rfc1123(f"{gpu_device_name(minor)}-counter-set")
 

@@ -35,11 +35,6 @@ class Target:
     live: MigDevice | None = None  # MIG: the device as NVML lists it now, if it exists
 
 
-def vfio_gpus(inv: NodeInventory) -> list[Gpu]:
-    """GPUs in PCI bus order: ``gpu-vfio-<i>`` is the twin of the i-th (as the publisher counts)."""
-    return sorted(inv.gpus, key=lambda g: g.pci_bus_id)
-
-
 def locate(inv: NodeInventory, name: str) -> Target:
     """The hardware behind device ``name``; :class:`DeviceNotFound` says what is missing."""
     try:
@@ -48,7 +43,7 @@ def locate(inv: NodeInventory, name: str) -> Target:
         raise DeviceNotFound(f"device {name!r} is not one of ours: {exc}") from exc
     where = f"device {name!r} is not on node {inv.node}"
     if ident.kind == nvidia.VFIO_TYPE:
-        twins = vfio_gpus(inv)
+        twins = nvidia.vfio_order(inv.gpus)  # the publisher numbers twins the same way
         assert ident.vfio_index is not None
         if ident.vfio_index >= len(twins) or twins[ident.vfio_index].vfio is None:
             raise DeviceNotFound(f"{where}: GPU {ident.vfio_index} in PCI order has no VFIO twin")

@@ -121,10 +121,9 @@ def publishable(gpu: Gpu, gates: FeatureGates) -> bool:
 
 
 def _groups(inv: NodeInventory, opts: RenderOptions) -> list[_GpuGroup]:
-    """One group per healthy-enough GPU, in PCI bus order (the reference's slice order)."""
-    by_bus = sorted(inv.gpus, key=lambda g: g.pci_bus_id)
+    """One group per publishable GPU, in PCI address order (the reference's slice order)."""
     groups = []
-    for vfio_index, gpu in enumerate(by_bus):
+    for vfio_index, gpu in enumerate(nvidia.vfio_order(inv.gpus)):
         if not publishable(gpu, opts.gates):
             continue
         try:

@@ -485,6 +485,32 @@ def test_passthrough_adds_a_vfio_twin_per_gpu_without_mig_devices() -> None:
     assert "gpu-vfio-0" not in devices_of(render_slices(inv, opts()))
 
 
+def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> None:
+    """One rule (nvidia.vfio_order) for both sides: publisher names, preparer locates."""
+    from services.preparer.inventory import locate
+
+    unknown = Gpu(
+        index=4, minor=-1, uuid="", product_name="", brand="", architecture="",
+        cuda_compute_capability="", memory_bytes=0, pci_bus_id="",
+        health=_health(lost=True), error="NVML_ERROR_GPU_IS_LOST",
+    )  # fmt: skip
+    # Listed out of PCI order; gpu-1 is in MIG mode (no twin, but it holds its place).
+    gpus = [h100(3), unknown, a100(1, [("7g.40gb", 0, 0)]), h100(0), h100(2)]
+    inv = node(gpus=gpus)
+    gates = "PassthroughSupport=true,NVMLDeviceHealthCheck=true"
+    devices = devices_of(render_slices(inv, opts(gates)))
+    twins = {n: attrs(d)["resource.kubernetes.io/pciBusID"] for n, d in devices.items()}
+    twins = {n: bus for n, bus in twins.items() if n.startswith("gpu-vfio-")}
+    assert twins == {
+        "gpu-vfio-0": h100(0).pci_bus_id,
+        "gpu-vfio-2": h100(2).pci_bus_id,
+        "gpu-vfio-3": h100(3).pci_bus_id,
+    }
+    for name, bus in twins.items():
+        assert locate(inv, name).gpu.pci_bus_id == bus
+    assert [g.minor for g in nvidia.vfio_order(gpus)] == [0, 1, 2, 3]
+
+
 # --------------------------------------------------------------------------- health
 
 
