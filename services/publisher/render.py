@@ -34,7 +34,7 @@ from services.core.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
-from services.core.schemas import Gpu, NodeInventory
+from services.core.schemas import Gpu, NodeInventory, NodePreparedDevices
 
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64  # any device with taints or consumesCounters
@@ -76,29 +76,71 @@ class _GpuGroup:
 # ------------------------------------------------------------------ devices per GPU
 
 
-def _gpu_group(gpu: Gpu, inv: NodeInventory, opts: RenderOptions, vfio_index: int) -> _GpuGroup:
-    gates = opts.gates
-    counter_sets: list[CounterSet] = []
-    if gates.enabled(featuregates.DYNAMIC_MIG) and nvidia.dynamic_mig_capable(gpu):
+@dataclass(frozen=True)
+class Holdings:
+    """What this node's prepared claims hold, by PCI bus id (the preparer's KV ``prepared``).
+
+    A GPU and its VFIO twin are mutually exclusive: while one side of a GPU is
+    prepared the other side is withdrawn from the slices, and it comes back
+    after unprepare (the reference's RemoveSiblingDevices /
+    discoverSiblingAllocatables). Here the rule holds for MIG devices too (the
+    reference leaves them as a TODO), and whatever the feature gates say: a GPU
+    bound to vfio-pci cannot serve CUDA, whichever gate let it get there. A
+    device that is itself held is never withdrawn, even when (inconsistently)
+    both sides are held.
+    """
+
+    as_vfio: frozenset[str] = frozenset()  # GPUs passed through by their VFIO twin
+    as_nvidia: frozenset[str] = frozenset()  # GPUs held as a full GPU or by a MIG device
+
+    @classmethod
+    def of(cls, prepared: NodePreparedDevices | None) -> Holdings:
+        if prepared is None:
+            return NO_HOLDINGS
+        vfio = {d.pci_bus_id for d in prepared.devices if d.kind == nvidia.VFIO_TYPE}
+        other = {d.pci_bus_id for d in prepared.devices if d.kind != nvidia.VFIO_TYPE}
+        return cls(frozenset(vfio), frozenset(other))
+
+    def withdraws_nvidia_side(self, gpu: Gpu) -> bool:
+        return gpu.pci_bus_id in self.as_vfio and gpu.pci_bus_id not in self.as_nvidia
+
+    def withdraws_vfio_twin(self, gpu: Gpu) -> bool:
+        return gpu.pci_bus_id in self.as_nvidia and gpu.pci_bus_id not in self.as_vfio
+
+
+NO_HOLDINGS = Holdings()
+
+
+def _nvidia_side(gpu: Gpu, inv: NodeInventory, opts: RenderOptions) -> _GpuGroup:
+    """The GPU's full-GPU, static MIG or dynamic-MIG devices and its counter sets."""
+    if opts.gates.enabled(featuregates.DYNAMIC_MIG) and nvidia.dynamic_mig_capable(gpu):
         model = nvidia.PartitionModel.of(gpu)
         devices = []
         if not gpu.mig_enabled or nvidia.supports_mig_toggle(gpu):
             devices.append(nvidia.partitionable_gpu_device(gpu, inv, model))
         devices += nvidia.partition_devices(gpu, inv)
-        counter_sets = nvidia.counter_sets(gpu, model)
-    elif not gpu.mig_enabled:
-        devices = [nvidia.gpu_device(gpu, inv)]
-    else:
-        devices = [nvidia.static_mig_device(gpu, mig, inv) for mig in gpu.mig_devices]
+        return _GpuGroup(devices, nvidia.counter_sets(gpu, model))
+    if not gpu.mig_enabled:
+        return _GpuGroup([nvidia.gpu_device(gpu, inv)], [])
+    return _GpuGroup([nvidia.static_mig_device(gpu, mig, inv) for mig in gpu.mig_devices], [])
+
+
+def _gpu_group(
+    gpu: Gpu, inv: NodeInventory, opts: RenderOptions, vfio_index: int, holdings: Holdings
+) -> _GpuGroup:
+    gates = opts.gates
+    withdrawn = holdings.withdraws_nvidia_side(gpu)
+    group = _GpuGroup([], []) if withdrawn else _nvidia_side(gpu, inv, opts)
+    devices = group.devices
     vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT) and not gpu.mig_devices
-    if vfio_ok and gpu.vfio is not None:
+    if vfio_ok and gpu.vfio is not None and not holdings.withdraws_vfio_twin(gpu):
         devices.append(nvidia.vfio_device(gpu, vfio_index))
     if gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK):
         taints = nvidia.health_taints(gpu, (d.name for d in devices), opts.extra_non_fatal_xids)
         for device in devices:
             device.taints = taints.get(device.name)
     devices.sort(key=lambda d: d.name)
-    return _GpuGroup(devices, counter_sets)
+    return group
 
 
 def publishable(gpu: Gpu, gates: FeatureGates) -> bool:
@@ -120,14 +162,14 @@ def publishable(gpu: Gpu, gates: FeatureGates) -> bool:
     return not gpu.error
 
 
-def _groups(inv: NodeInventory, opts: RenderOptions) -> list[_GpuGroup]:
+def _groups(inv: NodeInventory, opts: RenderOptions, holdings: Holdings) -> list[_GpuGroup]:
     """One group per publishable GPU, in PCI address order (the reference's slice order)."""
     groups = []
     for vfio_index, gpu in enumerate(nvidia.vfio_order(inv.gpus)):
         if not publishable(gpu, opts.gates):
             continue
         try:
-            groups.append(_gpu_group(gpu, inv, opts, vfio_index))
+            groups.append(_gpu_group(gpu, inv, opts, vfio_index, holdings))
         except nvidia.InventoryError as exc:
             raise RenderError(f"node {inv.node!r}: {exc}") from exc
     return groups
@@ -146,9 +188,11 @@ def _chunks(items: Sequence[T], size: int) -> Iterator[list[T]]:
         yield list(items[start : start + size])
 
 
-def render_contents(inv: NodeInventory, opts: RenderOptions) -> list[SliceContent]:
+def render_contents(
+    inv: NodeInventory, opts: RenderOptions, holdings: Holdings = NO_HOLDINGS
+) -> list[SliceContent]:
     """The node's slices, in order, without pool bookkeeping."""
-    groups = _groups(inv, opts)
+    groups = _groups(inv, opts, holdings)
     contents: list[SliceContent] = []
     if not opts.gates.enabled(featuregates.DYNAMIC_MIG):
         devices = [d for g in groups for d in g.devices]
@@ -221,6 +265,8 @@ def render_slices(
     *,
     generation: int = 0,
     owner: OwnerReference | None = None,
+    holdings: Holdings = NO_HOLDINGS,
 ) -> list[ResourceSlice]:
     """What the publisher would write for ``inv`` into an empty cluster."""
-    return build_slices(inv.node, render_contents(inv, opts), generation=generation, owner=owner)
+    contents = render_contents(inv, opts, holdings)
+    return build_slices(inv.node, contents, generation=generation, owner=owner)

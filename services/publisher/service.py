@@ -7,8 +7,10 @@ plugin (or ``force_registered``); otherwise its slices are removed, because the
 kubelet wipes a driver's slices 30 s after its plugin goes and would fight us.
 
 Inputs: KV ``inventory`` (one NodeInventory per node), KV ``presence``
-(PluginPresence per node and driver), and a watch on our ResourceSlices so that
-a slice someone else changes or deletes is put back. A full resync lists every
+(PluginPresence per node and driver), KV ``prepared`` (NodePreparedDevices per
+node: the twin of a prepared GPU or VFIO device is withdrawn until unprepare),
+and a watch on our ResourceSlices so that a slice someone else changes or
+deletes is put back. A full resync lists every
 slice of the driver at start-up (removing slices of nodes that are gone) and
 then periodically.
 """
@@ -27,10 +29,21 @@ import msgspec
 from services.core import nvidia, subjects
 from services.core.bus import Bus, KvUpdate
 from services.core.metrics import MALFORMED_MESSAGES
-from services.core.schemas import NodeInventory, PluginPresence, SchemaError
+from services.core.schemas import (
+    NodeInventory,
+    NodePreparedDevices,
+    PluginPresence,
+    SchemaError,
+)
 from services.publisher import metrics
 from services.publisher.reconcile import NodeNotFound, Reconciler, SyncFailed
-from services.publisher.render import RenderError, RenderOptions, render_contents
+from services.publisher.render import (
+    NO_HOLDINGS,
+    Holdings,
+    RenderError,
+    RenderOptions,
+    render_contents,
+)
 from services.publisher.sliceapi import ApiError, SliceApi, WatchEvent
 
 log = logging.getLogger(__name__)
@@ -64,6 +77,7 @@ class Publisher:
         # millions of objects that every full GC pass walks (pauses of 300 ms).
         self._inventories: dict[str, bytes] = {}
         self.present: dict[str, float] = {}  # node -> when its plugin registered
+        self.holdings: dict[str, Holdings] = {}  # node -> what its prepared claims hold
         self.published: set[str] = set()  # nodes whose slices we made exist
         self.seen: set[str] = set()  # nodes with slices seen in a listing or the watch
         self.on_synced: Callable[[str, float], None] | None = None  # (node, seconds dirty)
@@ -107,6 +121,16 @@ class Publisher:
         self.reconciler.forget(node)
         self.mark(node)
 
+    def set_holdings(self, node: str, holdings: Holdings) -> None:
+        """What the node's prepared claims hold; only a change of held GPUs marks it."""
+        if self.holdings.get(node, NO_HOLDINGS) == holdings:
+            return
+        if holdings == NO_HOLDINGS:
+            del self.holdings[node]
+        else:
+            self.holdings[node] = holdings
+        self.mark(node)
+
     def mark(self, node: str) -> None:
         self._dirty.setdefault(node, time.monotonic())
         self._wake.set()
@@ -121,7 +145,12 @@ class Publisher:
         """Bring one node's slices in line; errors are logged and counted, never raised."""
         inventory = self.wanted(node)
         try:
-            contents = None if inventory is None else render_contents(inventory, self.config.render)
+            holdings = self.holdings.get(node, NO_HOLDINGS)
+            contents = (
+                None
+                if inventory is None
+                else render_contents(inventory, self.config.render, holdings)
+            )
         except RenderError as exc:
             metrics.INVALID_INVENTORIES.labels(reason="render").inc()
             log.warning(
@@ -297,6 +326,10 @@ class Publisher:
             presence = await _get(bus, subjects.PRESENCE_BUCKET, key, PluginPresence)
             if presence is not None:
                 self.apply_presence(KvUpdate(key, presence, 0))
+        for key in await bus.kv_keys(subjects.PREPARED_BUCKET):
+            prepared = await _get(bus, subjects.PREPARED_BUCKET, key, NodePreparedDevices)
+            if prepared is not None:
+                self.apply_prepared(KvUpdate(key, prepared, 0))
 
     async def follow_inventory(self, bus: Bus) -> None:
         """Every inventory change; the bus skips (logs, counts) values that do not decode."""
@@ -317,6 +350,28 @@ class Publisher:
                 self.apply_presence(update)
 
         await _forever("presence watch", follow)
+
+    async def follow_prepared(self, bus: Bus) -> None:
+        async def follow() -> None:
+            async for update in bus.watch_kv(subjects.PREPARED_BUCKET, NodePreparedDevices):
+                self.apply_prepared(update)
+
+        await _forever("prepared watch", follow)
+
+    def apply_prepared(self, update: KvUpdate[NodePreparedDevices]) -> None:
+        try:
+            node = subjects.unescape_token(update.key)
+        except ValueError:
+            node = ""  # not a key any node escapes to
+        stored_for = node if update.value is None else update.value.node
+        if not node or stored_for != node:
+            metrics.INVALID_INVENTORIES.labels(reason="prepared-node-mismatch").inc()
+            log.warning(
+                "skipping prepared devices stored under another node's key",
+                extra={"key": update.key, "node": stored_for},
+            )
+            return
+        self.set_holdings(node, Holdings.of(update.value))
 
     def apply_inventory(self, update: KvUpdate[NodeInventory]) -> None:
         node = subjects.unescape_token(update.key)
@@ -360,6 +415,7 @@ class Publisher:
                 group.create_task(self.work())
             group.create_task(self.follow_inventory(bus))
             group.create_task(self.follow_presence(bus))
+            group.create_task(self.follow_prepared(bus))
             group.create_task(self.watch_slices(rv))
             group.create_task(self.resync_forever())
 

@@ -511,6 +511,32 @@ def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> 
     assert [g.minor for g in nvidia.vfio_order(gpus)] == [0, 1, 2, 3]
 
 
+def test_a_prepared_device_withdraws_its_twin_and_a_held_device_always_stays() -> None:
+    from services.core.schemas import HeldDevice, NodePreparedDevices
+    from services.publisher.render import Holdings
+
+    def held(*items: tuple[str, nvidia.DeviceType, int]) -> Holdings:
+        devices = [
+            HeldDevice(device=name, kind=kind, pci_bus_id=h100(i).pci_bus_id, claim_uid="c1")
+            for name, kind, i in items
+        ]
+        return Holdings.of(NodePreparedDevices(node="n1", devices=devices))
+
+    inv = node(gpus=[h100(i) for i in range(4)])
+    gates = opts("PassthroughSupport=true")
+    everything = set(devices_of(render_slices(inv, gates)))
+    holdings = held(
+        ("gpu-0", "gpu", 0),
+        ("gpu-vfio-1", "vfio", 1),
+        ("gpu-2", "gpu", 2),
+        ("gpu-vfio-2", "vfio", 2),
+    )
+    shown = set(devices_of(render_slices(inv, gates, holdings=holdings)))
+    # gpu-0 held: its twin goes; gpu-vfio-1 held: gpu-1 goes; gpu-2 held both ways: both stay.
+    assert everything - shown == {"gpu-vfio-0", "gpu-1"}
+    assert Holdings.of(None) == Holdings.of(NodePreparedDevices(node="n1")) == held()
+
+
 # --------------------------------------------------------------------------- health
 
 

@@ -1,0 +1,178 @@
+"""The publisher following node state other services keep: real NATS, recording Kubernetes API.
+
+* A lost GPU, end to end with the discovery process: ``gpudra sim lose`` makes
+  the simulated NVML answer GPU_IS_LOST for one GPU; discovery keeps the GPU's
+  last identity and marks it lost; the publisher must keep its devices
+  published, each tainted ``gpu.nvidia.com/gpu-lost``, and drop the taint once
+  the GPU answers again.
+* Prepared devices (KV ``prepared``, written by the preparer): the twin of a
+  prepared GPU or VFIO device is withdrawn and comes back after unprepare,
+  without writes when nothing about the held GPUs changed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+
+from services.core import nvidia, subjects
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+from services.core.resource import Device
+from services.core.schemas import HeldDevice, NodePreparedDevices, PluginPresence
+from services.publisher.memoryapi import MemorySliceApi
+from tests.integration.test_discovery import gpudra, stop, wait_inventory
+from tests.integration.test_publisher import FakeKube, _publisher, _put_inventory, _until
+from tests.unit.test_render import h100, node
+
+pytestmark = pytest.mark.integration
+ROOT = Path(__file__).resolve().parents[2]
+NODE = "node.a"  # the name test_discovery's helpers watch
+GATES = "NVMLDeviceHealthCheck=true,PassthroughSupport=true"
+
+
+@pytest.fixture
+async def kube() -> AsyncIterator[FakeKube]:
+    fake = FakeKube(MemorySliceApi(history_size=1000))
+    await fake.start()
+    try:
+        yield fake
+    finally:
+        await fake.stop()
+
+
+@pytest.fixture
+async def discovery(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[None]:
+    log = (tmp_path / "discovery.log").open("wb")
+    proc = await asyncio.create_subprocess_exec(
+        *(sys.executable, "-m", "services.cli", "discovery", "--nats-url", nats_server.url),
+        *("--node-name", NODE, "--fleet", "dgx-h100", "--rescan-interval", "300"),
+        cwd=ROOT,
+        stdout=log,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    try:
+        yield
+    finally:
+        await stop(proc)
+    assert proc.returncode == 0, (tmp_path / "discovery.log").read_text()
+
+
+def _devices(kube: FakeKube) -> dict[str, Device]:
+    return {d.name: d for s in kube.api.stored() for d in s.spec.devices or []}
+
+
+def _taint_keys(kube: FakeKube) -> dict[str, list[str]]:
+    return {n: [t.key for t in d.taints or []] for n, d in _devices(kube).items()}
+
+
+async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recovers(
+    nats_server: NatsServer, bus: Bus, kube: FakeKube, tmp_path: Path, discovery: None
+) -> None:
+    url = nats_server.url
+    inv, _ = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
+    names = {f"gpu-{i}" for i in range(8)} | {f"gpu-vfio-{i}" for i in range(8)}
+    with _publisher(
+        nats_server, kube, tmp_path, "--force-registered", "--feature-gates", GATES
+    ) as proc:
+        await _until(lambda: set(_devices(kube)) == names, "16 untainted devices", proc)
+        assert all(keys == [] for keys in _taint_keys(kube).values())
+
+        rc, out = await gpudra("sim", "lose", "--nats-url", url, "--node", NODE, "--gpu", "3")
+        assert rc == 0, out
+        lost = {"gpu-3", "gpu-vfio-3"}  # dgx-h100 lists its GPUs in PCI order
+        await _until(
+            lambda: {n for n, k in _taint_keys(kube).items() if k} == lost, "gpu-lost taints", proc
+        )
+        devices = _devices(kube)
+        assert set(devices) == names  # nothing withdrawn
+        for name in lost:
+            (taint,) = devices[name].taints or []
+            assert (taint.key, taint.value, taint.effect) == (
+                nvidia.TAINT_GPU_LOST,
+                None,
+                "NoSchedule",
+            )
+        uuid = devices["gpu-3"].attributes or {}
+        assert uuid[nvidia.ATTR_UUID].value() == inv.gpus[3].uuid  # the last identity
+
+        rc, out = await gpudra("sim", "recover", "--nats-url", url, "--node", NODE, "--gpu", "3")
+        assert rc == 0, out
+        await _until(
+            lambda: all(k == [] for k in _taint_keys(kube).values()), "taints cleared", proc
+        )
+        assert set(_devices(kube)) == names
+
+
+async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_churn(
+    nats_server: NatsServer, bus: Bus, kube: FakeKube, tmp_path: Path
+) -> None:
+    name = "twins.node"  # a dot: the KV key is escaped
+    await _put_inventory(bus, node(name, [h100(i) for i in range(4)]))
+    presence = PluginPresence(node=name, driver=nvidia.DRIVER_NAME, endpoint="/x")
+    await bus.kv_put(
+        subjects.PRESENCE_BUCKET, subjects.presence_key(name, nvidia.DRIVER_NAME), presence
+    )
+    everything = {f"gpu-{i}" for i in range(4)} | {f"gpu-vfio-{i}" for i in range(4)}
+    key = subjects.prepared_key(name)
+
+    def holding(*items: tuple[str, nvidia.DeviceType, int, str]) -> NodePreparedDevices:
+        devices = [
+            HeldDevice(device=dev, kind=kind, pci_bus_id=h100(i).pci_bus_id, claim_uid=uid)
+            for dev, kind, i, uid in items
+        ]
+        return NodePreparedDevices(node=name, devices=devices)
+
+    extra = ("--feature-gates", "PassthroughSupport=true")
+    with _publisher(nats_server, kube, tmp_path, *extra) as proc:
+        await _until(lambda: set(_devices(kube)) == everything, "all 8 devices", proc)
+        # A full GPU and a VFIO twin prepared: gpu-vfio-1 and gpu-3 are withdrawn.
+        held = holding(("gpu-1", "gpu", 1, "claim-a"), ("gpu-vfio-3", "vfio", 3, "claim-b"))
+        await bus.kv_put(subjects.PREPARED_BUCKET, key, held)
+        withdrawn = everything - {"gpu-vfio-1", "gpu-3"}
+        await _until(lambda: set(_devices(kube)) == withdrawn, "the twins withdrawn", proc)
+        writes = len(kube.api.writes)
+
+        # The same GPUs held again (a new updated_at) and by one more claim on gpu-1
+        # (admin access): nothing to publish differently, so nothing is written.
+        await bus.kv_put(subjects.PREPARED_BUCKET, key, held)
+        more = holding(
+            ("gpu-1", "gpu", 1, "claim-a"),
+            ("gpu-1", "gpu", 1, "claim-admin"),
+            ("gpu-vfio-3", "vfio", 3, "claim-b"),
+        )
+        await bus.kv_put(subjects.PREPARED_BUCKET, key, more)
+        await asyncio.sleep(1.0)
+        assert len(kube.api.writes) == writes and set(_devices(kube)) == withdrawn
+
+        # A value under another node's key is skipped, counted, and changes nothing.
+        await bus.kv_put(subjects.PREPARED_BUCKET, subjects.prepared_key("other"), held)
+        await _until(
+            lambda: (
+                proc.metric(
+                    "gpudra_publisher_invalid_inventories_total",
+                    '{reason="prepared-node-mismatch"}',
+                )
+                == 1
+            ),
+            "the misfiled value to be counted",
+            proc,
+        )
+        assert len(kube.api.writes) == writes
+
+        # Unprepare of everything: the twins come back.
+        await bus.kv_delete(subjects.PREPARED_BUCKET, key)
+        await _until(lambda: set(_devices(kube)) == everything, "the twins restored", proc)
+
+    # A restart with holdings in the bucket withdraws the twin from the first sync on.
+    await bus.kv_put(subjects.PREPARED_BUCKET, key, holding(("gpu-0", "gpu", 0, "claim-c")))
+    writes = len(kube.api.writes)
+    with _publisher(nats_server, kube, tmp_path, *extra) as proc:
+        await _until(lambda: "gpu-vfio-0" not in _devices(kube), "gpu-vfio-0 withdrawn", proc)
+        await asyncio.sleep(0.5)
+        assert len(kube.api.writes) == writes + 1  # one update of the node's one slice
+        assert set(_devices(kube)) == everything - {"gpu-vfio-0"}
