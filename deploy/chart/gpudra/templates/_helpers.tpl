@@ -1,0 +1,63 @@
+{{/* Names, labels and the settings every gpudra container shares. */}}
+
+{{- define "gpudra.fullname" -}}
+{{- if contains "gpudra" .Release.Name -}}
+{{- .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-gpudra" .Release.Name | trunc 50 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "gpudra.labels" -}}
+app.kubernetes.io/name: gpudra
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{/* Selector labels of one component: include with (list $ "component"). */}}
+{{- define "gpudra.selector" -}}
+app.kubernetes.io/name: gpudra
+app.kubernetes.io/instance: {{ (index . 0).Release.Name }}
+app.kubernetes.io/component: {{ index . 1 }}
+{{- end -}}
+
+{{- define "gpudra.image" -}}
+{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- end -}}
+
+{{- define "gpudra.natsUrl" -}}
+{{- if .Values.nats.enabled -}}
+nats://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
+{{- else -}}
+{{- required "nats.url is required when nats.enabled is false" .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* featureGates as the flag value: Name=true,Other=false (sorted by name). */}}
+{{- define "gpudra.featureGates" -}}
+{{- $gates := list -}}
+{{- range $name, $on := .Values.featureGates -}}
+{{- $gates = append $gates (printf "%s=%t" $name $on) -}}
+{{- end -}}
+{{- join "," $gates -}}
+{{- end -}}
+
+{{/* The common flags every service takes (services/core/config.py add_common_flags). */}}
+{{- define "gpudra.commonEnv" -}}
+- name: GPUDRA_NATS_URL
+  value: {{ include "gpudra.natsUrl" . | quote }}
+- name: GPUDRA_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: GPUDRA_FEATURE_GATES
+  value: {{ include "gpudra.featureGates" . | quote }}
+{{- end -}}
+
+{{/* The node's name for the node services (config.default_node_name reads NODE_NAME). */}}
+{{- define "gpudra.nodeNameEnv" -}}
+- name: NODE_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: spec.nodeName
+{{- end -}}
