@@ -245,6 +245,11 @@ def _string(value: str) -> DeviceAttribute:
     return DeviceAttribute(string=value)
 
 
+@functools.lru_cache(maxsize=256)
+def _int(value: int) -> DeviceAttribute:
+    return DeviceAttribute(int_=value)
+
+
 @functools.lru_cache(maxsize=4096)
 def _capacity(value: int) -> DeviceCapacity:
     return DeviceCapacity(value=quantity.format_int(value))
@@ -263,7 +268,7 @@ def _pci_attributes(gpu: Gpu) -> dict[str, DeviceAttribute]:
     if gpu.pcie_root:
         attrs[ATTR_PCIE_ROOT] = _string(gpu.pcie_root)
     if gpu.numa_node is not None and gpu.numa_node >= 0:
-        attrs[ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.numa_node)
+        attrs[ATTR_NUMA_NODE] = _int(gpu.numa_node)
     return attrs
 
 
@@ -391,7 +396,7 @@ def vfio_device(gpu: Gpu, index: int) -> Device:
     if gpu.pcie_root:
         attrs[ATTR_PCIE_ROOT] = _string(gpu.pcie_root)
     if gpu.vfio.numa_node >= 0:
-        attrs[ATTR_NUMA_NODE] = DeviceAttribute(int_=gpu.vfio.numa_node)
+        attrs[ATTR_NUMA_NODE] = _int(gpu.vfio.numa_node)
     return Device(
         name=vfio_device_name(index),
         attributes=attrs,
