@@ -26,7 +26,7 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
-from services.core import subjects
+from services.core import config, subjects
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.schemas import SchemaError, decode, encode
 
@@ -76,13 +76,16 @@ class Delivery(Generic[T]):
 class Bus:
     """A connected NATS client with JetStream and our schemas."""
 
-    def __init__(self, nc: Client) -> None:
+    def __init__(self, nc: Client, replicas: int = 1) -> None:
         self.nc = nc
+        self.replicas = replicas  # JetStream replicas for what we create (3 in a cluster)
         self.js: JetStreamContext = nc.jetstream()
         self._kv: dict[str, KeyValue] = {}
 
     @classmethod
-    async def connect(cls, url: str, *, name: str, provision: bool = True) -> Bus:
+    async def connect(
+        cls, url: str, *, name: str, provision: bool = True, replicas: int | None = None
+    ) -> Bus:
         nc = await nats.connect(
             servers=[url],
             name=name,
@@ -93,7 +96,9 @@ class Bus:
             disconnected_cb=_log_event("disconnected"),
             reconnected_cb=_log_event("reconnected"),
         )
-        bus = cls(nc)
+        if replicas is None:
+            replicas = int(config.env("nats-replicas", "1"))
+        bus = cls(nc, replicas=replicas)
         if provision:
             await bus.provision()
         return bus
@@ -109,7 +114,10 @@ class Bus:
                 await self.js.stream_info(stream)
             except NotFoundError:
                 await self.js.add_stream(
-                    name=stream, subjects=subs, storage=js_api.StorageType.FILE
+                    name=stream,
+                    subjects=subs,
+                    storage=js_api.StorageType.FILE,
+                    num_replicas=self.replicas,
                 )
         for bucket, history in BUCKETS.items():
             await self.kv(bucket, history=history)
@@ -120,7 +128,10 @@ class Bus:
                 self._kv[bucket] = await self.js.key_value(bucket)
             except BucketNotFoundError:
                 self._kv[bucket] = await self.js.create_key_value(
-                    bucket=bucket, history=history, storage=js_api.StorageType.FILE
+                    bucket=bucket,
+                    history=history,
+                    storage=js_api.StorageType.FILE,
+                    replicas=self.replicas,
                 )
         return self._kv[bucket]
 

@@ -25,6 +25,12 @@ def default_node_name() -> str:
 
 def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> None:
     parser.add_argument("--nats-url", default=env("nats-url", DEFAULT_NATS_URL))
+    parser.add_argument(
+        "--nats-replicas",
+        type=int,
+        default=int(env("nats-replicas", "1")),
+        help="JetStream replicas for the streams and buckets we create (3 in a cluster)",
+    )
     parser.add_argument("--log-level", default=env("log-level", "info"))
     parser.add_argument(
         "--metrics-port",

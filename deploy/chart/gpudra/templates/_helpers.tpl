@@ -48,6 +48,8 @@ nats://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
 {{- define "gpudra.commonEnv" -}}
 - name: GPUDRA_NATS_URL
   value: {{ include "gpudra.natsUrl" . | quote }}
+- name: GPUDRA_NATS_REPLICAS
+  value: {{ ternary .Values.nats.replicas .Values.nats.streamReplicas .Values.nats.enabled | quote }}
 - name: GPUDRA_LOG_LEVEL
   value: {{ .Values.logLevel | quote }}
 - name: GPUDRA_FEATURE_GATES
