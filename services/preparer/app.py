@@ -19,6 +19,7 @@ from services.preparer.claims import ApiReader, ClaimSource, KubernetesReader
 from services.preparer.devices.base import DeviceOps
 from services.preparer.engine import Engine
 from services.preparer.engine import Settings as EngineSettings
+from services.preparer.fsutil import DirSyncer
 from services.preparer.inventory import InventoryView
 from services.preparer.service import PreparerService
 
@@ -79,10 +80,12 @@ async def run(settings: Settings) -> int:
     pdir = plugin_dir(settings.kubelet_root)
     lock_fd = lock_plugin_dir(pdir)
     bus = await Bus.connect(settings.nats_url, name=f"gpudra-preparer-{settings.node}")
+    dirs = DirSyncer()
     store = CheckpointStore(
         default_path(settings.kubelet_root, nvidia.DRIVER_NAME),
         read_boot_id(settings.boot_id_file),
         fsync=settings.fsync,
+        dirs=dirs,
     )
     store.load()
     inventory = InventoryView(bus, settings.node)
@@ -107,6 +110,7 @@ async def run(settings: Settings) -> int:
         inventory,
         ops,
         settings.faults,
+        dirs=dirs,
     )
     report = await engine.recover()
     log.info("recovered", extra={"node": settings.node, **report})
@@ -128,5 +132,6 @@ async def run(settings: Settings) -> int:
     if isinstance(api, KubernetesReader):
         await api.close()
     await bus.close()
+    dirs.close()
     os.close(lock_fd)
     return 0

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from services.preparer.checkpoint import GroupState, PreparedDeviceState
-from services.preparer.fsutil import atomic_write, remove
+from services.preparer.fsutil import DirSyncer, atomic_write, remove
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
@@ -235,17 +235,19 @@ def valid_device_name(name: str) -> bool:
     return bool(_CDI_NAME.match(name))
 
 
-def write(root: Path, uid: str, spec: dict[str, Any], *, fsync: bool = True) -> Path:
+def write(
+    root: Path, uid: str, spec: dict[str, Any], *, fsync: bool = True, dirs: DirSyncer | None = None
+) -> Path:
     """Write the claim's spec atomically: mode 0644 in a 0755 directory."""
     ensure_root(root)
     path = spec_path(root, uid)
     body = yaml.dump(spec, Dumper=_DUMPER, sort_keys=False, default_flow_style=False).encode()
-    atomic_write(path, body, mode=SPEC_MODE, fsync=fsync)
+    atomic_write(path, body, mode=SPEC_MODE, fsync=fsync, dirs=dirs)
     return path
 
 
-def delete(root: Path, uid: str, *, fsync: bool = True) -> bool:
-    return remove(spec_path(root, uid), fsync=fsync)
+def delete(root: Path, uid: str, *, fsync: bool = True, dirs: DirSyncer | None = None) -> bool:
+    return remove(spec_path(root, uid), fsync=fsync, dirs=dirs)
 
 
 def ensure_root(root: Path) -> None:

@@ -51,6 +51,7 @@ from services.preparer.checkpoint import (
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.devices.base import DeviceOpError, DeviceOps, MpsRequest
 from services.preparer.faults import Faults
+from services.preparer.fsutil import DirSyncer
 from services.preparer.inventory import DeviceNotFound, InventoryView, Target, locate
 
 log = logging.getLogger(__name__)
@@ -112,8 +113,10 @@ class Engine:
         ops: DeviceOps,
         faults: Faults | None = None,
         tracer: trace.Tracer | None = None,
+        dirs: DirSyncer | None = None,
     ) -> None:
         self.tracer = tracer or tracing.tracer("gpudra.preparer")
+        self.dirs = dirs  # batches directory fsyncs of claim specs (None: each one inline)
         self.s = settings
         self.store = store
         self.claims = claims
@@ -283,7 +286,9 @@ class Engine:
         with self.tracer.start_as_current_span("cdi.write"):
             spec = cdi.render(ref.uid, devices, group_states, self.ops.facts(), mounts)
             done.files = True
-            await asyncio.to_thread(cdi.write, self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync)
+            await asyncio.to_thread(
+                cdi.write, self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync, dirs=self.dirs
+            )
         self.faults.hit("after-cdi-write")
         started = self.store.claims[ref.uid]
         entry = msgspec.structs.replace(
@@ -508,7 +513,7 @@ class Engine:
             await self.ops.unbind_vfio(binding)
 
     def _delete_files(self, uid: str) -> None:
-        cdi.delete(self.s.cdi_root, uid, fsync=self.s.fsync)
+        cdi.delete(self.s.cdi_root, uid, fsync=self.s.fsync, dirs=self.dirs)
         metadata.delete_claim(self.s.plugin_dir, uid)
 
     # ------------------------------------------------------------ rollback and recovery
