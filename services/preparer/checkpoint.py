@@ -24,7 +24,7 @@ import hashlib
 import logging
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import msgspec
 
@@ -238,6 +238,26 @@ def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
 
 
 Mutation = Callable[[dict[str, ClaimEntry]], None]
+Effect = Callable[[], None]
+
+
+class _Update(NamedTuple):
+    mutate: Mutation
+    before: Effect | None
+    future: asyncio.Future[None]
+
+
+def _run_sync(before: Effect | None) -> Exception | None:
+    try:
+        if before is not None:
+            before()
+    except Exception as exc:
+        return exc
+    return None
+
+
+async def _run(before: Effect | None) -> Exception | None:
+    return None if before is None else await asyncio.to_thread(_run_sync, before)
 
 
 class CheckpointStore:
@@ -251,7 +271,7 @@ class CheckpointStore:
         self.fsync = fsync
         self.dirs = dirs
         self._claims: dict[str, ClaimEntry] = {}
-        self._pending: list[tuple[Mutation, asyncio.Future[None]]] = []
+        self._pending: list[_Update] = []
         self._writer: asyncio.Task[None] | None = None
         self.writes = 0
 
@@ -278,41 +298,68 @@ class CheckpointStore:
         # Rewrite in the current version (and stamp the boot id of a v0 file).
         self._write_sync(CheckpointData(node_boot_id=self.boot_id, claims=self._claims))
 
-    async def update(self, mutate: Mutation) -> None:
-        """Apply ``mutate`` to the claims and persist; concurrent callers share one write."""
+    async def update(self, mutate: Mutation, before: Effect | None = None) -> None:
+        """Apply ``mutate`` to the claims and persist; concurrent callers share one write.
+
+        ``before`` runs first, in a worker thread: the file changes the new
+        entry vouches for (a claim's CDI spec written, or deleted). If it
+        raises, this update fails and ``mutate`` is not applied. A lone update
+        does both in one trip to the thread; several run their ``before`` in
+        parallel, then share the checkpoint write.
+        """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append((mutate, future))
+        self._pending.append(_Update(mutate, before, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._drain())
         await future
 
-    async def put(self, uid: str, entry: ClaimEntry) -> None:
-        await self.update(lambda claims: claims.__setitem__(uid, entry))
+    async def put(self, uid: str, entry: ClaimEntry, before: Effect | None = None) -> None:
+        await self.update(lambda claims: claims.__setitem__(uid, entry), before)
 
-    async def remove(self, uid: str) -> None:
+    async def remove(self, uid: str, before: Effect | None = None) -> None:
         def drop(claims: dict[str, ClaimEntry]) -> None:
             claims.pop(uid, None)
 
-        await self.update(drop)
+        await self.update(drop, before)
 
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
-            claims = dict(self._claims)
             try:
-                for mutate, _ in batch:
-                    mutate(claims)
-                data = CheckpointData(node_boot_id=self.boot_id, claims=claims)
-                await asyncio.to_thread(self._write_sync, data)
+                if len(batch) == 1:
+                    claims, failures = await asyncio.to_thread(self._commit, batch, None)
+                else:
+                    done = await asyncio.gather(*(_run(u.before) for u in batch))
+                    claims, failures = await asyncio.to_thread(self._commit, batch, done)
             except Exception as exc:  # every waiter learns the write failed
-                for _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+                for u in batch:
+                    if not u.future.done():
+                        u.future.set_exception(exc)
                 continue
             self._claims = claims
-            for _, future in batch:
-                if not future.done():
-                    future.set_result(None)
+            for u, failure in zip(batch, failures, strict=True):
+                if u.future.done():
+                    continue
+                if failure is None:
+                    u.future.set_result(None)
+                else:
+                    u.future.set_exception(failure)
+
+    def _commit(
+        self, batch: list[_Update], done: list[Exception | None] | None
+    ) -> tuple[dict[str, ClaimEntry], list[Exception | None]]:
+        """In a worker thread: the updates whose ``before`` succeeded, in one write.
+
+        ``done``: what each ``before`` gave when they already ran; None runs them here.
+        """
+        claims = dict(self._claims)
+        failures = done if done is not None else [_run_sync(u.before) for u in batch]
+        for u, failure in zip(batch, failures, strict=True):
+            if failure is None:
+                u.mutate(claims)
+        if any(f is None for f in failures):
+            self._write_sync(CheckpointData(node_boot_id=self.boot_id, claims=claims))
+        return claims, failures
 
     def _write_sync(self, data: CheckpointData) -> None:
         atomic_write(self.path, encode(data), mode=0o600, fsync=self.fsync, dirs=self.dirs)

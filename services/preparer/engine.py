@@ -8,7 +8,9 @@ For one claim, in order:
 3. side effects through the device-operations backend: VFIO binding, dynamic
    MIG devices, time-slicing, MPS daemons;
 4. the KEP-5304 metadata files and the claim's CDI spec;
-5. checkpoint ``PrepareCompleted`` with everything that was done.
+5. checkpoint ``PrepareCompleted`` with everything that was done (the spec is
+   put in place by the checkpoint writer just before it writes this entry:
+   one trip to a worker thread for both).
 
 A failure in 3-5 undoes what this attempt did and drops the checkpoint entry.
 A crash leaves ``PrepareStarted``: the next prepare of that claim (or the next
@@ -30,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 
 from services.core import featuregates as fg
@@ -283,25 +286,27 @@ class Engine:
             devices.extend(members)
             group_states.append(await self._apply_sharing(ref.uid, group, members, done))
         mounts = self._write_metadata(ref, annotations, devices, targets, done)
-        with self.tracer.start_as_current_span("cdi.write"):
-            spec = cdi.render(ref.uid, devices, group_states, self.ops.facts(), mounts)
-            done.files = True
-            await asyncio.to_thread(
-                cdi.write, self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync, dirs=self.dirs
-            )
-        self.faults.hit("after-cdi-write")
-        started = self.store.claims[ref.uid]
+        spec = cdi.render(ref.uid, devices, group_states, self.ops.facts(), mounts)
         entry = msgspec.structs.replace(
-            started,
+            self.store.claims[ref.uid],
             state=PREPARE_COMPLETED,
             completed_at=time.time(),
             devices=devices,
             groups=group_states,
             metadata_files=[m.host_path for m in mounts],
         )
-        self.faults.hit("before-prepare-completed")
+        parent = otel_context.get_current()
+
+        def put_spec_in_place() -> None:
+            """Runs in the checkpoint writer's thread, right before PrepareCompleted is written."""
+            with self.tracer.start_as_current_span("cdi.write", context=parent):
+                cdi.write(self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync, dirs=self.dirs)
+            self.faults.hit("after-cdi-write")
+            self.faults.hit("before-prepare-completed")
+
+        done.files = True
         with self.tracer.start_as_current_span("checkpoint.completed"):
-            await self.store.put(ref.uid, entry)
+            await self.store.put(ref.uid, entry, before=put_spec_in_place)
         return entry
 
     async def _prepare_device(
@@ -481,9 +486,8 @@ class Engine:
         else:
             with self.tracer.start_as_current_span("devices.undo"):
                 await self._undo_completed(ref.uid, entry)
-        await asyncio.to_thread(self._delete_files, ref.uid)
         with self.tracer.start_as_current_span("checkpoint.remove"):
-            await self.store.remove(ref.uid)
+            await self.store.remove(ref.uid, before=lambda: self._delete_files(ref.uid))
 
     async def _undo_completed(self, uid: str, entry: ClaimEntry) -> None:
         shared = self._gpus_of_other_claims(uid)

@@ -23,7 +23,7 @@ class DirSyncer:
     renames of a burst share one fsync per directory, ``linger`` seconds later.
     """
 
-    def __init__(self, linger: float = 0.005) -> None:
+    def __init__(self, linger: float = 0.05) -> None:
         self.linger = linger
         self._dirs: set[Path] = set()
         self._wake = threading.Condition()

@@ -147,3 +147,44 @@ async def test_a_failed_write_leaves_memory_and_disk_unchanged(
     monkeypatch.undo()
     assert set(store.claims) == {UID}
     assert set(store_at(tmp_path).claims) == {UID}
+
+
+async def test_the_files_an_entry_vouches_for_are_in_place_before_it_is_written(
+    tmp_path: Path,
+) -> None:
+    store = store_at(tmp_path)
+    spec = tmp_path / "spec.yaml"
+    seen_on_disk: list[set[str]] = []
+
+    def write_spec() -> None:  # the checkpoint on disk does not list the claim yet
+        seen_on_disk.append(set(store_at(tmp_path).claims))
+        spec.write_text("spec")
+
+    await store.put(UID, entry(), before=write_spec)
+    assert seen_on_disk == [set()] and spec.exists()
+    assert set(store_at(tmp_path).claims) == {UID}
+
+    await store.remove(UID, before=spec.unlink)
+    assert not spec.exists() and dict(store_at(tmp_path).claims) == {}
+
+
+async def test_a_failed_file_change_fails_only_its_own_update(tmp_path: Path) -> None:
+    store = store_at(tmp_path)
+
+    def disk_full() -> None:
+        raise OSError(28, "No space left on device")
+
+    results = await asyncio.gather(
+        store.put("ok-1", entry(name="a")),
+        store.put("bad", entry(name="b"), before=disk_full),
+        store.put("ok-2", entry(name="c"), before=lambda: None),
+        return_exceptions=True,
+    )
+    assert results[0] is None and results[2] is None
+    assert isinstance(results[1], OSError)
+    assert set(store.claims) == {"ok-1", "ok-2"}
+    assert set(store_at(tmp_path).claims) == {"ok-1", "ok-2"}
+    # Alone (one trip to the writer thread for both), the same holds.
+    with pytest.raises(OSError, match="No space left"):
+        await store.put("bad", entry(name="b"), before=disk_full)
+    assert set(store_at(tmp_path).claims) == {"ok-1", "ok-2"}
