@@ -176,3 +176,37 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
         await asyncio.sleep(0.5)
         assert len(kube.api.writes) == writes + 1  # one update of the node's one slice
         assert set(_devices(kube)) == everything - {"gpu-vfio-0"}
+
+
+async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_simulated_nvml(
+    nats_server: NatsServer, bus: Bus, kube: FakeKube, tmp_path: Path, discovery: None
+) -> None:
+    """Discovery and publisher as separate processes keep the slices in sync with NVML."""
+    url = nats_server.url
+    await wait_inventory(bus, lambda i: len(i.gpus) == 8)
+    gates = "NVMLDeviceHealthCheck=true"
+    with _publisher(
+        nats_server, kube, tmp_path, "--force-registered", "--feature-gates", gates
+    ) as p:
+        await _until(lambda: set(_devices(kube)) == {f"gpu-{i}" for i in range(8)}, "8 GPUs", p)
+
+        rc, out = await gpudra(
+            "sim", "mig", "create", "--nats-url", url, "--node", NODE,
+            "--gpu", "2", "--profile", "1g.10gb", "--placement", "0",
+        )  # fmt: skip
+        assert rc == 0, out
+        mig = "gpu-2-mig-1g10gb-19-0"
+        await _until(lambda: mig in _devices(kube), f"{mig} published", p)
+        devices = _devices(kube)
+        assert "gpu-2" not in devices  # a GPU in MIG mode is not a full GPU any more
+        attrs = devices[mig].attributes or {}
+        assert attrs[nvidia.ATTR_UUID].value().startswith("MIG-")  # type: ignore[union-attr]
+
+        rc, out = await gpudra(
+            "sim", "xid", "--nats-url", url, "--node", NODE, "--gpu", "5", "--xid", "79"
+        )
+        assert rc == 0, out
+        await _until(lambda: _taint_keys(kube).get("gpu-5") == [nvidia.TAINT_XID], "xid taint", p)
+        (taint,) = _devices(kube)["gpu-5"].taints or []
+        assert (taint.value, taint.effect) == ("79", "NoSchedule")
+        assert all(k == [] for n, k in _taint_keys(kube).items() if n != "gpu-5")
