@@ -1,0 +1,188 @@
+"""``gpudra up``: the whole driver on this machine, with a demo.
+
+    gpudra up [--workdir DIR] [--no-examples] [--examples DIR] [--timeout 180]
+              [--exit-after-demo] [--feature-gates G=true,...]
+
+Starts embedded NATS, a real Kubernetes control plane (built by
+tests/e2e/controlplane/build.sh, so it runs from a source checkout), two
+simulated GPU nodes (``gpu-node-h100`` as dgx-h100, ``gpu-node-a100`` as
+dgx-a100 with its static MIG layout) each with discovery, preparer, kubelet
+plugin and the kubelet's DRA manager, the publisher and the allocator's claim
+watcher; applies examples/ and prints the slices, claims, pods and CDI ids.
+Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
+
+``--exit-after-demo`` stops right after the demo: exit 0 only if every pod
+ended as its example expects (Running, or Pending with gpudra's explanation).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from services.core import config
+
+if TYPE_CHECKING:  # imported when run: they need the checkout's tests/e2e
+    from services.local import demo
+    from services.local.stack import Stack
+
+
+class _Interrupted(BaseException):
+    """SIGINT or SIGTERM while starting or running."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "up",
+        help="run NATS, a real control plane and every gpudra service for two simulated nodes",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--workdir",
+        type=Path,
+        help="keep logs, kubeconfig and node files here (default: a temp dir, removed after "
+        "a clean stop)",
+    )
+    parser.add_argument("--no-examples", action="store_true", help="start the stack only")
+    parser.add_argument("--examples", type=Path, help="directory of example manifests")
+    parser.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=180.0,
+        help="seconds to wait for the examples' pods (default 180)",
+    )
+    parser.add_argument(
+        "--exit-after-demo",
+        action="store_true",
+        help="stop after the demo; exit 0 only if every pod ended as expected",
+    )
+    parser.add_argument(
+        "--feature-gates",
+        type=config.feature_gates_arg,
+        default=None,
+        help="driver gates (default: MPSSupport, PassthroughSupport, TimeSlicingSettings on)",
+    )
+    parser.set_defaults(func=run)
+
+
+def _seconds(value: str) -> float:
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected seconds, got {value!r}") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {value}")
+    return seconds
+
+
+def _say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from services.local import demo
+        from services.local import stack as stacks
+    except ImportError as exc:
+        print(f"gpudra up: needs a source checkout (tests/e2e/cluster.py): {exc}", file=sys.stderr)
+        return 2
+
+    examples: list[demo.Example] = []
+    if not args.no_examples:
+        try:
+            examples = demo.load_examples(args.examples or demo.EXAMPLES_DIR)
+        except demo.ExampleError as exc:
+            print(f"gpudra up: {exc}", file=sys.stderr)
+            return 2
+    gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
+    try:
+        stack = stacks.Stack(workdir=args.workdir, gates=gates)
+    except stacks.StackError as exc:
+        print(f"gpudra up: {exc}", file=sys.stderr)
+        return 2
+
+    stopping = False
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        if not stopping:
+            raise _Interrupted(signal.Signals(signum).name)
+
+    previous = {s: signal.signal(s, interrupt) for s in (signal.SIGINT, signal.SIGTERM)}
+    failed = True
+    try:
+        status = _up(stack, examples, args)
+        failed = status != 0
+        return status
+    except _Interrupted as sig:
+        _say(f"{sig}: stopping")
+        failed = False
+        return 0
+    except (stacks.StackError, RuntimeError, TimeoutError) as exc:
+        print(f"gpudra up: {exc}", file=sys.stderr)
+        return 1
+    finally:
+        stopping = True
+        _stop(stack, keep=failed or args.workdir is not None)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) -> int:
+    from services.local import demo
+
+    started = time.monotonic()
+    _say(f"gpudra up: starting in {stack.workdir} (driver gates {stack.gates})")
+    stack.start()
+    _say(f"stack up after {time.monotonic() - started:.1f}s:")
+    _say(f"  nats            {stack.nats.url}")
+    _say(f"  kube-apiserver  {stack.cp.server} (+ etcd, kube-scheduler, kube-controller-manager)")
+    for node in stack.nodes.values():
+        _say(
+            f"  {node.name:15} fleet {node.spec.fleet}: discovery, preparer, kubeletplugin, "
+            "kubelet-dra"
+        )
+    _say("  cluster-wide    publisher, allocator (claim watcher)")
+    _say()
+    for line in demo.describe_slices(stack):
+        _say(line)
+    ok = True
+    if examples:
+        _say()
+        _say(f"applying {len(examples)} examples from {examples[0].path.parent} ...")
+        demo.apply_examples(stack, examples)
+        result = demo.wait_for_examples(stack, examples, args.timeout)
+        _say()
+        for line in demo.describe_result(result, examples):
+            _say(line)
+        ok = result.ok
+    _say()
+    kubectl = stack.cp.command("kubectl")[0]
+    _say(f"kubeconfig: {stack.cp.kubeconfig}")
+    _say(f"  {kubectl} --kubeconfig {stack.cp.kubeconfig} get resourceslices,resourceclaims -A")
+    _say(f"logs: {stack.logs_dir}")
+    if args.exit_after_demo:
+        return 0 if ok else 1
+    _say("up; Ctrl-C stops everything")
+    while True:
+        dead = stack.dead()
+        if dead:
+            for p in dead:
+                print(f"gpudra up: {p.name} exited ({p.proc.returncode}); log {p.log_path}")
+            return 1
+        time.sleep(1)
+
+
+def _stop(stack: Stack, keep: bool) -> None:
+    started = time.monotonic()
+    stack.stop()
+    if keep:
+        _say(f"stopped after {time.monotonic() - started:.1f}s; work dir kept: {stack.workdir}")
+    else:
+        stack.cleanup()
+        _say(f"stopped after {time.monotonic() - started:.1f}s")

@@ -1,0 +1,336 @@
+"""The demo of ``gpudra up``: apply examples/, wait for the outcome, say what happened.
+
+Every example file holds its namespace, claims or claim templates and pods.
+A pod is expected to end Running unless it carries the annotation
+``gpudra.dev/expect: Pending`` (the unsatisfiable example); for such a pod the
+outcome is the allocator watcher's explanation Event on its claim.
+
+For a Running pod the CDI device ids that kubelet-dra recorded (annotation
+``gpudra.dev/cdi-devices``) are checked against the node's CDI root: each id
+must name a claim of the pod and a device of the spec file the preparer wrote
+for that claim.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from services.allocator.events import COMPONENT as ALLOCATOR_COMPONENT
+from services.local import REPO
+from services.local.stack import Stack
+from services.preparer import cdi
+
+EXAMPLES_DIR = REPO / "examples"
+EXPECT_ANNOTATION = "gpudra.dev/expect"
+CDI_DEVICES_ANNOTATION = "gpudra.dev/cdi-devices"
+RUNNING = "Running"
+PENDING = "Pending"
+
+
+class ExampleError(ValueError):
+    """An example file that cannot be used (names the file and what is wrong)."""
+
+
+@dataclass(frozen=True)
+class ExamplePod:
+    namespace: str
+    name: str
+    expect: str  # RUNNING or PENDING
+
+
+@dataclass(frozen=True)
+class Example:
+    path: Path
+    title: str  # the header comment's first line
+    text: str
+    pods: tuple[ExamplePod, ...]
+
+    @property
+    def name(self) -> str:
+        return self.path.name
+
+
+def load_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
+    """Every ``*.yaml`` in ``directory``, in name order."""
+    files = sorted(directory.glob("*.yaml"))
+    if not files:
+        raise ExampleError(f"no *.yaml examples in {directory}")
+    return [load_example(path) for path in files]
+
+
+def load_example(path: Path) -> Example:
+    text = path.read_text()
+    try:
+        documents = [d for d in yaml.safe_load_all(text) if d]
+    except yaml.YAMLError as exc:
+        raise ExampleError(f"{path}: not YAML: {exc}") from None
+    pods: list[ExamplePod] = []
+    for index, doc in enumerate(documents):
+        if not isinstance(doc, dict) or "kind" not in doc:
+            raise ExampleError(f"{path}: document {index + 1} is not a Kubernetes object")
+        if doc["kind"] != "Pod":
+            continue
+        meta = doc.get("metadata") or {}
+        expect = (meta.get("annotations") or {}).get(EXPECT_ANNOTATION, RUNNING)
+        if expect not in (RUNNING, PENDING):
+            raise ExampleError(
+                f"{path}: pod {meta.get('name')}: {EXPECT_ANNOTATION} must be "
+                f"{RUNNING} or {PENDING}, got {expect!r}"
+            )
+        if not meta.get("namespace") or not meta.get("name"):
+            raise ExampleError(f"{path}: document {index + 1}: a pod needs a namespace and name")
+        pods.append(ExamplePod(meta["namespace"], meta["name"], expect))
+    return Example(path, _title(text), text, tuple(pods))
+
+
+def _title(text: str) -> str:
+    for line in text.splitlines():
+        if line.startswith("#"):
+            return line.lstrip("# ").strip()
+    return ""
+
+
+# ---- what the cluster says ------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class AllocatedDevice:
+    request: str
+    pool: str
+    device: str
+
+
+@dataclass
+class ClaimView:
+    namespace: str
+    name: str
+    uid: str
+    devices: list[AllocatedDevice] = field(default_factory=list)
+    reserved_for: list[str] = field(default_factory=list)  # pod names
+    explanation: str = ""  # our Warning Event's message, for a pending claim
+
+    @classmethod
+    def of(cls, claim: Mapping[str, Any]) -> ClaimView:
+        meta, status = claim["metadata"], claim.get("status") or {}
+        results = ((status.get("allocation") or {}).get("devices") or {}).get("results") or []
+        return cls(
+            namespace=meta["namespace"],
+            name=meta["name"],
+            uid=meta["uid"],
+            devices=[AllocatedDevice(r["request"], r["pool"], r["device"]) for r in results],
+            reserved_for=[r.get("name", "") for r in status.get("reservedFor") or []],
+        )
+
+
+@dataclass
+class PodView:
+    pod: ExamplePod
+    example: str
+    phase: str = ""
+    node: str = ""
+    cdi_devices: dict[str, list[str]] = field(default_factory=dict)  # container -> ids
+    claims: list[ClaimView] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)  # what the CDI check found
+
+    @property
+    def ok(self) -> bool:
+        if self.pod.expect == RUNNING:
+            return self.phase == RUNNING and bool(self.cdi_devices) and not self.problems
+        return self.phase != RUNNING and all(c.explanation for c in self.claims)
+
+
+@dataclass
+class DemoResult:
+    pods: list[PodView]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return all(p.ok for p in self.pods)
+
+    def counts(self) -> tuple[int, int]:
+        """(pods as expected, pods)."""
+        return sum(p.ok for p in self.pods), len(self.pods)
+
+
+def apply_examples(stack: Stack, examples: Sequence[Example]) -> None:
+    for example in examples:
+        stack.cp.apply(example.text)
+
+
+def wait_for_examples(stack: Stack, examples: Sequence[Example], timeout: float) -> DemoResult:
+    """Poll until every pod is as expected or ``timeout`` passed; the last view."""
+    started = time.monotonic()
+    wanted = [(e.name, p) for e in examples for p in e.pods]
+    while True:
+        views = observe(stack, wanted)
+        if all(v.ok for v in views) or time.monotonic() - started > timeout:
+            return DemoResult(views, time.monotonic() - started)
+        dead = stack.dead()
+        if dead:
+            names = ", ".join(f"{p.name} (exit {p.proc.returncode})" for p in dead)
+            raise RuntimeError(f"stack processes exited during the demo: {names}")
+        time.sleep(0.5)
+
+
+def observe(stack: Stack, wanted: Sequence[tuple[str, ExamplePod]]) -> list[PodView]:
+    """One look at the pods of ``wanted``, their claims, events and CDI files."""
+    pods = {
+        (p["metadata"]["namespace"], p["metadata"]["name"]): p
+        for p in stack.api_get("/api/v1/pods")["items"]
+    }
+    claims = {
+        (c["metadata"]["namespace"], c["metadata"]["name"]): c
+        for c in stack.api_get("/apis/resource.k8s.io/v1/resourceclaims")["items"]
+    }
+    explanations: dict[str, dict[str, str]] = {}  # namespace -> claim uid -> message
+    views = []
+    for example, want in wanted:
+        view = PodView(want, example)
+        views.append(view)
+        pod = pods.get((want.namespace, want.name))
+        if pod is None:
+            continue
+        status = pod.get("status") or {}
+        view.phase = status.get("phase", "")
+        view.node = pod["spec"].get("nodeName", "")
+        annotation = (pod["metadata"].get("annotations") or {}).get(CDI_DEVICES_ANNOTATION)
+        view.cdi_devices = json.loads(annotation) if annotation else {}
+        for name in pod_claim_names(pod):
+            claim = claims.get((want.namespace, name))
+            if claim is not None:
+                view.claims.append(ClaimView.of(claim))
+        if want.expect == PENDING:
+            if want.namespace not in explanations:
+                explanations[want.namespace] = our_explanations(stack, want.namespace)
+            for c in view.claims:
+                c.explanation = explanations[want.namespace].get(c.uid, "")
+        elif view.cdi_devices and view.node in stack.nodes:
+            view.problems = check_cdi(view, stack.nodes[view.node].cdi_root)
+    return views
+
+
+def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
+    """The ResourceClaim names a pod uses: named claims, and those generated
+    from templates (reported in the pod's status)."""
+    generated = {
+        s["name"]: s.get("resourceClaimName")
+        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+    }
+    names = []
+    for ref in pod["spec"].get("resourceClaims") or []:
+        name = ref.get("resourceClaimName") or generated.get(ref["name"])
+        if name:
+            names.append(name)
+    return names
+
+
+def our_explanations(stack: Stack, namespace: str) -> dict[str, str]:
+    """claim uid -> message of the allocator watcher's Event on it."""
+    events = stack.api_get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return {
+        e["involvedObject"].get("uid", ""): e.get("message", "")
+        for e in events
+        if e["involvedObject"].get("kind") == "ResourceClaim"
+        and (e.get("source") or {}).get("component") == ALLOCATOR_COMPONENT
+    }
+
+
+def check_cdi(view: PodView, cdi_root: Path) -> list[str]:
+    """Each recorded CDI id names a device of one of the pod's claims, and the
+    preparer's spec file for that claim defines it."""
+    expected = {
+        cdi.device_id(c.uid, d.device): c for c in view.claims for d in c.devices
+    }  # id -> claim
+    problems = []
+    for container, ids in sorted(view.cdi_devices.items()):
+        for device_id in ids:
+            claim = expected.get(device_id)
+            if claim is None:
+                problems.append(f"{container}: {device_id} is no device of the pod's claims")
+                continue
+            path = cdi.spec_path(cdi_root, claim.uid)
+            try:
+                spec = yaml.safe_load(path.read_text())
+            except (OSError, yaml.YAMLError) as exc:
+                problems.append(f"{container}: {device_id}: no readable CDI spec {path}: {exc}")
+                continue
+            names = {d.get("name") for d in spec.get("devices") or []}
+            vendor_class, _, device = device_id.partition("=")
+            if spec.get("kind") != vendor_class or device not in names:
+                problems.append(f"{container}: {device_id} is not defined in {path}")
+    return problems
+
+
+# ---- what to print ---------------------------------------------------------------
+
+
+def describe_slices(stack: Stack) -> list[str]:
+    lines = ["ResourceSlices (driver gpu.nvidia.com):"]
+    for name, node in stack.nodes.items():
+        slices = stack.slices(name)
+        kinds: dict[str, int] = {}
+        for s in slices:
+            for d in s["spec"].get("devices") or []:
+                kind = (d.get("attributes") or {}).get("type", {}).get("string", "?")
+                kinds[kind] = kinds.get(kind, 0) + 1
+        detail = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+        lines.append(
+            f"  {name} ({node.spec.fleet}): {len(slices)} slice(s), "
+            f"{sum(kinds.values())} devices ({detail})"
+        )
+    return lines
+
+
+def describe_result(result: DemoResult, examples: Sequence[Example]) -> list[str]:
+    lines: list[str] = []
+    by_example: dict[str, list[PodView]] = {}
+    for view in result.pods:
+        by_example.setdefault(view.example, []).append(view)
+    shown: set[str] = set()
+    for example in examples:
+        lines.append(f"{example.name}: {example.title}")
+        for view in by_example.get(example.name, []):
+            for claim in view.claims:
+                key = f"{claim.namespace}/{claim.name}"
+                if key in shown:
+                    continue
+                shown.add(key)
+                lines.extend(_claim_lines(claim))
+            lines.extend(_pod_lines(view))
+    good, total = result.counts()
+    running = sum(v.phase == RUNNING for v in result.pods)
+    lines.append(f"{good}/{total} pods as expected ({running} Running) after {result.seconds:.1f}s")
+    return lines
+
+
+def _claim_lines(claim: ClaimView) -> list[str]:
+    where = f"  claim {claim.namespace}/{claim.name}"
+    if claim.devices:
+        devices = ", ".join(f"{d.request}={d.pool}/{d.device}" for d in claim.devices)
+        return [f"{where}: allocated {devices}"]
+    if claim.explanation:
+        text = claim.explanation.replace("\n", "\n      ")
+        return [f"{where}: pending; gpudra explains:", f"      {text}"]
+    return [f"{where}: not allocated"]
+
+
+def _pod_lines(view: PodView) -> list[str]:
+    pod = f"  pod {view.pod.namespace}/{view.pod.name}"
+    if view.pod.expect == PENDING:
+        verdict = "as expected" if view.ok else f"expected {PENDING} with an explanation"
+        return [f"{pod}: {view.phase or 'absent'} ({verdict})"]
+    if not view.ok:
+        issue = "; ".join(view.problems) or "not prepared"
+        return [f"{pod}: {view.phase or 'absent'} on {view.node or '-'} (FAILED: {issue})"]
+    lines = [f"{pod}: Running on {view.node}"]
+    for container, ids in sorted(view.cdi_devices.items()):
+        lines.append(f"      {container}: {', '.join(ids) or '(no CDI devices)'}")
+    return lines

@@ -1,0 +1,486 @@
+"""The whole gpudra stack on one machine, every component its own process.
+
+Start order (stopped by PID in the reverse order)::
+
+    nats-server (JetStream)
+    etcd -> kube-apiserver -> kube-scheduler -> kube-controller-manager, Nodes
+    DeviceClasses (deploy/deviceclasses.yaml)
+    per node: gpudra discovery (simulated fleet), gpudra preparer, gpudra kubeletplugin
+    per node: kubelet-dra (the kubelet's DRA + plugin manager, same kubelet root),
+              waited for until it has wiped its node's ResourceSlices
+    gpudra publisher, gpudra allocator (claim watcher), cluster-wide
+
+kubelet-dra starts before the publisher because a starting kubelet deletes its
+node's ResourceSlices; our plugin registers with it, the presence record goes
+on the bus and only then does the publisher write the node's slices, so a
+started stack is one whose every node has a complete pool of slices.
+
+Everything listens on 127.0.0.1. The work directory holds::
+
+    kubeconfig, pki/, etcd/          the control plane (tests/e2e/cluster.py)
+    nats/                            JetStream store
+    nodes/<node>/kubelet/            kubelet root: plugins_registry/, plugins/gpu.nvidia.com/
+    nodes/<node>/cdi/                the CDI specs the preparer writes
+    logs/<component>.log             one log per process
+    processes.json                   {name: pid} of every process started
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from services.core import featuregates, nvidia
+from services.core.natsserver import NatsServer
+from services.local import REPO
+from tests.e2e.cluster import (
+    ControlPlane,
+    KubeletDRA,
+    Process,
+    build_controlplane,
+    wait_until,
+)
+
+DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
+
+#: Driver gates the examples need. DynamicMIG stays off: it cannot be combined
+#: with MPSSupport or PassthroughSupport, so MIG devices come from the fleet's
+#: static layout.
+DEMO_GATES = "MPSSupport=true,PassthroughSupport=true,TimeSlicingSettings=true"
+
+#: Driver of the slice that shows when a starting kubelet-dra has wiped its node.
+SENTINEL_DRIVER = "wipe-sentinel.gpudra.dev"
+
+#: The longest unix socket path (sun_path is 108 bytes with the NUL).
+_MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """A simulated GPU node: its Node name and the fleet profile it boots as."""
+
+    name: str
+    fleet: str
+
+
+DEMO_NODES = (NodeSpec("gpu-node-h100", "dgx-h100"), NodeSpec("gpu-node-a100", "dgx-a100"))
+
+
+@dataclass(frozen=True)
+class StackNode:
+    """Where one node's files live."""
+
+    spec: NodeSpec
+    root: Path
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def kubelet_root(self) -> Path:
+        return self.root / "kubelet"
+
+    @property
+    def cdi_root(self) -> Path:
+        return self.root / "cdi"
+
+    @property
+    def plugin_dir(self) -> Path:
+        return self.kubelet_root / "plugins" / nvidia.DRIVER_NAME
+
+
+class StackError(RuntimeError):
+    """A component did not start, or the stack is not in the state asked for."""
+
+
+class Stack:
+    """NATS + control plane + every gpudra service for ``nodes``.
+
+    ``gates`` are the driver's feature gates (preparer and publisher);
+    ``kube_feature_gates`` go to the Kubernetes components. ``pending_threshold``
+    is how long a claim's pod waits before the allocator watcher explains why;
+    ``prepare_timeout`` how long the kubelet plugin waits for the preparer
+    (default: the plugin's own, 45 s). A given ``workdir`` must be empty or new.
+    """
+
+    def __init__(
+        self,
+        nodes: Sequence[NodeSpec] = DEMO_NODES,
+        *,
+        workdir: Path | None = None,
+        gates: str = DEMO_GATES,
+        kube_feature_gates: Mapping[str, bool] | None = None,
+        pending_threshold: float = 2.0,
+        prepare_timeout: float | None = None,
+        binary: Path | None = None,
+        startup_timeout: float = 120.0,
+        log_level: str = "info",
+    ) -> None:
+        names = [n.name for n in nodes]
+        if len(set(names)) != len(names):
+            raise StackError(f"node names must be unique, got {names}")
+        self.gates = featuregates.parse(gates).spec()
+        if workdir is not None and workdir.exists() and any(workdir.iterdir()):
+            raise StackError(f"work directory {workdir} is not empty; give a new or empty one")
+        self._own_workdir = workdir is None
+        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpudra-up-")).resolve()
+        self.logs_dir = self.workdir / "logs"
+        self.nodes = {n.name: StackNode(n, self.workdir / "nodes" / n.name) for n in nodes}
+        self.pending_threshold = pending_threshold
+        self.prepare_timeout = prepare_timeout
+        self.startup_timeout = startup_timeout
+        self.log_level = log_level
+        self.nats = NatsServer(self.workdir / "nats", log_file=self.logs_dir / "nats.log")
+        self.cp = ControlPlane(
+            binary,
+            workdir=self.workdir,
+            nodes=names,
+            feature_gates=kube_feature_gates,
+            startup_timeout=startup_timeout,
+        )
+        self.processes: dict[str, Process] = {}
+        self._argv: dict[str, list[str]] = {}
+        self._started: list[str] = []  # what stop() undoes, in start order
+        self._paused: set[str] = set()  # stopped on purpose, to be started again
+        self._check_socket_paths()
+
+    # ---- lifecycle ---------------------------------------------------------
+
+    def start(self) -> Stack:
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start(self) -> None:
+        self.logs_dir.mkdir(parents=True, exist_ok=True)
+        if self.cp.binary is None:
+            self.cp.binary = build_controlplane()
+        self.nats.start()
+        self._started.append("nats")
+        self._started.append("controlplane")
+        self.cp.start()
+        self.cp.apply(DEVICE_CLASSES.read_text())
+        for node in self.nodes.values():
+            node.kubelet_root.mkdir(parents=True, exist_ok=True)
+            node.cdi_root.mkdir(parents=True, exist_ok=True)
+            self._add("discovery", node.name)
+        for node in self.nodes.values():
+            self._add("preparer", node.name, ready='"preparer ready"')
+            self._add("kubeletplugin", node.name, ready='"serving the kubelet"')
+        self.start_kubelets(list(self.nodes))
+        self._add("publisher")
+        self._add("allocator", ready='"claim watcher synced"')
+        for name in self.nodes:
+            self.wait_slices(name)
+
+    def stop(self) -> None:
+        """Stop everything started, newest first, each by its PID."""
+        while self._started:
+            name = self._started.pop()
+            if name == "nats":
+                self.nats.stop()
+            elif name == "controlplane":
+                self.cp.stop()
+            elif name.startswith("kubelet-dra-"):
+                self.cp.stop_kubelet_dra(name.removeprefix("kubelet-dra-"))
+            elif name in self.processes:
+                self.processes[name].stop()
+
+    def cleanup(self) -> None:
+        """Stop, and remove the work directory if this stack made it."""
+        self.stop()
+        if self._own_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- gpudra services -----------------------------------------------------
+
+    def _service_argv(self, service: str, node: str | None) -> list[str]:
+        common = ["--nats-url", self.nats.url, "--log-level", self.log_level]
+        kubeconfig = ["--kubeconfig", str(self.cp.kubeconfig)]
+        if node is None:
+            if service == "publisher":
+                return ["publisher", *common, *kubeconfig, "--feature-gates", self.gates]
+            threshold = f"{self.pending_threshold}s"
+            return ["allocator", *common, *kubeconfig, "--pending-threshold", threshold]
+        where = self.nodes[node]
+        on_node = [*common, "--node-name", node]
+        if service == "discovery":
+            return ["discovery", *on_node, "--fleet", where.spec.fleet]
+        if service == "preparer":
+            return [
+                "preparer", *on_node, *kubeconfig,
+                "--fleet", where.spec.fleet,
+                "--kubelet-root", str(where.kubelet_root),
+                "--cdi-root", str(where.cdi_root),
+                "--feature-gates", self.gates,
+            ]  # fmt: skip
+        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root)]
+        if self.prepare_timeout is not None:
+            plugin += ["--prepare-timeout", str(self.prepare_timeout)]
+        return plugin
+
+    def _add(self, service: str, node: str | None = None, *, ready: str = "") -> Process:
+        name = service if node is None else f"{service}-{node}"
+        argv = self._service_argv(service, node)
+        self._argv[name] = [sys.executable, "-m", "services.cli", *argv]
+        process = self.start_service(name, ready=ready)
+        self._started.append(name)
+        return process
+
+    def start_service(
+        self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
+    ) -> Process:
+        """(Re)start a gpudra process by name (``preparer-<node>``, ``publisher``, ...);
+        ``ready`` is a text its log shows once it serves."""
+        old = self.processes.get(name)
+        if old is not None and old.running():
+            raise StackError(f"{name} is already running (pid {old.pid})")
+        argv = self._argv[name]
+        log_path = self.logs_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            log.write(f"+ {' '.join(argv)}\n".encode())
+            log.flush()
+            offset = log.tell()  # only what this run writes counts as ready
+            proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **(env or {})},
+                start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
+            )
+        process = Process(name=name, proc=proc, log_path=log_path, args=argv)
+        self.processes[name] = process
+        self._paused.discard(name)
+        self._write_pids()
+        if ready:
+            self.wait_for(
+                lambda: ready in _read_from(log_path, offset), f"{name} to log {ready}", process
+            )
+        return process
+
+    def stop_service(self, name: str, timeout: float = 15.0) -> int | None:
+        """SIGTERM (SIGKILL after ``timeout``); the exit status."""
+        self._paused.add(name)
+        return self.processes[name].stop(timeout)
+
+    def expect_exit(self, name: str) -> None:
+        """``name`` is about to exit on purpose (e.g. an injected crash): not a failure."""
+        self._paused.add(name)
+
+    def restart_service(
+        self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
+    ) -> Process:
+        self.stop_service(name)
+        return self.start_service(name, env=env, ready=ready)
+
+    # ---- kubelet-dra -------------------------------------------------------
+
+    def start_kubelets(self, nodes: Sequence[str]) -> list[KubeletDRA]:
+        """Start kubelet-dra for ``nodes`` and return once each has wiped its
+        node's ResourceSlices, as a starting kubelet does (so that a slice seen
+        after this was written after the wipe)."""
+        sentinels = [self._plant_sentinel(node) for node in nodes]
+        handles = []
+        for node in nodes:
+            handle = self.cp.start_kubelet_dra(node, self.nodes[node].kubelet_root)
+            self.processes[f"kubelet-dra-{node}"] = handle
+            if f"kubelet-dra-{node}" not in self._started:
+                self._started.append(f"kubelet-dra-{node}")
+            handles.append(handle)
+        self._write_pids()
+        for node, sentinel, handle in zip(nodes, sentinels, handles, strict=True):
+            self.wait_for(
+                functools.partial(self._slice_gone, sentinel),
+                f"kubelet-dra {node} to wipe the node's ResourceSlices",
+                handle,
+            )
+        return handles
+
+    def _slice_gone(self, name: str) -> bool:
+        return self.api_get(f"/apis/resource.k8s.io/v1/resourceslices/{name}") is None
+
+    def restart_kubelet(self, node: str) -> KubeletDRA:
+        self.cp.stop_kubelet_dra(node)
+        return self.start_kubelets([node])[0]
+
+    def _plant_sentinel(self, node: str) -> str:
+        """A ResourceSlice of a dummy driver on ``node``: gone = the kubelet wiped."""
+        name = f"gpudra-wipe-sentinel-{node}"
+        self.cp.apply(
+            {
+                "apiVersion": "resource.k8s.io/v1",
+                "kind": "ResourceSlice",
+                "metadata": {"name": name},
+                "spec": {
+                    "driver": SENTINEL_DRIVER,
+                    "nodeName": node,
+                    "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
+                    "devices": [],
+                },
+            }
+        )
+        return name
+
+    # ---- state ---------------------------------------------------------------
+
+    def _write_pids(self) -> None:
+        pids: dict[str, int] = {}
+        if self.nats.proc is not None:
+            pids["nats"] = self.nats.proc.pid
+        pids.update({p.name: p.pid for p in self.cp.processes})
+        pids.update({name: p.pid for name, p in self.processes.items()})
+        (self.workdir / "processes.json").write_text(json.dumps(pids, indent=2) + "\n")
+
+    def all_processes(self) -> list[Process]:
+        return [*self.cp.processes, *self.processes.values()]
+
+    def dead(self) -> list[Process]:
+        """Processes of the stack that exited although nobody stopped them."""
+        kubelets = list(self.cp.kubelets.values())  # those stopped on purpose are gone
+        return [
+            p
+            for p in self.all_processes()
+            if not p.running()
+            and p.name not in self._paused
+            and (not isinstance(p, KubeletDRA) or any(p is k for k in kubelets))
+        ]
+
+    def wait_for(
+        self,
+        check: Callable[[], Any],
+        what: str,
+        process: Process | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Poll ``check`` until it returns something true and return that; fail
+        at once, with its log, if ``process`` (or any stack process) exits
+        meanwhile. ``timeout`` defaults to the start-up timeout."""
+
+        def probe() -> Any:
+            watched = [process] if process is not None else self.dead()
+            for p in watched:
+                if p is not None and not p.running():
+                    raise StackError(
+                        f"{p.name} exited with {p.proc.returncode} while waiting for {what}; "
+                        f"log {p.log_path}:\n{p.log_tail()}"
+                    )
+            return check()
+
+        try:
+            return wait_until(probe, timeout or self.startup_timeout, what, interval=0.1)
+        except TimeoutError as exc:
+            raise StackError(str(exc)) from None
+
+    # ---- the API server ------------------------------------------------------
+
+    def api_get(self, path: str, **params: str) -> Any:
+        """GET ``path`` from the API server as JSON (None for 404)."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        request = urllib.request.Request(
+            self.cp.server + path + query, headers={"Authorization": f"Bearer {self.cp.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=self.cp.ssl_context()) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
+    def slices(self, node: str) -> list[dict[str, Any]]:
+        """Our driver's ResourceSlices of ``node``."""
+        listing = self.api_get(
+            "/apis/resource.k8s.io/v1/resourceslices", fieldSelector=f"spec.nodeName={node}"
+        )
+        return [s for s in listing["items"] if s["spec"]["driver"] == nvidia.DRIVER_NAME]
+
+    def wait_slices(self, node: str) -> list[dict[str, Any]]:
+        """Wait until the node's pool is complete (every slice of its newest
+        generation is there) and holds devices; return those slices."""
+
+        def complete() -> list[dict[str, Any]] | None:
+            found = self.slices(node)
+            pool = complete_pool(found)
+            return pool if pool and any(s["spec"].get("devices") for s in pool) else None
+
+        result: list[dict[str, Any]] = self.wait_for(complete, f"the ResourceSlices of {node}")
+        return result
+
+    # ---- checks at construction -----------------------------------------------
+
+    def _check_socket_paths(self) -> None:
+        for node in self.nodes.values():
+            longest = node.kubelet_root / "plugins_registry" / f"{nvidia.DRIVER_NAME}-reg.sock"
+            if len(str(longest).encode()) > _MAX_SOCKET_PATH:
+                raise StackError(
+                    f"work directory {self.workdir} is too deep: the kubelet socket {longest} "
+                    f"would exceed {_MAX_SOCKET_PATH} bytes; choose a shorter --workdir"
+                )
+
+
+def complete_pool(slices: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The slices of the newest generation if all of them are present, else []."""
+    if not slices:
+        return []
+    newest = max(int(s["spec"]["pool"]["generation"]) for s in slices)
+    current = [dict(s) for s in slices if int(s["spec"]["pool"]["generation"]) == newest]
+    expected = int(current[0]["spec"]["pool"]["resourceSliceCount"])
+    return current if len(current) == expected else []
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+    return ""
+
+
+def recorded_pids(workdir: Path) -> dict[str, int]:
+    """``processes.json`` of a stack's work directory: every process it started."""
+    path = workdir / "processes.json"
+    return {k: int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def still_running(pids: Mapping[str, int], timeout: float = 5.0) -> dict[str, int]:
+    """Those of ``pids`` that are still alive after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    left = {n: p for n, p in pids.items() if alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {n: p for n, p in left.items() if alive(p)}
+    return left
