@@ -12,13 +12,16 @@ behave as we assume, and the Node owner reference carries the real UID.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import Iterator
 
+import msgspec
 import pytest
 
 from services.core import featuregates, slicecheck
 from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.discovery.fleet import fleet_names
 from services.offline.cli import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi, connect
 from services.publisher.reconcile import Reconciler, SyncFailed
@@ -50,13 +53,27 @@ def _sick(inv: NodeInventory) -> NodeInventory:
     return msgspec.structs.replace(inv, gpus=gpus)
 
 
-LAYOUTS = [
-    ("dgx-h100", "", 35),
-    ("dgx-a100", "PassthroughSupport=true,NVMLDeviceHealthCheck=true", 35),
-    ("dgx-h100", "DynamicMIG=true,NVMLDeviceHealthCheck=true", 35),
-    ("dgx-a100", "DynamicMIG=true", 35),
-    ("mixed", "DynamicMIG=true", 35),
-]
+def _every_layout() -> list[tuple[str, str, int]]:
+    """Every fleet profile x every valid combination of the driver's gates, one
+    entry per distinct rendering (most gates do not change the slices)."""
+    names = sorted(featuregates.DEFAULTS)
+    combos = []
+    for bits in itertools.product((False, True), repeat=len(names)):
+        spec = ",".join(f"{n}={b}" for n, b in zip(names, bits, strict=True))
+        try:
+            combos.append(featuregates.parse(spec))
+        except featuregates.FeatureGateError:
+            continue  # DynamicMIG with MPSSupport or PassthroughSupport
+    layouts = []
+    for fleet in fleet_names():
+        inv = _sick(fleet_inventory(fleet, NODE))
+        seen: set[bytes] = set()
+        for gates in combos:
+            rendered = msgspec.json.encode(render_contents(inv, RenderOptions(gates, 35)))
+            if rendered not in seen:
+                seen.add(rendered)
+                layouts.append((fleet, gates.spec(), 35))
+    return layouts
 
 
 async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
@@ -68,7 +85,7 @@ async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
         assert await api.server_minor() == 35
         node_uid = await api.node_uid(NODE)
         assert node_uid
-        for fleet, gates, minor in LAYOUTS:
+        for fleet, gates, minor in _every_layout():
             inv = _sick(fleet_inventory(fleet, NODE))
             contents = render_contents(inv, RenderOptions(featuregates.parse(gates), minor))
             first = await Reconciler(api).sync(NODE, contents)
