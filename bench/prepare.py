@@ -1,6 +1,6 @@
 """Claim-path benchmark: kubelet socket -> front -> NATS -> preparer, and back.
 
-    python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--fleet dgx-h100]
+    python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--repeat 3] [--fleet dgx-h100]
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
 ``gpudra preparer`` (checkpoint and CDI writes fsynced, as in production) and
@@ -8,7 +8,11 @@ Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
 then runs prepare+unprepare cycles of single-GPU claims through the real DRA
 socket. Prints per phase: p50/p99 latency of NodePrepareResources and
 NodeUnprepareResources as the kubelet sees it, prepares/s, and the peak RSS
-(VmHWM) of the front and the preparer.
+(VmHWM) of the front and the preparer. With ``--repeat N`` each phase runs N
+times and the median of each figure is printed too (the machine is shared:
+one run says little). CPU milliseconds per cycle of the front, the preparer
+and nats-server are printed per phase: they move much less with the load of
+other processes than latencies do.
 
 Claims are put into the ``claims`` bucket before timing starts, as the
 allocator's watcher would. A node has as many GPUs as its fleet (8 for
@@ -30,8 +34,8 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -70,6 +74,9 @@ class Proc:
                 return int(line.split()[1]) / 1024
         raise RuntimeError(f"{self.name}: no VmHWM in /proc/{self.popen.pid}/status")
 
+    def cpu_seconds(self) -> float:
+        return cpu_seconds(self.popen.pid)
+
     def check_alive(self) -> None:
         if self.popen.poll() is not None:
             raise SystemExit(f"{self.name} exited {self.popen.returncode}:\n{self.log.read_text()}")
@@ -82,6 +89,12 @@ class Proc:
             except subprocess.TimeoutExpired:
                 os.kill(self.popen.pid, signal.SIGKILL)
                 self.popen.wait()
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of ``pid`` (all its threads) so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def spawn(root: Path, name: str, *args: str) -> Proc:
@@ -162,6 +175,11 @@ class Phase:
     unprepare_ms: list[float]
     seconds: float
     errors: list[str]
+    cpu_ms_per_cycle: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        return len(self.prepare_ms) / self.seconds
 
 
 async def run_phase(
@@ -209,11 +227,40 @@ def report(phase: Phase, cycles: int, shared: bool) -> None:
             f"max {max(values):6.2f} ms"
         )
     print(
-        f"  throughput {cycles / phase.seconds:7.1f} prepares/s (each with its unprepare), "
+        f"  throughput {phase.throughput:7.1f} prepares/s (each with its unprepare), "
         f"{phase.seconds:.1f} s"
     )
+    cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in phase.cpu_ms_per_cycle.items())
+    print(f"  CPU ms per cycle: {cpu}")
     if phase.errors:
         print(f"  ERRORS: {len(phase.errors)}, first: {phase.errors[0]}")
+
+
+def report_median(runs: list[Phase]) -> None:
+    """The median of each figure over repeated runs of one concurrency."""
+
+    def med(figure: Callable[[Phase], float]) -> float:
+        return statistics.median(figure(run) for run in runs)
+
+    print(
+        f"concurrency {runs[0].concurrency}, median of {len(runs)} runs: "
+        f"prepare p50 {med(lambda r: pct(r.prepare_ms, 50)):.2f} ms, "
+        f"p99 {med(lambda r: pct(r.prepare_ms, 99)):.2f} ms; "
+        f"unprepare p50 {med(lambda r: pct(r.unprepare_ms, 50)):.2f} ms; "
+        f"{med(lambda r: r.throughput):.1f} prepares/s"
+    )
+
+
+async def timed_phase(
+    caller: Caller, bus: Bus, gpus: list[str], cycles: int, concurrency: int, procs: dict[str, int]
+) -> Phase:
+    """One phase, with the CPU time each process spent on it."""
+    before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    phase = await run_phase(caller, bus, gpus, cycles, concurrency)
+    phase.cpu_ms_per_cycle = {
+        name: (cpu_seconds(pid) - before[name]) * 1000 / cycles for name, pid in procs.items()
+    }
+    return phase
 
 
 async def main(args: argparse.Namespace) -> int:
@@ -253,10 +300,20 @@ async def main(args: argparse.Namespace) -> int:
             caller: Caller = DirectCaller(bus) if args.direct else kubelet
             if args.direct:
                 print("--direct: NATS requests straight to the preparer, no front, no socket")
-            for concurrency in args.concurrency:
-                phase = await run_phase(caller, bus, gpus, args.cycles, concurrency)
-                report(phase, args.cycles, concurrency > len(gpus))
-                failed = failed or bool(phase.errors)
+            assert nats.proc is not None
+            pids = {"front": front.popen.pid, "preparer": preparer.popen.pid}
+            pids["nats-server"] = nats.proc.pid
+            print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+            runs: dict[int, list[Phase]] = {}
+            for _ in range(args.repeat):
+                for concurrency in args.concurrency:
+                    phase = await timed_phase(caller, bus, gpus, args.cycles, concurrency, pids)
+                    report(phase, args.cycles, concurrency > len(gpus))
+                    runs.setdefault(concurrency, []).append(phase)
+                    failed = failed or bool(phase.errors)
+            if args.repeat > 1:
+                for phases in runs.values():
+                    report_median(phases)
             print(
                 f"peak RSS: front {front.peak_rss_mb():.1f} MB, "
                 f"preparer {preparer.peak_rss_mb():.1f} MB"
@@ -276,6 +333,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     parser.add_argument("--fleet", default="dgx-h100")
     parser.add_argument("--warmup", type=int, default=50)
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="run every phase this often; print medians"
+    )
     parser.add_argument(
         "--direct",
         action="store_true",
