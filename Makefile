@@ -14,7 +14,7 @@ $(STAMP): requirements.lock pyproject.toml
 	$(BIN)/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
 	@rm -f $(VENV)/.installed-* && touch $@
 
-up: venv
+up: venv controlplane
 	$(BIN)/gpudra up
 
 lint: venv

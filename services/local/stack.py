@@ -46,8 +46,10 @@ from typing import Any
 
 from services.core import featuregates, nvidia
 from services.core.natsserver import NatsServer
-from services.local import REPO
-from tests.e2e.cluster import (
+from services.local import REPO, use_checkout
+
+use_checkout()
+from tests.e2e.cluster import (  # noqa: E402 (needs the checkout on sys.path)
     ControlPlane,
     KubeletDRA,
     Process,
