@@ -56,7 +56,7 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 def _outcomes(args: argparse.Namespace, explain: bool) -> list[ClaimOutcome] | None:
     try:
         features = kube_features.parse(args.feature_gates)
-        inputs = load([Path(f) for f in args.files])
+        inputs = load([Path(f) for f in args.files], features)
     except (InputError, kube_features.FeatureGateError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None

@@ -10,7 +10,11 @@ Where upstream has quirks that change outcomes, they are kept on purpose so a
 differential test against kube-scheduler agrees (each is commented where it
 happens): counters a device took stay taken within one search when a taint or
 a constraint then rejects it; ``distinctAttribute`` remembers one value per
-request; a claim config naming several requests is copied once per request.
+request; a claim config naming several requests is copied once per request;
+an "All" subrequest after the first continues as the first subrequest after
+its first device; every position of a request scans all devices (orderings,
+not sets). tests/e2e/test_differential_allocator.py checks this against the
+upstream allocator on generated scenarios.
 Deviations, also commented: pools are ordered by first appearance (upstream:
 Go map order), counters are keyed by driver and pool (upstream: pool name only).
 """
@@ -347,7 +351,7 @@ class _Search:
     def run(self) -> AllocationResult | None:
         self._prepare()
         try:
-            done = self._allocate_one(0, 0, 0, False, 0)
+            done = self._allocate_one(0, 0, 0, False)
         except _MaxSizeExceeded:
             done = False
         if not done:
@@ -508,7 +512,7 @@ class _Search:
 
     # ------------------------------------------------------------ search
 
-    def _allocate_one(self, ri: int, si: int, di: int, in_sub: bool, start: int) -> bool:
+    def _allocate_one(self, ri: int, si: int, di: int, in_sub: bool) -> bool:
         if ri >= len(self.requests):
             return True
         data = self.data[(ri, si)]
@@ -516,7 +520,7 @@ class _Search:
             all_exceeded = True
             for sub in range(len(self.requests[ri].first_available or [])):
                 try:
-                    done = self._allocate_one(ri, sub, 0, True, 0)
+                    done = self._allocate_one(ri, sub, 0, True)
                 except _MaxSizeExceeded:
                     continue
                 all_exceeded = False
@@ -530,20 +534,24 @@ class _Search:
         if mode_all and not data.all_devices:
             return False
         if di >= data.num_devices:
-            return self._allocate_one(ri + 1, 0, 0, False, 0)
+            return self._allocate_one(ri + 1, 0, 0, False)
         if len(self.results) + data.num_devices - di > MAX_DEVICES:
             raise _MaxSizeExceeded
         if mode_all:
-            # Upstream 1.35 drops the subrequest index here (a bug for "All"
-            # subrequests after the first); we keep it.
             undo = self._allocate_device(data, data.all_devices[di], must=True)
             if undo is None:
                 return False
-            return self._descend(undo, ri, si, di, in_sub, 0)
-        candidates = self.view.candidates
+            # Upstream 1.35 goes on with subrequest index 0 here (so an "All"
+            # subrequest after the first continues as the first subrequest,
+            # usually ending after one device); reproduced, as kube-scheduler
+            # does it.
+            return self._descend(undo, ri, 0, di, in_sub)
         admin = data.spec.admin
-        for index in range(start, len(candidates)):
-            candidate = candidates[index]
+        # Every device of the node for every position, as upstream: the search
+        # visits orderings, not just sets, which matters where the outcome
+        # depends on order (distinctAttribute remembers one value per request;
+        # shared devices may be picked twice; rejected devices keep counters).
+        for candidate in self.view.candidates:
             if (candidate.id in self.allocating) if admin else self.in_use(candidate.id):
                 continue
             if not self.selectable(data, candidate):
@@ -553,15 +561,13 @@ class _Search:
             undo = self._allocate_device(data, candidate, must=False)
             if undo is None:
                 continue
-            if self._descend(undo, ri, si, di, in_sub, index + 1):
+            if self._descend(undo, ri, si, di, in_sub):
                 return True
         return False
 
-    def _descend(
-        self, undo: Callable[[], None], ri: int, si: int, di: int, in_sub: bool, start: int
-    ) -> bool:
+    def _descend(self, undo: Callable[[], None], ri: int, si: int, di: int, in_sub: bool) -> bool:
         try:
-            done = self._allocate_one(ri, si, di + 1, in_sub, start)
+            done = self._allocate_one(ri, si, di + 1, in_sub)
         except BaseException:
             undo()
             raise

@@ -17,6 +17,8 @@ from typing import Any
 import msgspec
 import yaml
 
+from services.allocator.admission import admit_claim, admit_slice
+from services.allocator.features import Features
 from services.allocator.pools import Node
 from services.core.quantity import Quantity, QuantityError
 from services.core.resource import API_VERSION, DeviceClass, ResourceClaim, ResourceSlice
@@ -131,16 +133,20 @@ def _check_claim(claim: ResourceClaim) -> None:
             )
 
 
-def load(paths: list[Path]) -> Inputs:
-    """Read every file; raises :class:`InputError` at the first unusable document."""
+def load(paths: list[Path], features: Features | None = None) -> Inputs:
+    """Read every file; raises :class:`InputError` at the first unusable document.
+
+    With ``features``, each object is admitted as the API server would store it
+    under those gates (see :mod:`services.allocator.admission`).
+    """
     inputs = Inputs()
     for path in paths:
         for where, doc in _documents(path):
-            _add(inputs, where, doc)
+            _add(inputs, where, doc, features)
     return inputs
 
 
-def _add(inputs: Inputs, where: str, doc: Any) -> None:
+def _add(inputs: Inputs, where: str, doc: Any, features: Features | None = None) -> None:
     if not isinstance(doc, dict):
         raise InputError(f"{where}: expected an object, got {type(doc).__name__}")
     api_version, kind = doc.get("apiVersion"), doc.get("kind")
@@ -158,6 +164,10 @@ def _add(inputs: Inputs, where: str, doc: Any) -> None:
         )
     try:
         obj = msgspec.convert(doc, _KINDS[kind])
+        if features is not None and isinstance(obj, ResourceSlice):
+            admit_slice(obj, features)
+        elif features is not None and isinstance(obj, ResourceClaim):
+            admit_claim(obj, features)
         _check_quantities(obj)
         if isinstance(obj, ResourceClaim):
             _check_claim(obj)

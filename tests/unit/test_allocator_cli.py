@@ -87,3 +87,43 @@ def test_unknown_feature_gate_exits_2(tmp_path: Path) -> None:
     assert out.returncode == 2 and "unknown feature gate 'DRANope'" in out.stderr
     ok = gpudra("allocate", "-f", str(empty), "-o", "yaml")
     assert ok.returncode == 0 and ok.stdout.strip() == "claims: []"
+
+
+PRIORITIZED_CLAIM = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: prioritized, namespace: ns}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      firstAvailable: [{name: x, deviceClassName: gpu.nvidia.com}]
+"""
+DISTINCT_CLAIM = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: distinct, namespace: ns}
+spec:
+  devices:
+    requests: [{name: gpu, exactly: {deviceClassName: gpu.nvidia.com, count: 2}}]
+    constraints: [{distinctAttribute: resource.kubernetes.io/pciBusID}]
+"""
+
+
+@pytest.mark.parametrize(
+    ("claim", "gates", "fragment"),
+    [
+        (PRIORITIZED_CLAIM, "DRAPrioritizedList=false", "firstAvailable is dropped"),
+        (DISTINCT_CLAIM, "DRAConsumableCapacity=false", "distinctAttribute is dropped"),
+    ],
+)
+def test_objects_the_api_server_refuses_once_gated_fields_drop_exit_2(
+    tmp_path: Path, claim: str, gates: str, fragment: str
+) -> None:
+    """As kube-apiserver on create: the gated field goes, the rest fails validation."""
+    inputs = tmp_path / "in.yaml"
+    inputs.write_text(CLASS + "---\n" + claim)
+    out = gpudra("allocate", "-f", str(inputs), "--feature-gates", gates)
+    assert out.returncode == 2, out.stdout
+    assert f"{inputs}: document 2: invalid ResourceClaim" in out.stderr
+    assert fragment in out.stderr, out.stderr
+    enabled = gates.replace("false", "true")
+    assert gpudra("allocate", "-f", str(inputs), "--feature-gates", enabled).returncode == 0

@@ -1,0 +1,107 @@
+"""What the API server does to an object on create when a DRA feature gate is off.
+
+A cluster never stores fields of a disabled feature: kube-apiserver drops them
+on create (the registry strategies' dropDisabledFields of Kubernetes 1.35), so
+kube-scheduler never sees them. ``gpudra allocate`` reads objects as written
+(rendered slices, claims from a repository), so it drops the same fields
+before allocating; objects read back from a cluster are unchanged by this.
+
+* DRAPartitionableDevices off: a slice loses ``sharedCounters`` and
+  ``perDeviceNodeSelection``, its devices ``consumesCounters`` and per-device
+  node fields (so partitions become plain devices: exactly what a cluster with
+  the gate off would schedule);
+* DRADeviceTaints off: device ``taints`` and request ``tolerations``;
+* DRAAdminAccess off: ``adminAccess`` in requests and allocation results;
+* DRAPrioritizedList off: ``firstAvailable``;
+* DRAConsumableCapacity off: ``allowMultipleAllocations``, capacity
+  ``requestPolicy``, request ``capacity``, ``distinctAttribute``, and
+  ``shareID`` / ``consumedCapacity`` in results;
+* DRADeviceBindingConditions off: binding conditions of devices and results.
+
+When a drop leaves an object the API server then refuses (a request with
+neither ``exactly`` nor ``firstAvailable``, an empty constraint, a slice with no
+node selection), :class:`AdmissionError` says so.
+"""
+
+from __future__ import annotations
+
+from services.allocator.features import Features
+from services.core.resource import (
+    DeviceSubRequest,
+    ExactDeviceRequest,
+    ResourceClaim,
+    ResourceSlice,
+)
+
+
+class AdmissionError(ValueError):
+    """The object, after the drops, is one the API server would refuse."""
+
+
+def admit_slice(slice_: ResourceSlice, features: Features) -> None:
+    """Drop disabled fields in place."""
+    spec = slice_.spec
+    if not features.partitionable_devices:
+        had_per_device = spec.per_device_node_selection is not None
+        spec.shared_counters = None
+        spec.per_device_node_selection = None
+        if had_per_device and not (spec.node_name or spec.all_nodes or spec.node_selector):
+            raise AdmissionError(
+                "spec.perDeviceNodeSelection is dropped while DRAPartitionableDevices is off, "
+                "leaving no node selection (the API server refuses the slice)"
+            )
+    for device in spec.devices or []:
+        if not features.partitionable_devices:
+            device.consumes_counters = None
+            device.node_name = device.node_selector = device.all_nodes = None
+        if not features.device_taints:
+            device.taints = None
+        if not features.binding_conditions:
+            device.binding_conditions = device.binding_failure_conditions = None
+            device.binds_to_node = None
+        if not features.consumable_capacity:
+            device.allow_multiple_allocations = None
+            for capacity in (device.capacity or {}).values():
+                capacity.request_policy = None
+
+
+def admit_claim(claim: ResourceClaim, features: Features) -> None:
+    """Drop disabled fields in place (spec as on create, status as the scheduler's update)."""
+    devices = claim.spec.devices
+    for i, request in enumerate((devices.requests if devices else None) or []):
+        if not features.prioritized_list and request.first_available:
+            request.first_available = None
+            if request.exactly is None:
+                raise AdmissionError(
+                    f"spec.devices.requests[{i}] ({request.name}): firstAvailable is dropped "
+                    "while DRAPrioritizedList is off, leaving an empty request "
+                    "(the API server refuses the claim)"
+                )
+        bodies: list[ExactDeviceRequest | DeviceSubRequest] = list(request.first_available or [])
+        if request.exactly is not None:
+            bodies.append(request.exactly)
+        for body in bodies:
+            if not features.device_taints:
+                body.tolerations = None
+            if not features.consumable_capacity:
+                body.capacity = None
+        if request.exactly is not None and not features.admin_access:
+            request.exactly.admin_access = None
+    for i, constraint in enumerate((devices.constraints if devices else None) or []):
+        if not features.consumable_capacity and constraint.distinct_attribute is not None:
+            constraint.distinct_attribute = None
+            if constraint.match_attribute is None:
+                raise AdmissionError(
+                    f"spec.devices.constraints[{i}]: distinctAttribute is dropped while "
+                    "DRAConsumableCapacity is off, leaving an empty constraint "
+                    "(the API server refuses the claim)"
+                )
+    allocation = claim.status.allocation if claim.status else None
+    results = allocation.devices.results if allocation and allocation.devices else None
+    for result in results or []:
+        if not features.admin_access:
+            result.admin_access = None
+        if not features.consumable_capacity:
+            result.share_id = result.consumed_capacity = None
+        if not features.binding_conditions:
+            result.binding_conditions = result.binding_failure_conditions = None
