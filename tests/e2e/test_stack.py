@@ -17,6 +17,7 @@ of a prepare, and a kubelet restart.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import json
 import os
@@ -33,7 +34,7 @@ from services.core import subjects
 from services.core.bus import Bus
 from services.core.schemas import ClaimEvent, PluginPresence, decode
 from services.local import demo
-from services.local.stack import Stack, complete_pool
+from services.local.stack import Stack, StackError, complete_pool
 from services.preparer import checkpoint, faults
 from services.preparer.devices.simulated import STATE_FILE, SimHost
 from tests.helpers.preparer import validate_cdi_file
@@ -262,16 +263,24 @@ def delete(stack: Stack, *args: str) -> None:
     stack.cp.kubectl("delete", *args, "--wait=false")
 
 
-def assert_node_clean(stack: Stack, node: str) -> None:
-    """Nothing prepared is left: no CDI spec, no checkpointed claim, no sharing
-    or VFIO state on the simulated host."""
-    assert cdi_files(stack, node) == []
-    assert prepared_claims(stack, node) == {}
+def leftovers(stack: Stack, node: str) -> list[str]:
+    """What prepared claims left on ``node``: CDI specs, checkpointed claims,
+    sharing or VFIO state on the simulated host."""
     host = sim_host(stack, node)
-    assert not host.mps, host
-    assert not host.pci_driver, host
-    assert not host.compute_mode, host
-    assert set(host.time_slice.values()) <= {"Default"}, host
+    found = [f"CDI spec {p.name}" for p in cdi_files(stack, node)]
+    found += [f"checkpointed claim {uid}" for uid in prepared_claims(stack, node)]
+    found += [f"MPS daemon {d}" for d in host.mps]
+    found += [f"{bus} bound to {driver}" for bus, driver in host.pci_driver.items()]
+    found += [f"compute mode {u}={m}" for u, m in host.compute_mode.items()]
+    found += [f"time slice {u}={t}" for u, t in host.time_slice.items() if t != "Default"]
+    return found
+
+
+def assert_node_clean(stack: Stack, node: str, timeout: float = 30) -> None:
+    """Nothing prepared is left on ``node`` (waiting for unprepares in flight)."""
+    with contextlib.suppress(StackError):
+        stack.wait_for(lambda: not leftovers(stack, node), f"{node} to be clean", timeout=timeout)
+    assert leftovers(stack, node) == []
 
 
 # ---- every example ----------------------------------------------------------------
@@ -480,7 +489,6 @@ def test_deleting_the_examples_leaves_nothing_behind(
         for p in e.pods:
             wait_gone(stack, f"/api/v1/namespaces/{p.namespace}/pods/{p.name}")
     for node in stack.nodes:
-        stack.wait_for(functools.partial(no_cdi_files, stack, node), f"{node}: no CDI specs")
         assert_node_clean(stack, node)
         # Twins withdrawn while their GPU was prepared are offered again.
         stack.wait_for(
@@ -556,12 +564,17 @@ def test_preparer_killed_during_prepare_recovers(stack: Stack, scratch: str, ste
     assert recorded_cdi_ids(victim) == expected_cdi_ids(stack, victim)
     assert [p.name for p in cdi_files(stack, node)] == [f"k8s.gpu.nvidia.com-claim_{uid}.yaml"]
     assert prepared_claims(stack, node) == {uid: checkpoint.PREPARE_COMPLETED}
-    events = get(stack, f"/api/v1/namespaces/{ns}/events")["items"]
-    assert any(e["reason"] == "FailedPrepareDynamicResources" for e in events), events
+    stack.wait_for(
+        lambda: any(
+            e["reason"] == "FailedPrepareDynamicResources"
+            for e in get(stack, f"/api/v1/namespaces/{ns}/events")["items"]
+        ),
+        "the kubelet's FailedPrepareDynamicResources event",
+        timeout=10,
+    )
 
     delete(stack, "pod", "victim", "-n", ns)
     wait_gone(stack, f"/api/v1/namespaces/{ns}/pods/victim")
-    stack.wait_for(functools.partial(no_cdi_files, stack, node), "the CDI spec to be removed")
     assert_node_clean(stack, node)
 
 
@@ -604,6 +617,5 @@ def test_kubelet_restart_reregisters_and_slices_converge(stack: Stack, scratch: 
     delete(stack, "pod", "before", "after", "-n", ns)
     for name in ("before", "after"):
         wait_gone(stack, f"/api/v1/namespaces/{ns}/pods/{name}")
-    stack.wait_for(functools.partial(no_cdi_files, stack, node), "the CDI specs to be removed")
     assert_node_clean(stack, node)
     stack.wait_for(functools.partial(full_pool, stack, node), "the twins back")
