@@ -211,7 +211,12 @@ async def run_phase(
 
     started = time.perf_counter()
     await asyncio.gather(*(worker(claims) for claims in plan))
-    return Phase(concurrency, prepare_ms, unprepare_ms, time.perf_counter() - started, errors)
+    seconds = time.perf_counter() - started
+    # The pods are gone: the allocator's watcher drops the claims from the bucket.
+    for claims in plan:
+        for c in claims:
+            await bus.kv_delete(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, c.uid))
+    return Phase(concurrency, prepare_ms, unprepare_ms, seconds, errors)
 
 
 def pct(values: list[float], p: float) -> float:
