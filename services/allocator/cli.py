@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import re
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ import yaml
 from services.allocator import features as kube_features
 from services.allocator.inputs import InputError, load
 from services.allocator.offline import ClaimOutcome, OfflineAllocator, describe
-from services.core import config, logs, metrics, tracing
+from services.core import config, runner
 
 log = logging.getLogger(__name__)
 
@@ -107,14 +106,7 @@ def kube_gates(value: str) -> kube_features.Features:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    logs.setup("allocator", args.log_level)
-    tracing.setup("allocator", args.otlp_endpoint)
-    metrics.serve(args.metrics_port)
-    try:
-        asyncio.run(_watch(args))
-    finally:
-        tracing.shutdown()
-    return 0
+    return runner.run("allocator", args, _watch(args))
 
 
 async def _watch(args: argparse.Namespace) -> None:
@@ -127,11 +119,7 @@ async def _watch(args: argparse.Namespace) -> None:
     )
     bus = await Bus.connect(args.nats_url, name="allocator")
     api = HttpKubeApi(await connect(args.kubeconfig or None))
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if task is not None:
-            loop.add_signal_handler(sig, task.cancel)
+    runner.cancel_on_signals()
     try:
         await ClaimWatcher(api, bus, settings).run()
     except asyncio.CancelledError:

@@ -76,6 +76,8 @@ class Delivery(Generic[T]):
 class Bus:
     """A connected NATS client with JetStream and our schemas."""
 
+    default_replicas: int | None = None  # set from --nats-replicas by core.runner
+
     def __init__(self, nc: Client, replicas: int = 1) -> None:
         self.nc = nc
         self.replicas = replicas  # JetStream replicas for what we create (3 in a cluster)
@@ -97,7 +99,7 @@ class Bus:
             reconnected_cb=_log_event("reconnected"),
         )
         if replicas is None:
-            replicas = int(config.env("nats-replicas", "1"))
+            replicas = cls.default_replicas or int(config.env("nats-replicas", "1"))
         bus = cls(nc, replicas=replicas)
         if provision:
             await bus.provision()

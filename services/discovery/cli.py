@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import json
 import logging
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -29,8 +28,7 @@ from typing import Any
 
 import msgspec
 
-from services.core import config, logs
-from services.core import metrics as core_metrics
+from services.core import config, logs, runner
 from services.core.bus import Bus
 from services.core.schemas import SchemaError
 from services.discovery import backend as nv
@@ -80,16 +78,11 @@ def _register_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def run_discovery(args: argparse.Namespace) -> int:
-    logs.setup("discovery", args.log_level)
-    core_metrics.serve(args.metrics_port)
-    return asyncio.run(_discovery(args))
+    return runner.run("discovery", args, _discovery(args))
 
 
 async def _discovery(args: argparse.Namespace) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name=f"discovery-{args.node_name}")
     try:
         if args.fleet is not None:

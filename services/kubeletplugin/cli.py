@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
-from services.core import config, logs, metrics, tracing
+from services.core import config, runner
 
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
@@ -50,9 +49,6 @@ def _positive_seconds(value: str) -> float:
 def _run(args: argparse.Namespace) -> int:
     from services.kubeletplugin.app import Settings, run
 
-    logs.setup("kubeletplugin", args.log_level)
-    tracing.setup("kubeletplugin", args.otlp_endpoint)
-    metrics.serve(args.metrics_port)
     settings = Settings(
         node=args.node_name,
         kubelet_root=args.kubelet_root,
@@ -60,7 +56,4 @@ def _run(args: argparse.Namespace) -> int:
         rolling_update_uid=args.rolling_update_uid,
         prepare_timeout=args.prepare_timeout,
     )
-    try:
-        return asyncio.run(run(settings))
-    finally:
-        tracing.shutdown()
+    return runner.run("kubeletplugin", args, run(settings))

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 from pathlib import Path
 
-from services.core import config, logs, metrics, tracing
+from services.core import config, runner
 from services.preparer import cdi, faults
 from services.preparer.checkpoint import BOOT_ID_FILE
 
@@ -79,9 +78,6 @@ def _run(args: argparse.Namespace) -> int:
         crash = faults.Faults.from_env()
     except ValueError as exc:
         raise SystemExit(f"gpudra preparer: {exc}") from exc
-    logs.setup("preparer", args.log_level)
-    tracing.setup("preparer", args.otlp_endpoint)
-    metrics.serve(args.metrics_port)
     settings = Settings(
         node=args.node_name,
         nats_url=args.nats_url,
@@ -96,7 +92,4 @@ def _run(args: argparse.Namespace) -> int:
         fsync=not args.no_fsync,
         faults=crash,
     )
-    try:
-        return asyncio.run(run(settings))
-    finally:
-        tracing.shutdown()
+    return runner.run("preparer", args, run(settings))

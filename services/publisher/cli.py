@@ -11,9 +11,8 @@ import asyncio
 import contextlib
 import logging
 import re
-import signal
 
-from services.core import config, logs, metrics, tracing
+from services.core import config, runner
 
 log = logging.getLogger(__name__)
 
@@ -73,14 +72,7 @@ def xid_list_arg(value: str) -> frozenset[int]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    logs.setup("publisher", args.log_level)
-    tracing.setup("publisher", args.otlp_endpoint)
-    metrics.serve(args.metrics_port)
-    try:
-        asyncio.run(_serve(args))
-    finally:
-        tracing.shutdown()
-    return 0
+    return runner.run("publisher", args, _serve(args))
 
 
 async def _serve(args: argparse.Namespace) -> None:
@@ -100,11 +92,7 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     bus = await Bus.connect(args.nats_url, name="publisher")
     api = KubeSliceApi(await connect(args.kubeconfig or None))
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        if task is not None:
-            loop.add_signal_handler(sig, task.cancel)
+    runner.cancel_on_signals()
     try:
         await Publisher(api, settings).run(bus)
     except asyncio.CancelledError:
