@@ -57,7 +57,11 @@ class NatsServer:
             "-n", f"gpudra-{self.port}",
         ]  # fmt: skip
         out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        self.proc = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT)
+        # Own session: a terminal's Ctrl-C reaches only our parent, which stops
+        # the server by PID after the clients that still need it (gpudra up).
+        self.proc = subprocess.Popen(
+            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
