@@ -295,7 +295,7 @@ def examples(stack: Stack) -> list[demo.Example]:
 def demo_result(stack: Stack, examples: list[demo.Example]) -> demo.DemoResult:
     """All examples applied at once, as `gpudra up` does, and waited for."""
     demo.apply_examples(stack, examples)
-    return demo.wait_for_examples(stack, examples, timeout=120)
+    return demo.wait_for_examples(stack, examples, timeout=60)
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES)

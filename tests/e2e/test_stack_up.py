@@ -71,7 +71,7 @@ def read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
 
 
 def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) -> None:
-    proc = gpudra_up("--exit-after-demo", "--timeout", "90", "--workdir", str(workdir))
+    proc = gpudra_up("--exit-after-demo", "--timeout", "60", "--workdir", str(workdir))
     try:
         out, _ = proc.communicate(timeout=400)
     finally:
