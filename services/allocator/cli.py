@@ -110,9 +110,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _watch(args: argparse.Namespace) -> None:
-    from services.allocator.kubeapi import HttpKubeApi, connect
+    from services.allocator.kubeapi import HttpKubeApi
     from services.allocator.watcher import ClaimWatcher, WatcherConfig
     from services.core.bus import Bus
+    from services.core.kube import connect
 
     settings = WatcherConfig(
         pending_threshold=args.pending_threshold, features=args.kube_feature_gates

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 import aiohttp
 import msgspec
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 PAGE_SIZE = 500
@@ -92,16 +92,6 @@ class _Status(msgspec.Struct):
     code: int = 0
     reason: str = ""
     message: str = ""
-
-
-async def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or from the pod's service account when empty."""
-    cfg = client.Configuration()
-    if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=cfg)
 
 
 class HttpKubeApi:

@@ -76,13 +76,11 @@ class KubernetesReader:
 
     async def _custom_objects(self) -> Any:
         if self._api is None:
-            from kubernetes_asyncio import client, config
+            from kubernetes_asyncio import client
 
-            if self.kubeconfig:
-                self._client = await config.new_client_from_config(config_file=self.kubeconfig)
-            else:
-                config.load_incluster_config()  # type: ignore[no-untyped-call]
-                self._client = client.ApiClient()
+            from services.core import kube
+
+            self._client = await kube.connect(self.kubeconfig)
             self._api = client.CustomObjectsApi(self._client)
         return self._api
 

@@ -77,7 +77,8 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> None:
     from services.core.bus import Bus
-    from services.publisher.kubeapi import KubeSliceApi, connect
+    from services.core.kube import connect
+    from services.publisher.kubeapi import KubeSliceApi
     from services.publisher.render import RenderOptions
     from services.publisher.service import Publisher, PublisherConfig
 

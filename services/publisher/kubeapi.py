@@ -14,7 +14,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
-from kubernetes_asyncio import client, config
+from kubernetes_asyncio import client
 from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.core import nvidia
@@ -74,17 +74,6 @@ class _Named(msgspec.Struct):
 
 class _Version(msgspec.Struct):
     minor: str
-
-
-async def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or from the pod's service account when None."""
-    if kubeconfig:
-        cfg = client.Configuration()
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-        return client.ApiClient(configuration=cfg)
-    cfg = client.Configuration()
-    config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=cfg)
 
 
 def _selector(node: str | None) -> str:

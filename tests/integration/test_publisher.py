@@ -28,10 +28,11 @@ from aiohttp import web
 
 from services.core import subjects
 from services.core.bus import Bus
+from services.core.kube import connect
 from services.core.natsserver import NatsServer, free_port
 from services.core.resource import ResourceSlice, to_builtins
 from services.core.schemas import NodeInventory, PluginPresence
-from services.publisher.kubeapi import KubeSliceApi, connect
+from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.memoryapi import MemorySliceApi
 from services.publisher.sliceapi import ApiError
 from tests.unit.test_render import h100, node

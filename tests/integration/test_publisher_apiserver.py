@@ -20,10 +20,11 @@ import msgspec
 import pytest
 
 from services.core import featuregates, slicecheck
+from services.core.kube import connect
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.discovery.fleet import fleet_names
 from services.offline.cli import fleet_inventory
-from services.publisher.kubeapi import KubeSliceApi, connect
+from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.reconcile import Reconciler, SyncFailed
 from services.publisher.render import RenderOptions, render_contents
 from services.publisher.service import Publisher, PublisherConfig
