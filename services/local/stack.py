@@ -159,7 +159,12 @@ class Stack:
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
         self._paused: set[str] = set()  # stopped on purpose, to be started again
-        self._check_socket_paths()
+        try:
+            self._check_socket_paths()
+        except StackError:
+            if self._own_workdir:
+                shutil.rmtree(self.workdir, ignore_errors=True)
+            raise
 
     # ---- lifecycle ---------------------------------------------------------
 
