@@ -21,14 +21,15 @@ import logging
 import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from services.allocator import features as kube_features
-from services.allocator.inputs import InputError, load
-from services.allocator.offline import ClaimOutcome, OfflineAllocator, describe
 from services.core import config, runner
+
+if TYPE_CHECKING:
+    from services.allocator.offline import ClaimOutcome
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,10 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
 
 
 def _outcomes(args: argparse.Namespace, explain: bool) -> list[ClaimOutcome] | None:
+    # Imported here: the engine and CEL are heavy, and every service process builds this parser.
+    from services.allocator.inputs import InputError, load
+    from services.allocator.offline import OfflineAllocator
+
     try:
         features = kube_features.parse(args.feature_gates)
         inputs = load([Path(f) for f in args.files], features)
@@ -67,6 +72,8 @@ def _allocate(args: argparse.Namespace) -> int:
     if outcomes is None:
         return 2
     if args.output == "text":
+        from services.allocator.offline import describe
+
         for outcome in outcomes:
             print("\n".join(describe(outcome)))
         return 0
@@ -79,6 +86,8 @@ def _allocate(args: argparse.Namespace) -> int:
 
 
 def _explain(args: argparse.Namespace) -> int:
+    from services.allocator.offline import describe
+
     outcomes = _outcomes(args, explain=True)
     if outcomes is None:
         return 2
