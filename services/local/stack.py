@@ -54,7 +54,6 @@ from tests.e2e.cluster import (  # noqa: E402 (needs the checkout on sys.path)
     KubeletDRA,
     Process,
     build_controlplane,
-    wait_until,
 )
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
@@ -387,22 +386,28 @@ class Stack:
     ) -> Any:
         """Poll ``check`` until it returns something true and return that; fail
         at once, with its log, if ``process`` (or any stack process) exits
-        meanwhile. ``timeout`` defaults to the start-up timeout."""
-
-        def probe() -> Any:
+        meanwhile. Errors raised by ``check`` are retried (the last one is
+        reported on timeout). ``timeout`` defaults to the start-up timeout."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        last_error: Exception | None = None
+        while True:
             watched = [process] if process is not None else self.dead()
             for p in watched:
-                if p is not None and not p.running():
+                if not p.running():
                     raise StackError(
                         f"{p.name} exited with {p.proc.returncode} while waiting for {what}; "
                         f"log {p.log_path}:\n{p.log_tail()}"
                     )
-            return check()
-
-        try:
-            return wait_until(probe, timeout or self.startup_timeout, what, interval=0.1)
-        except TimeoutError as exc:
-            raise StackError(str(exc)) from None
+            try:
+                result = check()
+                if result:
+                    return result
+            except Exception as exc:  # retried, like a false answer
+                last_error = exc
+            if time.monotonic() >= deadline:
+                detail = f": {last_error}" if last_error else ""
+                raise StackError(f"timed out waiting for {what}{detail}")
+            time.sleep(0.1)
 
     # ---- the API server ------------------------------------------------------
 
