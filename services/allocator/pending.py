@@ -14,6 +14,7 @@ tries every node in name order, exactly as ``gpudra allocate`` does offline.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -41,6 +42,10 @@ def parse_time(text: str | None) -> float | None:
         return None
 
 
+# The driver's name as a CEL string literal, in either quote style.
+_NAMES_DRIVER = re.compile(rf"""(["']){re.escape(DRIVER)}\1""")
+
+
 def concerns_driver(claim: ResourceClaim, classes: Mapping[str, DeviceClass]) -> bool:
     for request in (claim.spec.devices.requests if claim.spec.devices else None) or []:
         for spec in alternatives(request):
@@ -48,7 +53,7 @@ def concerns_driver(claim: ResourceClaim, classes: Mapping[str, DeviceClass]) ->
             if device_class is None:
                 return True
             for selector in device_class.spec.selectors or []:
-                if selector.cel and f'"{DRIVER}"' in selector.cel.expression:
+                if selector.cel and _NAMES_DRIVER.search(selector.cel.expression):
                     return True
     return False
 

@@ -21,10 +21,12 @@ from services.allocator.kubeobjects import NodeObject, Pod
 from services.allocator.pending import (
     ClusterAllocator,
     PodClock,
+    concerns_driver,
     truncate,
     verdict,
     waiting_claims,
 )
+from services.core import nvidia
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.nvidia.com"
@@ -444,3 +446,20 @@ def test_event_names_are_stable_dns_subdomains() -> None:
     assert len(name) <= 253 and ".-" not in name and "-." not in name
     assert event_name(long) == name
     assert event_name(claim(uid="other")) != event_name(claim())
+
+
+@pytest.mark.parametrize("shipped", nvidia.device_classes(), ids=lambda c: c.metadata.name)
+def test_claims_of_our_shipped_device_classes_concern_our_driver(shipped: DeviceClass) -> None:
+    """The shipped classes quote the driver name with single quotes, as the reference chart."""
+    name = shipped.metadata.name
+    assert concerns_driver(claim(class_name=name), {name: shipped})
+    other = msgspec.structs.replace(
+        shipped,
+        spec=msgspec.convert(
+            {"selectors": [{"cel": {"expression": "device.driver == 'gpu.example.com'"}}]},
+            type(shipped.spec),
+        ),
+    )
+    assert not concerns_driver(
+        claim(class_name=shipped.metadata.name), {shipped.metadata.name: other}
+    )
