@@ -95,6 +95,11 @@ type kubeletDRA struct {
 	gone     sets.Set[types.UID]
 	// running are the pods that were prepared and reported Running.
 	running sets.Set[types.UID]
+	// unprepared are the pods whose resources were unprepared. The manager
+	// drops one pod reference per call and unprepares a shared claim when a
+	// call finds only one left, so it must see each pod exactly once, as the
+	// kubelet's pod workers guarantee.
+	unprepared sets.Set[types.UID]
 }
 
 func runKubeletDRA() int {
@@ -183,9 +188,10 @@ func runKubeletDRAWith(ctx context.Context, node, kubeconfig, root string, retry
 		queue: workqueue.NewTypedRateLimitingQueueWithConfig(
 			workqueue.NewTypedItemExponentialFailureRateLimiter[types.UID](retryBase, retryMax),
 			workqueue.TypedRateLimitingQueueConfig[types.UID]{Name: "kubelet-dra"}),
-		lastSeen: map[types.UID]*v1.Pod{},
-		gone:     sets.New[types.UID](),
-		running:  sets.New[types.UID](),
+		lastSeen:   map[types.UID]*v1.Pod{},
+		gone:       sets.New[types.UID](),
+		running:    sets.New[types.UID](),
+		unprepared: sets.New[types.UID](),
 	}
 	defer k.queue.ShutDown()
 
@@ -328,7 +334,7 @@ func (k *kubeletDRA) sync(ctx context.Context, uid types.UID) error {
 	if isGone {
 		// Removed from the API server without passing through us (force
 		// deletion): unprepare from the last copy we saw.
-		if err := k.manager.UnprepareResources(ctx, pod); err != nil {
+		if err := k.unprepareOnce(ctx, pod); err != nil {
 			return err
 		}
 		k.forget(uid)
@@ -339,7 +345,7 @@ func (k *kubeletDRA) sync(ctx context.Context, uid types.UID) error {
 	if pod.DeletionTimestamp != nil || isTerminal(pod) {
 		// kubelet: resources are unprepared after all containers stopped and
 		// before the final status goes to the API server.
-		if err := k.manager.UnprepareResources(ctx, pod); err != nil {
+		if err := k.unprepareOnce(ctx, pod); err != nil {
 			k.recorder.Eventf(pod, v1.EventTypeWarning, reasonFailedUnprepare, "Failed to unprepare dynamic resources: %v", err)
 			return err
 		}
@@ -409,6 +415,25 @@ func (k *kubeletDRA) forget(uid types.UID) {
 	delete(k.lastSeen, uid)
 	k.gone.Delete(uid)
 	k.running.Delete(uid)
+	k.unprepared.Delete(uid)
+}
+
+// unprepareOnce calls the manager's UnprepareResources for a pod at most once
+// (successfully); later syncs of the same pod skip it.
+func (k *kubeletDRA) unprepareOnce(ctx context.Context, pod *v1.Pod) error {
+	k.mu.Lock()
+	done := k.unprepared.Has(pod.UID)
+	k.mu.Unlock()
+	if done {
+		return nil
+	}
+	if err := k.manager.UnprepareResources(ctx, pod); err != nil {
+		return err
+	}
+	k.mu.Lock()
+	k.unprepared.Insert(pod.UID)
+	k.mu.Unlock()
+	return nil
 }
 
 // setRunning records the CDI devices in the pod annotation, then reports the
