@@ -63,8 +63,15 @@ DEFAULT_CONTROLLERS = (
 T = TypeVar("T")
 
 
+START_ATTEMPTS = 3
+
+
 class ControlPlaneError(RuntimeError):
     """A component failed to start or a kubectl call failed."""
+
+
+class ComponentExited(ControlPlaneError):
+    """A component process ended while we waited for it."""
 
 
 def build_controlplane(*, env: Mapping[str, str] | None = None, force: bool = False) -> Path:
@@ -109,6 +116,8 @@ def wait_until(
             result = check()
             if result is not None and result is not False:
                 return result
+        except ComponentExited:
+            raise  # waiting longer cannot help
         except Exception as e:  # retried; the last one is reported on timeout
             last_error = e
         if time.monotonic() >= deadline:
@@ -293,12 +302,21 @@ class ControlPlane:
         if self.binary is None:
             self.binary = build_controlplane()
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        try:
-            self._start()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                self._start()
+                return self
+            except ControlPlaneError as e:
+                self.stop()
+                # free_port() releases a port before the component binds it, so
+                # another process may take it meanwhile: start again on new ports.
+                if "address already in use" not in str(e) or attempt == START_ATTEMPTS:
+                    raise
+                shutil.rmtree(self.workdir / "etcd", ignore_errors=True)
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
 
     def _start(self) -> None:
         for name in ("etcd-client", "etcd-peer", "apiserver", "scheduler", "controller-manager"):
@@ -354,7 +372,7 @@ class ControlPlane:
     def _wait(self, process: Process, check: Callable[[], bool], what: str) -> None:
         def probe() -> bool:
             if not process.running():
-                raise ControlPlaneError(
+                raise ComponentExited(
                     f"{process.name} exited with {process.proc.returncode} while waiting for "
                     f"{what}; log {process.log_path}:\n{process.log_tail()}"
                 )
