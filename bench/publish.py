@@ -11,9 +11,14 @@ Prints, without asserting anything:
 4. repeat: the same inventories again, which must cause zero writes;
 5. peak RSS of this process (publisher + its in-process sink + the bus client).
 
-The sink is :class:`MemorySliceApi` (compressed storage, no watch history); the
-real API server plugs in through the same :class:`SliceApi` seam.
-Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct]``
+The default sink is :class:`MemorySliceApi` (compressed storage, no watch
+history). With ``--apiserver`` the publisher writes through the real
+:class:`KubeSliceApi` to a Kubernetes 1.35 control plane started by
+:class:`tests.e2e.cluster.ControlPlane` (gates DRAPartitionableDevices and
+DRADeviceTaints on, as the bench renders counters and taints; the Nodes are
+created first, timed); a write counts once the API server has answered it, i.e.
+the slice is stored. The control-plane processes are not in the peak RSS.
+Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct] [--apiserver]``
 (``--direct`` skips NATS and hands inventories to the publisher in-process).
 """
 
@@ -24,32 +29,47 @@ import asyncio
 import functools
 import random
 import statistics
+import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+from kubernetes_asyncio import client
 
-import services.publisher.kubeapi  # noqa: F401  (a real publisher process imports it too)
-from services.core import featuregates, subjects
+from services.core import featuregates, kube, subjects
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
+from services.core.resource import ResourceSlice
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.offline.cli import fleet_inventory
-from services.publisher.memoryapi import MemorySliceApi
+from services.publisher.kubeapi import KubeSliceApi
+from services.publisher.memoryapi import MemorySliceApi, Write
 from services.publisher.render import RenderOptions, render_contents
 from services.publisher.service import Publisher, PublisherConfig
+
+if TYPE_CHECKING:
+    from tests.e2e.cluster import ControlPlane
 
 GATES = "DynamicMIG=true,NVMLDeviceHealthCheck=true"
 FLEETS = ("dgx-h100", "dgx-a100")
 XIDS = (79, 48, 94, 63, 74)
+#: API server gates the rendered slices need (counters of DynamicMIG, XID taints).
+APISERVER_GATES = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
+NODE_CREATE_CONCURRENCY = 16
+
+
+def _node_name(i: int) -> str:
+    return f"gpu-node-{i:04d}"
 
 
 def _inventories(count: int) -> Iterator[NodeInventory]:
     """Each node booted from its fleet (one in two of each); made on demand, not kept."""
     for i in range(count):
-        yield fleet_inventory(FLEETS[i % 2], f"gpu-node-{i:04d}", seed=i)
+        yield fleet_inventory(FLEETS[i % 2], _node_name(i), seed=i)
 
 
 def _peak_rss_mib() -> float:
@@ -91,6 +111,38 @@ def _changed(inv: NodeInventory, rng: random.Random) -> NodeInventory:
     return msgspec.structs.replace(inv, gpus=gpus)
 
 
+class Recorder(Protocol):
+    """What the bench reads of a sink: every write, with when it completed."""
+
+    writes: list[Write]
+
+
+class RecordingKubeSliceApi(KubeSliceApi):
+    """The real API client; a write is recorded once the API server has answered it."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        super().__init__(api_client)
+        self.writes: list[Write] = []
+
+    async def create(self, obj: ResourceSlice) -> ResourceSlice:
+        stored = await super().create(obj)
+        self.writes.append(Write("create", obj.metadata.name, obj.spec.node_name or "", _now()))
+        return stored
+
+    async def replace(self, obj: ResourceSlice) -> ResourceSlice:
+        stored = await super().replace(obj)
+        self.writes.append(Write("update", obj.metadata.name, obj.spec.node_name or "", _now()))
+        return stored
+
+    async def delete(self, name: str, *, uid: str | None, resource_version: str | None) -> None:
+        await super().delete(name, uid=uid, resource_version=resource_version)
+        self.writes.append(Write("delete", name, "", _now()))
+
+
+def _now() -> float:
+    return time.monotonic()
+
+
 class Feed:
     """How inventories reach the publisher: through KV ``inventory``, or handed over directly."""
 
@@ -104,8 +156,72 @@ class Feed:
             await self.bus.kv_put(subjects.INVENTORY_BUCKET, subjects.inventory_key(inv.node), inv)
 
 
-async def bench_publish(count: int, changes: int, options: RenderOptions, direct: bool) -> None:
-    sink = MemorySliceApi(minor=options.kube_minor, compress=True, history_size=0)
+async def bench_publish(
+    count: int, changes: int, options: RenderOptions, direct: bool, apiserver: bool
+) -> None:
+    if apiserver:
+        async with _apiserver_sink(count) as (api, cp):
+            await _publish(api, count, changes, options, direct)
+            # kubectl lists in its own process, so the listing stays out of our peak RSS.
+            names = cp.kubectl("get", "resourceslices", "-o", "name", timeout=300).split()
+            print(f"apiserver: {len(names)} slices stored")
+        return
+    memory = MemorySliceApi(minor=options.kube_minor, compress=True, history_size=0)
+    await _publish(memory, count, changes, options, direct)
+    stored = memory.stored_bytes() / 2**20
+    print(f"sink:    {memory.count()} slices stored, {stored:.1f} MiB compressed")
+
+
+@asynccontextmanager
+async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceApi, ControlPlane]]:
+    """A control plane with ``count`` Nodes, and the publisher's client to it."""
+    control_plane, build = _cluster()
+    start = time.perf_counter()
+    cp = control_plane(build(), feature_gates=APISERVER_GATES).start()
+    try:
+        print(f"apiserver: control plane up in {time.perf_counter() - start:.1f} s ({cp.server})")
+        api = RecordingKubeSliceApi(await kube.connect(str(cp.kubeconfig)))
+        try:
+            start = time.perf_counter()
+            await _create_nodes(api.core, count)
+            elapsed = time.perf_counter() - start
+            print(f"apiserver: {count} Nodes created in {elapsed:.1f} s")
+            yield api, cp
+        finally:
+            await api.close()
+    finally:
+        cp.cleanup()
+
+
+def _cluster() -> tuple[type[ControlPlane], Callable[[], Path]]:
+    """The e2e control plane helpers (tests/ is not an installed package)."""
+    repo = str(Path(__file__).resolve().parents[1])
+    if repo not in sys.path:
+        sys.path.insert(0, repo)
+    from tests.e2e import cluster
+
+    return cluster.ControlPlane, cluster.build_controlplane
+
+
+async def _create_nodes(core: client.CoreV1Api, count: int) -> None:
+    """Bare Nodes (the publisher needs only their UIDs as slice owners), a few at a time."""
+    gate = asyncio.Semaphore(NODE_CREATE_CONCURRENCY)
+
+    async def one(i: int) -> None:
+        body = client.V1Node(metadata=client.V1ObjectMeta(name=_node_name(i)))
+        async with gate:
+            await core.create_node(body)
+
+    await asyncio.gather(*(one(i) for i in range(count)))
+
+
+async def _publish(
+    sink: MemorySliceApi | RecordingKubeSliceApi,
+    count: int,
+    changes: int,
+    options: RenderOptions,
+    direct: bool,
+) -> None:
     config = PublisherConfig(render=options, kube_minor=options.kube_minor, force_registered=True)
     publisher = Publisher(sink, config)
     with tempfile.TemporaryDirectory() as tmp:
@@ -132,8 +248,6 @@ async def bench_publish(count: int, changes: int, options: RenderOptions, direct
                 await bus.close()
             if nats is not None:
                 nats.stop()
-    stored = sink.stored_bytes() / 2**20
-    print(f"sink:    {sink.count()} slices stored, {stored:.1f} MiB compressed")
 
 
 async def _serve(publisher: Publisher, bus: Bus | None) -> None:
@@ -143,7 +257,7 @@ async def _serve(publisher: Publisher, bus: Bus | None) -> None:
     await asyncio.gather(*(publisher.work() for _ in range(publisher.config.workers)))
 
 
-async def _initial(publisher: Publisher, feed: Feed, sink: MemorySliceApi, count: int) -> None:
+async def _initial(publisher: Publisher, feed: Feed, sink: Recorder, count: int) -> None:
     start = time.perf_counter()
     for inv in _inventories(count):
         await feed.put(inv)
@@ -157,12 +271,12 @@ async def _initial(publisher: Publisher, feed: Feed, sink: MemorySliceApi, count
 
 
 async def _changes(
-    publisher: Publisher, feed: Feed, sink: MemorySliceApi, count: int, changes: int
+    publisher: Publisher, feed: Feed, sink: Recorder, count: int, changes: int
 ) -> None:
     rng = random.Random(7)
     latencies: list[float] = []
     for _ in range(changes):
-        node = f"gpu-node-{rng.randrange(count):04d}"
+        node = _node_name(rng.randrange(count))
         current = publisher.inventory(node)
         assert current is not None
         changed = _changed(current, rng)
@@ -179,7 +293,7 @@ async def _changes(
     )
 
 
-async def _repeat(publisher: Publisher, feed: Feed, sink: MemorySliceApi) -> None:
+async def _repeat(publisher: Publisher, feed: Feed, sink: Recorder) -> None:
     before = len(sink.writes)
     nodes = sorted(publisher.nodes)
     for node in nodes:
@@ -191,7 +305,7 @@ async def _repeat(publisher: Publisher, feed: Feed, sink: MemorySliceApi) -> Non
     print(f"repeat:  the same {len(nodes)} inventories again -> {len(sink.writes) - before} writes")
 
 
-def _more_than(sink: MemorySliceApi, writes: int) -> bool:
+def _more_than(sink: Recorder, writes: int) -> bool:
     return len(sink.writes) > writes
 
 
@@ -212,14 +326,20 @@ def main() -> None:
         "--direct", action="store_true", help="no NATS: feed the publisher directly"
     )
     parser.add_argument("--render-only", action="store_true")
+    parser.add_argument(
+        "--apiserver",
+        action="store_true",
+        help="write to a real kube-apiserver (tests/e2e control plane) instead of the memory sink",
+    )
     args = parser.parse_args()
     options = RenderOptions(gates=featuregates.parse(GATES), kube_minor=args.kube_version)
     print(f"gates {GATES}, API 1.{args.kube_version}, fleets {'/'.join(FLEETS)} alternating")
     bench_render(args.nodes, options)
     _rss("render")
     if not args.render_only:
-        asyncio.run(bench_publish(args.nodes, args.changes, options, args.direct))
-    print(f"peak RSS: {_peak_rss_mib():.0f} MiB (this process: publisher, sink, bus client)")
+        asyncio.run(bench_publish(args.nodes, args.changes, options, args.direct, args.apiserver))
+    sink = "API client" if args.apiserver else "sink"
+    print(f"peak RSS: {_peak_rss_mib():.0f} MiB (this process: publisher, {sink}, bus client)")
 
 
 def _rss(label: str) -> None:
