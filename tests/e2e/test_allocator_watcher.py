@@ -111,7 +111,10 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
 
 def _class_and_slice(suffix: str, devices: int) -> list[dict[str, Any]]:
     selector = (
-        f'device.driver == "{DRIVER}" && device.attributes["{DRIVER}"].watcherTest == "{suffix}"'
+        # Other tests' devices share the session's cluster and lack the attribute: an
+        # unguarded lookup would be a CEL runtime error that aborts every allocation.
+        f'device.driver == "{DRIVER}" && "watcherTest" in device.attributes["{DRIVER}"] && '
+        f'device.attributes["{DRIVER}"].watcherTest == "{suffix}"'
     )
     return [
         {

@@ -29,6 +29,9 @@ def _objects(suffix: str, namespace: str) -> list[dict[str, Any]]:
     selector = (
         f'device.driver == "{DRIVER}" && '
         f'device.attributes["{DRIVER}"].type == "gpu" && '
+        # Guarded: other tests' devices in the shared cluster lack the attribute, and an
+        # unguarded lookup is a CEL runtime error that aborts the allocation.
+        f'"smokeTest" in device.attributes["{DRIVER}"] && '
         f'device.attributes["{DRIVER}"].smokeTest == "{suffix}"'
     )
     return [
