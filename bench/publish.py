@@ -18,6 +18,9 @@ history). With ``--apiserver`` the publisher writes through the real
 DRADeviceTaints on, as the bench renders counters and taints; the Nodes are
 created first, timed); a write counts once the API server has answered it, i.e.
 the slice is stored. The control-plane processes are not in the peak RSS.
+On the 2-core dev machine ``--apiserver`` takes about 2.5 min at 1,000 nodes
+(control plane ~4 s, 1,000 Nodes ~2 s, the first 9,000 slice writes 75-95 s)
+and about 30 s with ``--nodes 200``.
 Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct] [--apiserver]``
 (``--direct`` skips NATS and hands inventories to the publisher in-process).
 """
