@@ -175,12 +175,9 @@ class Bus:
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     yield KvUpdate(entry.key, None, revision)
                     continue
-                try:
-                    value = decode(entry.value, kind)
-                except SchemaError as exc:
-                    _malformed(f"kv:{bucket}", f"key {entry.key!r}: {exc}")
-                    continue
-                yield KvUpdate(entry.key, value, revision)
+                value = _decode_or_skip(entry.value, kind, f"kv:{bucket}", f"key {entry.key!r}")
+                if value is not None:
+                    yield KvUpdate(entry.key, value, revision)
         finally:
             with contextlib.suppress(Exception):
                 await watcher.stop()  # type: ignore[no-untyped-call]
@@ -223,10 +220,8 @@ class Bus:
         """Answer requests on ``subject`` with ``handler``'s reply, each in its own task."""
 
         async def on_msg(msg: Msg) -> None:
-            try:
-                value = decode(msg.data, kind)
-            except SchemaError as exc:
-                _malformed(subject, str(exc))
+            value = _decode_or_skip(msg.data, kind, subject)
+            if value is None:
                 return
             reply = await handler(value, dict(msg.headers or {}))
             if msg.reply:
@@ -245,10 +240,8 @@ class Bus:
         """Core (non-durable) subscription; malformed messages are skipped."""
 
         async def on_msg(msg: Msg) -> None:
-            try:
-                value = decode(msg.data, kind)
-            except SchemaError as exc:
-                _malformed(subject, str(exc))
+            value = _decode_or_skip(msg.data, kind, subject)
+            if value is None:
                 return
             await handler(value, dict(msg.headers or {}))
 
@@ -275,10 +268,8 @@ class Bus:
                 except NatsTimeoutError:
                     continue
                 for msg in msgs:
-                    try:
-                        value = decode(msg.data, kind)
-                    except SchemaError as exc:
-                        _malformed(f"stream:{stream}", f"{msg.subject}: {exc}")
+                    value = _decode_or_skip(msg.data, kind, f"stream:{stream}", msg.subject)
+                    if value is None:
                         await msg.ack()
                         continue
                     yield Delivery(msg.subject, value, dict(msg.headers or {}), msg)
@@ -292,6 +283,15 @@ _BACKGROUND: set[asyncio.Task[None]] = set()
 
 def _in_stream(subject: str) -> bool:
     return any(subject.startswith(pattern[:-1]) for pats in STREAMS.values() for pattern in pats)
+
+
+def _decode_or_skip(data: bytes, kind: type[T], source: str, where: str = "") -> T | None:
+    """The decoded payload, or None after logging and counting why it was malformed."""
+    try:
+        return decode(data, kind)
+    except SchemaError as exc:
+        _malformed(source, f"{where}: {exc}" if where else str(exc))
+        return None
 
 
 def _malformed(source: str, reason: str) -> None:
