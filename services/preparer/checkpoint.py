@@ -29,6 +29,7 @@ from typing import Any, Literal, NamedTuple
 import msgspec
 
 from services.core.resource import AllocationResult
+from services.core.schemas import Gpu, MigDevice
 from services.preparer.fsutil import DirSyncer, atomic_write
 
 log = logging.getLogger(__name__)
@@ -63,6 +64,22 @@ class MigState(_Rec, frozen=True, kw_only=True):
     gi_id: int
     ci_id: int
     created: bool = False  # dynamic MIG: we created it and must destroy it
+
+    @classmethod
+    def of(cls, gpu: Gpu, device: MigDevice, *, created: bool = False) -> MigState:
+        """The state of ``device``, a MIG device of ``gpu`` as the inventory lists it."""
+        return cls(
+            uuid=device.uuid,
+            parent_uuid=gpu.uuid,
+            parent_minor=gpu.minor,
+            profile=device.profile,
+            gi_profile_id=device.gi_profile_id,
+            placement_start=device.placement.start,
+            placement_size=device.placement.size,
+            gi_id=device.gi_id,
+            ci_id=device.ci_id,
+            created=created,
+        )
 
 
 class VfioState(_Rec, frozen=True, kw_only=True):

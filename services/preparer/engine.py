@@ -348,18 +348,7 @@ class Engine:
                     f"MIG device {target.name!r} does not exist on GPU {target.gpu.minor} "
                     f"(static MIG; enable {fg.DYNAMIC_MIG} to have it created)"
                 )
-            return MigState(
-                uuid=live.uuid,
-                parent_uuid=target.gpu.uuid,
-                parent_minor=target.gpu.minor,
-                profile=live.profile,
-                gi_profile_id=live.gi_profile_id,
-                placement_start=live.placement.start,
-                placement_size=live.placement.size,
-                gi_id=live.gi_id,
-                ci_id=live.ci_id,
-                created=False,
-            )
+            return MigState.of(target.gpu, live)
         with self.tracer.start_as_current_span("mig.create", attributes={"device": target.name}):
             mig = await self.ops.create_mig(target.gpu, target.profile, target.placement)
         done.migs.append(mig)

@@ -136,18 +136,7 @@ class SimulatedOps:
             raise DeviceOpError(f"{what}: {reply.error or 'no device in the reply'}")
         device = reply.device
         await self._settle(lambda inv_uuids: device.uuid in inv_uuids)
-        return MigState(
-            uuid=device.uuid,
-            parent_uuid=gpu.uuid,
-            parent_minor=gpu.minor,
-            profile=device.profile,
-            gi_profile_id=device.gi_profile_id,
-            placement_start=device.placement.start,
-            placement_size=device.placement.size,
-            gi_id=device.gi_id,
-            ci_id=device.ci_id,
-            created=True,
-        )
+        return MigState.of(gpu, device, created=True)
 
     async def destroy_mig(self, mig: MigState) -> None:
         what = f"destroying MIG device {mig.uuid} (GPU {mig.parent_minor} GI {mig.gi_id})"
@@ -163,21 +152,7 @@ class SimulatedOps:
         inv = self.inventory.current
         if inv is None:
             return []
-        return [
-            MigState(
-                uuid=m.uuid,
-                parent_uuid=g.uuid,
-                parent_minor=g.minor,
-                profile=m.profile,
-                gi_profile_id=m.gi_profile_id,
-                placement_start=m.placement.start,
-                placement_size=m.placement.size,
-                gi_id=m.gi_id,
-                ci_id=m.ci_id,
-            )
-            for g in inv.gpus
-            for m in g.mig_devices
-        ]
+        return [MigState.of(g, m) for g in inv.gpus for m in g.mig_devices]
 
     async def _settle(self, check: Callable[[set[str]], bool]) -> None:
         """Wait (bounded) until discovery's inventory reflects a MIG change we made."""
