@@ -35,7 +35,7 @@ e2e: venv controlplane
 
 # The Go control plane for e2e (cached outside the repo, keyed by its inputs).
 controlplane:
-	tests/e2e/controlplane/build.sh
+	services/local/controlplane/build.sh
 
 test: lint typecheck controlplane
 	$(BIN)/pytest tests

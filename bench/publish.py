@@ -14,7 +14,7 @@ Prints, without asserting anything:
 The default sink is :class:`MemorySliceApi` (compressed storage, no watch
 history). With ``--apiserver`` the publisher writes through the real
 :class:`KubeSliceApi` to a Kubernetes 1.35 control plane started by
-:class:`tests.e2e.cluster.ControlPlane` (gates DRAPartitionableDevices and
+:class:`services.local.cluster.ControlPlane` (gates DRAPartitionableDevices and
 DRADeviceTaints on, as the bench renders counters and taints; the Nodes are
 created first, timed); a write counts once the API server has answered it, i.e.
 the slice is stored. The control-plane processes are not in the peak RSS.
@@ -32,7 +32,6 @@ import asyncio
 import functools
 import random
 import statistics
-import sys
 import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -55,7 +54,7 @@ from services.publisher.render import RenderOptions, render_contents
 from services.publisher.service import Publisher, PublisherConfig
 
 if TYPE_CHECKING:
-    from tests.e2e.cluster import ControlPlane
+    from services.local.cluster import ControlPlane
 
 GATES = "DynamicMIG=true,NVMLDeviceHealthCheck=true"
 FLEETS = ("dgx-h100", "dgx-a100")
@@ -178,7 +177,9 @@ async def bench_publish(
 @asynccontextmanager
 async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceApi, ControlPlane]]:
     """A control plane with ``count`` Nodes, and the publisher's client to it."""
-    control_plane, build = _cluster()
+    from services.local.cluster import ControlPlane as control_plane
+    from services.local.cluster import build_controlplane as build
+
     start = time.perf_counter()
     cp = control_plane(build(), feature_gates=APISERVER_GATES).start()
     try:
@@ -194,16 +195,6 @@ async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceA
             await api.close()
     finally:
         cp.cleanup()
-
-
-def _cluster() -> tuple[type[ControlPlane], Callable[[], Path]]:
-    """The e2e control plane helpers (tests/ is not an installed package)."""
-    repo = str(Path(__file__).resolve().parents[1])
-    if repo not in sys.path:
-        sys.path.insert(0, repo)
-    from tests.e2e import cluster
-
-    return cluster.ControlPlane, cluster.build_controlplane
 
 
 async def _create_nodes(core: client.CoreV1Api, count: int) -> None:

@@ -4,7 +4,7 @@
               [--exit-after-demo] [--feature-gates G=true,...]
 
 Starts embedded NATS, a real Kubernetes control plane (built by
-tests/e2e/controlplane/build.sh, so it runs from a source checkout), two
+services/local/controlplane/build.sh, so it runs from a source checkout), two
 simulated GPU nodes (``gpu-node-h100`` as dgx-h100, ``gpu-node-a100`` as
 dgx-a100 with its static MIG layout) each with discovery, preparer, kubelet
 plugin and the kubelet's DRA manager, the publisher and the allocator's claim
@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 
 from services.core import config
 
-if TYPE_CHECKING:  # imported when run: they need the checkout's tests/e2e
+if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
     from services.local import demo
     from services.local.stack import Stack
 
@@ -86,12 +86,8 @@ def _say(line: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    try:
-        from services.local import demo
-        from services.local import stack as stacks
-    except ImportError as exc:
-        print(f"gpudra up: needs a source checkout (tests/e2e/cluster.py): {exc}", file=sys.stderr)
-        return 2
+    from services.local import demo
+    from services.local import stack as stacks
 
     examples: list[demo.Example] = []
     if not args.no_examples:

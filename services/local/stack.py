@@ -17,7 +17,7 @@ started stack is one whose every node has a complete pool of slices.
 
 Everything listens on 127.0.0.1. The work directory holds::
 
-    kubeconfig, pki/, etcd/          the control plane (tests/e2e/cluster.py)
+    kubeconfig, pki/, etcd/          the control plane (services/local/cluster.py)
     nats/                            JetStream store
     nodes/<node>/kubelet/            kubelet root: plugins_registry/, plugins/gpu.nvidia.com/
     nodes/<node>/cdi/                the CDI specs the preparer writes
@@ -46,10 +46,8 @@ from typing import Any
 
 from services.core import featuregates, nvidia
 from services.core.natsserver import NatsServer
-from services.local import REPO, use_checkout
-
-use_checkout()
-from tests.e2e.cluster import (  # noqa: E402 (needs the checkout on sys.path)
+from services.local import REPO
+from services.local.cluster import (
     ControlPlane,
     KubeletDRA,
     Process,

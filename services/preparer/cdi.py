@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable, Sequence
+import stat
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,6 +70,20 @@ class NodeFacts:
     driver_files: Sequence[DriverFile] = ()
     caps_major: int | None = None  # char major of nvidia-caps (from /proc/devices)
     dev_root: str = "/"  # where the host's /dev lives, as seen by the runtime
+    # (major, minor) of a char device node, by its path on the host; None when unknown.
+    # Known numbers go into the spec, so the runtime need not stat the node itself.
+    char_device: Callable[[str], tuple[int, int] | None] = lambda _path: None
+
+
+def stat_char_device(path: str) -> tuple[int, int] | None:
+    """The numbers of the char device node at ``path``; None when it is missing or not one."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    if not stat.S_ISCHR(st.st_mode):
+        return None
+    return os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
 @dataclass(frozen=True)
@@ -157,7 +172,11 @@ def _dev(facts: NodeFacts, path: str) -> str:
 
 def _node(facts: NodeFacts, path: str) -> dict[str, Any]:
     host = _dev(facts, path)
-    return {"path": path} if host == path else {"path": path, "hostPath": host}
+    node: dict[str, Any] = {"path": path} if host == path else {"path": path, "hostPath": host}
+    numbers = facts.char_device(host)
+    if numbers is not None:
+        node.update(type="c", major=numbers[0], minor=numbers[1])
+    return node
 
 
 def _device_edits(device: PreparedDeviceState, facts: NodeFacts) -> _Edits:

@@ -3,7 +3,7 @@
 ``controlplane`` is session-scoped: one etcd + kube-apiserver + kube-scheduler +
 kube-controller-manager for the whole session, with the Nodes ``e2e-node-1`` and
 ``e2e-node-2``. Tests that need feature gates start their own
-:class:`~tests.e2e.cluster.ControlPlane` with ``controlplane_binary``.
+:class:`~services.local.cluster.ControlPlane` with ``controlplane_binary``.
 
 Component logs are kept under ``<workdir>/logs``; the working directory is
 removed after a session without failures and kept (its path printed) otherwise.
@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane, ControlPlaneError, build_controlplane
+from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
 
 E2E_NODES = ("e2e-node-1", "e2e-node-2")
 
@@ -30,7 +30,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session")
 def controlplane_binary() -> Path:
-    """The multi-call binary from tests/e2e/controlplane/build.sh (cached)."""
+    """The multi-call binary from services/local/controlplane/build.sh (cached)."""
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
         # build.sh can still answer from its cache without a toolchain.
         try:

@@ -30,7 +30,7 @@ from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimEvent
-from tests.e2e.cluster import ControlPlane
+from services.local.cluster import ControlPlane
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 

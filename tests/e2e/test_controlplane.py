@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import (
+from services.local.cluster import (
     CDI_DEVICES_ANNOTATION,
     RESOURCES_PREPARED_CONDITION,
     ControlPlane,

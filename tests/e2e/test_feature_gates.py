@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.cluster import ControlPlane, wait_until
+from services.local.cluster import ControlPlane, wait_until
 
 pytestmark = pytest.mark.e2e
 

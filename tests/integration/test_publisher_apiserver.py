@@ -23,12 +23,12 @@ from services.core import featuregates, slicecheck
 from services.core.kube import connect
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.discovery.fleet import fleet_names
+from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
 from services.offline.cli import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.reconcile import Reconciler, SyncFailed
 from services.publisher.render import RenderOptions, render_contents
 from services.publisher.service import Publisher, PublisherConfig
-from tests.e2e.cluster import ControlPlane, ControlPlaneError, build_controlplane
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 NODE = "pub-node-1"

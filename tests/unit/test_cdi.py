@@ -1,4 +1,4 @@
-"""Claim CDI specs: names, device nodes, MIG caps, MPS and VFIO edits, versions, schema, files."""
+"""Claim CDI specs: names, device nodes, MIG caps, MPS, VFIO, versions, runtime checks, files."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from services.preparer import cdi
+from services.preparer import cdi, cdicheck
 from services.preparer.checkpoint import (
     GroupState,
     MigState,
@@ -18,7 +18,7 @@ from services.preparer.checkpoint import (
     PreparedDeviceState,
     VfioState,
 )
-from tests.helpers.preparer import cdi_validator, validate_cdi_file
+from tests.helpers.preparer import validate_cdi_file
 
 UID = "0e2f6c1a-8b3d-4c5e-9f70-1a2b3c4d5e6f"
 FACTS = cdi.NodeFacts(
@@ -93,7 +93,7 @@ def test_a_full_gpu_gets_its_node_the_control_nodes_and_driver_files() -> None:
     assert spec["containerEdits"]["env"] == ["NVIDIA_VISIBLE_DEVICES=void"]
     assert spec["containerEdits"]["mounts"][0]["options"] == ["ro", "nosuid", "nodev", "bind"]
     assert spec["cdiVersion"] == "0.5.0"  # this UID starts with a digit: a 0.5.0 name
-    cdi_validator().validate(spec)
+    assert cdicheck.problems(spec) == []
 
 
 def test_a_mig_device_gets_its_parent_and_its_gi_and_ci_capability_nodes() -> None:
@@ -116,7 +116,7 @@ def test_a_mig_device_gets_its_parent_and_its_gi_and_ci_capability_nodes() -> No
         }
         for m in (gi_minor, ci_minor)
     ]
-    cdi_validator().validate(spec)
+    assert cdicheck.problems(spec) == []
 
 
 def test_mps_adds_the_pipe_directory_and_its_mounts() -> None:
@@ -131,7 +131,7 @@ def test_mps_adds_the_pipe_directory_and_its_mounts() -> None:
         ("/p/mps/x/shm", "/dev/shm"),
         ("/p/mps/x/pipe", "/tmp/nvidia-mps"),
     ]
-    cdi_validator().validate(spec)
+    assert cdicheck.problems(spec) == []
 
 
 @pytest.mark.parametrize(
@@ -148,7 +148,7 @@ def test_vfio_gets_its_group_node_and_the_api_device_only_when_asked(
     assert nodes(spec, 0) == ["/dev/vfio/42"]
     assert nodes(spec) == common  # no nvidiactl/uvm for a GPU the nvidia driver gave up
     assert "mounts" not in spec["containerEdits"]
-    cdi_validator().validate(spec)
+    assert cdicheck.problems(spec) == []
 
 
 def test_metadata_files_are_mounted_read_only_at_the_kep_5304_path() -> None:

@@ -7,7 +7,7 @@ import logging
 from pathlib import Path
 
 from services.core.schemas import Gpu, MigPlacement, MigProfile
-from services.preparer.cdi import DriverFile, NodeFacts
+from services.preparer.cdi import DriverFile, NodeFacts, stat_char_device
 from services.preparer.checkpoint import MigState, MpsState, VfioState
 from services.preparer.devices import commands
 from services.preparer.devices.base import MpsRequest
@@ -104,7 +104,11 @@ class RealOps:
         )
         self.vfio = VfioSysfs(sysfs)
         self._nvml: NvmlMig | None = None
-        self._facts = NodeFacts(driver_files=driver_files(driver_root), caps_major=caps_major(proc))
+        self._facts = NodeFacts(
+            driver_files=driver_files(driver_root),
+            caps_major=caps_major(proc),
+            char_device=stat_char_device,
+        )
 
     @property
     def nvml(self) -> NvmlMig:

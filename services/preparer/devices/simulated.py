@@ -31,6 +31,30 @@ from services.preparer.inventory import InventoryView
 
 STATE_FILE = "simulated-host.json"
 CAPS_MAJOR = 511  # a plausible dynamic char major for nvidia-caps
+UVM_MAJOR = 510  # likewise for nvidia-uvm
+VFIO_MAJOR = 509  # likewise for vfio groups
+NVIDIA_MAJOR = 195  # the nvidia driver's registered major (nvidiaN, nvidiactl = 255)
+MISC_MAJOR = 10  # /dev/vfio/vfio is misc 196; /dev/iommu a dynamic misc minor
+
+
+def sim_char_device(path: str) -> tuple[int, int] | None:
+    """The numbers a node with the NVIDIA driver (and vfio) gives its device nodes."""
+    fixed = {
+        "/dev/nvidiactl": (NVIDIA_MAJOR, 255),
+        "/dev/nvidia-uvm": (UVM_MAJOR, 0),
+        "/dev/nvidia-uvm-tools": (UVM_MAJOR, 1),
+        "/dev/vfio/vfio": (MISC_MAJOR, 196),
+        "/dev/iommu": (MISC_MAJOR, 123),
+    }
+    if path in fixed:
+        return fixed[path]
+    for prefix, major in (("/dev/nvidia", NVIDIA_MAJOR), ("/dev/vfio/", VFIO_MAJOR)):
+        number = path.removeprefix(prefix)
+        if number != path and number.isdigit():
+            return major, int(number)
+    return None
+
+
 SIM_LIBRARIES = (
     "libcuda.so",
     "libnvidia-ml.so",
@@ -90,7 +114,11 @@ class SimulatedOps:
         files = [f"/usr/lib/x86_64-linux-gnu/{lib}.{version}" for lib in SIM_LIBRARIES] + [
             f"/usr/bin/{binary}" for binary in SIM_BINARIES
         ]
-        return NodeFacts(driver_files=[DriverFile(f, f) for f in files], caps_major=CAPS_MAJOR)
+        return NodeFacts(
+            driver_files=[DriverFile(f, f) for f in files],
+            caps_major=CAPS_MAJOR,
+            char_device=sim_char_device,
+        )
 
     # ------------------------------------------------------------ host state
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Build (or find in the cache) the control-plane multi-call binary.
 #
-# usage: tests/e2e/controlplane/build.sh [--force]
+# usage: services/local/controlplane/build.sh [--force]
 #
 # Prints progress on stderr and the absolute path of the binary as the last
 # line of stdout. Next to the binary there is one symlink per component

@@ -1,7 +1,7 @@
-"""A real Kubernetes 1.35 control plane on 127.0.0.1 for end-to-end tests.
+"""A real Kubernetes 1.35 control plane on 127.0.0.1, for `gpudra up` and the e2e tests.
 
 The components come from one multi-call binary built from the Go module proxy by
-``tests/e2e/controlplane/build.sh`` (etcd, kube-apiserver, kube-scheduler,
+``services/local/controlplane/build.sh`` (etcd, kube-apiserver, kube-scheduler,
 kube-controller-manager, kubectl, the kubelet's DRA manager as ``kubelet-dra``,
 and ``reference-allocator``). :class:`ControlPlane` starts one process per
 component, each on free 127.0.0.1 ports, in this order::
@@ -15,8 +15,8 @@ everything by PID in reverse order. Every component logs to
 
 Command line::
 
-    python -m tests.e2e.cluster up --nodes n1,n2 [--kubelet-dra] [--feature-gates G=true]
-    python -m tests.e2e.cluster build
+    python -m services.local.cluster up --nodes n1,n2 [--kubelet-dra] [--feature-gates G=true]
+    python -m services.local.cluster build
 
 ``up`` prints the kubeconfig path and keeps the cluster up until Ctrl-C.
 """
@@ -704,7 +704,7 @@ def _parse_gates(text: str) -> dict[str, bool]:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m tests.e2e.cluster", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m services.local.cluster", description=__doc__)
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a control plane and keep it up until Ctrl-C")
     up.add_argument("--nodes", default="node-1", help="comma-separated Node names")

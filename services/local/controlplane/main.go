@@ -9,6 +9,7 @@
 //	kubectl                  k8s.io/kubectl/pkg/cmd, unmodified
 //	kubelet-dra              the kubelet's DRA manager and plugin manager for one node
 //	reference-allocator      the structured allocator of k8s.io/dynamic-resource-allocation
+//	cdi                      a container runtime's CDI loader (tags.cncf.io/container-device-interface)
 //
 // The component is chosen by the base name of argv[0] (build.sh creates one
 // symlink per component next to the binary) or, failing that, by the first
@@ -36,6 +37,7 @@ var components = map[string]component{
 	"kubectl":                 {runKubectl, "kubectl"},
 	"kubelet-dra":             {runKubeletDRA, "the kubelet's DRA manager + plugin manager for one node"},
 	"reference-allocator":     {runReferenceAllocator, "offline structured allocation with the upstream allocator"},
+	"cdi":                     {runCDI, "load CDI spec dirs as a container runtime does and inject devices"},
 }
 
 // ComponentNames lists the dispatch names in a stable order.
