@@ -37,6 +37,7 @@ from services.local import demo
 from services.local.stack import Stack, StackError, complete_pool
 from services.preparer import checkpoint, faults
 from services.preparer.devices.simulated import STATE_FILE, SimHost
+from tests.helpers.cdi import inject
 from tests.helpers.preparer import validate_cdi_file
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -301,8 +302,9 @@ def demo_result(stack: Stack, examples: list[demo.Example]) -> demo.DemoResult:
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
 def test_example(stack: Stack, demo_result: demo.DemoResult, example: str) -> None:
     """Running pods carry exactly the CDI ids of their containers' devices, each
-    defined by the preparer's CDI spec (valid by the official schema) on the
-    pod's node, from a claim allocated from that node's pool."""
+    defined by the preparer's CDI spec (passing the runtimes' CDI checks) on the
+    pod's node, from a claim allocated from that node's pool; the official CDI
+    library injects each container's ids into an OCI spec with its GPUs and no others."""
     views = [v for v in demo_result.pods if v.example == example]
     assert views, f"{example} has no pods"
     for view in views:
@@ -327,6 +329,24 @@ def test_example(stack: Stack, demo_result: demo.DemoResult, example: str) -> No
             mine = {i for ids in recorded.values() for i in ids if f"={uid}-" in i}
             assert mine and mine <= defined, (mine, defined)
             assert prepared_claims(stack, node)[uid] == checkpoint.PREPARE_COMPLETED
+        for container, ids in recorded.items():
+            assert_injects(stack, node, ids, f"{example}: {want.name}/{container}")
+
+
+def assert_injects(stack: Stack, node: str, ids: list[str], who: str) -> None:
+    """What a runtime gives the container for ``ids``: the GPUs named by them, and no others."""
+    assert stack.cp.binary is not None
+    injected = inject(stack.cp.binary, stack.nodes[node].cdi_root, ids)
+    devices = [i.split("=", 1)[1].split("-", 5)[5] for i in ids]  # "<uid>-<device>" -> device
+    gpus = {int(d.split("-")[1]) for d in devices if not d.startswith("gpu-vfio")}
+    assert injected.gpu_minors == gpus, (who, injected.device_paths)
+    assert "NVIDIA_VISIBLE_DEVICES=void" in injected.env, who
+    for path, (kind, major, minor) in injected.device_numbers().items():
+        assert (kind, major, minor) in injected.allowed_devices, (who, path)
+    if any(d.startswith("gpu-vfio") for d in devices):
+        assert any(p.startswith("/dev/vfio/") for p in injected.device_paths), who
+    else:
+        assert "/dev/nvidiactl" in injected.device_paths, who
 
 
 def _only_claim(stack: Stack, namespace: str, pod_name: str) -> tuple[Any, str]:
