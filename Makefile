@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint typecheck unit integration e2e controlplane bench clean proto
+.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane bench clean proto
 
 venv: $(STAMP)
 
@@ -20,6 +20,11 @@ up: venv controlplane
 lint: venv
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/lint-imports --no-cache
+
+fmt: venv
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 typecheck: venv
 	$(BIN)/mypy

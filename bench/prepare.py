@@ -56,7 +56,7 @@ from services.core.resource import (  # noqa: E402
     ResourceClaimStatus,
 )
 from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest  # noqa: E402
-from tests.helpers.kubelet import Claim, FakeKubelet  # noqa: E402
+from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
 
 NODE = "bench-node"
 

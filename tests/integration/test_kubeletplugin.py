@@ -40,7 +40,7 @@ from services.core.schemas import (
     PluginPresence,
     PreparedDevice,
 )
-from tests.helpers.kubelet import Claim, FakeKubelet
+from services.local.kubelet import Claim, FakeKubelet
 
 pytestmark = pytest.mark.integration
 

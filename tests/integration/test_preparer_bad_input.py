@@ -27,7 +27,7 @@ from services.core.bus import Bus
 from services.core.natsserver import NatsServer, free_port
 from services.core.resource import ResourceClaim, to_builtins
 from services.core.schemas import ClaimEventName
-from tests.helpers.kubelet import Claim, FakeKubelet
+from services.local.kubelet import Claim, FakeKubelet
 from tests.helpers.preparer import (
     API,
     Dev,

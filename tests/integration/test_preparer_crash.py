@@ -20,9 +20,9 @@ import pytest
 from services.core import nvidia
 from services.core.bus import Bus, RequestFailed
 from services.core.natsserver import NatsServer
+from services.local.kubelet import Claim, FakeKubelet
 from services.preparer import cdi
 from services.preparer.faults import ENV, EXIT_STATUS, STEPS
-from tests.helpers.kubelet import Claim, FakeKubelet
 from tests.helpers.preparer import Dev, Node, make_claim, ref, validate_cdi_file
 
 pytestmark = pytest.mark.integration

@@ -20,7 +20,7 @@ from services.core import nvidia
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceClaim
-from tests.helpers.kubelet import Claim, FakeKubelet
+from services.local.kubelet import Claim, FakeKubelet
 from tests.helpers.preparer import (
     API,
     Dev,

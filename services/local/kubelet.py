@@ -1,4 +1,6 @@
-"""A fake kubelet for tests: registers a DRA plugin and calls it like the real one.
+"""The kubelet's side of a DRA plugin's sockets, for benchmarks and tests.
+
+It registers a DRA plugin and calls it like the real kubelet does.
 
 It uses only the generated stubs from proto/ and the unix sockets, in the
 kubelet's order: find the registration socket in ``plugins_registry``, GetInfo
