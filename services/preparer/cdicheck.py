@@ -18,7 +18,9 @@ from typing import Any
 
 from services.preparer.cdi import minimum_version
 
-KNOWN_VERSIONS = ("0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0")
+KNOWN_VERSIONS = (
+    "0.1.0", "0.2.0", "0.3.0", "0.4.0", "0.5.0", "0.6.0", "0.7.0", "0.8.0", "1.0.0", "1.1.0",
+)  # fmt: skip
 HOOK_NAMES = frozenset(
     {"prestart", "createRuntime", "createContainer", "startContainer", "poststart", "poststop"}
 )
