@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from services.preparer import cdicheck
-from tests.unit.test_cdicheck import CASES, broken, good
+from tests.helpers.cdicases import CASES, broken, good
 
 pytestmark = pytest.mark.e2e
 

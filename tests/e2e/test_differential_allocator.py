@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 
 from services.cli import main as gpudra
-from tests.e2e.test_differential_scenarios import GATE_SETS, Scenario, check, generate
+from tests.helpers.scenarios import GATE_SETS, Scenario, check, generate
 
 pytestmark = pytest.mark.e2e
 

@@ -7,18 +7,16 @@ import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import TypeVar
 
 import pytest
 
 from services.core import subjects
-from services.core.bus import Bus, RequestFailed
+from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import (
     HealthEvent,
     InventoryChanged,
     MigDevice,
-    NodeInventory,
     SimMigReply,
     SimMigRequest,
 )
@@ -27,14 +25,22 @@ from services.discovery.fleet import get_fleet
 from services.discovery.metrics import SIM_CONFLICTS
 from services.discovery.simstate import encode_state
 from services.discovery.simstore import SimStore, sim_key
+from tests.helpers.discovery import (
+    NODE,
+    collect,
+    gpudra,
+    inventory,
+    stop,
+    until_serving,
+    wait_for,
+    wait_inventory,
+)
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
-NODE = "node.a"  # a dot: must be escaped in subjects and keys
 
 Start = Callable[..., Awaitable[asyncio.subprocess.Process]]
-T = TypeVar("T")
 
 
 @pytest.fixture
@@ -60,80 +66,6 @@ async def start_discovery(nats_server: NatsServer, tmp_path: Path) -> AsyncItera
     assert [p.returncode for p in procs] == [0] * len(procs), (
         tmp_path / "discovery-0.log"
     ).read_text()
-
-
-async def stop(proc: asyncio.subprocess.Process) -> None:
-    if proc.returncode is None:
-        proc.terminate()
-        try:
-            await asyncio.wait_for(proc.wait(), 10)
-        except TimeoutError:
-            proc.kill()
-            await proc.wait()
-
-
-async def inventory(bus: Bus, node: str = NODE) -> tuple[NodeInventory, int] | None:
-    return await bus.kv_get(subjects.INVENTORY_BUCKET, subjects.inventory_key(node), NodeInventory)
-
-
-async def wait_inventory(
-    bus: Bus, check: Callable[[NodeInventory], bool], timeout: float = 20.0
-) -> tuple[NodeInventory, int]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await inventory(bus)
-        if found is not None and check(found[0]):
-            return found
-        if time.monotonic() > deadline:
-            raise AssertionError(f"inventory never matched within {timeout}s; last: {found}")
-        await asyncio.sleep(0.02)
-
-
-async def collect(bus: Bus, subject: str, kind: type[T]) -> list[T]:
-    """Every message on ``subject`` from now on, decoded as ``kind``."""
-    seen: list[T] = []
-
-    async def on(value: T, _headers: dict[str, str]) -> None:
-        seen.append(value)
-
-    await bus.subscribe(subject, kind, on)
-    return seen
-
-
-async def wait_for(seen: list[T], check: Callable[[list[T]], bool], timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check(seen):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"never seen within {timeout}s: {seen}")
-        await asyncio.sleep(0.02)
-
-
-async def until_serving(bus: Bus, timeout: float = 30.0) -> None:
-    """Wait until a discovery process answers simulated-NVML requests for NODE."""
-    probe = SimMigRequest(op="mig-mode", gpu_uuid="GPU-probe", mig_enabled=True)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await bus.request(subjects.sim_control(NODE), probe, SimMigReply, timeout=1)
-            return
-        except RequestFailed:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
-
-
-async def gpudra(*args: str) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "services.cli",
-        *args,
-        cwd=ROOT,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT,
-    )
-    out, _ = await asyncio.wait_for(proc.communicate(), 60)
-    return proc.returncode or 0, out.decode()
 
 
 async def test_inventory_follows_mig_create_and_destroy(bus: Bus, start_discovery: Start) -> None:

@@ -20,8 +20,8 @@ from services.discovery.fleet import get_fleet
 from services.discovery.nvml import NvmlBackend
 from services.discovery.service import Discovery
 from services.discovery.sim import SimNvml
-from tests.integration.test_discovery import collect, wait_for, wait_inventory
-from tests.unit.test_discovery_nvml import FakeNvml, fake_sysfs
+from tests.helpers.discovery import collect, wait_for, wait_inventory
+from tests.helpers.nvml import FakeNvml, fake_sysfs
 
 pytestmark = pytest.mark.integration
 NODE = "node.a"

@@ -25,9 +25,9 @@ from services.core.natsserver import NatsServer
 from services.core.resource import Device
 from services.core.schemas import HeldDevice, NodePreparedDevices, PluginPresence
 from services.publisher.memoryapi import MemorySliceApi
-from tests.integration.test_discovery import gpudra, stop, wait_inventory
-from tests.integration.test_publisher import FakeKube, _publisher, _put_inventory, _until
-from tests.unit.test_render import h100, node
+from tests.helpers.discovery import gpudra, stop, wait_inventory
+from tests.helpers.inventories import h100, node
+from tests.helpers.publisher import FakeKube, publisher, put_inventory, until
 
 pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,16 +76,16 @@ async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recov
     url = nats_server.url
     inv, _ = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
     names = {f"gpu-{i}" for i in range(8)} | {f"gpu-vfio-{i}" for i in range(8)}
-    with _publisher(
+    with publisher(
         nats_server, kube, tmp_path, "--force-registered", "--feature-gates", GATES
     ) as proc:
-        await _until(lambda: set(_devices(kube)) == names, "16 untainted devices", proc)
+        await until(lambda: set(_devices(kube)) == names, "16 untainted devices", proc)
         assert all(keys == [] for keys in _taint_keys(kube).values())
 
         rc, out = await gpudra("sim", "lose", "--nats-url", url, "--node", NODE, "--gpu", "3")
         assert rc == 0, out
         lost = {"gpu-3", "gpu-vfio-3"}  # dgx-h100 lists its GPUs in PCI order
-        await _until(
+        await until(
             lambda: {n for n, k in _taint_keys(kube).items() if k} == lost, "gpu-lost taints", proc
         )
         devices = _devices(kube)
@@ -102,7 +102,7 @@ async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recov
 
         rc, out = await gpudra("sim", "recover", "--nats-url", url, "--node", NODE, "--gpu", "3")
         assert rc == 0, out
-        await _until(
+        await until(
             lambda: all(k == [] for k in _taint_keys(kube).values()), "taints cleared", proc
         )
         assert set(_devices(kube)) == names
@@ -112,7 +112,7 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
     nats_server: NatsServer, bus: Bus, kube: FakeKube, tmp_path: Path
 ) -> None:
     name = "twins.node"  # a dot: the KV key is escaped
-    await _put_inventory(bus, node(name, [h100(i) for i in range(4)]))
+    await put_inventory(bus, node(name, [h100(i) for i in range(4)]))
     presence = PluginPresence(node=name, driver=nvidia.DRIVER_NAME, endpoint="/x")
     await bus.kv_put(
         subjects.PRESENCE_BUCKET, subjects.presence_key(name, nvidia.DRIVER_NAME), presence
@@ -128,13 +128,13 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
         return NodePreparedDevices(node=name, devices=devices)
 
     extra = ("--feature-gates", "PassthroughSupport=true")
-    with _publisher(nats_server, kube, tmp_path, *extra) as proc:
-        await _until(lambda: set(_devices(kube)) == everything, "all 8 devices", proc)
+    with publisher(nats_server, kube, tmp_path, *extra) as proc:
+        await until(lambda: set(_devices(kube)) == everything, "all 8 devices", proc)
         # A full GPU and a VFIO twin prepared: gpu-vfio-1 and gpu-3 are withdrawn.
         held = holding(("gpu-1", "gpu", 1, "claim-a"), ("gpu-vfio-3", "vfio", 3, "claim-b"))
         await bus.kv_put(subjects.PREPARED_BUCKET, key, held)
         withdrawn = everything - {"gpu-vfio-1", "gpu-3"}
-        await _until(lambda: set(_devices(kube)) == withdrawn, "the twins withdrawn", proc)
+        await until(lambda: set(_devices(kube)) == withdrawn, "the twins withdrawn", proc)
         writes = len(kube.api.writes)
 
         # The same GPUs held again (a new updated_at) and by one more claim on gpu-1
@@ -151,7 +151,7 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
 
         # A value under another node's key is skipped, counted, and changes nothing.
         await bus.kv_put(subjects.PREPARED_BUCKET, subjects.prepared_key("other"), held)
-        await _until(
+        await until(
             lambda: (
                 proc.metric(
                     "gpudra_publisher_invalid_inventories_total",
@@ -166,13 +166,13 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
 
         # Unprepare of everything: the twins come back.
         await bus.kv_delete(subjects.PREPARED_BUCKET, key)
-        await _until(lambda: set(_devices(kube)) == everything, "the twins restored", proc)
+        await until(lambda: set(_devices(kube)) == everything, "the twins restored", proc)
 
     # A restart with holdings in the bucket withdraws the twin from the first sync on.
     await bus.kv_put(subjects.PREPARED_BUCKET, key, holding(("gpu-0", "gpu", 0, "claim-c")))
     writes = len(kube.api.writes)
-    with _publisher(nats_server, kube, tmp_path, *extra) as proc:
-        await _until(lambda: "gpu-vfio-0" not in _devices(kube), "gpu-vfio-0 withdrawn", proc)
+    with publisher(nats_server, kube, tmp_path, *extra) as proc:
+        await until(lambda: "gpu-vfio-0" not in _devices(kube), "gpu-vfio-0 withdrawn", proc)
         await asyncio.sleep(0.5)
         assert len(kube.api.writes) == writes + 1  # one update of the node's one slice
         assert set(_devices(kube)) == everything - {"gpu-vfio-0"}
@@ -185,10 +185,10 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
     url = nats_server.url
     await wait_inventory(bus, lambda i: len(i.gpus) == 8)
     gates = "NVMLDeviceHealthCheck=true"
-    with _publisher(
+    with publisher(
         nats_server, kube, tmp_path, "--force-registered", "--feature-gates", gates
     ) as p:
-        await _until(lambda: set(_devices(kube)) == {f"gpu-{i}" for i in range(8)}, "8 GPUs", p)
+        await until(lambda: set(_devices(kube)) == {f"gpu-{i}" for i in range(8)}, "8 GPUs", p)
 
         rc, out = await gpudra(
             "sim", "mig", "create", "--nats-url", url, "--node", NODE,
@@ -196,7 +196,7 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
         )  # fmt: skip
         assert rc == 0, out
         mig = "gpu-2-mig-1g10gb-19-0"
-        await _until(lambda: mig in _devices(kube), f"{mig} published", p)
+        await until(lambda: mig in _devices(kube), f"{mig} published", p)
         devices = _devices(kube)
         assert "gpu-2" not in devices  # a GPU in MIG mode is not a full GPU any more
         attrs = devices[mig].attributes or {}
@@ -206,7 +206,7 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
             "sim", "xid", "--nats-url", url, "--node", NODE, "--gpu", "5", "--xid", "79"
         )
         assert rc == 0, out
-        await _until(lambda: _taint_keys(kube).get("gpu-5") == [nvidia.TAINT_XID], "xid taint", p)
+        await until(lambda: _taint_keys(kube).get("gpu-5") == [nvidia.TAINT_XID], "xid taint", p)
         (taint,) = _devices(kube)["gpu-5"].taints or []
         assert (taint.value, taint.effect) == ("79", "NoSchedule")
         assert all(k == [] for n, k in _taint_keys(kube).items() if n != "gpu-5")

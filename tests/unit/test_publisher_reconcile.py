@@ -18,7 +18,7 @@ from services.publisher.reconcile import (
     plan_pool,
 )
 from services.publisher.render import RenderOptions, render_contents
-from tests.unit.test_render import h100, node
+from tests.helpers.inventories import h100, node
 
 FAST = RetryPolicy(attempts=4, initial_s=0.001, max_s=0.01)
 DYNAMIC = RenderOptions(gates=featuregates.parse("DynamicMIG=true,NVMLDeviceHealthCheck=true"))

@@ -23,7 +23,7 @@ from services.publisher.memoryapi import MemorySliceApi
 from services.publisher.reconcile import Reconciler, RetryPolicy
 from services.publisher.render import RenderOptions, render_contents
 from services.publisher.service import Publisher, PublisherConfig
-from tests.unit.test_render import h100, node
+from tests.helpers.inventories import h100, node
 
 FAST = RetryPolicy(attempts=3, initial_s=0.001, max_s=0.01)
 

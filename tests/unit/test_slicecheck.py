@@ -12,7 +12,7 @@ from services.core import featuregates, resource, slicecheck
 from services.core.resource import ResourceSlice
 from services.offline.cli import fleet_inventory
 from services.publisher.render import RenderOptions, render_slices
-from tests.unit.test_render import dgx_a100, node
+from tests.helpers.inventories import dgx_a100, node
 
 
 def _gate_combinations() -> list[str]:
