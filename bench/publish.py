@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
-from kubernetes_asyncio import client
 
 from services.core import featuregates, kube, subjects
 from services.core.bus import Bus
@@ -125,8 +124,8 @@ class Recorder(Protocol):
 class RecordingKubeSliceApi(KubeSliceApi):
     """The real API client; a write is recorded once the API server has answered it."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
-        super().__init__(api_client)
+    def __init__(self, api: kube.KubeApi) -> None:
+        super().__init__(api)
         self.writes: list[Write] = []
 
     async def create(self, obj: ResourceSlice) -> ResourceSlice:
@@ -187,10 +186,10 @@ async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceA
     cp = control_plane(build(), feature_gates=APISERVER_GATES).start()
     try:
         print(f"apiserver: control plane up in {time.perf_counter() - start:.1f} s ({cp.server})")
-        api = RecordingKubeSliceApi(await kube.connect(str(cp.kubeconfig)))
+        api = RecordingKubeSliceApi(await kube.http_api(str(cp.kubeconfig)))
         try:
             start = time.perf_counter()
-            await _create_nodes(api.core, count)
+            await _create_nodes(api.api, count)
             elapsed = time.perf_counter() - start
             print(f"apiserver: {count} Nodes created in {elapsed:.1f} s")
             yield api, cp
@@ -200,14 +199,14 @@ async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceA
         cp.cleanup()
 
 
-async def _create_nodes(core: client.CoreV1Api, count: int) -> None:
+async def _create_nodes(api: kube.KubeApi, count: int) -> None:
     """Bare Nodes (the publisher needs only their UIDs as slice owners), a few at a time."""
     gate = asyncio.Semaphore(NODE_CREATE_CONCURRENCY)
 
     async def one(i: int) -> None:
-        body = client.V1Node(metadata=client.V1ObjectMeta(name=_node_name(i)))
+        body = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": _node_name(i)}}
         async with gate:
-            await core.create_node(body)
+            await api.create("/api/v1/nodes", body)
 
     await asyncio.gather(*(one(i) for i in range(count)))
 
@@ -326,7 +325,7 @@ def main() -> None:
     parser.add_argument(
         "--apiserver",
         action="store_true",
-        help="write to a real kube-apiserver (tests/e2e control plane) instead of the memory sink",
+        help="write to a real kube-apiserver (the local control plane), not the memory sink",
     )
     args = parser.parse_args()
     gates = featuregates.FeatureGates(

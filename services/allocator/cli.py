@@ -119,16 +119,15 @@ def _serve(args: argparse.Namespace) -> int:
 
 
 async def _watch(args: argparse.Namespace) -> None:
-    from services.allocator.kubeapi import HttpKubeApi
     from services.allocator.watcher import ClaimWatcher, WatcherConfig
     from services.core.bus import Bus
-    from services.core.kube import connect
+    from services.core.kube import http_api
 
     settings = WatcherConfig(
         pending_threshold=args.pending_threshold, features=args.kube_feature_gates
     )
     bus = await Bus.connect(args.nats_url, name="allocator")
-    api = HttpKubeApi(await connect(args.kubeconfig or None))
+    api = await http_api(args.kubeconfig or None)
     runner.cancel_on_signals()
     try:
         await ClaimWatcher(api, bus, settings).run()

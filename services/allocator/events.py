@@ -19,7 +19,7 @@ from typing import Any
 import msgspec
 
 from services.allocator import metrics
-from services.allocator.kubeapi import ApiError, KubeApi
+from services.core.kube import ApiError, KubeApi
 from services.core.resource import ResourceClaim
 
 log = logging.getLogger(__name__)

@@ -15,19 +15,6 @@ class _Obj(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     pass
 
 
-class Meta(_Obj):
-    """Enough of any object's metadata to key it, even when the rest does not decode."""
-
-    name: str = ""
-    namespace: str | None = None
-    uid: str | None = None
-    resource_version: str | None = None
-
-
-class Keyed(_Obj):
-    metadata: Meta = msgspec.field(default_factory=Meta)
-
-
 class PodResourceClaim(_Obj):
     name: str
     resource_claim_name: str | None = None

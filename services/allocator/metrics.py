@@ -4,19 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-WATCH_RESTARTS = Counter(
-    "gpudra_allocator_watch_restarts_total",
-    "Watches restarted: expired (410, relisted), ended by the server, or failed.",
-    ["resource", "reason"],
-)
 MALFORMED_OBJECTS = Counter(
-    "gpudra_allocator_malformed_objects_total",
-    "API objects or watch events that did not decode and were skipped.",
-    ["resource"],
-)
-HANDLER_FAILURES = Counter(
-    "gpudra_allocator_handler_failures_total",
-    "Object changes whose handling raised; the object is skipped, the watch goes on.",
+    "gpudra_allocator_malformed_bucket_entries_total",
+    "Entries of the claims bucket that did not decode and were skipped.",
     ["resource"],
 )
 CLAIM_EVENTS = Counter(

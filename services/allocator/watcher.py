@@ -32,13 +32,13 @@ from typing import Any
 from services.allocator import lifecycle, metrics
 from services.allocator.events import ClaimEventRecorder
 from services.allocator.features import Features
-from services.allocator.informer import Informer
-from services.allocator.kubeapi import KubeApi
 from services.allocator.kubeobjects import NodeObject, Pod
 from services.allocator.lifecycle import Step, Tracked
 from services.allocator.pending import ClusterAllocator, PodClock, verdict, waiting_claims
 from services.core import subjects, tracing
 from services.core.bus import Bus
+from services.core.informer import Informer
+from services.core.kube import KubeApi
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
 from services.core.schemas import ClaimEvent, ClaimRef, DeviceRef, SchemaError
 

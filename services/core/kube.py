@@ -1,8 +1,111 @@
-"""The one way a service gets a Kubernetes API client."""
+"""The one Kubernetes API client every service uses: raw JSON over kubernetes-asyncio.
+
+kubernetes-asyncio does authentication, TLS and the kubeconfig; callers decode
+the JSON themselves into :mod:`services.core.resource` models (faster than the
+generated models, and the exact wire shape). Every failure is an
+:class:`ApiError` with the HTTP status (0: no answer), so callers decide on
+retries by status alone. :mod:`services.core.informer` keeps a watch going on
+top of :meth:`HttpKubeApi.watch`.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import aiohttp
+import msgspec
 from kubernetes_asyncio import client, config
+from kubernetes_asyncio.client.exceptions import ApiException
+
+PAGE_SIZE = 500
+WATCH_TIMEOUT_S = 300  # the server ends a watch after this; we resume from the last RV
+REQUEST_TIMEOUT_S = 30.0
+
+
+class ApiError(Exception):
+    """A failed API call, with the HTTP status (0: no answer at all)."""
+
+    def __init__(self, status: int, message: str, reason: str = "") -> None:
+        super().__init__(f"HTTP {status} {reason}: {message}".replace("  ", " "))
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def gone(self) -> bool:
+        """The resourceVersion or continue token is too old (compacted): list again."""
+        return self.status == 410
+
+    @property
+    def conflict(self) -> bool:
+        """Stale resourceVersion, AlreadyExists or a failed precondition."""
+        return self.status == 409
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def retryable(self) -> bool:
+        """Worth another try after a pause; 400/403/422 need a different request."""
+        return self.status in (0, 404, 409, 410, 429) or self.status >= 500
+
+
+@dataclass(frozen=True, slots=True)
+class Listing:
+    items: list[msgspec.Raw]
+    resource_version: str  # where a watch continues from
+
+
+@dataclass(frozen=True, slots=True)
+class RawEvent:
+    type: str  # ADDED, MODIFIED, DELETED, BOOKMARK
+    object: msgspec.Raw
+
+
+class KubeApi(Protocol):
+    """Every call the services make; :class:`HttpKubeApi` is the real one."""
+
+    async def list(self, path: str, params: Mapping[str, str]) -> Listing: ...
+
+    def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str
+    ) -> AsyncIterator[RawEvent]: ...
+
+    async def get(self, path: str) -> bytes: ...
+
+    async def create(self, path: str, body: dict[str, Any]) -> bytes: ...
+
+    async def replace(self, path: str, body: dict[str, Any]) -> bytes: ...
+
+    async def patch(self, path: str, body: dict[str, Any]) -> bytes: ...
+
+    async def delete(self, path: str, body: dict[str, Any] | None = None) -> bytes: ...
+
+    async def close(self) -> None: ...
+
+
+class _ListMeta(msgspec.Struct, rename="camel"):
+    resource_version: str = ""
+    continue_: str = msgspec.field(default="", name="continue")
+
+
+class _List(msgspec.Struct):
+    metadata: _ListMeta = msgspec.field(default_factory=_ListMeta)
+    items: list[msgspec.Raw] | None = None
+
+
+class _Event(msgspec.Struct):
+    type: str
+    object: msgspec.Raw
+
+
+class _Status(msgspec.Struct):
+    code: int = 0
+    reason: str = ""
+    message: str = ""
 
 
 async def connect(kubeconfig: str | None) -> client.ApiClient:
@@ -13,3 +116,146 @@ async def connect(kubeconfig: str | None) -> client.ApiClient:
     else:
         config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
     return client.ApiClient(configuration=cfg)
+
+
+async def http_api(kubeconfig: str | None) -> HttpKubeApi:
+    """:class:`HttpKubeApi` from a kubeconfig file, or in-cluster when empty."""
+    return HttpKubeApi(await connect(kubeconfig))
+
+
+class HttpKubeApi:
+    """:class:`KubeApi` through a kubernetes-asyncio ``ApiClient``."""
+
+    def __init__(self, api_client: client.ApiClient) -> None:
+        self.api_client = api_client
+
+    async def close(self) -> None:
+        await self.api_client.close()
+
+    async def list(self, path: str, params: Mapping[str, str]) -> Listing:
+        """Every page of a list (``limit``/``continue``), and the list's resourceVersion."""
+        items: list[msgspec.Raw] = []
+        token = ""
+        while True:
+            query = {**params, "limit": str(PAGE_SIZE)}
+            if token:
+                query["continue"] = token
+            body = await self._call("GET", path, query)
+            try:
+                page = msgspec.json.decode(body, type=_List)
+            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                raise ApiError(0, f"undecodable list of {path}: {exc}") from exc
+            items += page.items or []
+            token = page.metadata.continue_
+            if not token:
+                return Listing(items, page.metadata.resource_version)
+
+    async def watch(
+        self, path: str, params: Mapping[str, str], resource_version: str
+    ) -> AsyncIterator[RawEvent]:
+        """Changes after ``resource_version`` (bookmarks included); ApiError(410) when expired."""
+        query = {
+            **params,
+            "watch": "true",
+            "resourceVersion": resource_version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_TIMEOUT_S),
+        }
+        resp = await self._open("GET", path, query, timeout=None)
+        try:
+            async for line in watch_lines(resp):
+                try:
+                    raw = msgspec.json.decode(line, type=_Event)
+                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raise ApiError(0, f"undecodable watch event on {path}: {exc}") from exc
+                if raw.type == "ERROR":
+                    raise status_error(0, bytes(raw.object))
+                yield RawEvent(raw.type, raw.object)
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"watch of {path} broke: {type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()
+
+    async def get(self, path: str) -> bytes:
+        return await self._call("GET", path, {})
+
+    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+        return await self._call("POST", path, {}, body=body)
+
+    async def replace(self, path: str, body: dict[str, Any]) -> bytes:
+        return await self._call("PUT", path, {}, body=body)
+
+    async def patch(self, path: str, body: dict[str, Any]) -> bytes:
+        headers = {"Content-Type": "application/merge-patch+json"}
+        return await self._call("PATCH", path, {}, body=body, headers=headers)
+
+    async def delete(self, path: str, body: dict[str, Any] | None = None) -> bytes:
+        return await self._call("DELETE", path, {}, body=body)
+
+    async def _call(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> bytes:
+        resp = await self._open(method, path, query, body, headers, timeout=REQUEST_TIMEOUT_S)
+        try:
+            return await resp.read()
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        finally:
+            resp.release()
+
+    async def _open(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str],
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = REQUEST_TIMEOUT_S,
+    ) -> aiohttp.ClientResponse:
+        try:
+            resp: aiohttp.ClientResponse = await self.api_client.call_api(
+                path,
+                method,
+                query_params=list(query.items()),
+                header_params={"Accept": "application/json", **(headers or {})},
+                body=body,
+                auth_settings=["BearerToken"],
+                _preload_content=False,
+                _request_timeout=timeout,
+            )
+        except ApiException as exc:
+            raise ApiError(int(exc.status or 0), str(exc.reason)) from exc
+        except (aiohttp.ClientError, OSError, TimeoutError) as exc:
+            raise ApiError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
+        if not 200 <= resp.status <= 299:
+            data = await resp.read()
+            resp.release()
+            raise status_error(resp.status, data)
+        return resp
+
+
+async def watch_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
+    """Newline-delimited watch events of any size (aiohttp's readline caps line length)."""
+    buffer = b""
+    async for chunk in resp.content.iter_any():
+        buffer += chunk
+        *complete, buffer = buffer.split(b"\n")
+        for line in complete:
+            if line.strip():
+                yield line
+    if buffer.strip():
+        yield buffer
+
+
+def status_error(code: int, body: bytes) -> ApiError:
+    """The API server's ``Status`` answer as an :class:`ApiError` (or its first bytes)."""
+    try:
+        status = msgspec.json.decode(body, type=_Status)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return ApiError(code, body[:200].decode(errors="replace"))
+    return ApiError(status.code or code, status.message, status.reason)

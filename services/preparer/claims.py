@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import re
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
@@ -21,6 +21,9 @@ from services.core import subjects
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimRef, SchemaError
+
+if TYPE_CHECKING:
+    from services.core.kube import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -67,42 +70,36 @@ class ApiReader(Protocol):
 
 
 class KubernetesReader:
-    """GET resource.k8s.io/v1 resourceclaims through kubernetes-asyncio."""
+    """GET resource.k8s.io/v1 resourceclaims through the one client in services.core.kube.
+
+    The client (and kubernetes-asyncio under it) is imported on first use: most
+    prepares find their claim in the bucket, and the node process stays small.
+    """
 
     def __init__(self, kubeconfig: str = "") -> None:
         self.kubeconfig = kubeconfig
-        self._api: Any = None
-        self._client: Any = None
-
-    async def _custom_objects(self) -> Any:
-        if self._api is None:
-            from kubernetes_asyncio import client
-
-            from services.core import kube
-
-            self._client = await kube.connect(self.kubeconfig)
-            self._api = client.CustomObjectsApi(self._client)
-        return self._api
+        self._api: KubeApi | None = None
 
     async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
-        from kubernetes_asyncio.client.exceptions import ApiException
+        from services.core import kube
 
-        api = await self._custom_objects()
+        if self._api is None:
+            self._api = await kube.http_api(self.kubeconfig)
+        path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
         try:
-            raw = await api.get_namespaced_custom_object(
-                "resource.k8s.io", "v1", namespace, "resourceclaims", name
-            )
-        except ApiException as exc:
-            if exc.status == 404:
+            body = await self._api.get(path)
+        except kube.ApiError as exc:
+            if exc.not_found:
                 return None
-            raise ClaimError(
-                f"claim {namespace}/{name}: API server said {exc.status} {exc.reason}"
-            ) from exc
-        return msgspec.convert(raw, ResourceClaim)
+            raise ClaimError(f"claim {namespace}/{name}: API server said {exc}") from exc
+        try:
+            return msgspec.json.decode(body, type=ResourceClaim)
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ClaimError(f"claim {namespace}/{name}: unreadable ResourceClaim: {exc}") from exc
 
     async def close(self) -> None:
-        if self._client is not None:
-            await self._client.close()
+        if self._api is not None:
+            await self._api.close()
 
 
 class ClaimSource:

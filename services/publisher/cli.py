@@ -77,7 +77,7 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _serve(args: argparse.Namespace) -> None:
     from services.core.bus import Bus
-    from services.core.kube import connect
+    from services.core.kube import http_api
     from services.publisher.kubeapi import KubeSliceApi
     from services.publisher.render import RenderOptions
     from services.publisher.service import Publisher, PublisherConfig
@@ -92,7 +92,7 @@ async def _serve(args: argparse.Namespace) -> None:
         resync_s=args.resync_interval,
     )
     bus = await Bus.connect(args.nats_url, name="publisher")
-    api = KubeSliceApi(await connect(args.kubeconfig or None))
+    api = KubeSliceApi(await http_api(args.kubeconfig or None))
     runner.cancel_on_signals()
     try:
         await Publisher(api, settings).run(bus)

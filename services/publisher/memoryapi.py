@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
+from services.core.kube import ApiError
 from services.core.resource import ResourceSlice
-from services.publisher.sliceapi import ApiError, EventType, SliceList, SliceNodes, WatchEvent
+from services.publisher.sliceapi import EventType, SliceList, SliceNodes, WatchEvent
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from services.core import quantity
+from services.core.kube import ApiError
 from services.core.resource import (
     Counter,
     CounterSet,
@@ -42,7 +43,7 @@ from services.core.resource import (
 )
 from services.publisher import metrics
 from services.publisher.render import SliceContent, build_slices, node_owner, slice_name
-from services.publisher.sliceapi import ApiError, SliceApi
+from services.publisher.sliceapi import SliceApi
 
 log = logging.getLogger(__name__)
 

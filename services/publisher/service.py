@@ -27,7 +27,10 @@ from typing import TypeVar
 import msgspec
 
 from services.core import nvidia, subjects
+from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
+from services.core.informer import watch_forever
+from services.core.kube import ApiError
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.schemas import (
     NodeInventory,
@@ -44,12 +47,11 @@ from services.publisher.render import (
     RenderOptions,
     render_contents,
 )
-from services.publisher.sliceapi import ApiError, SliceApi, WatchEvent
+from services.publisher.sliceapi import SliceApi, WatchEvent
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 _DRIVER_TOKEN = subjects.escape_token(nvidia.DRIVER_NAME)
-_MAX_BACKOFF_S = 30.0
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(NodeInventory)
 
@@ -237,44 +239,29 @@ class Publisher:
 
     async def relist(self) -> str:
         """:meth:`resync` until it works, backing off between failures."""
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             try:
                 return await self.resync()
             except ApiError as exc:
                 metrics.API_RETRIES.labels(reason=str(exc.status)).inc()
                 log.warning("listing slices failed", extra={"error": str(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                await backoff.sleep()
 
     async def watch_slices(self, resource_version: str) -> None:
         """Follow slice changes; an expired watch (410) starts over from a fresh list."""
-        backoff = 0.1
-        while True:
-            events = 0
-            try:
-                async for event in self.api.watch(resource_version):
-                    events += 1
-                    resource_version = event.resource_version or resource_version
-                    self.on_slice_event(event)
-                # The server ended the watch (its timeout): resume where we were,
-                # pausing first if it ended without news (a server in trouble).
-                backoff = 0.1 if events else min(backoff * 2, _MAX_BACKOFF_S)
-                await asyncio.sleep(0 if events else backoff)
-            except ApiError as exc:
-                metrics.API_RETRIES.labels(reason=str(exc.status)).inc()
-                if not exc.gone:
-                    log.warning("slice watch failed", extra={"error": str(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                if exc.gone:
-                    resource_version = await self.relist()
-            except Exception as exc:  # never lose the watch to a surprise
-                log.exception("slice watch crashed; restarting it", extra={"error": str(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+
+        async def on_event(event: WatchEvent) -> str:
+            self.on_slice_event(event)
+            return event.resource_version
+
+        await watch_forever(
+            "resourceslices", self.api.watch, resource_version, on_event, self.relist
+        )
 
     def on_slice_event(self, event: WatchEvent) -> None:
+        if event.type == "BOOKMARK":
+            return
         if event.node in self._busy:  # likely our own write: judge once the sync recorded it
             self._events_while_busy.setdefault(event.node, []).append(event)
         elif event.node:
@@ -297,14 +284,13 @@ class Publisher:
         self.mark(event.node)
 
     async def _server_minor(self) -> int:
-        backoff = 0.1
+        backoff = Backoff()
         while True:
             try:
                 return await self.api.server_minor()
             except ApiError as exc:
                 log.warning("API server version unknown; retrying", extra={"error": str(exc)})
-                await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, _MAX_BACKOFF_S)
+                await backoff.sleep()
 
     async def resync_forever(self) -> None:
         while True:
@@ -425,7 +411,7 @@ async def _forever(what: str, follow: Callable[[], Awaitable[None]]) -> None:
 
     A restarted watch replays current values first; unchanged ones are no-ops.
     """
-    backoff = 0.1
+    backoff = Backoff()
     while True:
         started = time.monotonic()
         try:
@@ -436,9 +422,8 @@ async def _forever(what: str, follow: Callable[[], Awaitable[None]]) -> None:
         except Exception as exc:
             log.warning(f"{what} failed; starting it again", extra={"error": str(exc)})
         if time.monotonic() - started > 60:
-            backoff = 0.1
-        await asyncio.sleep(backoff)
-        backoff = min(backoff * 2, _MAX_BACKOFF_S)
+            backoff.reset()
+        await backoff.sleep()
 
 
 async def _get(bus: Bus, bucket: str, key: str, kind: type[T]) -> T | None:

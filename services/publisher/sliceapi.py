@@ -16,45 +16,20 @@ from typing import Literal, Protocol
 from services.core.resource import ResourceSlice
 
 
-class ApiError(Exception):
-    """A failed API call, with the HTTP status (0: no answer at all)."""
-
-    def __init__(self, status: int, message: str, *, reason: str = "") -> None:
-        super().__init__(f"HTTP {status} {reason}: {message}".replace("  ", " "))
-        self.status = status
-        self.reason = reason
-        self.message = message
-
-    @property
-    def not_found(self) -> bool:
-        return self.status == 404
-
-    @property
-    def conflict(self) -> bool:  # stale resourceVersion, AlreadyExists, failed precondition
-        return self.status == 409
-
-    @property
-    def gone(self) -> bool:  # watch or continue token expired
-        return self.status == 410
-
-    @property
-    def retryable(self) -> bool:
-        """Worth another try after a pause; 400/403/422 need a different request."""
-        return self.status in (0, 404, 409, 410, 429) or self.status >= 500
-
-
 @dataclass(frozen=True)
 class SliceList:
     items: list[ResourceSlice]
     resource_version: str  # where a watch continues from
 
 
-EventType = Literal["ADDED", "MODIFIED", "DELETED"]
+EventType = Literal["ADDED", "MODIFIED", "DELETED", "BOOKMARK"]
 
 
 @dataclass(frozen=True)
 class WatchEvent:
     """What the publisher needs of a slice change: which slice, whose, which version.
+
+    A BOOKMARK names no slice; it only moves the version a watch resumes from.
 
     The object itself is not decoded: the watch carries every write of a whole
     fleet, and the node's slices are listed anyway when it is re-synced.
@@ -104,5 +79,7 @@ class SliceApi(Protocol):
         ...
 
     def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
-        """Our driver's slice changes after ``resource_version``; ApiError(410) when expired."""
+        """Our driver's slice changes after ``resource_version``; ApiError(410) when expired.
+
+        Failures raise :class:`services.core.kube.ApiError`, as every call here does."""
         ...

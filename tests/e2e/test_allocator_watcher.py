@@ -101,7 +101,7 @@ async def stored_names(bus: Bus, uid: str) -> list[str]:
     )
     names: list[str] = []
     try:
-        pending = (await sub.consumer_info()).num_pending
+        pending = (await sub.consumer_info()).num_pending or 0
         while pending > 0:
             batch = await sub.fetch(min(pending, 256), timeout=10)
             pending -= len(batch)

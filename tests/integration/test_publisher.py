@@ -28,13 +28,12 @@ from aiohttp import web
 
 from services.core import subjects
 from services.core.bus import Bus
-from services.core.kube import connect
+from services.core.kube import ApiError, http_api
 from services.core.natsserver import NatsServer, free_port
 from services.core.resource import ResourceSlice, to_builtins
 from services.core.schemas import NodeInventory, PluginPresence
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.memoryapi import MemorySliceApi
-from services.publisher.sliceapi import ApiError
 from tests.unit.test_render import h100, node
 
 pytestmark = pytest.mark.integration
@@ -356,7 +355,7 @@ async def test_restart_writes_nothing_and_removal_deletes(
 async def test_kube_slice_api_pages_watches_and_reports_errors(
     kube: FakeKube, tmp_path: Path
 ) -> None:
-    client = KubeSliceApi(await connect(str(kube.kubeconfig(tmp_path / "kc"))))
+    client = KubeSliceApi(await http_api(str(kube.kubeconfig(tmp_path / "kc"))))
     try:
         assert await client.server_minor() == 35
         assert await client.node_uid("nope") is not None  # the fake knows every node

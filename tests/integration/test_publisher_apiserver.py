@@ -20,7 +20,7 @@ import msgspec
 import pytest
 
 from services.core import featuregates, slicecheck
-from services.core.kube import connect
+from services.core.kube import http_api
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.discovery.fleet import fleet_names
 from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
@@ -81,7 +81,7 @@ async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
     apiserver: ControlPlane,
 ) -> None:
     """Also: the 1.34 combined layout is refused by 1.35, as slicecheck predicts."""
-    api = KubeSliceApi(await connect(str(apiserver.kubeconfig)))
+    api = KubeSliceApi(await http_api(str(apiserver.kubeconfig)))
     try:
         assert await api.server_minor() == 35
         node_uid = await api.node_uid(NODE)
@@ -116,7 +116,7 @@ async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
 async def test_the_service_puts_back_a_slice_deleted_behind_its_back(
     apiserver: ControlPlane,
 ) -> None:
-    api = KubeSliceApi(await connect(str(apiserver.kubeconfig)))
+    api = KubeSliceApi(await http_api(str(apiserver.kubeconfig)))
     config = PublisherConfig(
         render=RenderOptions(featuregates.parse("DynamicMIG=true")), kube_minor=35,
         force_registered=True,

@@ -15,8 +15,6 @@ import pytest
 from services.allocator import lifecycle
 from services.allocator.events import ClaimEventRecorder, event_name
 from services.allocator.features import Features
-from services.allocator.informer import Informer
-from services.allocator.kubeapi import ApiError, Listing, RawEvent
 from services.allocator.kubeobjects import NodeObject, Pod
 from services.allocator.pending import (
     ClusterAllocator,
@@ -27,6 +25,8 @@ from services.allocator.pending import (
     waiting_claims,
 )
 from services.core import nvidia
+from services.core.informer import Informer
+from services.core.kube import ApiError, Listing, RawEvent
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.nvidia.com"
@@ -237,6 +237,12 @@ class ScriptedApi:
         raise NotImplementedError
 
     async def patch(self, path: str, body: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def replace(self, path: str, body: dict[str, Any]) -> bytes:
+        raise NotImplementedError
+
+    async def delete(self, path: str, body: dict[str, Any] | None = None) -> bytes:
         raise NotImplementedError
 
     async def close(self) -> None:

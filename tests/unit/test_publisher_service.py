@@ -16,6 +16,7 @@ import pytest
 
 from services.core import featuregates
 from services.core.bus import KvUpdate
+from services.core.informer import WATCH_RESTARTS
 from services.core.schemas import PluginPresence
 from services.publisher import metrics
 from services.publisher.memoryapi import MemorySliceApi
@@ -159,7 +160,8 @@ async def test_an_expired_watch_relists_and_keeps_following() -> None:
     async with _running(_publisher(api, force=True)) as pub:
         pub.set_inventory("n1", node("n1"))
         await pub.settle()
-        gone = metrics.API_RETRIES.labels(reason="410")._value.get()
+        expired = WATCH_RESTARTS.labels(resource="resourceslices", reason="expired")
+        gone = expired._value.get()
         api.expire_history()
         for i in range(6):  # the watcher falls behind a short history
             await api.mutate("n1-gpu.nvidia.com-0", change=str(i))
@@ -167,7 +169,7 @@ async def test_an_expired_watch_relists_and_keeps_following() -> None:
         await _until(lambda: bool(api.stored()))
         await pub.settle()
         assert _nodes(api) == {"n1"}
-        assert metrics.API_RETRIES.labels(reason="410")._value.get() > gone
+        assert expired._value.get() > gone
 
 
 async def test_an_unpublishable_inventory_is_counted_and_old_slices_stay() -> None:
