@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane bench clean proto
+.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane bench clean proto pciids
 
 venv: $(STAMP)
 
@@ -42,8 +42,15 @@ e2e: venv controlplane
 controlplane:
 	services/local/controlplane/build.sh
 
-test: lint typecheck controlplane
+test: lint typecheck controlplane pciids
 	$(BIN)/pytest tests
+
+# Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset
+# against (best effort: as root with apt-get; the test says so when it has none).
+pciids:
+	@test -f /usr/share/misc/pci.ids || test "$$(id -u)" != 0 || ! command -v apt-get >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq pci.ids; } >/dev/null 2>&1 \
+		|| echo "pci.ids not installed: tests/unit/test_pciids.py skips its system comparison"
 
 proto: venv
 	$(BIN)/python proto/generate.py

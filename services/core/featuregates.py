@@ -22,11 +22,17 @@ DEFAULTS: Mapping[str, bool] = {
     DEVICE_METADATA: False,
 }
 
-# Gates that cannot be on together (reference driver: DynamicMIG excludes both).
+# The combinations the reference driver refuses at start-up (pkg/featuregates,
+# ValidateFeatureGates), in the order it checks them; every command that takes
+# --feature-gates refuses them here, before it does anything.
 EXCLUSIVE: tuple[tuple[str, str], ...] = (
     (DYNAMIC_MIG, PASSTHROUGH_SUPPORT),
+    (DYNAMIC_MIG, NVML_DEVICE_HEALTH_CHECK),
     (DYNAMIC_MIG, MPS_SUPPORT),
+    (PASSTHROUGH_SUPPORT, NVML_DEVICE_HEALTH_CHECK),
 )
+# (gate, the gate it needs): DeviceMetadata describes VFIO devices only.
+REQUIRES: tuple[tuple[str, str], ...] = ((DEVICE_METADATA, PASSTHROUGH_SUPPORT),)
 
 
 class FeatureGateError(ValueError):
@@ -67,7 +73,18 @@ def parse(spec: str | None) -> FeatureGates:
                 f"feature gate {name!r}: expected {name}=true|false, got {item!r}"
             )
         values[name] = raw.strip().lower() == "true"
+    check_combination(values)
+    return FeatureGates(values)
+
+
+def check_combination(values: Mapping[str, bool]) -> None:
+    """Refuse what the reference refuses, naming both gates (its wording)."""
     for a, b in EXCLUSIVE:
         if values[a] and values[b]:
-            raise FeatureGateError(f"feature gates {a} and {b} cannot both be enabled")
-    return FeatureGates(values)
+            raise FeatureGateError(
+                f"feature gate {a} is currently mutually exclusive with {b}: "
+                f"enable at most one of {a} and {b}"
+            )
+    for gate, needed in REQUIRES:
+        if values[gate] and not values[needed]:
+            raise FeatureGateError(f"feature gate {gate} requires {needed} to also be enabled")

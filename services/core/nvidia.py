@@ -99,6 +99,8 @@ def counter_name(capacity_name: str) -> str:
 # ------------------------------------------------------------------ taints
 TAINT_XID = f"{DRIVER_NAME}/xid"
 TAINT_GPU_LOST = f"{DRIVER_NAME}/gpu-lost"
+# A GPU whose health cannot be watched (its event registration failed or is unsupported).
+TAINT_UNMONITORED = f"{DRIVER_NAME}/unmonitored"
 # Application errors after which the GPU is still healthy: their taint has effect None.
 NON_FATAL_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
@@ -389,7 +391,7 @@ def vfio_device(gpu: Gpu, index: int) -> Device:
         ATTR_UUID: _string(vfio_uuid(gpu.pci_bus_id)),
         ATTR_DEVICE_ID: _string(gpu.vfio.device_id),
         ATTR_VENDOR_ID: _string(gpu.vfio.vendor_id),
-        ATTR_PRODUCT_NAME: _string(gpu.product_name),
+        ATTR_PRODUCT_NAME: _string(gpu.vfio.product_name),  # the PCI database's name
         ATTR_IOMMU_FD_ENABLED: DeviceAttribute(bool_=gpu.vfio.iommu_fd_enabled),
         ATTR_PCI_BUS_ID: _string(gpu.pci_bus_id),
     }
@@ -552,18 +554,28 @@ def health_taints(
 ) -> dict[str, list[DeviceTaint]]:
     """Taints per device of one GPU (NVMLDeviceHealthCheck), for its GPU, MIG and VFIO devices.
 
-    One taint per key and device: the device's most recent XID sets value and
-    effect (AddOrUpdateTaint); XIDs land on NVML devices only, never on the VFIO
-    twin. A lost GPU taints every device of it with ``gpu-lost``, its VFIO twin
-    included: the reference only knows its NVML devices, but a GPU that fell
-    off the bus is no use to a VM either.
+    One taint per key and device, in the order the reference adds them
+    (AddOrUpdateTaint appends a new key): ``unmonitored`` (effect None) on
+    every NVML device of a GPU whose event registration failed, as the
+    reference marks it when it starts watching; the device's most recent XID,
+    which sets value and effect; ``gpu-lost``. Neither of the first two lands
+    on the VFIO twin (the reference watches NVML devices only). A lost GPU
+    taints every device of it with ``gpu-lost``, its VFIO twin included: a GPU
+    that fell off the bus is no use to a VM either (moot while the gates that
+    publish twins and taints cannot be combined; see featuregates.EXCLUSIVE).
     """
     names = list(device_names)
     out: dict[str, list[DeviceTaint]] = {}
+    if gpu.health.unmonitored:
+        unmonitored = DeviceTaint(key=TAINT_UNMONITORED, effect="None")
+        for name in names:
+            if not _VFIO_NAME.match(name):
+                out[name] = [unmonitored]
     for xid in sorted(gpu.health.xids, key=lambda x: x.timestamp):
         target = xid_target(gpu, xid)
         if target in names:
-            out[target] = [xid_taint(xid.xid, extra_non_fatal_xids)]
+            kept = [t for t in out.get(target, []) if t.key != TAINT_XID]
+            out[target] = [*kept, xid_taint(xid.xid, extra_non_fatal_xids)]
     if gpu.health.lost:
         lost = DeviceTaint(key=TAINT_GPU_LOST, effect="NoSchedule")
         for name in names:

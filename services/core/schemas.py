@@ -85,6 +85,9 @@ class Xid(msgspec.Struct, frozen=True):
 class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
     xids: list[Xid] = []
     lost: bool = False
+    # Discovery could not register for the GPU's XID events (the reference's
+    # "unmonitored" health event): its health is unknown, not good.
+    unmonitored: bool = False
 
 
 class VfioInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -96,6 +99,9 @@ class VfioInfo(msgspec.Struct, frozen=True, kw_only=True):
     iommu_group: int
     iommu_fd_enabled: bool
     addressable_memory_bytes: int
+    # The PCI ID database's name for vendor_id/device_id (the reference's VFIO
+    # productName, e.g. "GH100 [H100 SXM5 80GB]"); go-nvlib's word when unknown.
+    product_name: str = "UNKNOWN_DEVICE"
 
 
 class Gpu(msgspec.Struct, frozen=True, kw_only=True):

@@ -223,6 +223,10 @@ class Backend(Protocol):
     def destroy_gpu_instance(self, index: int, gi_id: int) -> None: ...
 
     # events
+    def unmonitored(self) -> dict[int, str]:
+        """GPUs (index -> why) whose XID events could not be registered at init."""
+        ...
+
     def wait_event(self, timeout_s: float) -> NvmlEvent | None:
         """Block up to ``timeout_s`` for an XID; None on timeout. GpuLost if a GPU fell off."""
         ...

@@ -33,7 +33,7 @@ from services.core.bus import Bus
 from services.core.schemas import SchemaError
 from services.discovery import backend as nv
 from services.discovery import fleet as fleets
-from services.discovery import simcontrol
+from services.discovery import pciids, simcontrol
 from services.discovery.service import Discovery
 from services.discovery.sim import SimNvml, SimStateError
 from services.discovery.simstore import SimConflict, SimNodeMissing, SimStore
@@ -74,6 +74,14 @@ def _register_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]
     )
     p.add_argument("--sysfs-root", type=Path, default=Path(config.env("sysfs-root", "/sys")))
     p.add_argument("--dev-root", type=Path, default=Path(config.env("dev-root", "/dev")))
+    p.add_argument(
+        "--pci-ids",
+        type=Path,
+        default=Path(config.env("pci-ids")) if config.env("pci-ids") else None,
+        help="PCI ID database naming VFIO devices (default: the first of "
+        f"{', '.join(str(s) for s in pciids.SYSTEM_PATHS)}, else a built-in subset; "
+        "simulated fleets always use the built-in subset)",
+    )
     p.set_defaults(func=run_discovery)
 
 
@@ -82,6 +90,13 @@ def run_discovery(args: argparse.Namespace) -> int:
 
 
 async def _discovery(args: argparse.Namespace) -> int:
+    try:
+        pci_ids = None if args.fleet is not None else pciids.load(args.pci_ids)
+    except pciids.PciIdsError as exc:
+        print(f"gpudra discovery: {exc}", file=sys.stderr)
+        return 2
+    if pci_ids is not None:
+        log.info("PCI ID database", extra={"source": pci_ids.source, "version": pci_ids.version})
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name=f"discovery-{args.node_name}")
     try:
@@ -93,7 +108,7 @@ async def _discovery(args: argparse.Namespace) -> int:
         else:
             from services.discovery.nvml import NvmlBackend
 
-            backend = NvmlBackend(args.sysfs_root, args.dev_root)
+            backend = NvmlBackend(args.sysfs_root, args.dev_root, pci_ids)
         service = Discovery(bus, args.node_name, backend, rescan_interval=args.rescan_interval)
         log.info(
             "discovery starting",

@@ -62,6 +62,9 @@ class HealthTracker:
             if not lost and gpu.error and gpu.error != self._errors.get(gpu.index):
                 events.append(self._event(gpu, "nvml-error", gpu.error))
             self._errors[gpu.index] = gpu.error
+            unmonitored = gpu.index in scan.unmonitored
+            if health.unmonitored != unmonitored:
+                health = msgspec.structs.replace(health, unmonitored=unmonitored)
             self._health[gpu.index] = health
             gpus.append(msgspec.structs.replace(gpu, health=health))
         return msgspec.structs.replace(scan.inventory, gpus=gpus), events

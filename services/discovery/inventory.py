@@ -32,6 +32,7 @@ class ScanError(RuntimeError):
 class Scan:
     inventory: NodeInventory  # health fields are left at their defaults
     lost: set[int] = field(default_factory=set)  # indices NVML reports as lost
+    unmonitored: set[int] = field(default_factory=set)  # indices whose events are not watched
 
 
 def format_cuda_version(version: int) -> str:
@@ -66,7 +67,7 @@ def scan(be: Backend, node: str, previous: NodeInventory | None = None) -> Scan:
         gpus=gpus,
         backend=be.name,
     )
-    return Scan(inventory, lost)
+    return Scan(inventory, lost, set(be.unmonitored()))
 
 
 def scan_gpu(be: Backend, index: int, previous: Gpu | None) -> tuple[Gpu, bool]:
@@ -295,6 +296,8 @@ def _gpu_changes(a: Gpu, b: Gpu) -> list[str]:
             out.append(f"{label}: XID {x.xid}{where}")
     if a.health.lost != b.health.lost:
         out.append(f"{label}: {'lost' if b.health.lost else 'recovered'}")
+    if a.health.unmonitored != b.health.unmonitored:
+        out.append(f"{label}: {'unmonitored' if b.health.unmonitored else 'monitored'}")
     if a.error != b.error:
         out.append(f"{label}: NVML error: {b.error}" if b.error else f"{label}: NVML error cleared")
     if not out:

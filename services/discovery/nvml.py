@@ -24,7 +24,8 @@ from typing import Any, TypeVar
 
 from services.core.schemas import VfioInfo
 from services.discovery import backend as nv
-from services.discovery import sysfs
+from services.discovery import pciids, sysfs
+from services.discovery.pciids import PciIds
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -104,12 +105,19 @@ class NvmlBackend:
 
     name = "nvml"
 
-    def __init__(self, sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")) -> None:
+    def __init__(
+        self,
+        sysfs_root: Path = Path("/sys"),
+        dev_root: Path = Path("/dev"),
+        pci_ids: PciIds | None = None,
+    ) -> None:
         self.sysfs_root = sysfs_root
         self.dev_root = dev_root
+        self.pci_ids = pci_ids or pciids.load()  # VFIO product names, as go-nvlib finds them
         self._nvml: ModuleType | None = None
         self._handles: dict[int, Any] = {}
         self._event_set: Any = None
+        self._unmonitored: dict[int, str] = {}
 
     # ------------------------------------------------------------ calls
 
@@ -217,7 +225,8 @@ class NvmlBackend:
         return sysfs.numa_node(self.pci_info(index).bus_id, self.sysfs_root)
 
     def vfio_info(self, index: int) -> VfioInfo | None:
-        return sysfs.vfio_info(self.pci_info(index).bus_id, self.sysfs_root, self.dev_root)
+        bus_id = self.pci_info(index).bus_id
+        return sysfs.vfio_info(bus_id, self.sysfs_root, self.dev_root, self.pci_ids)
 
     # ------------------------------------------------------------ MIG queries
 
@@ -375,27 +384,41 @@ class NvmlBackend:
     # ------------------------------------------------------------ events
 
     def _register_events(self) -> None:
-        """XID critical errors of every GPU into one event set; GPUs that refuse are logged."""
+        """XID critical errors of every GPU into one event set; GPUs that refuse are unmonitored.
+
+        As the reference's health monitor: a GPU whose handle, supported event
+        types or registration fails (NOT_SUPPORTED: too old) is unmonitored.
+        """
         lib = self.lib
+        self._unmonitored = {}
         try:
-            self._event_set = self._call(lib.nvmlEventSetCreate)
             count = self.device_count()
         except nv.NvmlError as exc:
-            log.warning(
-                "NVML events unavailable; health from scans only", extra={"error": str(exc)}
-            )
+            log.warning("NVML events unavailable: no device count", extra={"error": str(exc)})
+            return
+        try:
+            self._event_set = self._call(lib.nvmlEventSetCreate)
+        except nv.NvmlError as exc:
+            log.warning("NVML events unavailable; every GPU unmonitored", extra={"error": str(exc)})
+            self._unmonitored = dict.fromkeys(range(count), f"event set: {exc}")
             return
         for index in range(count):
             try:
                 handle = self._handle(index)
                 supported = int(self._call(lib.nvmlDeviceGetSupportedEventTypes, handle))
                 mask = lib.nvmlEventTypeXidCriticalError & supported
-                if mask:
-                    self._call(lib.nvmlDeviceRegisterEvents, handle, mask, self._event_set)
-                else:
-                    log.warning("GPU reports no XID events; unmonitored", extra={"gpu": index})
+                if not mask:
+                    raise nv.NotSupported("the GPU reports no XID critical error events")
+                self._call(lib.nvmlDeviceRegisterEvents, handle, mask, self._event_set)
             except nv.NvmlError as exc:
-                log.warning("XID events not registered", extra={"gpu": index, "error": str(exc)})
+                log.warning(
+                    "XID events not registered; unmonitored",
+                    extra={"gpu": index, "error": str(exc)},
+                )
+                self._unmonitored[index] = str(exc)
+
+    def unmonitored(self) -> dict[int, str]:
+        return dict(self._unmonitored)
 
     def wait_event(self, timeout_s: float) -> nv.NvmlEvent | None:
         if self._event_set is None:

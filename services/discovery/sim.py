@@ -22,6 +22,7 @@ import time
 
 from services.core.schemas import VfioInfo
 from services.discovery import backend as nv
+from services.discovery import pciids
 from services.discovery.fleet import Fleet, parse_mig_layout
 from services.discovery.models import MIB, GpuModel, MigProfileSpec, MigSpec, ModelError, get_model
 from services.discovery.simstate import (
@@ -165,6 +166,7 @@ class SimNvml:
             iommu_group=gpu.iommu_group,
             iommu_fd_enabled=self.state.iommu_fd,
             addressable_memory_bytes=model.addressable_memory_mib * MIB,
+            product_name=pciids.builtin().device_name(NVIDIA_VENDOR_ID, model.pci_device_id),
         )
 
     # ------------------------------------------------------------ MIG queries
@@ -276,6 +278,13 @@ class SimNvml:
         self._touch()
 
     # ------------------------------------------------------------ events and faults
+
+    def unmonitored(self) -> dict[int, str]:
+        return {
+            g.index: "NVML_ERROR_NOT_SUPPORTED: no XID events (simulated)"
+            for g in self.state.gpus
+            if not g.xid_events
+        }
 
     def wait_event(self, timeout_s: float) -> nv.NvmlEvent | None:
         try:

@@ -54,6 +54,7 @@ class SimGpu(msgspec.Struct, kw_only=True):
     gpu_instances: list[SimGpuInstance] = []
     lost: bool = False
     mig_serial: int = 0  # MIG devices ever created here; part of their UUIDs
+    xid_events: bool = True  # False: registering for its XID events fails (unmonitored)
 
 
 class SimEvent(msgspec.Struct, kw_only=True):

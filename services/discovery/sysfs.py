@@ -15,6 +15,8 @@ import os
 from pathlib import Path
 
 from services.core.schemas import VfioInfo
+from services.discovery import pciids
+from services.discovery.pciids import PciIds
 
 log = logging.getLogger(__name__)
 BAR_COUNT = 6
@@ -47,8 +49,12 @@ def numa_node(bus_id: str, sysfs_root: Path = Path("/sys")) -> int | None:
 
 
 def vfio_info(
-    bus_id: str, sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")
+    bus_id: str,
+    sysfs_root: Path = Path("/sys"),
+    dev_root: Path = Path("/dev"),
+    pci_ids: PciIds | None = None,
 ) -> VfioInfo | None:
+    """The twin's facts; its product name from ``pci_ids`` (default: :func:`pciids.load`)."""
     device = sysfs_root / "bus" / "pci" / "devices" / bus_id
     try:
         vendor = _hex(device / "vendor")
@@ -64,6 +70,7 @@ def vfio_info(
         iommu_group=_iommu_group(device),
         iommu_fd_enabled=(dev_root / "iommu").exists(),
         addressable_memory_bytes=addressable_memory(resources),
+        product_name=(pci_ids or pciids.load()).device_name(vendor, device_id),
     )
 
 

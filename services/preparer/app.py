@@ -11,10 +11,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.core import featuregates as fg
-from services.core import nvidia
+from services.core import nvidia, subjects
 from services.core.bus import Bus
-from services.preparer import faults
-from services.preparer.checkpoint import CheckpointStore, default_path, read_boot_id
+from services.core.resource import ResourceClaim
+from services.preparer import cdi, faults, rebuild, refcheckpoint
+from services.preparer.checkpoint import (
+    DEFAULT_RECOVERY,
+    Adopt,
+    CheckpointData,
+    CheckpointError,
+    CheckpointStore,
+    Recovery,
+    default_path,
+    read_boot_id,
+)
 from services.preparer.claims import ApiReader, ClaimSource, KubernetesReader
 from services.preparer.devices.base import DeviceOps
 from services.preparer.engine import Engine
@@ -40,6 +50,7 @@ class Settings:
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     fsync: bool = True
     faults: faults.Faults = field(default_factory=faults.Faults)
+    checkpoint_recovery: Recovery = DEFAULT_RECOVERY
 
 
 def plugin_dir(kubelet_root: Path) -> Path:
@@ -87,12 +98,22 @@ async def run(settings: Settings) -> int:
         fsync=settings.fsync,
         dirs=dirs,
     )
-    store.load()
     inventory = InventoryView(bus, settings.node)
     await inventory.start()
     # Start-up clean-up compares the checkpoint with the node's devices: give discovery a moment.
     if inventory.current is None and not await inventory.wait_for(0, timeout=10):
         log.warning("no inventory for this node yet; stray MIG devices may survive clean-up")
+    try:
+        loaded = store.load(
+            adopt=_reference_adopter(settings, store, inventory),
+            recovery=settings.checkpoint_recovery,
+        )
+    except CheckpointError as exc:
+        raise SystemExit(
+            f"gpudra preparer: {exc}\n(--checkpoint-recovery=refuse; start with "
+            "--checkpoint-recovery=quarantine to set it aside and rebuild from the node, "
+            "see docs/operations.md)"
+        ) from None
     api = _api_reader(settings)
     claims = ClaimSource(bus, settings.node, api)
     claims.follow()
@@ -112,6 +133,8 @@ async def run(settings: Settings) -> int:
         settings.faults,
         dirs=dirs,
     )
+    if loaded.quarantined is not None:
+        await _rebuild(settings, store, inventory, ops, bus)
     report = await engine.recover()
     log.info("recovered", extra={"node": settings.node, **report})
     service = PreparerService(bus, engine, settings.node)
@@ -135,3 +158,60 @@ async def run(settings: Settings) -> int:
     dirs.close()
     os.close(lock_fd)
     return 0
+
+
+def _reference_adopter(
+    settings: Settings, store: CheckpointStore, inventory: InventoryView
+) -> Adopt:
+    """Reads the reference driver's checkpoint (same path) into ours; see refcheckpoint."""
+
+    def adopt(raw: bytes) -> CheckpointData | None:
+        if not refcheckpoint.looks_like_reference(raw):
+            return None
+        found = refcheckpoint.read(raw, str(store.path))
+        converted = refcheckpoint.convert(
+            found,
+            boot_id=store.boot_id,
+            inventory=inventory.current,
+            dynamic_mig=settings.gates.enabled(fg.DYNAMIC_MIG),
+        )
+        log.warning(
+            "ADOPTING THE REFERENCE DRIVER'S CHECKPOINT: its claims stay prepared; "
+            "the original is kept beside ours as checkpoint.json.reference-<time>",
+            extra={"version": found.version, "claims": sorted(converted.data.claims)},
+        )
+        if converted.mps_deployments:
+            log.warning(
+                "the reference's MPS control daemons are Deployments gpudra cannot stop: "
+                "delete them once their claims are unprepared",
+                extra={"deployments": converted.mps_deployments},
+            )
+        return converted.data
+
+    return adopt
+
+
+async def _rebuild(
+    settings: Settings, store: CheckpointStore, inventory: InventoryView, ops: DeviceOps, bus: Bus
+) -> None:
+    """After a quarantine: every claim whose CDI spec is on the node is taken as prepared."""
+    daemons = await ops.mps_daemons()
+    rebuilt = []
+    for uid in cdi.claim_uids_on_disk(settings.cdi_root):
+        if uid in store.claims:
+            continue
+        got = await bus.kv_get(
+            subjects.CLAIMS_BUCKET, subjects.claim_key(settings.node, uid), ResourceClaim
+        )
+        entry = rebuild.rebuild_claim(
+            uid,
+            rebuild.spec_devices(settings.cdi_root, uid),
+            node=settings.node,
+            inventory=inventory.current,
+            claim=got[0] if got else None,
+            daemons=[d for d in daemons if d.daemon_id.startswith(f"{uid}-")],
+            dynamic_mig=settings.gates.enabled(fg.DYNAMIC_MIG),
+        )
+        await store.put(uid, entry)
+        rebuilt.append(uid)
+    log.warning("claims rebuilt from their CDI specs on the node", extra={"claims": rebuilt})

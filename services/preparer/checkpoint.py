@@ -22,7 +22,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import os
+import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
@@ -37,6 +40,13 @@ log = logging.getLogger(__name__)
 VERSION = 1
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
 FILENAME = "checkpoint.json"
+
+# What start-up does with a checkpoint it cannot trust (corrupt, truncated, from a
+# newer version): ``quarantine`` renames it to checkpoint.json.bad-<UTC time>, logs
+# an error and rebuilds the state from what is on the node; ``refuse`` exits.
+Recovery = Literal["quarantine", "refuse"]
+RECOVERY_MODES: tuple[Recovery, ...] = ("quarantine", "refuse")
+DEFAULT_RECOVERY: Recovery = "quarantine"
 
 ClaimState = Literal["PrepareStarted", "PrepareCompleted"]
 PREPARE_STARTED: ClaimState = "PrepareStarted"
@@ -254,6 +264,32 @@ def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
 # ------------------------------------------------------------------ the store
 
 
+# Reads another driver's checkpoint: its claims in our model, None when ``raw`` is not
+# that format, CheckpointError when it is but cannot be trusted.
+Adopt = Callable[[bytes], "CheckpointData | None"]
+
+
+@dataclass
+class LoadReport:
+    """What start-up found in the checkpoint file, beyond the claims."""
+
+    quarantined: Path | None = None  # an untrusted file, renamed here
+    reason: str = ""  # why it was not trusted
+    adopted_from: Path | None = None  # another driver's file, kept here after adoption
+
+
+def set_aside(path: Path, tag: str) -> Path:
+    """Rename ``path`` to ``<name>.<tag>-<UTC time>`` beside it (never over another file)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    target = path.with_name(f"{path.name}.{tag}-{stamp}")
+    n = 1
+    while target.exists():
+        n += 1
+        target = path.with_name(f"{path.name}.{tag}-{stamp}-{n}")
+    os.replace(path, target)
+    return target
+
+
 Mutation = Callable[[dict[str, ClaimEntry]], None]
 Effect = Callable[[], None]
 
@@ -297,14 +333,38 @@ class CheckpointStore:
         """The committed state (what is on disk)."""
         return self._claims
 
-    def load(self) -> None:
-        """Read the file (creating it when absent); a checkpoint from another boot is void."""
+    def load(
+        self, *, adopt: Adopt | None = None, recovery: Recovery = DEFAULT_RECOVERY
+    ) -> LoadReport:
+        """Read the file (creating it when absent); a checkpoint from another boot is void.
+
+        ``adopt`` reads another driver's format first (the reference's, on a node
+        switching over); its file is kept beside ours. A file that cannot be
+        trusted is quarantined (see :data:`Recovery`) or, with ``refuse``, raises.
+        """
+        report = LoadReport()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             log.info("no checkpoint; starting empty", extra={"path": str(self.path)})
             self._write_sync(CheckpointData(node_boot_id=self.boot_id))
-            return
-        data = decode(self.path.read_bytes(), str(self.path))
+            return report
+        raw = self.path.read_bytes()
+        try:
+            adopted = adopt(raw) if adopt is not None else None
+            data = adopted if adopted is not None else decode(raw, str(self.path))
+        except CheckpointError as exc:
+            if recovery == "refuse":
+                raise
+            report.quarantined, report.reason = set_aside(self.path, "bad"), str(exc)
+            log.error(
+                "CHECKPOINT NOT TRUSTED: quarantined; rebuilding what is prepared from the node "
+                "(see docs/operations.md, 'Checkpoint recovery')",
+                extra={"moved_to": str(report.quarantined), "why": str(exc)},
+            )
+            data = CheckpointData(node_boot_id=self.boot_id)
+        else:
+            if adopted is not None:
+                report.adopted_from = set_aside(self.path, "reference")
         if data.node_boot_id and data.node_boot_id != self.boot_id:
             log.warning(
                 "checkpoint is from another boot; nothing in it exists any more",
@@ -314,6 +374,7 @@ class CheckpointStore:
         self._claims = dict(data.claims)
         # Rewrite in the current version (and stamp the boot id of a v0 file).
         self._write_sync(CheckpointData(node_boot_id=self.boot_id, claims=self._claims))
+        return report
 
     async def update(self, mutate: Mutation, before: Effect | None = None) -> None:
         """Apply ``mutate`` to the claims and persist; concurrent callers share one write.

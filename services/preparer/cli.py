@@ -7,7 +7,7 @@ from pathlib import Path
 
 from services.core import config, runner
 from services.preparer import cdi, faults
-from services.preparer.checkpoint import BOOT_ID_FILE
+from services.preparer.checkpoint import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES
 
 DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
@@ -63,6 +63,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the kernel's boot id (a checkpoint from another boot is void)",
     )
     parser.add_argument(
+        "--checkpoint-recovery",
+        choices=RECOVERY_MODES,
+        default=config.env("checkpoint-recovery", DEFAULT_RECOVERY),
+        help="a checkpoint that cannot be trusted (corrupt, truncated, from a newer version): "
+        "'quarantine' (default) renames it to checkpoint.json.bad-<UTC time>, logs an error "
+        "and rebuilds the prepared claims from their CDI specs on the node; 'refuse' exits. "
+        "The reference driver's checkpoint at the same path is adopted: its claims stay "
+        "prepared (the original is kept as checkpoint.json.reference-<UTC time>). "
+        "See docs/operations.md",
+    )
+    parser.add_argument(
         "--no-fsync",
         action="store_true",
         default=config.env("no-fsync", "") == "true",
@@ -91,5 +102,6 @@ def _run(args: argparse.Namespace) -> int:
         boot_id_file=args.boot_id_file,
         fsync=not args.no_fsync,
         faults=crash,
+        checkpoint_recovery=args.checkpoint_recovery,
     )
     return runner.run("preparer", args, run(settings))

@@ -303,8 +303,12 @@ def memory_limit_mib(value: str | int, where: str) -> int:
 def per_device_limits(mps: MpsConfig, uuids: Sequence[str], where: str) -> dict[str, int]:
     """MiB limit per device UUID: the default for all, then per-device overrides.
 
-    A per-device key is a UUID of one of ``uuids`` or an index into them.
+    A per-device key is a UUID of one of ``uuids`` or an index into them in
+    sorted order, whatever the allocation order: the reference indexes the
+    sorted UUIDs of the config's devices (MpsPerDevicePinnedMemoryLimit.Normalize
+    over PreparedDevices.UUIDs(), which sorts).
     """
+    uuids = sorted(uuids)
     limits: dict[str, int] = {}
     if mps.default_pinned_device_memory_limit is not None:
         mib = memory_limit_mib(

@@ -389,7 +389,8 @@ class Engine:
                 state = msgspec.structs.replace(state, time_slice=interval, time_slice_gpus=gpus)
         if sharing.strategy == configs.MPS:
             mps_config = sharing.mps_config or configs.MpsConfig()
-            uuids = [m.mig.uuid if m.mig else m.gpu_uuid for m in members]
+            # Sorted, as the reference hands them to its daemon (CUDA_VISIBLE_DEVICES).
+            uuids = sorted(m.mig.uuid if m.mig else m.gpu_uuid for m in members)
             request = MpsRequest(
                 daemon_id=mps_daemon_id(uid, uuids),
                 claim_uid=uid,

@@ -94,6 +94,7 @@ def h100(index: int, **changes) -> Gpu:
             iommu_group=20 + index,
             iommu_fd_enabled=False,
             addressable_memory_bytes=262144 * MIB,
+            product_name="GH100 [H100 SXM5 80GB]",
         ),
     )
     return msgspec.structs.replace(gpu, **changes)

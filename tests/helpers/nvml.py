@@ -213,6 +213,8 @@ class FakeNvml:
 
     def nvmlDeviceRegisterEvents(self, h: tuple[str, int], mask: int, es: str) -> None:
         assert mask == pynvml.nvmlEventTypeXidCriticalError
+        if not self.sim.state.gpus[h[1]].xid_events:  # too old to support health checking
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
 
     def nvmlEventSetWait_v2(self, es: str, timeout_ms: int) -> Any:
         self.sim.load(self.sim.state)  # pick up XIDs injected since the last wait

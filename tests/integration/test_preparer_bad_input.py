@@ -43,7 +43,8 @@ from tests.helpers.preparer import (
 pytestmark = pytest.mark.integration
 
 MIG = nvidia.mig_device_name(1, "1g.10gb", 19, 0)
-GATES = "TimeSlicingSettings=true,DynamicMIG=true,DeviceMetadata=true"
+# DeviceMetadata would need PassthroughSupport, which DynamicMIG excludes.
+GATES = "TimeSlicingSettings=true,DynamicMIG=true"
 MPS_GATES = "TimeSlicingSettings=true,MPSSupport=true"
 
 

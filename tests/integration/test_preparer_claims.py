@@ -207,32 +207,35 @@ async def test_time_slicing_is_applied_and_reset(h100: Node) -> None:
 
 
 async def test_mps_daemon_gets_its_limits_and_the_container_its_pipe(h100: Node) -> None:
+    """Per-device limits by index count in the sorted UUIDs, as the reference's do."""
     await h100.start_preparer(gates="MPSSupport=true")
+    inv = await h100.inventory()
+    assert inv is not None
+    uuids = {g.minor: g.uuid for g in inv.gpus}
+    # Two GPUs allocated against the sorted order of their UUIDs.
+    first, second = sorted([4, 5, 6], key=lambda m: uuids[m], reverse=True)[:2]
+    assert uuids[first] > uuids[second]
     config = gpu_config(
         strategy="MPS",
         mpsConfig={
             "defaultActiveThreadPercentage": 40,
             "defaultPinnedDeviceMemoryLimit": "10Gi",
-            "defaultPerDevicePinnedMemoryLimit": {"1": "5Gi"},
+            "defaultPerDevicePinnedMemoryLimit": {"0": "5Gi", "1": "6Gi"},
         },
     )
-    claim = await h100.put_claim(
-        make_claim(
-            h100.name, [Dev("gpus", "gpu-4"), Dev("gpus", "gpu-5")], configs=[opaque(config)]
-        )
-    )
+    devices = [Dev("gpus", f"gpu-{first}"), Dev("gpus", f"gpu-{second}")]
+    claim = await h100.put_claim(make_claim(h100.name, devices, configs=[opaque(config)]))
     uid = claim.metadata.uid or ""
     assert (await h100.prepare(claim)).claims[uid].error == ""
-    inv = await h100.inventory()
-    assert inv is not None
-    uuids = {g.minor: g.uuid for g in inv.gpus}
     [daemon] = h100.sim_host()["mps"].values()
     assert daemon["daemonId"].startswith(f"{uid}-")
     assert daemon["activeThreadPercentage"] == 40
-    assert daemon["pinnedMemoryLimitsMib"] == {uuids[4]: 10240, uuids[5]: 5120}
+    # Index 0 is the smaller UUID, allocated second.
+    assert daemon["pinnedMemoryLimitsMib"] == {uuids[second]: 5120, uuids[first]: 6144}
+    assert daemon["deviceUuids"] == [uuids[second], uuids[first]]  # sorted, as the reference's
     assert h100.sim_host()["compute_mode"] == {
-        uuids[4]: "EXCLUSIVE_PROCESS",
-        uuids[5]: "EXCLUSIVE_PROCESS",
+        uuids[first]: "EXCLUSIVE_PROCESS",
+        uuids[second]: "EXCLUSIVE_PROCESS",
     }
     spec = validate_cdi_file(h100.cdi_files()[0])
     for device in spec["devices"]:

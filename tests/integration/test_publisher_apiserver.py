@@ -64,7 +64,7 @@ def _every_layout() -> list[tuple[str, str, int]]:
         try:
             combos.append(featuregates.parse(spec))
         except featuregates.FeatureGateError:
-            continue  # DynamicMIG with MPSSupport or PassthroughSupport
+            continue  # a mix the reference refuses at start-up
     layouts = []
     for fleet in fleet_names():
         inv = _sick(fleet_inventory(fleet, NODE))

@@ -42,9 +42,11 @@ def entry(state: checkpoint.ClaimState = PREPARE_COMPLETED, name: str = "c") -> 
     )
 
 
-def store_at(tmp_path: Path, boot: str = BOOT) -> CheckpointStore:
+def store_at(
+    tmp_path: Path, boot: str = BOOT, recovery: checkpoint.Recovery = "quarantine"
+) -> CheckpointStore:
     store = CheckpointStore(tmp_path / "plugins" / "gpu.nvidia.com" / "checkpoint.json", boot)
-    store.load()
+    store.load(recovery=recovery)
     return store
 
 
@@ -68,10 +70,38 @@ async def test_a_corrupt_checkpoint_is_refused_not_guessed(tmp_path: Path) -> No
     text = store.path.read_text().replace('"name":"c"', '"name":"x"')
     store.path.write_text(text)
     with pytest.raises(CheckpointError, match="checksum mismatch"):
-        store_at(tmp_path)
+        store_at(tmp_path, recovery="refuse")
+    assert store.path.read_text() == text  # refused: left as it was, for a person to look at
     store.path.write_text("{not json")
     with pytest.raises(CheckpointError, match="not a checkpoint"):
-        store_at(tmp_path)
+        store_at(tmp_path, recovery="refuse")
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"{not json", "not a checkpoint"),
+        (b'{"version": 1, "checksum": "sha256:00", "data": {"claims"', "not a checkpoint"),
+        (b'{"version": 9, "checksum": "sha256:00", "data": {}}', "version 9 is not one"),
+        (b'{"version": 1, "checksum": "sha256:00", "data": {}}', "checksum mismatch"),
+    ],
+)
+def test_an_untrusted_checkpoint_is_quarantined_and_the_store_starts_empty(
+    tmp_path: Path, content: bytes, reason: str
+) -> None:
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(content)
+    store = CheckpointStore(path, BOOT)
+    report = store.load()  # the default recovery
+    assert report.quarantined is not None and reason in report.reason
+    assert report.quarantined.name.startswith("checkpoint.json.bad-")
+    assert report.quarantined.read_bytes() == content  # kept as it was
+    assert store.claims == {} and checkpoint.decode(path.read_bytes()).claims == {}
+    again = CheckpointStore(path, BOOT)
+    path.write_bytes(content)
+    second = again.load()
+    assert second.quarantined != report.quarantined and second.quarantined is not None
+    assert second.quarantined.exists() and report.quarantined.exists()  # never overwritten
 
 
 async def test_another_boot_voids_the_checkpoint(tmp_path: Path) -> None:

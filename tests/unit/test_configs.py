@@ -173,6 +173,13 @@ def test_memory_limits_become_whole_mib_per_device() -> None:
     )
     limits = configs.per_device_limits(mps, ["GPU-a", "GPU-b"], "x")
     assert limits == {"GPU-a": 1907, "GPU-b": 1500}
+    # Indexes count in the sorted UUIDs, not in allocation order (as the reference).
+    by_index = configs.MpsConfig(default_per_device_pinned_memory_limit={"0": "1Gi", "1": "2Gi"})
+    in_allocation_order = ["MIG-0", "GPU-b", "GPU-a"]
+    assert configs.per_device_limits(by_index, in_allocation_order, "x") == {
+        "GPU-a": 1024,
+        "GPU-b": 2048,
+    }
     with pytest.raises(ConfigError, match=r"x\.defaultPerDevicePinnedMemoryLimit\[7\]: not a UUID"):
         configs.per_device_limits(
             configs.MpsConfig(default_per_device_pinned_memory_limit={"7": "1Gi"}), ["GPU-a"], "x"

@@ -58,6 +58,7 @@ def test_dgx_h100_inventory_has_every_attribute_the_publisher_needs() -> None:
         iommu_group=54,
         iommu_fd_enabled=False,
         addressable_memory_bytes=256 * GIB,
+        product_name="GH100 [H100 SXM5 80GB]",  # the PCI ID database's name for 10de:2330
     )
 
 

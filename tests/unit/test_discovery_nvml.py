@@ -17,7 +17,7 @@ import pynvml
 import pytest
 
 from services.discovery import backend as nv
-from services.discovery import mig, sysfs
+from services.discovery import mig, pciids, sysfs
 from services.discovery.fleet import get_fleet
 from services.discovery.inventory import scan
 from services.discovery.nvml import NvmlBackend, format_bus_id
@@ -35,7 +35,8 @@ def sim() -> SimNvml:
 @pytest.fixture
 def real(sim: SimNvml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> NvmlBackend:
     FakeNvml(sim).install(monkeypatch)
-    backend = NvmlBackend(*fake_sysfs(tmp_path, sim))
+    # The simulator names VFIO twins from the built-in pci.ids subset; so does this backend here.
+    backend = NvmlBackend(*fake_sysfs(tmp_path, sim), pciids.builtin())
     backend.init()
     return backend
 
@@ -51,6 +52,57 @@ def test_both_backends_give_the_same_inventory(sim: SimNvml, real: NvmlBackend) 
     assert all(g.error is None and g.vfio is not None for g in from_pynvml.gpus)
     assert without_backend_name(from_pynvml) == without_backend_name(simulated)
     assert [g.numa_node for g in from_pynvml.gpus] == [0, 0, 1, 1]  # mixed.yaml, via sysfs
+
+
+def test_vfio_twins_are_named_from_the_pci_database_the_backend_was_given(
+    sim: SimNvml, real: NvmlBackend, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    names = [g.vfio.product_name for g in scan(real, "node-a").inventory.gpus if g.vfio]
+    assert names == [
+        "GH100 [H100 SXM5 80GB]",
+        "GA100 [A100 SXM4 80GB]",
+        "GH100 [H200 SXM 141GB]",
+        "AD104GL [L4]",
+    ]
+    other = tmp_path / "pci.ids"
+    other.write_text("10de  NVIDIA Corporation\n\t2330  GH100[H100 SXM5 80GB]\n")
+    backend = NvmlBackend(*fake_sysfs(tmp_path / "again", sim), pciids.from_file(other))
+    backend.init()
+    twins = [g.vfio for g in scan(backend, "node-a").inventory.gpus]
+    assert [t.product_name if t else None for t in twins] == [
+        "GH100[H100 SXM5 80GB]",  # Debian bookworm's spelling
+        "UNKNOWN_DEVICE",  # what go-nvlib says for an id its database lacks
+        "UNKNOWN_DEVICE",
+        "UNKNOWN_DEVICE",
+    ]
+
+
+def test_gpus_whose_xid_events_cannot_be_registered_are_unmonitored(
+    sim: SimNvml, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from services.discovery.health import HealthTracker
+
+    sim.state.gpus[2].xid_events = False
+    FakeNvml(sim).install(monkeypatch)
+    real = NvmlBackend(*fake_sysfs(tmp_path, sim), pciids.builtin())
+    real.init()
+    assert set(real.unmonitored()) == set(sim.unmonitored()) == {2}
+    assert "NVML_ERROR_NOT_SUPPORTED" in real.unmonitored()[2]
+    for backend in (real, sim):
+        result = scan(backend, "node-a")
+        assert result.unmonitored == {2}
+        inventory, events = HealthTracker("node-a").on_scan(result)
+        assert [g.health.unmonitored for g in inventory.gpus] == [False, False, True, False]
+        assert events == []
+
+    def no_event_set() -> str:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    monkeypatch.setattr(pynvml, "nvmlEventSetCreate", no_event_set)
+    blind = NvmlBackend(*fake_sysfs(tmp_path / "again", sim), pciids.builtin())
+    blind.init()
+    assert set(blind.unmonitored()) == {0, 1, 2, 3}  # no health checking at all
+    assert blind.wait_event(0) is None
 
 
 def test_profile_names_without_nvml_v2_follow_go_nvlib(

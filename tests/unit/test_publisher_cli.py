@@ -137,7 +137,7 @@ def test_yaml_output_is_a_stream_of_slices(capsys: pytest.CaptureFixture[str]) -
                 "--feature-gates",
                 "DynamicMIG=true,PassthroughSupport=true",
             ],
-            "cannot both be enabled",
+            "DynamicMIG is currently mutually exclusive with PassthroughSupport",
         ),
         (["--fleet", "dgx-h100", "--node", "n1", "--kube-version", "one"], "like 1.35"),
     ],

@@ -21,7 +21,18 @@ from services.publisher.render import RenderOptions, render_contents
 from tests.helpers.inventories import h100, node
 
 FAST = RetryPolicy(attempts=4, initial_s=0.001, max_s=0.01)
-DYNAMIC = RenderOptions(gates=featuregates.parse("DynamicMIG=true,NVMLDeviceHealthCheck=true"))
+# Counter sets and XID taints in one pool. The reference refuses these two gates
+# together at start-up (so does featuregates.parse); the reconciler must still
+# handle a pool with both, so the gates are built directly.
+DYNAMIC = RenderOptions(
+    gates=featuregates.FeatureGates(
+        {
+            **featuregates.DEFAULTS,
+            featuregates.DYNAMIC_MIG: True,
+            featuregates.NVML_DEVICE_HEALTH_CHECK: True,
+        }
+    )
+)
 
 
 def _contents(inv: NodeInventory, options: RenderOptions = DYNAMIC):

@@ -19,6 +19,7 @@ from services.core.resource import Device, ResourceSlice
 from services.core.schemas import (
     Gpu,
     GpuHealth,
+    VfioInfo,
     Xid,
 )
 from services.publisher.render import (
@@ -342,7 +343,7 @@ def test_passthrough_adds_a_vfio_twin_per_gpu_without_mig_devices() -> None:
         "uuid": str(uuid.uuid5(uuid.NAMESPACE_DNS, "0000:28:00.0")),
         "deviceID": "0x2330",
         "vendorID": "0x10de",
-        "productName": "NVIDIA H100 80GB HBM3",
+        "productName": "GH100 [H100 SXM5 80GB]",  # the PCI database's, not NVML's name
         "iommuFDEnabled": False,
         "resource.kubernetes.io/pciBusID": "0000:28:00.0",
         "resource.kubernetes.io/pcieRoot": "pci0000:10",
@@ -350,6 +351,19 @@ def test_passthrough_adds_a_vfio_twin_per_gpu_without_mig_devices() -> None:
     }
     assert caps(vfio) == {"addressableMemory": "256Gi"}
     assert "gpu-vfio-0" not in devices_of(render_slices(inv, opts()))
+    # An inventory without the database name (an older discovery) says what go-nvlib says.
+    older = VfioInfo(
+        vendor_id="0x10de",
+        device_id="0x2330",
+        numa_node=0,
+        iommu_group=20,
+        iommu_fd_enabled=False,
+        addressable_memory_bytes=262144 * MIB,
+    )
+    unnamed = devices_of(
+        render_slices(node(gpus=[h100(0, vfio=older)]), opts("PassthroughSupport=true"))
+    )
+    assert attrs(unnamed["gpu-vfio-0"])["productName"] == "UNKNOWN_DEVICE"
 
 
 def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> None:
@@ -364,8 +378,7 @@ def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> 
     # Listed out of PCI order; gpu-1 is in MIG mode (no twin, but it holds its place).
     gpus = [h100(3), unknown, a100(1, [("7g.40gb", 0, 0)]), h100(0), h100(2)]
     inv = node(gpus=gpus)
-    gates = "PassthroughSupport=true,NVMLDeviceHealthCheck=true"
-    devices = devices_of(render_slices(inv, opts(gates)))
+    devices = devices_of(render_slices(inv, opts("PassthroughSupport=true")))
     twins = {n: attrs(d)["resource.kubernetes.io/pciBusID"] for n, d in devices.items()}
     twins = {n: bus for n, bus in twins.items() if n.startswith("gpu-vfio-")}
     assert twins == {
@@ -446,8 +459,7 @@ def test_a_lost_gpu_keeps_its_last_identity_with_gpu_lost_on_every_device() -> N
     mig_lost = a100(2, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)], health=_health(lost=True))
     mig_lost = msgspec.structs.replace(mig_lost, error="NVML_ERROR_GPU_IS_LOST")
     inv = node(gpus=[h100(0), lost, mig_lost])
-    gates = "NVMLDeviceHealthCheck=true,PassthroughSupport=true"
-    devices = devices_of(render_slices(inv, opts(gates)))
+    devices = devices_of(render_slices(inv, opts("NVMLDeviceHealthCheck=true")))
 
     def keys(name: str) -> list[tuple[str, str | None, str]]:
         return [(t.key, t.value, t.effect) for t in devices[name].taints or []]
@@ -455,12 +467,48 @@ def test_a_lost_gpu_keeps_its_last_identity_with_gpu_lost_on_every_device() -> N
     gpu_lost = ("gpu.nvidia.com/gpu-lost", None, "NoSchedule")
     assert keys("gpu-1") == [("gpu.nvidia.com/xid", "79", "NoSchedule"), gpu_lost]
     assert attrs(devices["gpu-1"])["uuid"] == lost.uuid  # the last identity
-    assert keys("gpu-vfio-1") == [gpu_lost]  # no XID on the twin, but it is lost too
     assert keys("gpu-2-mig-3g20gb-9-0") == keys("gpu-2-mig-3g20gb-9-4") == [gpu_lost]
-    assert keys("gpu-0") == keys("gpu-vfio-0") == []
+    assert keys("gpu-0") == []
     # Without the health check nothing could keep the scheduler off it: withdrawn.
     plain = devices_of(render_slices(inv, opts("PassthroughSupport=true")))
     assert set(plain) == {"gpu-0", "gpu-vfio-0"}
+
+
+def test_a_gpu_whose_events_cannot_be_watched_is_tainted_unmonitored() -> None:
+    """The reference's unmonitored taint (effect None), on every NVML device of the GPU."""
+    unwatched = GpuHealth(unmonitored=True)
+    gpus = [
+        h100(0, health=unwatched),
+        h100(1),
+        a100(2, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)], health=unwatched),
+        h100(3, health=GpuHealth(xids=[Xid(79, 1.0)], lost=True, unmonitored=True)),
+    ]
+    devices = devices_of(render_slices(node(gpus=gpus), opts("NVMLDeviceHealthCheck=true")))
+
+    def taints(name: str) -> list[tuple[str, str | None, str]]:
+        return [(t.key, t.value, t.effect) for t in devices[name].taints or []]
+
+    unmonitored = ("gpu.nvidia.com/unmonitored", None, "None")
+    assert taints("gpu-0") == [unmonitored]
+    assert taints("gpu-1") == []
+    assert taints("gpu-2-mig-3g20gb-9-0") == taints("gpu-2-mig-3g20gb-9-4") == [unmonitored]
+    assert taints("gpu-3") == [  # in the order the reference adds them
+        unmonitored,
+        ("gpu.nvidia.com/xid", "79", "NoSchedule"),
+        ("gpu.nvidia.com/gpu-lost", None, "NoSchedule"),
+    ]
+    assert nvidia.TAINT_UNMONITORED == "gpu.nvidia.com/unmonitored"
+    # Everything else about the devices is what an unwatched GPU would have anyway.
+    healthy = [msgspec.structs.replace(g, health=GpuHealth()) for g in gpus[:3]]
+    plain = devices_of(render_slices(node(gpus=healthy), opts("NVMLDeviceHealthCheck=true")))
+    for name, device in plain.items():
+        assert msgspec.structs.replace(devices[name], taints=None) == device, name
+    # Health checking off: the reference publishes no health taints at all.
+    off = devices_of(render_slices(node(gpus=gpus), opts()))
+    assert all(d.taints is None for d in off.values())
+    assert not slicecheck.check_pool(
+        render_slices(node(gpus=gpus), opts("NVMLDeviceHealthCheck=true"))
+    )
 
 
 def test_an_xid_with_gi_and_ci_taints_only_that_mig_device() -> None:

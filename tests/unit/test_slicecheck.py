@@ -43,7 +43,8 @@ def _fleets() -> list[str]:
 def test_every_fleet_gate_and_version_renders_a_valid_pool(fleet: str) -> None:
     inventory = fleet_inventory(fleet, "node-1")
     combos = _gate_combinations()
-    assert len(combos) == 6  # DynamicMIG excludes PassthroughSupport
+    # The reference refuses DynamicMIG with either of the others, and the other two together.
+    assert len(combos) == 4
     for gates, minor in itertools.product(combos, (34, 35)):
         options = RenderOptions(gates=featuregates.parse(gates), kube_minor=minor)
         slices = render_slices(inventory, options, generation=1)
@@ -59,6 +60,24 @@ def test_hand_built_inventories_render_valid_pools() -> None:
     ):
         slices = render_slices(inv, RenderOptions(featuregates.parse(gates), minor))
         assert not slicecheck.check_pool(slices, kube_minor=minor), (gates, minor)
+
+
+def test_every_health_taint_at_once_fits_both_api_versions() -> None:
+    """unmonitored + xid + gpu-lost on one device: 3 taints, within 1.34's limit of 4."""
+    import msgspec
+
+    from services.core.schemas import GpuHealth, Xid
+
+    sick = GpuHealth(xids=[Xid(79, 1.0)], lost=True, unmonitored=True)
+    for inv in (node(), dgx_a100()):
+        gpus = [msgspec.structs.replace(g, health=sick) for g in inv.gpus]
+        inv = msgspec.structs.replace(inv, gpus=gpus)
+        for minor in (34, 35):
+            options = RenderOptions(featuregates.parse("NVMLDeviceHealthCheck=true"), minor)
+            slices = render_slices(inv, options)
+            counts = {len(d.taints or []) for s in slices for d in s.spec.devices or []}
+            assert max(counts) == 3  # MIG devices miss the whole-GPU XID
+            assert not slicecheck.check_pool(slices, kube_minor=minor), minor
 
 
 # --------------------------------------------------------------------------- rules
