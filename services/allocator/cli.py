@@ -14,7 +14,6 @@ the same arguments and prints, for people, why each claim is or is not allocated
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import json
 import logging
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from services.allocator import features as kube_features
-from services.core import config, runner
+from services.core import config, runner, supervisor
 
 if TYPE_CHECKING:
     from services.allocator.offline import ClaimOutcome
@@ -126,17 +125,17 @@ async def _watch(args: argparse.Namespace) -> None:
     settings = WatcherConfig(
         pending_threshold=args.pending_threshold, features=args.kube_feature_gates
     )
+    stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="allocator")
     api = await http_api(args.kubeconfig or None)
-    runner.cancel_on_signals()
-    try:
-        await ClaimWatcher(api, bus, settings).run()
-    except asyncio.CancelledError:
-        log.info("claim watcher stopping")
-    finally:
-        with contextlib.suppress(Exception):
-            await api.close()
-        await bus.close()
+    tasks = supervisor.current()
+    tasks.spawn("claim-watcher", ClaimWatcher(api, bus, settings).run, fatal=True)
+    await stop.wait()
+    log.info("claim watcher stopping")
+    await tasks.cancel("claim-watcher")
+    with contextlib.suppress(Exception):
+        await api.close()
+    await bus.close()
 
 
 def register(subparsers: Any) -> None:

@@ -19,6 +19,7 @@ import msgspec
 import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
@@ -45,6 +46,9 @@ BUCKETS: Mapping[str, int] = {  # bucket -> history depth
     subjects.SIM_BUCKET: 1,
     subjects.PREPARED_BUCKET: 1,
 }
+
+
+DEFAULT_MAX_INFLIGHT = 64
 
 
 class RequestFailed(Exception):
@@ -77,12 +81,16 @@ class Bus:
     """A connected NATS client with JetStream and our schemas."""
 
     default_replicas: int | None = None  # set from --nats-replicas by core.runner
+    max_inflight: int = DEFAULT_MAX_INFLIGHT  # set from --max-inflight by core.runner
 
     def __init__(self, nc: Client, replicas: int = 1) -> None:
         self.nc = nc
         self.replicas = replicas  # JetStream replicas for what we create (3 in a cluster)
         self.js: JetStreamContext = nc.jetstream()
         self._kv: dict[str, KeyValue] = {}
+        self._served: list[Subscription] = []
+        self._inflight: set[asyncio.Task[None]] = set()
+        self._slots = asyncio.Semaphore(self.max_inflight)
 
     @classmethod
     async def connect(
@@ -217,22 +225,48 @@ class Bus:
         handler: Callable[[T, dict[str, str]], Awaitable[msgspec.Struct]],
         queue: str = "",
     ) -> None:
-        """Answer requests on ``subject`` with ``handler``'s reply, each in its own task."""
+        """Answer requests on ``subject`` with ``handler``'s reply, each in its own task.
+
+        At most ``max_inflight`` requests (over every subject this bus serves) run
+        at once; at the limit the next message waits in the client (NATS delivers
+        a subscription's messages one callback at a time) instead of piling up
+        tasks. :meth:`stop_serving` lets the running ones finish.
+        """
 
         async def on_msg(msg: Msg) -> None:
-            value = _decode_or_skip(msg.data, kind, subject)
-            if value is None:
-                return
-            reply = await handler(value, dict(msg.headers or {}))
-            if msg.reply:
-                await msg.respond(encode(reply))
+            try:
+                value = _decode_or_skip(msg.data, kind, subject)
+                if value is None:
+                    return
+                reply = await handler(value, dict(msg.headers or {}))
+                if msg.reply:
+                    await msg.respond(encode(reply))
+            finally:
+                self._slots.release()
 
         async def spawn(msg: Msg) -> None:
+            await self._slots.acquire()
             task = asyncio.get_running_loop().create_task(on_msg(msg))
-            _BACKGROUND.add(task)
-            task.add_done_callback(_BACKGROUND.discard)
+            self._inflight.add(task)
+            task.add_done_callback(self._inflight.discard)
 
-        await self.nc.subscribe(subject, queue=queue, cb=spawn)
+        self._served.append(await self.nc.subscribe(subject, queue=queue, cb=spawn))
+
+    @property
+    def inflight(self) -> int:
+        """Requests being handled right now."""
+        return len(self._inflight)
+
+    async def stop_serving(self, timeout: float = 10.0) -> None:
+        """Take no new requests; wait (up to ``timeout``) for the running ones to answer."""
+        served, self._served = self._served, []
+        for sub in served:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if self._inflight:
+            _, late = await asyncio.wait(set(self._inflight), timeout=timeout)
+            if late:
+                log.warning("requests still running at shutdown", extra={"count": len(late)})
 
     async def subscribe(
         self, subject: str, kind: type[T], handler: Callable[[T, dict[str, str]], Awaitable[None]]
@@ -276,9 +310,6 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-
-
-_BACKGROUND: set[asyncio.Task[None]] = set()
 
 
 def _in_stream(subject: str) -> bool:

@@ -31,6 +31,12 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
         default=int(env("nats-replicas", "1")),
         help="JetStream replicas for the streams and buckets we create (3 in a cluster)",
     )
+    parser.add_argument(
+        "--max-inflight",
+        type=_positive_int,
+        default=env("max-inflight", "64"),
+        help="bus requests this process handles at once; more wait in the client",
+    )
     parser.add_argument("--log-level", default=env("log-level", "info"))
     parser.add_argument(
         "--metrics-port",
@@ -51,6 +57,16 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
     )
     if node:
         parser.add_argument("--node-name", default=default_node_name())
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        number = 0
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"want a positive integer, got {value!r}")
+    return number
 
 
 def feature_gates_arg(value: str) -> featuregates.FeatureGates:

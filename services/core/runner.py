@@ -1,15 +1,24 @@
-"""How every service process starts and stops, so each service's cli says only what it runs."""
+"""How every service process starts and stops, so each service's cli says only what it runs.
+
+One stop path per process: SIGTERM or SIGINT, or a fatal supervised task
+failing, sets :func:`stop_event`; the service then stops taking work, lets what
+is running finish, flushes its sinks and closes the bus; then every task still
+supervised is cancelled and the process exits (1 if a fatal task failed).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import logging
 import signal
 from collections.abc import Coroutine
 from typing import Any
 
-from services.core import logs, metrics, tracing
+from services.core import logs, metrics, supervisor, tracing
 from services.core.bus import Bus
+
+log = logging.getLogger(__name__)
 
 
 def run(service: str, args: argparse.Namespace, main: Coroutine[Any, Any, int | None]) -> int:
@@ -18,25 +27,29 @@ def run(service: str, args: argparse.Namespace, main: Coroutine[Any, Any, int | 
     tracing.setup(service, args.otlp_endpoint)
     metrics.serve(args.metrics_port)
     Bus.default_replicas = args.nats_replicas
+    Bus.max_inflight = args.max_inflight
     try:
-        return int(asyncio.run(main) or 0)
+        return asyncio.run(_main(main))
     finally:
         tracing.shutdown()
 
 
+async def _main(main: Coroutine[Any, Any, int | None]) -> int:
+    tasks = supervisor.current()
+    try:
+        code = int(await main or 0)
+    finally:
+        await tasks.close()
+    if tasks.failure is not None:
+        log.error("stopped by a fatal task", extra={"reason": tasks.failure})
+        return code or 1
+    return code
+
+
 def stop_event() -> asyncio.Event:
-    """An event that SIGTERM or SIGINT sets: the service's cue to shut down cleanly."""
-    stop = asyncio.Event()
+    """Set by SIGTERM or SIGINT, or by a fatal supervised task: the one cue to shut down."""
+    stop = supervisor.current().stopped
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     return stop
-
-
-def cancel_on_signals() -> None:
-    """SIGTERM or SIGINT cancels the current task (for services that run until cancelled)."""
-    task = asyncio.current_task()
-    loop = asyncio.get_running_loop()
-    if task is not None:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, task.cancel)

@@ -19,7 +19,7 @@ import logging
 import threading
 import time
 
-from services.core import subjects
+from services.core import subjects, supervisor
 from services.core.bus import Bus
 from services.core.schemas import HealthEvent, InventoryChanged, NodeInventory, SchemaError
 from services.discovery import inventory, metrics
@@ -65,9 +65,12 @@ class Discovery:
         loop = asyncio.get_running_loop()
         pump = threading.Thread(target=self._pump_events, args=(loop,), daemon=True)
         pump.start()
-        tasks = [asyncio.create_task(self._handle_events())]
+        tasks = supervisor.current()
+        names = ["nvml-events"]
+        tasks.spawn("nvml-events", self._handle_events)
         if self.simulated is not None:
-            tasks.append(asyncio.create_task(self._watch_sim_state()))
+            names.append("sim-state")
+            tasks.spawn("sim-state", self._watch_sim_state)
         try:
             while not stop.is_set():
                 await self._sleep(stop)
@@ -75,9 +78,8 @@ class Discovery:
                     await self._rescan()
         finally:
             self._stop_thread.set()
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            for name in names:
+                await tasks.cancel(name)
             await asyncio.to_thread(pump.join, 5)
             with contextlib.suppress(NvmlError):
                 await asyncio.to_thread(self.backend.shutdown)

@@ -10,10 +10,7 @@ the DRA socket.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,7 +18,7 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.core import nvidia
+from services.core import nvidia, runner, supervisor
 from services.core.bus import Bus
 from services.kubeletplugin import draservice, health, registration, sockets
 from services.kubeletplugin.forwarder import Forwarder, Timing
@@ -62,7 +59,6 @@ class KubeletPlugin:
         )
         self.registration_server = grpc.aio.server()
         registration.add_to_server(self.registration_server, self.registration)
-        self._tasks: list[asyncio.Task[None]] = []
         self._bound: list[Path] = []  # only sockets we created are ours to remove
 
     async def start(self) -> None:
@@ -70,10 +66,9 @@ class KubeletPlugin:
             sockets.ensure_dir(path.parent)
             if sockets.remove_stale(path):
                 log.info("removed stale socket", extra={"path": str(path)})
-        self._tasks = [
-            asyncio.create_task(self.board.follow(self.bus), name="health-board"),
-            asyncio.create_task(self.presence.keep(), name="presence"),
-        ]
+        tasks = supervisor.current()
+        tasks.spawn("health-board", lambda: self.board.follow(self.bus))
+        tasks.spawn("presence", self.presence.keep)
         await self._serve(self.dra_server, self.paths.dra)
         await self.grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
         await self._serve(self.registration_server, self.paths.registration)
@@ -90,11 +85,9 @@ class KubeletPlugin:
         await self.grpc_health.enter_graceful_shutdown()
         await self.dra_server.stop(grace)
         self._unbind(self.paths.dra)
-        for task in self._tasks:
-            task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        tasks = supervisor.current()
+        await tasks.cancel("health-board")
+        await tasks.cancel("presence")
         log.info("stopped")
 
     async def _serve(self, server: grpc.aio.Server, path: Path) -> None:
@@ -115,10 +108,7 @@ async def run(settings: Settings) -> int:
     except Exception as exc:
         log.error("cannot connect to NATS", extra={"url": settings.nats_url, "error": str(exc)})
         return 1
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    stop = runner.stop_event()
     try:
         plugin = KubeletPlugin(settings, bus)
     except sockets.SocketError as exc:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import asyncio
 import fcntl
 import logging
 import os
-import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.core import featuregates as fg
-from services.core import nvidia, subjects
+from services.core import nvidia, runner, subjects
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
 from services.preparer import cdi, faults, rebuild, refcheckpoint
@@ -88,6 +86,7 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
 
 
 async def run(settings: Settings) -> int:
+    stop = runner.stop_event()
     pdir = plugin_dir(settings.kubelet_root)
     lock_fd = lock_plugin_dir(pdir)
     bus = await Bus.connect(settings.nats_url, name=f"gpudra-preparer-{settings.node}")
@@ -143,12 +142,8 @@ async def run(settings: Settings) -> int:
         "preparer ready",
         extra={"node": settings.node, "claims": len(store.claims), "gates": settings.gates.spec()},
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    await service.close()
+    await service.close()  # no new requests; running ones answer; their events go out
     await claims.close()
     await inventory.stop()
     await ops.close()

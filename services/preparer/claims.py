@@ -9,15 +9,13 @@ subjects and (KEP-5304) container paths, so they are validated strictly first.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import re
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from services.core import subjects
+from services.core import subjects, supervisor
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimRef, SchemaError
@@ -115,11 +113,10 @@ class ClaimSource:
         self.node = node
         self.api = api
         self._cache: dict[str, ResourceClaim] = {}
-        self._task: asyncio.Task[None] | None = None
 
     def follow(self) -> None:
-        """Start mirroring this node's claims in the background."""
-        self._task = asyncio.create_task(self._mirror())
+        """Mirror this node's claims in the background (supervised: restarted if it fails)."""
+        supervisor.current().spawn("claims-mirror", self._mirror)
 
     async def _mirror(self) -> None:
         prefix = subjects.claim_key(self.node, "")[:-1]  # "<node>." (the uid part escaped to "=")
@@ -131,10 +128,7 @@ class ClaimSource:
                 self._cache[uid] = update.value
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await supervisor.current().cancel("claims-mirror")
 
     async def get(self, ref: ClaimRef) -> ResourceClaim:
         """The allocated claim ``ref`` names; :class:`ClaimError` when it cannot be used."""

@@ -9,10 +9,9 @@ kubelet call's latency.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
-from services.core import subjects
+from services.core import subjects, supervisor
 from services.core.bus import Bus
 from services.core.schemas import HeldDevice, NodePreparedDevices
 from services.preparer.checkpoint import PREPARE_COMPLETED, CheckpointStore
@@ -39,11 +38,10 @@ class HoldingsPublisher:
         self.store = store
         self._dirty = asyncio.Event()
         self._last: list[HeldDevice] | None = None
-        self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
         self._dirty.set()  # publish what the checkpoint holds at start-up
-        self._task = asyncio.create_task(self._run())
+        supervisor.current().spawn("holdings", self._run)
 
     def changed(self) -> None:
         self._dirty.set()
@@ -69,7 +67,4 @@ class HoldingsPublisher:
             self._last = held
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await supervisor.current().cancel("holdings")

@@ -8,11 +8,10 @@ node's NVML view in the ``inventory`` bucket; the preparer follows it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from dataclasses import dataclass
 
-from services.core import nvidia, subjects
+from services.core import nvidia, subjects, supervisor
 from services.core.bus import Bus
 from services.core.schemas import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory
 
@@ -91,7 +90,6 @@ class InventoryView:
         self.current: NodeInventory | None = None
         self.revision = 0
         self._changed = asyncio.Condition()
-        self._task: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         got = await self.bus.kv_get(
@@ -99,13 +97,10 @@ class InventoryView:
         )
         if got is not None:
             self.current, self.revision = got
-        self._task = asyncio.create_task(self._follow())
+        supervisor.current().spawn("inventory-follow", self._follow)
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        await supervisor.current().cancel("inventory-follow")
 
     async def _follow(self) -> None:
         key = subjects.inventory_key(self.node)

@@ -121,6 +121,8 @@ class PreparerService:
         await self.bus.serve(subjects.node_unprepare(self.node), NodeRequest, self.on_unprepare)
 
     async def close(self) -> None:
+        """Stop taking requests, let the running ones answer, then flush their events."""
+        await self.bus.stop_serving()
         if self._holdings_due is not None:
             self._holdings_due.cancel()
         await self.holdings.close()

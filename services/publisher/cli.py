@@ -7,12 +7,11 @@ gpudra publisher [--kubeconfig F] [--force-registered] [--kube-version 1.35]
 from __future__ import annotations
 
 import argparse
-import asyncio
 import contextlib
 import logging
 import re
 
-from services.core import config, runner
+from services.core import config, runner, supervisor
 
 log = logging.getLogger(__name__)
 
@@ -91,14 +90,15 @@ async def _serve(args: argparse.Namespace) -> None:
         workers=args.workers,
         resync_s=args.resync_interval,
     )
+    stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="publisher")
     api = KubeSliceApi(await http_api(args.kubeconfig or None))
-    runner.cancel_on_signals()
-    try:
-        await Publisher(api, settings).run(bus)
-    except asyncio.CancelledError:
-        log.info("publisher stopping")
-    finally:
-        with contextlib.suppress(Exception):
-            await api.close()
-        await bus.close()
+    tasks = supervisor.current()
+    publisher = Publisher(api, settings)
+    tasks.spawn("publisher", lambda: publisher.run(bus), fatal=True)
+    await stop.wait()
+    log.info("publisher stopping")
+    await tasks.cancel("publisher")
+    with contextlib.suppress(Exception):
+        await api.close()
+    await bus.close()

@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.core import subjects
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceClaim
-from services.core.schemas import ClaimEvent, decode
+from services.core.schemas import ClaimEvent
 from services.local.cluster import ControlPlane
+from tests.helpers.events import stored_claim_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -95,23 +95,7 @@ async def stored_names(bus: Bus, uid: str) -> list[str]:
     watcher synced", so after that line this is complete: no waiting needed to
     prove that a restart published nothing again.
     """
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE)
-    sub = await bus.js.pull_subscribe(
-        subjects.claim_events_all(), stream=subjects.CLAIMS_STREAM, config=config
-    )
-    names: list[str] = []
-    try:
-        pending = (await sub.consumer_info()).num_pending or 0
-        while pending > 0:
-            batch = await sub.fetch(min(pending, 256), timeout=10)
-            pending -= len(batch)
-            for msg in batch:
-                event = decode(msg.data, ClaimEvent)
-                if event.claim.uid == uid:
-                    names.append(event.event)
-    finally:
-        await sub.unsubscribe()
-    return names
+    return [e.event for e in await stored_claim_events(bus) if e.claim.uid == uid]
 
 
 async def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any:

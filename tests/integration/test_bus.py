@@ -10,9 +10,14 @@ import pytest
 from services.core import subjects
 from services.core.bus import Bus, KvUpdate, RequestFailed, RequestTimeout
 from services.core.metrics import MALFORMED_MESSAGES
+from services.core.natsserver import NatsServer
 from services.core.schemas import ClaimEvent, ClaimRef, PluginPresence
 
 pytestmark = pytest.mark.integration
+
+
+class Ping(msgspec.Struct):
+    n: int
 
 
 async def test_provision_is_idempotent(bus: Bus) -> None:
@@ -69,9 +74,6 @@ async def test_durable_pull_replays_claim_events(bus: Bus) -> None:
 
 
 async def test_request_reply_and_timeout(bus: Bus) -> None:
-    class Ping(msgspec.Struct):
-        n: int
-
     async def double(value: Ping, headers: dict[str, str]) -> Ping:
         return Ping(value.n * 2)
 
@@ -87,3 +89,45 @@ async def test_request_reply_and_timeout(bus: Bus) -> None:
     await bus.serve("svc.slow", Ping, slow)
     with pytest.raises(RequestTimeout, match=r"no reply on svc\.slow within 0\.2s"):
         await bus.request("svc.slow", Ping(1), Ping, timeout=0.2)
+
+
+async def test_serve_runs_at_most_max_inflight_and_stop_serving_lets_them_answer(
+    nats_server: NatsServer, bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(Bus, "max_inflight", 3)
+    server = await Bus.connect(nats_server.url, name="limited")
+    release = asyncio.Event()
+    running = 0
+    peak = 0
+
+    async def slow(value: Ping, headers: dict[str, str]) -> Ping:
+        nonlocal running, peak
+        running += 1
+        peak = max(peak, running)
+        await release.wait()
+        running -= 1
+        return Ping(value.n * 2)
+
+    try:
+        await server.serve("svc.limited", Ping, slow)
+        calls = [
+            asyncio.create_task(bus.request("svc.limited", Ping(i), Ping, timeout=5))
+            for i in range(10)
+        ]
+        while server.inflight < 3:
+            await asyncio.sleep(0.01)
+        assert running == 3  # the other 7 wait in the client, not in tasks
+        stopping = asyncio.create_task(server.stop_serving(timeout=20))
+        await asyncio.sleep(0.1)
+        assert not stopping.done()  # waits for the three running ones
+        release.set()
+        await stopping
+        done = await asyncio.gather(*calls, return_exceptions=True)
+        replies = [r for r in done if isinstance(r, Ping)]
+        assert peak == 3 and len(replies) >= 3, (peak, done)
+        # The rest were never taken: the caller sees a failed request, not a lost answer.
+        assert all(isinstance(r, Ping | RequestFailed) for r in done), done
+        with pytest.raises(RequestFailed):  # nobody serves it any more
+            await bus.request("svc.limited", Ping(1), Ping, timeout=0.5)
+    finally:
+        await server.close()

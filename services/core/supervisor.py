@@ -1,0 +1,97 @@
+"""Every long-running task of a process, watched: a failure is logged, counted and restarted.
+
+A bare ``asyncio.create_task`` that fails stops silently (a KV watch that died
+leaves the preparer with a stale mirror and no word in the logs). Tasks started
+here are restarted with backoff when they raise or return, or, when declared
+``fatal``, stop the whole process with a non-zero exit so that the orchestrator
+restarts it. One :class:`Supervisor` belongs to each event loop (the process's);
+:func:`current` finds it, so components need no plumbing to reach it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable
+
+from prometheus_client import Counter
+
+from services.core.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+TASK_RESTARTS = Counter(
+    "gpudra_task_restarts_total",
+    "Long-running tasks restarted after they failed or ended, by task.",
+    ["task"],
+)
+HEALTHY_AFTER_S = 60.0  # a task that ran this long before failing starts its backoff afresh
+
+Work = Callable[[], Awaitable[None]]
+
+
+class Supervisor:
+    def __init__(self) -> None:
+        self.tasks: dict[str, asyncio.Task[None]] = {}
+        self.failure: str | None = None  # why a fatal task stopped the process
+        self.stopped = asyncio.Event()  # set by a fatal failure (or by the stop path)
+
+    def spawn(self, name: str, work: Work, *, fatal: bool = False) -> asyncio.Task[None]:
+        """Run ``work()`` until cancelled: restarted when it raises or returns (or fatal)."""
+        if name in self.tasks and not self.tasks[name].done():
+            raise ValueError(f"a task named {name!r} is already running")
+        task = asyncio.get_running_loop().create_task(self._keep(name, work, fatal), name=name)
+        self.tasks[name] = task
+        return task
+
+    async def _keep(self, name: str, work: Work, fatal: bool) -> None:
+        backoff = Backoff()
+        while True:
+            started = time.monotonic()
+            try:
+                await work()
+                reason = "ended"
+                log.warning("task ended; restarting it", extra={"task": name})
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                reason = f"{type(exc).__name__}: {exc}"
+                log.exception("task failed", extra={"task": name, "fatal": fatal})
+            if fatal:
+                self.failure = f"task {name} {reason}"
+                self.stopped.set()
+                return
+            TASK_RESTARTS.labels(task=name).inc()
+            if time.monotonic() - started > HEALTHY_AFTER_S:
+                backoff.reset()
+            await backoff.sleep()
+
+    async def cancel(self, name: str) -> None:
+        task = self.tasks.pop(name, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    async def close(self) -> None:
+        """Cancel every task and wait until each has finished."""
+        tasks = list(self.tasks.values())
+        self.tasks.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+_BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Supervisor] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def current() -> Supervisor:
+    """The running loop's supervisor (made on first use)."""
+    loop = asyncio.get_running_loop()
+    found = _BY_LOOP.get(loop)
+    if found is None:
+        found = _BY_LOOP[loop] = Supervisor()
+    return found

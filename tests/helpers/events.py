@@ -1,0 +1,27 @@
+"""Claim events as the CLAIMS stream stores them (what an auditor replays)."""
+
+from __future__ import annotations
+
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from services.core import subjects
+from services.core.bus import Bus
+from services.core.schemas import ClaimEvent, decode
+
+
+async def stored_claim_events(bus: Bus) -> list[ClaimEvent]:
+    """Every event in the stream now, oldest first (an ephemeral consumer reads them all)."""
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE)
+    sub = await bus.js.pull_subscribe(
+        subjects.claim_events_all(), stream=subjects.CLAIMS_STREAM, config=config
+    )
+    events: list[ClaimEvent] = []
+    try:
+        pending = (await sub.consumer_info()).num_pending or 0
+        while pending > 0:
+            batch = await sub.fetch(min(pending, 256), timeout=10)
+            pending -= len(batch)
+            events += [decode(msg.data, ClaimEvent) for msg in batch]
+    finally:
+        await sub.unsubscribe()
+    return events

@@ -1,0 +1,91 @@
+"""Supervised tasks: failures counted and restarted with backoff; a fatal one stops the process."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from services.core import supervisor
+from services.core.supervisor import TASK_RESTARTS, Supervisor
+
+
+async def test_a_failing_task_is_counted_and_restarted_with_growing_pauses() -> None:
+    tasks = Supervisor()
+    runs: list[float] = []
+    third = asyncio.Event()
+
+    async def flaky() -> None:
+        runs.append(asyncio.get_running_loop().time())
+        if len(runs) == 3:
+            third.set()
+            await asyncio.Event().wait()  # healthy from now on
+        raise RuntimeError("boom")
+
+    before = TASK_RESTARTS.labels(task="flaky")._value.get()
+    tasks.spawn("flaky", flaky)
+    await asyncio.wait_for(third.wait(), 5)
+    assert TASK_RESTARTS.labels(task="flaky")._value.get() == before + 2
+    first_pause, second_pause = runs[1] - runs[0], runs[2] - runs[1]
+    assert first_pause >= 0.09 and second_pause >= 2 * first_pause * 0.9
+    assert not tasks.stopped.is_set() and tasks.failure is None
+    await tasks.close()
+    assert tasks.tasks == {}
+
+
+async def test_a_task_that_returns_is_started_again() -> None:
+    tasks = Supervisor()
+    runs = 0
+    again = asyncio.Event()
+
+    async def short() -> None:
+        nonlocal runs
+        runs += 1
+        if runs == 2:
+            again.set()
+            await asyncio.Event().wait()
+
+    tasks.spawn("short", short)
+    await asyncio.wait_for(again.wait(), 5)
+    await tasks.close()
+
+
+async def test_a_fatal_failure_stops_the_process_with_the_reason() -> None:
+    tasks = Supervisor()
+
+    async def doomed() -> None:
+        raise OSError("the API server went away")
+
+    tasks.spawn("watcher", doomed, fatal=True)
+    await asyncio.wait_for(tasks.stopped.wait(), 5)
+    assert tasks.failure == "task watcher OSError: the API server went away"
+
+
+async def test_close_cancels_everything_and_waits_for_it() -> None:
+    tasks = Supervisor()
+    cleaned: list[str] = []
+
+    async def forever(name: str) -> None:
+        try:
+            await asyncio.Event().wait()
+        finally:
+            cleaned.append(name)
+
+    tasks.spawn("a", lambda: forever("a"))
+    tasks.spawn("b", lambda: forever("b"))
+    await asyncio.sleep(0)
+    await tasks.close()
+    assert sorted(cleaned) == ["a", "b"]
+
+
+async def test_one_name_one_task_and_one_supervisor_per_loop() -> None:
+    tasks = supervisor.current()
+    assert supervisor.current() is tasks
+
+    async def idle() -> None:
+        await asyncio.Event().wait()
+
+    tasks.spawn("same", idle)
+    with pytest.raises(ValueError, match="already running"):
+        tasks.spawn("same", idle)
+    await tasks.close()
