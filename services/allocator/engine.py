@@ -44,9 +44,9 @@ from services.allocator.pools import (
     PoolCache,
     SliceIndex,
     gather_pools,
-    node_matches,
 )
 from services.allocator.requests import ALL, EXACT_COUNT, RequestSpec, alternatives
+from services.allocator.rules import DeviceRules, Rejection
 from services.allocator.state import AllocatedState, DeviceID
 from services.core.resource import (
     AllocationResult,
@@ -55,13 +55,11 @@ from services.core.resource import (
     DeviceAllocationResult,
     DeviceClass,
     DeviceRequestAllocationResult,
-    DeviceTaint,
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     ResourceClaim,
     ResourceSlice,
-    Toleration,
 )
 
 MAX_DEVICES = 32  # resourceapi.AllocationResultsMaxSize
@@ -117,27 +115,6 @@ def _subtract(counters: Counters, consumption: list[tuple[str, str, int]]) -> No
         values = counters.get(set_name)
         if values is not None and name in values:
             values[name] -= value
-
-
-def taint_tolerated(taint: DeviceTaint, toleration: Toleration) -> bool:
-    """resourceclaim.ToleratesTaint."""
-    if toleration.effect and toleration.effect != taint.effect:
-        return False
-    if toleration.key and toleration.key != taint.key:
-        return False
-    if toleration.operator in (None, "", "Equal"):
-        return (toleration.value or "") == (taint.value or "")
-    return toleration.operator == "Exists"
-
-
-def blocking_taint(device: Device, request: RequestSpec) -> DeviceTaint | None:
-    """The first NoSchedule/NoExecute taint the request does not tolerate."""
-    for taint in device.taints or []:
-        if taint.effect in ("NoSchedule", "NoExecute") and not any(
-            taint_tolerated(taint, t) for t in request.tolerations
-        ):
-            return taint
-    return None
 
 
 class Engine:
@@ -315,6 +292,7 @@ class Engine:
 class RequestData:
     spec: RequestSpec
     device_class: DeviceClass
+    rules: DeviceRules
     num_devices: int
     all_devices: list[Candidate] = field(default_factory=list)
     has_subrequests: bool = False
@@ -418,7 +396,8 @@ class _Search:
                 f"claim {self.label}, request {spec.name}: could not retrieve device class "
                 f'{spec.class_name}: deviceclass.resource.k8s.io "{spec.class_name}" not found'
             )
-        data = RequestData(spec, device_class, 0)
+        rules = DeviceRules(self.engine, spec, device_class, self.view.node, self.label)
+        data = RequestData(spec, device_class, rules, 0)
         if spec.mode == EXACT_COUNT:
             data.num_devices = spec.count
         elif spec.mode == ALL:
@@ -454,55 +433,12 @@ class _Search:
     # ------------------------------------------------------------ checks
 
     def selectable(self, data: RequestData, candidate: Candidate) -> bool:
-        """isSelectable: class selectors, then request selectors, then per-device node."""
-        device = candidate.device
-        if not self.features.binding_conditions and device.binding_conditions:
-            return False
-        for i, selector in enumerate(data.device_class.spec.selectors or []):
-            if not self._selector(
-                selector.cel.expression if selector.cel else "",
-                i,
-                candidate,
-                f"class {data.device_class.metadata.name}",
-            ):
-                return False
-        for i, selector in enumerate(data.spec.selectors):
-            assert selector.cel is not None
-            if not self._selector(selector.cel.expression, i, candidate, f"claim {self.label}"):
-                return False
-        if candidate.slice.spec.per_device_node_selection:
-            try:
-                return node_matches(
-                    self.view.node, device.node_name, device.all_nodes, device.node_selector
-                )
-            except NodeSelectorError as exc:
-                raise AllocationError(str(exc)) from exc
-        return True
-
-    def _selector(self, expression: str, index: int, candidate: Candidate, owner: str) -> bool:
-        selector = self.engine.env.compile(expression)
-        try:
-            return self.engine.selector_matches(selector, candidate)
-        except CelError as exc:
-            if exc.kind == "compile":
-                raise AllocationError(
-                    f"{owner}: selector #{index}: CEL compile error: {exc.message}"
-                ) from exc
-            raise AllocationError(
-                f"{owner}: selector #{index} on device {device_label(candidate.id)}: "
-                f"CEL runtime error: {exc.message}"
-            ) from exc
+        """isSelectable; a selector that cannot be evaluated stops the claim."""
+        return _passes(data.rules.selectable(candidate))
 
     def _capacity_fits(self, data: RequestData, candidate: Candidate) -> bool:
-        try:
-            return cap.fits(
-                self.engine.state.consumed.get(candidate.id, {}),
-                data.spec.capacity,
-                candidate.device.capacity or {},
-                self.allocating_capacity.get(candidate.id),
-            )
-        except cap.UnknownCapacity:
-            return False
+        allocating = self.allocating_capacity.get(candidate.id)
+        return data.rules.capacity(candidate, allocating) is None
 
     def in_use(self, device_id: DeviceID) -> bool:
         return device_id in self.engine.state.devices or device_id in self.allocating
@@ -546,13 +482,12 @@ class _Search:
             # usually ending after one device); reproduced, as kube-scheduler
             # does it.
             return self._descend(undo, ri, 0, di, in_sub)
-        admin = data.spec.admin
         # Every device of the node for every position, as upstream: the search
         # visits orderings, not just sets, which matters where the outcome
         # depends on order (distinctAttribute remembers one value per request;
         # shared devices may be picked twice; rejected devices keep counters).
         for candidate in self.view.candidates:
-            if (candidate.id in self.allocating) if admin else self.in_use(candidate.id):
+            if data.rules.in_use(candidate, self.allocating) is not None:
                 continue
             if not self.selectable(data, candidate):
                 continue
@@ -584,14 +519,14 @@ class _Search:
             return None
         if not spec.admin and self.in_use(device_id):
             return None
-        if not self.features.partitionable_devices and device.consumes_counters:
+        if data.rules.partitionable(candidate) is not None:
             return None
         if device.consumes_counters and not (multi and self._capacity_in_use(device_id)):
-            if not self._take_counters(candidate):
+            if not self._take_counters(data, candidate):
                 return None
         # Upstream leaves the counters just taken in place when a taint or a
         # constraint now rejects the device; so do we.
-        if self.features.device_taints and blocking_taint(device, spec) is not None:
+        if data.rules.taint(candidate) is not None:
             return None
         sub_name = spec.name if spec.parent else None
         for i, constraint in enumerate(self.constraints):
@@ -636,18 +571,13 @@ class _Search:
 
         return undo
 
-    def _take_counters(self, candidate: Candidate) -> bool:
-        available = self.engine.available_counters(candidate.pool)
+    def _take_counters(self, data: RequestData, candidate: Candidate) -> bool:
         consumed = self.consumed_counters.setdefault(candidate.pool.key, {})
+        if data.rules.counters(candidate, consumed) is not None:
+            return False
         for set_name, name, value in candidate.counters:
             counters = consumed.setdefault(set_name, {})
             counters[name] = counters.get(name, 0) + value
-        for set_name, counters in available.items():
-            used = consumed.get(set_name, {})
-            for name, value in counters.items():
-                if value < used.get(name, 0):
-                    self._release_counters(candidate)
-                    return False
         return True
 
     def _release_counters(self, candidate: Candidate) -> None:
@@ -764,6 +694,15 @@ class _Search:
                 NodeSelectorTerm(match_fields=fields or None, match_expressions=expressions or None)
             ]
         )
+
+
+def _passes(rejection: Rejection | None) -> bool:
+    """A rejection that must stop the claim (a CEL error, a broken node selector) raises."""
+    if rejection is None:
+        return True
+    if rejection.search_error:
+        raise AllocationError(rejection.search_error)
+    return False
 
 
 def _merge(new: list[NodeSelectorRequirement], into: list[NodeSelectorRequirement]) -> None:

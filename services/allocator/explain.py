@@ -17,12 +17,12 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.allocator import capacity as cap
 from services.allocator.celenv import CelError, Reference, split_name
-from services.allocator.engine import MAX_DEVICES, Candidate, Engine, blocking_taint, device_label
-from services.allocator.pools import Node, NodeSelectorError, node_matches
+from services.allocator.engine import MAX_DEVICES, Candidate, Engine, claim_label, device_label
+from services.allocator.pools import Node, NodeSelectorError
 from services.allocator.requests import ALL, RequestSpec, alternatives
-from services.core.resource import DeviceClass, ResourceClaim
+from services.allocator.rules import DeviceRules
+from services.core.resource import ResourceClaim
 
 
 @dataclass(slots=True)
@@ -176,79 +176,18 @@ class Explainer:
                 f"request {spec.result_name}: DeviceClass {spec.class_name!r} does not exist",
             )
             return
+        rules = DeviceRules(self.engine, spec, device_class, node, claim_label(self.claim))
         for candidate in candidates:
-            reason = self._first_failure(spec, device_class, candidate, candidates, node)
-            if reason is None:
+            rejection = rules.first(candidate)
+            if rejection is None:
                 tally.candidates.add(candidate.id)
-            else:
-                tally.add(*reason[:2], candidate.id, reason[2])
-
-    def _first_failure(
-        self,
-        spec: RequestSpec,
-        device_class: DeviceClass,
-        candidate: Candidate,
-        candidates: list[Candidate],
-        node: Node | None,
-    ) -> tuple[str, str, str | None] | None:
-        engine, device = self.engine, candidate.device
-        if not spec.admin and candidate.id in engine.state.devices:
-            return ("already-allocated", "already allocated to another claim", None)
-        owners = [
-            (f"DeviceClass {device_class.metadata.name}", "class-selector-false", s)
-            for s in device_class.spec.selectors or []
-        ] + [(f"request {spec.result_name}", "request-selector-false", s) for s in spec.selectors]
-        for owner, code, selector in owners:
-            expression = selector.cel.expression if selector.cel else ""
-            compiled = engine.env.compile(expression)
-            try:
-                if not engine.selector_matches(compiled, candidate):
-                    return (code, f"{owner} selector is false: {expression}", None)
-            except CelError as exc:
-                hint = suggest(exc.message, compiled.references, candidates)
-                return ("cel-error", f"{owner} selector: CEL error: {exc.message}", hint)
-        if candidate.slice.spec.per_device_node_selection:
-            try:
-                if not node_matches(node, device.node_name, device.all_nodes, device.node_selector):
-                    return ("node-mismatch", "device is not available on this node", None)
-            except NodeSelectorError as exc:
-                return ("node-selector-invalid", str(exc), None)
-        if not engine.features.binding_conditions and device.binding_conditions:
-            return ("binding-conditions", "device needs binding conditions (gate off)", None)
-        if device.consumes_counters:
-            if not engine.features.partitionable_devices:
-                return (
-                    "partitionable-disabled",
-                    "device consumes counters but DRAPartitionableDevices is off",
-                    None,
+                continue
+            hint = None
+            if rejection.cel_error is not None and rejection.selector is not None:
+                hint = suggest(
+                    rejection.cel_error.message, rejection.selector.references, candidates
                 )
-            available = engine.available_counters(candidate.pool)
-            for set_name, name, value in candidate.counters:
-                left = available.get(set_name, {}).get(name, 0)
-                if left < value:
-                    return (
-                        "counters-exhausted",
-                        f"counter {name} of counter set {set_name} is exhausted",
-                        None,
-                    )
-        if engine.features.device_taints:
-            taint = blocking_taint(device, spec)
-            if taint is not None:
-                shown = f"{taint.key}={taint.value}" if taint.value else taint.key
-                return ("tainted", f"taint {shown}:{taint.effect} not tolerated", None)
-        if engine.features.consumable_capacity:
-            try:
-                fits = cap.fits(
-                    engine.state.consumed.get(candidate.id, {}),
-                    spec.capacity,
-                    device.capacity or {},
-                    None,
-                )
-            except cap.UnknownCapacity:
-                return ("capacity-unknown", "device lacks a requested capacity", None)
-            if not fits:
-                return ("capacity-exhausted", "not enough capacity left", None)
-        return None
+            tally.add(rejection.code, rejection.message, candidate.id, hint)
 
     def explanation(self) -> Explanation:
         out = Explanation(nodes=self.nodes)
