@@ -36,9 +36,8 @@ from typing import Any
 import msgspec
 import yaml
 
-from services.allocator import features as kube_features
-from services.allocator.inputs import Inputs
-from services.allocator.offline import OfflineAllocator
+from services.allocator.structured import features as kube_features
+from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.cli import main as gpudra
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice, to_builtins
 

@@ -46,7 +46,7 @@ from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceSlice
 from services.core.schemas import GpuHealth, NodeInventory, Xid
-from services.offline.cli import fleet_inventory
+from services.offline.slices import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.memoryapi import MemorySliceApi, Write
 from services.publisher.render import RenderOptions, render_contents

@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from services.allocator.events import COMPONENT as ALLOCATOR_COMPONENT
+from services.allocator.watcher.events import COMPONENT as ALLOCATOR_COMPONENT
 from services.local import REPO
 from services.local.stack import Stack
 from services.preparer import cdi

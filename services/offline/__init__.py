@@ -1,6 +1,8 @@
 """Offline tools: commands that combine services without running any of them.
 
 Not a service: nothing here is deployed. A tool may import several services
-(which a service never does), e.g. discovery's simulated fleets and the
-publisher's renderer to print a node's slices without a cluster.
+(which a service never does): ``slices`` prints a simulated node's slices with
+discovery's fleets and the publisher's renderer (``slicecheck`` checks them
+against the API's limits); ``allocate`` runs the allocator's structured
+allocation over objects read from files (``inputs``).
 """

@@ -15,7 +15,7 @@ semantics (errors included), so :func:`check` can verify an allocation without
 our CEL environment or our engine: devices exist on the node, satisfy class
 and request selectors, counts and All, constraints, taints, no device used
 twice, counters not exceeded. (distinctAttribute is checked for presence only:
-upstream 1.35 enforces it per request, see constraints.py in the allocator.)
+upstream 1.35 enforces it per request, see services/allocator/structured/constraints.py.)
 
 tests/e2e/test_differential_scenarios.py checks the generator and the checker
 themselves; tests/e2e/test_differential_allocator.py runs both allocators.

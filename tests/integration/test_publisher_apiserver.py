@@ -19,12 +19,13 @@ from collections.abc import Iterator
 import msgspec
 import pytest
 
-from services.core import featuregates, slicecheck
+from services.core import featuregates
 from services.core.kube import http_api
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.discovery.fleet import fleet_names
 from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
-from services.offline.cli import fleet_inventory
+from services.offline import slicecheck
+from services.offline.slices import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.reconcile import Reconciler, SyncFailed
 from services.publisher.render import RenderOptions, render_contents

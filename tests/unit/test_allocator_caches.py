@@ -17,14 +17,13 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.allocator.celenv import CelEnvironment, signature
-from services.allocator.celparse import parse
-from services.allocator.engine import Engine
-from services.allocator.features import Features
-from services.allocator.inputs import Inputs
-from services.allocator.offline import OfflineAllocator
-from services.allocator.pools import Node, gather_pools
-from services.allocator.state import AllocatedState
+from services.allocator.cel.env import CelEnvironment, signature
+from services.allocator.cel.parse import parse
+from services.allocator.structured.engine import Engine
+from services.allocator.structured.features import Features
+from services.allocator.structured.pools import Node, gather_pools
+from services.allocator.structured.snapshot import Inputs, OfflineAllocator
+from services.allocator.structured.state import AllocatedState
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.nvidia.com"
@@ -147,7 +146,7 @@ def test_a_device_with_a_bad_version_still_fails_its_selectors() -> None:
     slices = [_slice("n1", [_gpu("good", "80Gi"), _gpu("bad", "80Gi", version="not-a-version")])]
     engine = Engine({"gpu": _class()}, slices, Features())
     assert _devices(engine, _claim("a", MEMORY_40), "n1") == ["good"]
-    from services.allocator.engine import AllocationError
+    from services.allocator.structured.engine import AllocationError
 
     with pytest.raises(AllocationError, match="parse semantic version"):
         engine.allocate(_claim("b", MEMORY_40), Node("n1"))

@@ -12,11 +12,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.allocator import lifecycle
-from services.allocator.events import ClaimEventRecorder, event_name
-from services.allocator.features import Features
-from services.allocator.kubeobjects import NodeObject, Pod
-from services.allocator.pending import (
+from services.allocator.structured.features import Features
+from services.allocator.watcher import lifecycle
+from services.allocator.watcher.events import ClaimEventRecorder, event_name
+from services.allocator.watcher.kubeobjects import NodeObject, Pod
+from services.allocator.watcher.pending import (
     ClusterAllocator,
     PodClock,
     concerns_driver,

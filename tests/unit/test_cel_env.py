@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocator.celenv import CelEnvironment, CelError, DeviceInput
+from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
 from services.core.resource import Device, DeviceAttribute, DeviceCapacity
 
 DRIVER = "gpu.nvidia.com"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocator.semver import Semver, SemverError
+from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import ERR_FORMAT, ERR_SUFFIX, Quantity, QuantityError
 
 CANONICAL = [

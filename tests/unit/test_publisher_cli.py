@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from services.cli import main
-from services.core import nvidia, slicecheck
+from services.core import nvidia
+from services.offline import slicecheck
 
 REPO = Path(__file__).resolve().parents[2]
 FULL_GPU_ATTRIBUTES = {

@@ -7,7 +7,7 @@ import re
 import pytest
 
 from services.core import nvidia
-from services.offline.cli import fleet_inventory
+from services.offline.slices import fleet_inventory
 from services.preparer import refcheckpoint
 from services.preparer.checkpoint import CheckpointError
 from tests.helpers.refcheckpoint import RefClaim, RefDevice, RefGroup, checkpoint_bytes

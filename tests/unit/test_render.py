@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import yaml
 
-from services.core import featuregates, nvidia, quantity, resource, slicecheck
+from services.core import featuregates, nvidia, quantity, resource
 from services.core.resource import Device, ResourceSlice
 from services.core.schemas import (
     Gpu,
@@ -22,6 +22,7 @@ from services.core.schemas import (
     VfioInfo,
     Xid,
 )
+from services.offline import slicecheck
 from services.publisher.render import (
     RenderError,
     RenderOptions,

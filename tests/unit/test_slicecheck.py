@@ -8,9 +8,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core import featuregates, resource, slicecheck
+from services.core import featuregates, resource
 from services.core.resource import ResourceSlice
-from services.offline.cli import fleet_inventory
+from services.offline import slicecheck
+from services.offline.slices import fleet_inventory
 from services.publisher.render import RenderOptions, render_slices
 from tests.helpers.inventories import dgx_a100, node
 

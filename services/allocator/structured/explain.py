@@ -17,11 +17,17 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.allocator.celenv import CelError, Reference, split_name
-from services.allocator.engine import MAX_DEVICES, Candidate, Engine, claim_label, device_label
-from services.allocator.pools import Node, NodeSelectorError
-from services.allocator.requests import ALL, RequestSpec, alternatives
-from services.allocator.rules import DeviceRules
+from services.allocator.cel.env import CelError, Reference, split_name
+from services.allocator.structured.engine import (
+    MAX_DEVICES,
+    Candidate,
+    Engine,
+    claim_label,
+    device_label,
+)
+from services.allocator.structured.pools import Node, NodeSelectorError
+from services.allocator.structured.requests import ALL, RequestSpec, alternatives
+from services.allocator.structured.rules import DeviceRules
 from services.core.resource import ResourceClaim
 
 

@@ -36,9 +36,11 @@ from typing import Any
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
-from services.allocator import celcost, cellib, celtypes
-from services.allocator.celparse import Node, ParseError, device_path, parse
-from services.allocator.semver import Semver
+from services.allocator.cel import cost as celcost
+from services.allocator.cel import lib as cellib
+from services.allocator.cel import types as celtypes
+from services.allocator.cel.parse import Node, ParseError, device_path, parse
+from services.allocator.cel.semver import Semver
 from services.core.quantity import Quantity
 from services.core.resource import Device
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
-from services.allocator.semver import Semver
+from services.allocator.cel.semver import Semver
 from services.core.quantity import Quantity
 
 PACKAGE = "gpudra.cel"

@@ -20,13 +20,12 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
-from services.allocator.features import Features
-from services.allocator.inputs import Inputs
-from services.allocator.kubeobjects import NodeObject, Pod
-from services.allocator.lifecycle import DRIVER
-from services.allocator.offline import ClaimOutcome, OfflineAllocator
-from services.allocator.pools import Node
-from services.allocator.requests import alternatives
+from services.allocator.structured.features import Features
+from services.allocator.structured.pools import Node
+from services.allocator.structured.requests import alternatives
+from services.allocator.structured.snapshot import ClaimOutcome, Inputs, OfflineAllocator
+from services.allocator.watcher.kubeobjects import NodeObject, Pod
+from services.allocator.watcher.lifecycle import DRIVER
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: core/v1 Event message limit (NoteLengthLimit)

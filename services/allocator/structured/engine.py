@@ -26,8 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.allocator import capacity as cap
-from services.allocator.celenv import (
+from services.allocator.cel.env import (
     CelEnvironment,
     CelError,
     DeviceInput,
@@ -35,9 +34,10 @@ from services.allocator.celenv import (
     Selector,
     device_facts,
 )
-from services.allocator.constraints import Constraint, DistinctAttribute, MatchAttribute
-from services.allocator.features import Features
-from services.allocator.pools import (
+from services.allocator.structured import capacity as cap
+from services.allocator.structured.constraints import Constraint, DistinctAttribute, MatchAttribute
+from services.allocator.structured.features import Features
+from services.allocator.structured.pools import (
     Node,
     NodeSelectorError,
     Pool,
@@ -45,9 +45,9 @@ from services.allocator.pools import (
     SliceIndex,
     gather_pools,
 )
-from services.allocator.requests import ALL, EXACT_COUNT, RequestSpec, alternatives
-from services.allocator.rules import DeviceRules, Rejection
-from services.allocator.state import AllocatedState, DeviceID
+from services.allocator.structured.requests import ALL, EXACT_COUNT, RequestSpec, alternatives
+from services.allocator.structured.rules import DeviceRules, Rejection
+from services.allocator.structured.state import AllocatedState, DeviceID
 from services.core.resource import (
     AllocationResult,
     Device,
@@ -185,7 +185,7 @@ class Engine:
         return cached
 
     def _match(self, selector: Selector, candidate: Candidate) -> bool | CelError:
-        """Evaluate, or reuse the result for a device with the same facts (see celenv.signature)."""
+        """Evaluate, or reuse the result for a device with the same facts (see cel.env.signature)."""
         shared_key: tuple[str, tuple[object, ...]] | None = None
         if selector.facts is not None:
             facts = self._device_facts(candidate)

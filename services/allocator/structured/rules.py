@@ -15,15 +15,15 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.allocator import capacity as cap
-from services.allocator.celenv import CelError, Selector
-from services.allocator.pools import Node, NodeSelectorError, node_matches
-from services.allocator.requests import RequestSpec
-from services.allocator.state import DeviceID
+from services.allocator.cel.env import CelError, Selector
+from services.allocator.structured import capacity as cap
+from services.allocator.structured.pools import Node, NodeSelectorError, node_matches
+from services.allocator.structured.requests import RequestSpec
+from services.allocator.structured.state import DeviceID
 from services.core.resource import Device, DeviceClass, DeviceTaint, Toleration
 
 if TYPE_CHECKING:
-    from services.allocator.engine import Candidate, Counters, Engine
+    from services.allocator.structured.engine import Candidate, Counters, Engine
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.allocator.features import Features
+from services.allocator.structured.features import Features
 from services.core.quantity import Quantity
 from services.core.resource import NodeSelector, NodeSelectorRequirement, ResourceSlice
 

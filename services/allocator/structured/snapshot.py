@@ -10,20 +10,47 @@ pairs are remembered and skipped, which keeps large what-if runs fast.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
 import msgspec
 
-from services.allocator.engine import AllocationError, Engine, claim_label
-from services.allocator.explain import Explainer, Explanation, error_explanation
-from services.allocator.features import Features
-from services.allocator.inputs import Inputs
-from services.allocator.pools import Node
-from services.allocator.state import AllocatedState
-from services.core.resource import AllocationResult, ResourceClaim, to_builtins
+from services.allocator.structured.engine import AllocationError, Engine, claim_label
+from services.allocator.structured.explain import Explainer, Explanation, error_explanation
+from services.allocator.structured.features import Features
+from services.allocator.structured.pools import Node
+from services.allocator.structured.state import AllocatedState
+from services.core.resource import (
+    AllocationResult,
+    DeviceClass,
+    ResourceClaim,
+    ResourceSlice,
+    to_builtins,
+)
 
 Status = Literal["allocated", "unschedulable", "error"]
+
+
+@dataclass(slots=True)
+class Inputs:
+    classes: dict[str, DeviceClass] = field(default_factory=dict)
+    slices: list[ResourceSlice] = field(default_factory=list)
+    claims: list[ResourceClaim] = field(default_factory=list)
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    def node_names(self) -> list[str]:
+        """Every node the inputs mention (Node objects and slice/device node names), sorted."""
+        names = set(self.nodes)
+        for slice_ in self.slices:
+            if slice_.spec.node_name:
+                names.add(slice_.spec.node_name)
+            for device in slice_.spec.devices or []:
+                if device.node_name:
+                    names.add(device.node_name)
+        return sorted(names)
+
+    def node(self, name: str) -> Node:
+        return self.nodes.get(name) or Node(name)
 
 
 @dataclass(slots=True)

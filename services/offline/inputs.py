@@ -10,16 +10,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import yaml
 
-from services.allocator.admission import admit_claim, admit_slice
-from services.allocator.features import Features
-from services.allocator.pools import Node
+from services.allocator.structured.admission import admit_claim, admit_slice
+from services.allocator.structured.features import Features
+from services.allocator.structured.pools import Node
+from services.allocator.structured.snapshot import Inputs
 from services.core.quantity import Quantity, QuantityError
 from services.core.resource import API_VERSION, DeviceClass, ResourceClaim, ResourceSlice
 
@@ -32,28 +32,6 @@ _KINDS: dict[str, type[msgspec.Struct]] = {
 
 class InputError(ValueError):
     """An input object that is not usable, with where it came from."""
-
-
-@dataclass(slots=True)
-class Inputs:
-    classes: dict[str, DeviceClass] = field(default_factory=dict)
-    slices: list[ResourceSlice] = field(default_factory=list)
-    claims: list[ResourceClaim] = field(default_factory=list)
-    nodes: dict[str, Node] = field(default_factory=dict)
-
-    def node_names(self) -> list[str]:
-        """Every node the inputs mention (Node objects and slice/device node names), sorted."""
-        names = set(self.nodes)
-        for slice_ in self.slices:
-            if slice_.spec.node_name:
-                names.add(slice_.spec.node_name)
-            for device in slice_.spec.devices or []:
-                if device.node_name:
-                    names.add(device.node_name)
-        return sorted(names)
-
-    def node(self, name: str) -> Node:
-        return self.nodes.get(name) or Node(name)
 
 
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when built with it
@@ -137,7 +115,7 @@ def load(paths: list[Path], features: Features | None = None) -> Inputs:
     """Read every file; raises :class:`InputError` at the first unusable document.
 
     With ``features``, each object is admitted as the API server would store it
-    under those gates (see :mod:`services.allocator.admission`).
+    under those gates (see :mod:`services.allocator.structured.admission`).
     """
     inputs = Inputs()
     for path in paths:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.allocator import capacity
+from services.allocator.structured import capacity
 from services.core.quantity import Quantity
 from services.core.resource import AllocationResult
 

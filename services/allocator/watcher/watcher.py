@@ -29,12 +29,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.allocator import lifecycle, metrics
-from services.allocator.events import ClaimEventRecorder
-from services.allocator.features import Features
-from services.allocator.kubeobjects import NodeObject, Pod
-from services.allocator.lifecycle import Step, Tracked
-from services.allocator.pending import ClusterAllocator, PodClock, verdict, waiting_claims
+from services.allocator.structured.features import Features
+from services.allocator.watcher import lifecycle, metrics
+from services.allocator.watcher.events import ClaimEventRecorder
+from services.allocator.watcher.kubeobjects import NodeObject, Pod
+from services.allocator.watcher.lifecycle import Step, Tracked
+from services.allocator.watcher.pending import ClusterAllocator, PodClock, verdict, waiting_claims
 from services.core import subjects, tracing
 from services.core.bus import Bus
 from services.core.informer import Informer

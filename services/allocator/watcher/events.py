@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 
-from services.allocator import metrics
+from services.allocator.watcher import metrics
 from services.core.kube import ApiError, KubeApi
 from services.core.resource import ResourceClaim
 

@@ -22,8 +22,8 @@ from typing import Any
 
 from cel_expr_python import cel
 
-from services.allocator import celtypes
-from services.allocator.semver import Semver, SemverError
+from services.allocator.cel import types as celtypes
+from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
 
 Q = cel.Type(celtypes.QUANTITY_TYPE)

@@ -25,7 +25,7 @@ node selection), :class:`AdmissionError` says so.
 
 from __future__ import annotations
 
-from services.allocator.features import Features
+from services.allocator.structured.features import Features
 from services.core.resource import (
     DeviceSubRequest,
     ExactDeviceRequest,

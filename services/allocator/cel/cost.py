@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from services.allocator.celparse import Node, device_path
+from services.allocator.cel.parse import Node, device_path
 
 COST_LIMIT = 1_000_000
 MAX_ENTRIES = 32  # attributes + capacities per device

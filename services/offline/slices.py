@@ -1,0 +1,104 @@
+"""``gpudra slices``: the ResourceSlices the publisher would write for a simulated node.
+
+    gpudra slices --fleet dgx-h100 --node n1 [--feature-gates DynamicMIG=true]
+                  [--kube-version 1.34] [--seed 0] [-o yaml|json]
+
+No cluster and no bus: the node's inventory comes from discovery's simulated
+NVML for the fleet (the same one ``gpudra discovery --fleet`` serves, so UUIDs
+match for the same node and seed), and the slices are what the publisher
+creates in an empty cluster (generation 1, no owner reference: there is no
+Node to own them). Every slice is checked against the API limits; a problem is
+reported on stderr with exit status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+import yaml
+
+from services.core import config, featuregates, resource
+from services.core.schemas import NodeInventory
+from services.offline import slicecheck
+
+SPLIT_MINOR = 35
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "slices", help="print the ResourceSlices the publisher would write for a simulated node"
+    )
+    parser.add_argument("--fleet", required=True, type=_fleet_arg, help="simulated fleet profile")
+    parser.add_argument("--node", required=True, help="node name (pool and nodeName)")
+    parser.add_argument(
+        "--feature-gates",
+        type=config.feature_gates_arg,
+        default=featuregates.parse(""),
+        help=f"Name=bool,... of: {featuregates.valid_names()}",
+    )
+    parser.add_argument(
+        "--kube-version",
+        type=_kube_minor_arg,
+        default=SPLIT_MINOR,
+        help="API server version deciding the slice layout (default 1.35)",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="simulation seed (UUIDs)")
+    parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
+    parser.set_defaults(func=_run)
+
+
+def _fleet_arg(value: str) -> str:
+    from services.discovery.fleet import FleetError, get_fleet
+
+    try:
+        get_fleet(value)
+    except FleetError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return value
+
+
+def _kube_minor_arg(value: str) -> int:
+    from services.publisher.cli import kube_minor_arg
+
+    return kube_minor_arg(value)
+
+
+def fleet_inventory(fleet: str, node: str, seed: int = 0) -> NodeInventory:
+    """What discovery would report for ``node`` booted as ``fleet``."""
+    from services.discovery.fleet import get_fleet
+    from services.discovery.inventory import scan
+    from services.discovery.sim import SimNvml
+
+    nvml = SimNvml.boot(node, get_fleet(fleet), seed)  # initialised, static MIG created
+    try:
+        return scan(nvml, node).inventory
+    finally:
+        nvml.shutdown()
+
+
+def _run(args: argparse.Namespace) -> int:
+    from services.publisher.render import RenderError, RenderOptions, render_slices
+
+    inventory = fleet_inventory(args.fleet, args.node, args.seed)
+    options = RenderOptions(gates=args.feature_gates, kube_minor=args.kube_version)
+    try:
+        slices = render_slices(inventory, options, generation=1)
+    except RenderError as exc:
+        print(f"gpudra slices: {exc}", file=sys.stderr)
+        return 1
+    items = [resource.to_builtins(s) for s in slices]
+    print(_format(items, args.output), end="")
+    problems = slicecheck.check_pool(slices, kube_minor=args.kube_version)
+    for problem in problems:
+        print(f"gpudra slices: invalid slice: {problem}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _format(items: list[dict[str, Any]], output: str) -> str:
+    if output == "json":
+        listing = {"apiVersion": "v1", "kind": "List", "items": items}
+        return json.dumps(listing, indent=2) + "\n"
+    return yaml.safe_dump_all(items, sort_keys=False, explicit_start=True)
