@@ -185,7 +185,7 @@ class Engine:
         return cached
 
     def _match(self, selector: Selector, candidate: Candidate) -> bool | CelError:
-        """Evaluate, or reuse the result for a device with the same facts (see cel.env.signature)."""
+        """Evaluate, or reuse the result for a device with equal facts (cel.env.signature)."""
         shared_key: tuple[str, tuple[object, ...]] | None = None
         if selector.facts is not None:
             facts = self._device_facts(candidate)
