@@ -1,4 +1,7 @@
-"""``gpudra allocate`` / ``gpudra explain`` as a process: exit codes, bad input, explanations."""
+"""``gpudra allocate`` / ``gpudra explain``: exit codes, bad input, explanations.
+
+In-process through ``services.cli.main``; one test runs the real command line.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.helpers.cli import gpudra
 
 GPUDRA = [sys.executable, "-m", "services.cli"]
 CLASS = """apiVersion: resource.k8s.io/v1
@@ -33,7 +38,7 @@ spec:
 """
 
 
-def gpudra(*args: str) -> subprocess.CompletedProcess[str]:
+def process(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*GPUDRA, *args], capture_output=True, text=True, timeout=120)
 
 
@@ -83,9 +88,9 @@ def test_invalid_input_exits_2_naming_file_and_document(
 def test_unknown_feature_gate_exits_2(tmp_path: Path) -> None:
     empty = tmp_path / "empty.yaml"
     empty.write_text("")
-    out = gpudra("allocate", "-f", str(empty), "--feature-gates", "DRANope=true")
+    out = process("allocate", "-f", str(empty), "--feature-gates", "DRANope=true")
     assert out.returncode == 2 and "unknown feature gate 'DRANope'" in out.stderr
-    ok = gpudra("allocate", "-f", str(empty), "-o", "yaml")
+    ok = process("allocate", "-f", str(empty), "-o", "yaml")
     assert ok.returncode == 0 and ok.stdout.strip() == "claims: []"
 
 

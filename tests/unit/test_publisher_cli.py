@@ -14,6 +14,7 @@ import yaml
 from services.cli import main
 from services.core import nvidia
 from services.offline import slicecheck
+from tests.helpers.cli import gpudra
 
 REPO = Path(__file__).resolve().parents[2]
 FULL_GPU_ATTRIBUTES = {
@@ -144,13 +145,7 @@ def test_yaml_output_is_a_stream_of_slices(capsys: pytest.CaptureFixture[str]) -
     ],
 )
 def test_bad_arguments_exit_2_and_say_what_is_valid(args: list[str], message: str) -> None:
-    proc = subprocess.run(
-        [sys.executable, "-m", "services.cli", "slices", *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        check=False,
-    )
+    proc = gpudra("slices", *args)
     assert proc.returncode == 2
     assert message in proc.stderr and proc.stdout == ""
 
