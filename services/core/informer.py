@@ -23,6 +23,7 @@ from typing import Generic, TypeVar
 import msgspec
 from prometheus_client import Counter
 
+from services.core import limits
 from services.core.backoff import Backoff
 from services.core.kube import ApiError, KubeApi, RawEvent
 
@@ -32,6 +33,8 @@ T = TypeVar("T", bound=msgspec.Struct)
 E = TypeVar("E")
 R = TypeVar("R")
 Handler = Callable[[T | None, T | None], Awaitable[None]]
+# An object that cannot be read: what of it could be read (nesting capped), and why not.
+MalformedHandler = Callable[[T, str], Awaitable[None]]
 
 WATCH_RESTARTS = Counter(
     "gpudra_kube_watch_restarts_total",
@@ -134,6 +137,7 @@ class Informer(Generic[T]):
         *,
         params: Mapping[str, str] | None = None,
         on_change: Handler[T] | None = None,
+        on_unreadable: MalformedHandler[T] | None = None,
     ) -> None:
         self.api = api
         self.resource = resource
@@ -141,6 +145,7 @@ class Informer(Generic[T]):
         self.kind = kind
         self.params = dict(params or {})
         self.on_change = on_change
+        self.on_unreadable = on_unreadable
         self.items: dict[str, T] = {}
         self.version = 0
         self.synced = asyncio.Event()
@@ -164,7 +169,7 @@ class Informer(Generic[T]):
         )
         fresh: dict[str, T] = {}
         for raw in listing.items:
-            obj = self._decode(raw)
+            obj = await self._decode(raw)
             if obj is not None:
                 fresh[object_key(obj.metadata)] = obj  # type: ignore[attr-defined]
         old_items, self.items = self.items, dict(fresh)
@@ -182,7 +187,7 @@ class Informer(Generic[T]):
 
     async def _event(self, event: RawEvent) -> str | None:
         try:
-            keyed = msgspec.json.decode(event.object, type=_Keyed)
+            keyed = _keyed(event.object)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             self._malformed(f"{event.type} event without readable metadata: {exc}")
             return None
@@ -193,7 +198,7 @@ class Informer(Generic[T]):
         return self.resource_version
 
     async def _apply(self, event: RawEvent, key: str) -> None:
-        obj = self._decode(event.object)
+        obj = await self._decode(event.object)
         old = self.items.get(key)
         if event.type == "DELETED":
             self.items.pop(key, None)
@@ -208,16 +213,30 @@ class Informer(Generic[T]):
         self.version += 1
         await self._notify(old, obj)
 
-    def _decode(self, raw: msgspec.Raw) -> T | None:
+    async def _decode(self, raw: msgspec.Raw) -> T | None:
         try:
             return msgspec.json.decode(raw, type=self.kind)
-        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-            name = ""
-            try:
-                name = object_key(msgspec.json.decode(raw, type=_Keyed).metadata)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                pass
-            self._malformed(f"{self.kind.__name__} {name or '?'}: {exc}")
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
+            reason = (
+                str(limits.too_deep(self.kind.__name__))
+                if isinstance(exc, RecursionError)
+                else str(exc)
+            )
+            readable = self._readable_part(raw)
+            name = _name_of(raw) if readable is None else object_key(readable.metadata)  # type: ignore[attr-defined]
+            self._malformed(f"{self.kind.__name__} {name}: {reason}")
+            if readable is not None and self.on_unreadable is not None:
+                try:
+                    await self.on_unreadable(readable, reason)
+                except Exception:
+                    log.exception("reporting an unreadable object failed", extra={"object": name})
+            return None
+
+    def _readable_part(self, raw: msgspec.Raw) -> T | None:
+        """The object with its deepest values dropped, to say which one it is."""
+        try:
+            return msgspec.json.decode(limits.cap_depth(raw), type=self.kind)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError):
             return None
 
     def _malformed(self, reason: str) -> None:
@@ -238,6 +257,21 @@ class Informer(Generic[T]):
                 "handling a change failed; skipped",
                 extra={"resource": self.resource, "object": object_key(obj.metadata)},  # type: ignore[union-attr]
             )
+
+
+def _keyed(raw: msgspec.Raw) -> _Keyed:
+    """The object's key and version; its deepest values are dropped only when they must be."""
+    try:
+        return msgspec.json.decode(raw, type=_Keyed)
+    except RecursionError:
+        return msgspec.json.decode(limits.cap_depth(raw), type=_Keyed)
+
+
+def _name_of(raw: msgspec.Raw) -> str:
+    try:
+        return object_key(_keyed(raw).metadata)
+    except (msgspec.DecodeError, msgspec.ValidationError):
+        return "?"
 
 
 def _rv(obj: msgspec.Struct) -> str | None:

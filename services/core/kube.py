@@ -19,6 +19,8 @@ import msgspec
 from kubernetes_asyncio import client, config
 from kubernetes_asyncio.client.exceptions import ApiException
 
+from services.core import limits
+
 PAGE_SIZE = 500
 WATCH_TIMEOUT_S = 300  # the server ends a watch after this; we resume from the last RV
 REQUEST_TIMEOUT_S = 30.0
@@ -142,8 +144,8 @@ class HttpKubeApi:
                 query["continue"] = token
             body = await self._call("GET", path, query)
             try:
-                page = msgspec.json.decode(body, type=_List)
-            except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                page = _decode_page(body)
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                 raise ApiError(0, f"undecodable list of {path}: {exc}") from exc
             items += page.items or []
             token = page.metadata.continue_
@@ -165,8 +167,8 @@ class HttpKubeApi:
         try:
             async for line in watch_lines(resp):
                 try:
-                    raw = msgspec.json.decode(line, type=_Event)
-                except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+                    raw = _decode_event(line)
+                except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
                     raise ApiError(0, f"undecodable watch event on {path}: {exc}") from exc
                 if raw.type == "ERROR":
                     raise status_error(0, bytes(raw.object))
@@ -250,6 +252,27 @@ async def watch_lines(resp: aiohttp.ClientResponse) -> AsyncIterator[bytes]:
                 yield line
     if buffer.strip():
         yield buffer
+
+
+def _decode_page(body: bytes) -> _List:
+    """A list page; one item too deep for the decoder is split off, to fail on its own."""
+    try:
+        return msgspec.json.decode(body, type=_List)
+    except RecursionError:
+        fields = limits.members(body)
+        meta = msgspec.json.decode(fields.get("metadata", b"{}"), type=_ListMeta)
+        items = [msgspec.Raw(item) for item in limits.elements(fields.get("items", b"[]"))]
+        return _List(meta, items)
+
+
+def _decode_event(line: bytes) -> _Event:
+    """A watch event; an object too deep for the decoder is passed on as it is."""
+    try:
+        return msgspec.json.decode(line, type=_Event)
+    except RecursionError:
+        fields = limits.members(line)
+        kind = msgspec.json.decode(fields.get("type", b'""'), type=str)
+        return _Event(kind, msgspec.Raw(fields.get("object", b"{}")))
 
 
 def status_error(code: int, body: bytes) -> ApiError:

@@ -1,8 +1,10 @@
 """Every payload that crosses the bus: msgspec Structs, msgpack on the wire.
 
-Each top-level message carries ``schema_version``. Readers accept any version
-they know and ignore unknown fields (msgspec's default), so adding a field with
-a default never breaks an older reader or an older stored value.
+Each top-level message carries ``schema_version``. Readers ignore unknown
+fields (msgspec's default), so adding a field with a default never breaks an
+older reader or an older stored value; a version they do not know is refused
+(a newer writer may mean something else by the same fields), as is a payload
+nested too deeply to decode.
 """
 
 from __future__ import annotations
@@ -28,9 +30,18 @@ def encode(msg: msgspec.Struct) -> bytes:
 def decode(data: bytes, kind: type[T]) -> T:
     """Decode ``data`` as ``kind``; raise :class:`SchemaError` saying why not."""
     try:
-        return msgspec.msgpack.decode(data, type=kind)
+        value = msgspec.msgpack.decode(data, type=kind)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise SchemaError(f"invalid {kind.__name__}: {exc}") from exc
+    except RecursionError as exc:
+        raise SchemaError(f"invalid {kind.__name__}: nested too deeply to read") from exc
+    version = getattr(value, "schema_version", SCHEMA_VERSION)
+    if version != SCHEMA_VERSION:
+        raise SchemaError(
+            f"{kind.__name__}: schema_version {version} is not one this build reads "
+            f"({SCHEMA_VERSION})"
+        )
+    return value
 
 
 def now() -> float:

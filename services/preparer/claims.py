@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from services.core import subjects, supervisor
+from services.core import limits, subjects, supervisor
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimRef, SchemaError
@@ -94,6 +94,8 @@ class KubernetesReader:
             return msgspec.json.decode(body, type=ResourceClaim)
         except (msgspec.DecodeError, msgspec.ValidationError) as exc:
             raise ClaimError(f"claim {namespace}/{name}: unreadable ResourceClaim: {exc}") from exc
+        except RecursionError as exc:
+            raise ClaimError(str(limits.too_deep(f"claim {namespace}/{name}"))) from exc
 
     async def close(self) -> None:
         if self._api is not None:

@@ -19,7 +19,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Counter, Histogram
 
-from services.core import subjects, tracing
+from services.core import limits, subjects, tracing
 from services.core.bus import Bus
 from services.core.schemas import (
     ClaimEvent,
@@ -152,6 +152,8 @@ class PreparerService:
         requested: ClaimEventName,
         succeeded: ClaimEventName,
     ) -> NodeReply:
+        if len(request.claims) > limits.MAX_CLAIMS_PER_REQUEST:
+            return self._refuse_oversized(op, request)
         uids = [c.uid for c in request.claims]
         with self.tracer.start_as_current_span(
             f"preparer.{op}",
@@ -167,6 +169,16 @@ class PreparerService:
         return NodeReply(
             claims={ref.uid: result for ref, result in zip(request.claims, outcomes, strict=True)}
         )
+
+    def _refuse_oversized(self, op: str, request: NodeRequest) -> NodeReply:
+        """A call naming more claims than a pod can hold: refused whole, before any work."""
+        error = (
+            f"{op} refused: the request names {len(request.claims)} claims; a kubelet call "
+            f"names at most {limits.MAX_CLAIMS_PER_REQUEST} (a pod's limit)"
+        )
+        OPERATIONS.labels(op, "refused").inc()
+        log.warning("oversized request refused", extra={"op": op, "claims": len(request.claims)})
+        return NodeReply(claims={ref.uid: ClaimResult(error=error) for ref in request.claims})
 
     def _holdings_changed(self) -> None:
         """Announce holdings once per ``HOLDINGS_SETTLE``, not after every call.

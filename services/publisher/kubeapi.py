@@ -56,7 +56,7 @@ def _selector(node: str | None) -> dict[str, str]:
 def _decode(data: bytes | msgspec.Raw, kind: type[T], what: str) -> T:
     try:
         return msgspec.json.decode(data, type=kind)
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as exc:
         raise ApiError(0, f"undecodable {what}: {exc}") from exc
 
 

@@ -359,3 +359,58 @@ async def test_unsatisfiable_claim_gets_one_explanation_event(
         assert not [n for n in recorder.names(uid) if n != "pending"]
     finally:
         watcher.stop()
+
+
+def _deep_claim(namespace: str, suffix: str, depth: int = 4000) -> str:
+    """A claim whose opaque parameters nest ``depth`` levels (8 KB): the API server stores it."""
+    parameters = '{"x":' + "[" * depth + "1" + "]" * depth + "}"
+    return (
+        '{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim",'
+        f'"metadata":{{"name":"deep","namespace":"{namespace}"}},'
+        '"spec":{"devices":{"requests":[{"name":"gpu","exactly":'
+        f'{{"deviceClassName":"watcher-{suffix}"}}}}],'
+        f'"config":[{{"opaque":{{"driver":"{DRIVER}","parameters":{parameters}}}}}]}}}}}}'
+    )
+
+
+async def test_a_claim_nested_4000_deep_is_reported_on_itself_and_stops_nothing(
+    controlplane: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    cp = controlplane
+    suffix = secrets.token_hex(3)
+    namespace = _setup(cp, suffix, devices=1)
+    cp.kubectl("create", "-f", "-", input=_deep_claim(namespace, suffix))
+    # (Python's json cannot read it back either: ask kubectl for the UID alone.)
+    deep_uid = cp.kubectl("get", "resourceclaim", "deep", "-n", namespace,
+                          "-o", "jsonpath={.metadata.uid}").strip()  # fmt: skip
+    recorder = Recorder(namespace)
+    await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
+    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-1.log")
+    try:
+
+        def reported() -> list[dict[str, Any]]:
+            events = cp.kubectl_json("get", "events", "-n", namespace)["items"]
+            return [
+                e
+                for e in events
+                if e["involvedObject"].get("uid") == deep_uid and e["reason"] == "UnreadableClaim"
+            ]
+
+        (event,) = await eventually(reported, 60, "the UnreadableClaim Event")
+        assert event["type"] == "Warning"
+        assert "gpudra cannot read this claim" in event["message"]
+        assert "nested too deeply" in event["message"]
+        # Another claim in the same cluster is handled as usual, by the same process.
+        cp.apply(_claim_and_pod(namespace, suffix, count=1))
+        claim = await eventually(lambda: _reserved(cp, namespace), 60, "allocation + reservation")
+        uid = claim["metadata"]["uid"]
+        await eventually(lambda: "reserved" in recorder.names(uid), 30, "allocated + reserved")
+        assert watcher.popen.poll() is None, watcher.output()
+        # A restart relists the deep claim: no crash loop.
+        assert watcher.stop() == 0, watcher.output()
+        watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-2.log")
+        await eventually(lambda: "claim watcher synced" in watcher.output(), 30, "a resync")
+        assert watcher.popen.poll() is None, watcher.output()
+        assert recorder.names(deep_uid) == []
+    finally:
+        watcher.stop()

@@ -11,7 +11,7 @@ from services.core import subjects
 from services.core.bus import Bus, KvUpdate, RequestFailed, RequestTimeout
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, ClaimRef, PluginPresence
+from services.core.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaError
 
 pytestmark = pytest.mark.integration
 
@@ -131,3 +131,29 @@ async def test_serve_runs_at_most_max_inflight_and_stop_serving_lets_them_answer
             await bus.request("svc.limited", Ping(1), Ping, timeout=0.5)
     finally:
         await server.close()
+
+
+async def test_an_unknown_schema_version_or_a_too_deep_payload_is_refused_and_counted(
+    bus: Bus,
+) -> None:
+    """A newer writer's payload is not read as ours, and a hostile one stops nothing."""
+    before = MALFORMED_MESSAGES.labels(source="kv:presence")._value.get()
+    future = PluginPresence(node="n1", driver="gpu.nvidia.com", endpoint="/x", schema_version=99)
+    kv = await bus.kv(subjects.PRESENCE_BUCKET)
+    await kv.put("future", msgspec.msgpack.encode(future))
+    with pytest.raises(SchemaError, match="schema_version 99 is not one this build reads"):
+        await bus.kv_get(subjects.PRESENCE_BUCKET, "future", PluginPresence)
+    fields = msgspec.msgpack.encode({"node": "n3", "driver": "d", "endpoint": "/z"})
+    deep = b"\x84" + fields[1:] + b"\xa1x" + b"\x91" * 5000 + b"\xc0"  # x: [[[...]]] 5,000 deep
+    await kv.put("deep", deep)
+    with pytest.raises(SchemaError, match="nested too deeply"):
+        await bus.kv_get(subjects.PRESENCE_BUCKET, "deep", PluginPresence)
+    good = PluginPresence(node="n2", driver="gpu.nvidia.com", endpoint="/y")
+    await bus.kv_put(subjects.PRESENCE_BUCKET, "good", good)
+    seen = []
+    async for update in bus.watch_kv(subjects.PRESENCE_BUCKET, PluginPresence):
+        seen.append(update.key)
+        if update.key == "good":
+            break
+    assert seen == ["good"]  # the other two were skipped, not fatal
+    assert MALFORMED_MESSAGES.labels(source="kv:presence")._value.get() >= before + 2

@@ -469,3 +469,55 @@ def test_claims_of_our_shipped_device_classes_concern_our_driver(shipped: Device
     assert not concerns_driver(
         claim(class_name=shipped.metadata.name), {shipped.metadata.name: other}
     )
+
+
+def deep_claim(name: str, uid: str, rv: str, depth: int = 4000) -> msgspec.Raw:
+    """A claim whose opaque parameters nest ``depth`` levels (the API server stores it)."""
+    parameters = '{"x":' * depth + "1" + "}" * depth
+    return msgspec.Raw(
+        b'{"apiVersion":"resource.k8s.io/v1","kind":"ResourceClaim","metadata":{"name":"'
+        + name.encode()
+        + b'","namespace":"ns","uid":"'
+        + uid.encode()
+        + b'","resourceVersion":"'
+        + rv.encode()
+        + b'"},"spec":{"devices":{"requests":[{"name":"gpu","exactly":{"deviceClassName":'
+        + b'"gpu.nvidia.com"}}],"config":[{"opaque":{"driver":"gpu.nvidia.com","parameters":'
+        + parameters.encode()
+        + b"}}]}}}"
+    )
+
+
+async def test_a_claim_nested_4000_deep_is_reported_and_the_watch_goes_on() -> None:
+    api = ScriptedApi(
+        listings=[Listing([deep_claim("deep", "ud", "5"), raw(claim("a", "ua", "6"))], "6")],
+        watches=[
+            [
+                RawEvent("ADDED", deep_claim("deeper", "ue", "7")),
+                RawEvent("ADDED", raw(claim("b", "ub", "8"))),
+            ]
+        ],
+    )
+    unreadable: list[tuple[str, str]] = []
+
+    async def on_unreadable(readable: ResourceClaim, reason: str) -> None:
+        unreadable.append((readable.metadata.name, reason))
+
+    informer = Informer(api, "resourceclaims", "/x", ResourceClaim, on_unreadable=on_unreadable)
+    task = asyncio.create_task(informer.run())
+    await asyncio.wait_for(api.done.wait(), 5)
+    task.cancel()
+    assert set(informer.items) == {"ns/a", "ns/b"}  # the rest is read, the watch went on
+    assert [name for name, _ in unreadable] == ["deep", "deeper"]
+    assert "nested too deeply" in unreadable[0][1]
+    assert api.watch_versions[-1] == "8"
+
+
+def test_cap_depth_keeps_the_shallow_part_and_strings_intact() -> None:
+    from services.core.limits import cap_depth
+
+    text = b'{"a":{"b":{"c":[1,{"d":"}]{["}]}},"s":"x\\"{"}'
+    assert json.loads(cap_depth(text, 2)) == {"a": {"b": None}, "s": 'x"{'}
+    assert json.loads(cap_depth(text, 10)) == json.loads(text)
+    deep = b"[" * 5000 + b"]" * 5000
+    assert cap_depth(deep, 3) == b"[[[null]]]"

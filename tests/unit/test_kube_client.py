@@ -141,3 +141,18 @@ async def test_watch_forever_resumes_relists_on_410_and_backs_off_on_errors() ->
 
 class _Done(Exception):
     pass
+
+
+def test_a_list_or_event_with_an_item_too_deep_to_decode_is_split_not_lost() -> None:
+    """The envelope is split without recursion; only the deep item fails, on its own."""
+    from services.core import kube
+
+    deep = b'{"metadata":{"name":"deep"},"x":' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}"
+    body = (
+        b'{"metadata":{"resourceVersion":"9"},"items":[{"metadata":{"name":"ok"}},' + deep + b"]}"
+    )
+    page = kube._decode_page(body)
+    assert page.metadata.resource_version == "9"
+    assert [bytes(i)[:25] for i in page.items or []] == [b'{"metadata":{"name":"ok"}', deep[:25]]
+    event = kube._decode_event(b'{"type":"MODIFIED","object":' + deep + b"}")
+    assert event.type == "MODIFIED" and bytes(event.object) == deep

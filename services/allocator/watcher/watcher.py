@@ -34,7 +34,13 @@ from services.allocator.watcher import lifecycle, metrics
 from services.allocator.watcher.events import ClaimEventRecorder
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import Step, Tracked
-from services.allocator.watcher.pending import ClusterAllocator, PodClock, verdict, waiting_claims
+from services.allocator.watcher.pending import (
+    ClusterAllocator,
+    PodClock,
+    concerns_driver,
+    verdict,
+    waiting_claims,
+)
 from services.core import subjects, tracing
 from services.core.bus import Bus
 from services.core.informer import Informer
@@ -73,7 +79,12 @@ class ClaimWatcher:
         self.bus = bus
         self.config = config or WatcherConfig()
         self.claims = Informer(
-            api, "resourceclaims", CLAIMS_PATH, ResourceClaim, on_change=self.on_claim
+            api,
+            "resourceclaims",
+            CLAIMS_PATH,
+            ResourceClaim,
+            on_change=self.on_claim,
+            on_unreadable=self.on_unreadable_claim,
         )
         self.pods = Informer(
             api, "pods", PODS_PATH, Pod, params={"fieldSelector": "spec.nodeName="}
@@ -267,6 +278,17 @@ class ClaimWatcher:
                 continue
             self.explained[uid] = now
             await self.explain(item.claim, item.waited)
+
+    async def on_unreadable_claim(self, claim: ResourceClaim, reason: str) -> None:
+        """A claim of ours gpudra cannot read (its nesting, say): said on the claim itself.
+
+        ``claim`` is what could be read of it (the deepest values dropped); the
+        claim is left out of everything else, and every other claim goes on.
+        """
+        ours = lifecycle.our_results(claim) or concerns_driver(claim, self.classes_by_name())
+        if ours:
+            message = f"gpudra cannot read this claim: {reason}"
+            await self.recorder.record(claim, "UnreadableClaim", "Warning", message)
 
     def classes_by_name(self) -> dict[str, DeviceClass]:
         return {c.metadata.name: c for c in self.classes.items.values()}
