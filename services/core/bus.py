@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Generic, TypeVar
 
 import msgspec
@@ -27,7 +27,7 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
-from services.core import config, subjects
+from services.core import config, retention, subjects
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.schemas import SchemaError, decode, encode
 
@@ -82,6 +82,7 @@ class Bus:
 
     default_replicas: int | None = None  # set from --nats-replicas by core.runner
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # set from --max-inflight by core.runner
+    delete_marker_ttl: float = retention.DELETE_MARKER_TTL_S
 
     def __init__(self, nc: Client, replicas: int = 1) -> None:
         self.nc = nc
@@ -118,17 +119,29 @@ class Bus:
             await self.nc.drain()
 
     async def provision(self) -> None:
-        """Create every stream and bucket we use; existing ones are left as they are."""
+        """Create every stream and bucket we use, and keep their limits as configured."""
         for stream, subs in STREAMS.items():
+            limits = retention.limits(stream)
+            wanted = js_api.StreamConfig(
+                name=stream,
+                subjects=subs,
+                storage=js_api.StorageType.FILE,
+                num_replicas=self.replicas,
+                max_age=limits.max_age_s or None,
+                max_bytes=limits.max_bytes,
+                max_msg_size=limits.max_msg_size,
+                discard=js_api.DiscardPolicy.OLD,
+            )
             try:
-                await self.js.stream_info(stream)
+                info = await self.js.stream_info(stream)
             except NotFoundError:
-                await self.js.add_stream(
-                    name=stream,
-                    subjects=subs,
-                    storage=js_api.StorageType.FILE,
-                    num_replicas=self.replicas,
-                )
+                await self.js.add_stream(wanted)
+                continue
+            if _limits_differ(info.config, wanted):
+                await self.js.update_stream(
+                    replace(info.config, max_age=wanted.max_age, max_bytes=wanted.max_bytes,
+                            max_msg_size=wanted.max_msg_size, discard=wanted.discard)
+                )  # fmt: skip
         for bucket, history in BUCKETS.items():
             await self.kv(bucket, history=history)
 
@@ -137,11 +150,14 @@ class Bus:
             try:
                 self._kv[bucket] = await self.js.key_value(bucket)
             except BucketNotFoundError:
+                limits = retention.limits(bucket)
                 self._kv[bucket] = await self.js.create_key_value(
                     bucket=bucket,
                     history=history,
                     storage=js_api.StorageType.FILE,
                     replicas=self.replicas,
+                    max_bytes=limits.max_bytes,
+                    max_value_size=limits.max_msg_size,
                 )
         return self._kv[bucket]
 
@@ -161,8 +177,10 @@ class Bus:
         return decode(entry.value, kind), int(entry.revision or 0)
 
     async def kv_delete(self, bucket: str, key: str) -> None:
+        """Remove the key; the marker watchers see expires on its own (see retention)."""
+        kv = await self.kv(bucket)
         with contextlib.suppress(KeyNotFoundError):
-            await (await self.kv(bucket)).delete(key)
+            await kv.purge(key, msg_ttl=self.delete_marker_ttl)
 
     async def kv_keys(self, bucket: str) -> list[str]:
         try:
@@ -310,6 +328,15 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
+    return (have.max_age or 0, have.max_bytes, have.max_msg_size, have.discard) != (
+        want.max_age or 0,
+        want.max_bytes,
+        want.max_msg_size,
+        want.discard,
+    )
 
 
 def _in_stream(subject: str) -> bool:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 import msgspec
+import nats.js.errors
 import pytest
 
-from services.core import subjects
+from services.core import retention, subjects
 from services.core.bus import Bus, KvUpdate, RequestFailed, RequestTimeout
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.natsserver import NatsServer
@@ -144,7 +145,7 @@ async def test_an_unknown_schema_version_or_a_too_deep_payload_is_refused_and_co
     with pytest.raises(SchemaError, match="schema_version 99 is not one this build reads"):
         await bus.kv_get(subjects.PRESENCE_BUCKET, "future", PluginPresence)
     fields = msgspec.msgpack.encode({"node": "n3", "driver": "d", "endpoint": "/z"})
-    deep = b"\x84" + fields[1:] + b"\xa1x" + b"\x91" * 5000 + b"\xc0"  # x: [[[...]]] 5,000 deep
+    deep = b"\x84" + fields[1:] + b"\xa1x" + b"\x91" * 2000 + b"\xc0"  # x: [[[...]]] 2,000 deep
     await kv.put("deep", deep)
     with pytest.raises(SchemaError, match="nested too deeply"):
         await bus.kv_get(subjects.PRESENCE_BUCKET, "deep", PluginPresence)
@@ -157,3 +158,5 @@ async def test_an_unknown_schema_version_or_a_too_deep_payload_is_refused_and_co
             break
     assert seen == ["good"]  # the other two were skipped, not fatal
     assert MALFORMED_MESSAGES.labels(source="kv:presence")._value.get() >= before + 2
+    with pytest.raises(nats.js.errors.BadRequestError, match="message size exceeds maximum"):
+        await kv.put("huge", b"\x00" * (retention.DEFAULTS["presence"].max_msg_size + 1))
