@@ -10,9 +10,7 @@ device, no metadata file, no simulated host change.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import get_args
@@ -99,16 +97,6 @@ class FakeApi:
 
 
 # ------------------------------------------------------------------ fixtures
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    """Unix socket paths are limited to 107 bytes: pytest's tmp_path can be too long."""
-    path = Path(tempfile.mkdtemp(prefix="pb-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @dataclass

@@ -10,16 +10,10 @@ nothing behind.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
 import pytest
 
 from services.core import nvidia
-from services.core.bus import Bus, RequestFailed
-from services.core.natsserver import NatsServer
+from services.core.bus import RequestFailed
 from services.local.kubelet import Claim, FakeKubelet
 from services.preparer import cdi
 from services.preparer.faults import ENV, EXIT_STATUS, STEPS
@@ -29,25 +23,6 @@ pytestmark = pytest.mark.integration
 
 GATES = "DynamicMIG=true,TimeSlicingSettings=true"
 MIG = nvidia.mig_device_name(3, "2g.20gb", 14, 2)
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="pc-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
-    running = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
-    await running.start_discovery()
-    try:
-        yield running
-    finally:
-        running.stop_all()
 
 
 async def crash_once(node: Node, step: str, kubelet: FakeKubelet, claim: Claim) -> None:

@@ -7,40 +7,14 @@ honest request is served as usual.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
-
 import pytest
 
-from services.core.bus import Bus
 from services.core.limits import MAX_CLAIMS_PER_REQUEST
-from services.core.natsserver import NatsServer
 from services.core.schemas import ClaimRef
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, new_uid, ref
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="pl-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
-    running = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
-    await running.start_discovery()
-    try:
-        yield running
-    finally:
-        running.stop_all()
 
 
 async def test_a_request_naming_2000_claims_is_refused_whole(node: Node) -> None:

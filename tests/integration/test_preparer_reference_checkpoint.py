@@ -12,9 +12,7 @@ the node, never a crash loop (unless asked to refuse).
 from __future__ import annotations
 
 import json
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
@@ -29,15 +27,6 @@ from tests.helpers.refcheckpoint import RefClaim, RefDevice, RefGroup, cdi_spec,
 pytestmark = pytest.mark.integration
 
 GATES = "PassthroughSupport=true,TimeSlicingSettings=true"
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="rc-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -10,41 +10,17 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
-import tempfile
-from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
 from services.core import nvidia
-from services.core.bus import Bus, RequestFailed
-from services.core.natsserver import NatsServer
+from services.core.bus import RequestFailed
 from services.core.schemas import NodeReply
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, ref
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ps-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
-    running = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
-    await running.start_discovery()
-    try:
-        yield running
-    finally:
-        running.stop_all()
 
 
 async def test_sigterm_mid_prepare_loses_no_event_of_an_answered_prepare(node: Node) -> None:

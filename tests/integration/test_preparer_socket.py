@@ -9,9 +9,7 @@ unprepare leaves the node as it found it.
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -35,15 +33,6 @@ from tests.helpers.preparer import (
 pytestmark = pytest.mark.integration
 
 VERSIONS = ("v1.DRAPlugin", "v1beta1.DRAPlugin")
-
-
-@pytest.fixture
-def short_root() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="ps-", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 async def start(node: Node, gates: str) -> FakeKubelet:
