@@ -24,3 +24,7 @@ SIM_CONFLICTS = Counter(
     "gpudra_discovery_sim_write_conflicts_total",
     "Simulated NVML changes retried because another writer changed the state first.",
 )
+INVENTORY_REPAIRS = Counter(
+    "gpudra_discovery_inventory_repairs_total",
+    "Times this node's inventory key was found changed by someone else and rewritten.",
+)

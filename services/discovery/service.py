@@ -66,8 +66,9 @@ class Discovery:
         pump = threading.Thread(target=self._pump_events, args=(loop,), daemon=True)
         pump.start()
         tasks = supervisor.current()
-        names = ["nvml-events"]
+        names = ["nvml-events", "inventory-guard"]
         tasks.spawn("nvml-events", self._handle_events)
+        tasks.spawn("inventory-guard", self._guard_inventory)
         if self.simulated is not None:
             names.append("sim-state")
             tasks.spawn("sim-state", self._watch_sim_state)
@@ -129,6 +130,27 @@ class Discovery:
         metrics.INVENTORY_UPDATES.inc()
         log.info("inventory updated", extra={"node": self.node, "changes": changes})
         self.stored = inv
+
+    async def _guard_inventory(self) -> None:
+        """Put our scan back when someone else rewrites or deletes this node's inventory key.
+
+        Nothing but this node's discovery may say what GPUs it has; a forged or
+        emptied inventory would publish fake devices or withdraw real ones.
+        """
+        key = subjects.inventory_key(self.node)
+        async for update in self.bus.watch_kv(subjects.INVENTORY_BUCKET, NodeInventory, key):
+            ours = self.inventory
+            if ours is None:
+                continue
+            if update.value is not None and update.value.digest() == ours.digest():
+                continue
+            metrics.INVENTORY_REPAIRS.inc()
+            log.warning(
+                "the inventory key was changed by someone else; putting the scan back",
+                extra={"node": self.node, "revision": update.revision},
+            )
+            self.stored = None  # the next store writes whatever the scan says
+            self.wake()
 
     async def _load_stored(self) -> NodeInventory | None:
         try:

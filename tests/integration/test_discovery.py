@@ -8,6 +8,7 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.core import subjects
@@ -292,3 +293,20 @@ def bus_url(bus: Bus) -> str:
     url = bus.nc.connected_url
     assert url is not None
     return f"nats://{url.hostname}:{url.port}"
+
+
+async def test_a_forged_or_deleted_inventory_is_put_back_by_the_nodes_discovery(
+    bus: Bus, start_discovery: Start
+) -> None:
+    """Only the node's own discovery says what GPUs it has (16 fake H200s, or none, undone)."""
+    await start_discovery("dgx-h100")
+    real, _ = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
+    fake_gpu = msgspec.structs.replace(real.gpus[0], product_name="NVIDIA H200")
+    forged = msgspec.structs.replace(real, gpus=[fake_gpu] * 16)
+    key = subjects.inventory_key(NODE)
+    await bus.kv_put(subjects.INVENTORY_BUCKET, key, forged)
+    restored, _ = await wait_inventory(bus, lambda i: i.digest() == real.digest())
+    assert len(restored.gpus) == 8
+
+    await bus.kv_delete(subjects.INVENTORY_BUCKET, key)
+    await wait_inventory(bus, lambda i: i.digest() == real.digest())
