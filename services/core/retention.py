@@ -9,8 +9,9 @@ keys that come and go (one per claim) leave nothing behind.
 
 Each limit can be changed per deployment with ``GPUDRA_<NAME>_MAX_AGE``
 (a duration: 30d, 12h, 90m), ``GPUDRA_<NAME>_MAX_BYTES`` and
-``GPUDRA_<NAME>_MAX_MSG_SIZE`` (bytes, or with Ki/Mi/Gi), where NAME is the
-stream or bucket name (CLAIMS, HEALTH, INVENTORY, inventory, claims, ...).
+``GPUDRA_<NAME>_MAX_MSG_SIZE`` (bytes, or with Ki/Mi/Gi), where NAME is a
+stream (CLAIMS, HEALTH, INVENTORY) or ``KV_`` and a bucket (KV_CLAIMS,
+KV_INVENTORY, ...).
 """
 
 from __future__ import annotations
@@ -51,18 +52,35 @@ class RetentionError(ValueError):
     """A retention setting that does not parse; names the variable."""
 
 
+BUCKETS = frozenset(
+    {
+        subjects.INVENTORY_BUCKET,
+        subjects.CLAIMS_BUCKET,
+        subjects.PRESENCE_BUCKET,
+        subjects.SIM_BUCKET,
+        subjects.PREPARED_BUCKET,
+    }
+)
+
+
+def setting_name(name: str) -> str:
+    """The NAME of a stream's or bucket's variables (a bucket's are prefixed KV_)."""
+    return f"KV_{name.upper()}" if name in BUCKETS else name.upper()
+
+
 def limits(name: str) -> Limits:
     """The limits of stream or bucket ``name``: its defaults, with any override from env."""
     found = DEFAULTS[name]
-    age = config.env(f"{name}-max-age")
-    size = config.env(f"{name}-max-bytes")
-    msg = config.env(f"{name}-max-msg-size")
+    prefix = setting_name(name)
+    age = config.env(f"{prefix}-max-age")
+    size = config.env(f"{prefix}-max-bytes")
+    msg = config.env(f"{prefix}-max-msg-size")
     if age:
-        found = replace(found, max_age_s=_duration(f"GPUDRA_{name.upper()}_MAX_AGE", age))
+        found = replace(found, max_age_s=_duration(f"GPUDRA_{prefix}_MAX_AGE", age))
     if size:
-        found = replace(found, max_bytes=_size(f"GPUDRA_{name.upper()}_MAX_BYTES", size))
+        found = replace(found, max_bytes=_size(f"GPUDRA_{prefix}_MAX_BYTES", size))
     if msg:
-        found = replace(found, max_msg_size=_size(f"GPUDRA_{name.upper()}_MAX_MSG_SIZE", msg))
+        found = replace(found, max_msg_size=_size(f"GPUDRA_{prefix}_MAX_MSG_SIZE", msg))
     return found
 
 

@@ -78,3 +78,11 @@ async def test_streams_carry_their_limits_and_follow_a_changed_setting(
         retention.RetentionError, match="GPUDRA_CLAIMS_MAX_AGE: expected a duration"
     ):
         retention.limits(subjects.CLAIMS_STREAM)
+
+
+def test_a_stream_and_the_bucket_of_the_same_name_have_their_own_settings(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("GPUDRA_KV_CLAIMS_MAX_BYTES", "8Mi")
+    assert retention.limits(subjects.CLAIMS_BUCKET).max_bytes == 8 * retention.MIB
+    assert retention.limits(subjects.CLAIMS_STREAM).max_bytes == retention.GIB

@@ -141,7 +141,9 @@ def test_containers_run_real_subcommands_with_real_flags(template: str) -> None:
     starts = [(m.start(), m[1]) for m in re.finditer(r'args: \["([a-z]+)"\]', text)]
     assert starts, "no containers found"
     common = _env_flags(_helper("gpudra.commonEnv"))
-    assert common == {"--nats-url", "--nats-replicas", "--log-level", "--feature-gates"}
+    assert common == {
+        "--nats-url", "--nats-replicas", "--log-level", "--feature-gates", "--max-inflight"
+    }  # fmt: skip
     for i, (start, command) in enumerate(starts):
         assert command in commands, f"gpudra has no sub-command {command!r}"
         flags = set(commands[command]._option_string_actions)

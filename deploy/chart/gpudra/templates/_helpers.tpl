@@ -54,6 +54,14 @@ nats://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
   value: {{ .Values.logLevel | quote }}
 - name: GPUDRA_FEATURE_GATES
   value: {{ include "gpudra.featureGates" . | quote }}
+- name: GPUDRA_MAX_INFLIGHT
+  value: {{ .Values.maxInflight | quote }}
+{{- range $name, $limits := .Values.retention }}
+{{- range $setting, $value := $limits }}
+- name: {{ printf "GPUDRA_%s_%s" ($name | upper) ($setting | snakecase | upper) }}
+  value: {{ $value | quote }}
+{{- end }}
+{{- end }}
 {{- end -}}
 
 {{/* The node's name for the node services (config.default_node_name reads NODE_NAME). */}}
