@@ -171,10 +171,10 @@ class PreparerService:
         )
 
     def _refuse_oversized(self, op: str, request: NodeRequest) -> NodeReply:
-        """A call naming more claims than a pod can hold: refused whole, before any work."""
+        """A call naming more claims than any real pod: refused whole, before any work."""
         error = (
-            f"{op} refused: the request names {len(request.claims)} claims; a kubelet call "
-            f"names at most {limits.MAX_CLAIMS_PER_REQUEST} (a pod's limit)"
+            f"{op} refused: the request names {len(request.claims)} claims; gpudra takes "
+            f"at most {limits.MAX_CLAIMS_PER_REQUEST} in one kubelet call"
         )
         OPERATIONS.labels(op, "refused").inc()
         log.warning("oversized request refused", extra={"op": op, "claims": len(request.claims)})

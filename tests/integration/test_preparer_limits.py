@@ -1,4 +1,4 @@
-"""A request naming more claims than a pod can hold is refused whole, before any work.
+"""A request naming more claims than any real pod is refused whole, before any work.
 
 An attacker (or a bug) naming 2,000 unknown claims once cost 8.2 s, 2,000 API
 lookups and 4,000 events; now it costs one reply and a log line, and the next
@@ -24,8 +24,8 @@ async def test_a_request_naming_2000_claims_is_refused_whole(node: Node) -> None
     assert set(reply.claims) == {c.uid for c in flood}
     errors = {r.error for r in reply.claims.values()}
     assert errors == {
-        f"prepare refused: the request names 2000 claims; a kubelet call names at most "
-        f"{MAX_CLAIMS_PER_REQUEST} (a pod's limit)"
+        f"prepare refused: the request names 2000 claims; gpudra takes at most "
+        f"{MAX_CLAIMS_PER_REQUEST} in one kubelet call"
     }
     flooded = {c.uid for c in flood}
     assert not [e for e in await stored_claim_events(node.bus) if e.claim.uid in flooded]
