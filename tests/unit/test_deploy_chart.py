@@ -153,3 +153,17 @@ def test_containers_run_real_subcommands_with_real_flags(template: str) -> None:
         assert common | _env_flags(block) <= flags, command
         if 'include "gpudra.nodeNameEnv"' in block:
             assert "--node-name" in flags, command
+
+
+def test_only_gpudra_components_may_reach_the_nats_client_port() -> None:
+    """Any pod could otherwise take any GPU through the bus."""
+    text = (TEMPLATES / "networkpolicy.yaml").read_text()
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["networkPolicy"]["enabled"] is True
+    assert "policyTypes: [Ingress]" in text
+    clients, routes = text.split("- ports:")[1:3]
+    assert "port: client" in clients
+    assert "values: [node, publisher, allocator]" in clients
+    assert "app.kubernetes.io/instance, operator: In" in clients
+    assert "port: cluster" in routes and '(list . "nats")' in routes
+    assert "monitor" not in text.split("ingress:")[1]  # nobody may reach the monitoring port
