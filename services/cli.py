@@ -14,6 +14,22 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+# Which module registers each sub-command, so that a process imports only its own
+# (a node's kubelet plugin needs neither the allocator nor discovery's simulator).
+# tests/unit/test_cli.py checks it against what the modules really register.
+COMMANDS: dict[str, str] = {
+    "allocator": "services.allocator.cli",
+    "discovery": "services.discovery.cli",
+    "sim": "services.discovery.cli",
+    "kubeletplugin": "services.kubeletplugin.cli",
+    "up": "services.local.cli",
+    "slices": "services.offline.cli",
+    "allocate": "services.offline.cli",
+    "explain": "services.offline.cli",
+    "preparer": "services.preparer.cli",
+    "publisher": "services.publisher.cli",
+}
+
 
 def _service_clis() -> list[str]:
     """Every ``services/<service>/cli.py``, in name order."""
@@ -40,20 +56,23 @@ def _nats(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """Every sub-command, or (``command`` given and known) only the module that has it."""
     parser = argparse.ArgumentParser(prog="gpudra", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     nats = sub.add_parser("nats", help="run an embedded nats-server with JetStream on 127.0.0.1")
     nats.add_argument("--port", type=int, default=4222)
     nats.add_argument("--store-dir", default=".gpudra/nats")
     nats.set_defaults(func=_nats)
-    for module in _service_clis():
+    modules = [COMMANDS[command]] if command in COMMANDS else _service_clis()
+    for module in modules:
         importlib.import_module(module).register(sub)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    words = list(sys.argv[1:] if argv is None else argv)
+    args = build_parser(words[0] if words else None).parse_args(words)
     return int(args.func(args) or 0)
 
 
