@@ -817,3 +817,24 @@ def _outcome(sc: Scenario, devices: list[str], node: str = "s000-n0") -> dict[st
     return {
         "c": {"status": "allocated", "node": node, "allocation": {"devices": {"results": results}}}
     }
+
+
+# Two claims kube-scheduler's PreFilter keeps waiting: their DeviceClass does not exist.
+MISSING_CLASS_CLAIMS = """apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: nocls, namespace: ns}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      exactly: {deviceClassName: missing.example.com}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaim
+metadata: {name: sub, namespace: ns}
+spec:
+  devices:
+    requests:
+    - name: gpu
+      firstAvailable: [{name: a, deviceClassName: missing.example.com}]
+"""

@@ -5,6 +5,7 @@ In-process through ``services.cli.main``; one test runs the real command line.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.cli import gpudra
+from tests.helpers.scenarios import MISSING_CLASS_CLAIMS
 
 GPUDRA = [sys.executable, "-m", "services.cli"]
 CLASS = """apiVersion: resource.k8s.io/v1
@@ -132,3 +134,20 @@ def test_objects_the_api_server_refuses_once_gated_fields_drop_exit_2(
     assert fragment in out.stderr, out.stderr
     enabled = gates.replace("false", "true")
     assert gpudra("allocate", "-f", str(inputs), "--feature-gates", enabled).returncode == 0
+
+
+def test_a_missing_device_class_leaves_the_claim_unschedulable_not_in_error(
+    tmp_path: Path,
+) -> None:
+    """As kube-scheduler's PreFilter: the class may still be created, so the pod waits."""
+    inputs = tmp_path / "in.yaml"
+    inputs.write_text(MISSING_CLASS_CLAIMS)
+    out = gpudra("allocate", "-f", str(inputs), "-o", "json")
+    assert out.returncode == 0, out.stderr
+    claims = {c["name"]: c for c in json.loads(out.stdout)["claims"]}
+    assert {n: c["status"] for n, c in claims.items()} == {
+        "nocls": "unschedulable",
+        "sub": "unschedulable",
+    }
+    messages = [cause["message"] for cause in claims["sub"]["explanation"]["claim"]]
+    assert messages == ["request gpu/a: device class missing.example.com does not exist"]

@@ -360,10 +360,11 @@ def test_verdict_for_a_claim_that_fits_says_so() -> None:
     assert "fits on node n1 (n1/gpu-0, n1/gpu-1)" in result.message
 
 
-def test_verdict_for_a_missing_class_is_an_error() -> None:
+def test_verdict_for_a_missing_class_is_unschedulable() -> None:
+    """As kube-scheduler's PreFilter: the class may still be created."""
     result = verdict(_cluster(devices=1).explain(claim(class_name="nope")))
-    assert result.reason == "Unschedulable" and result.status == "error"
-    assert "nope" in result.message
+    assert result.reason == "Unschedulable" and result.status == "unschedulable"
+    assert "device class nope does not exist" in result.message
 
 
 def test_messages_are_cut_at_1024_bytes() -> None:

@@ -16,9 +16,15 @@ from typing import Any, Literal
 import msgspec
 
 from services.allocator.structured.engine import AllocationError, Engine, claim_label
-from services.allocator.structured.explain import Explainer, Explanation, error_explanation
+from services.allocator.structured.explain import (
+    Cause,
+    Explainer,
+    Explanation,
+    error_explanation,
+)
 from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
+from services.allocator.structured.requests import alternatives
 from services.allocator.structured.state import AllocatedState
 from services.core.resource import (
     AllocationResult,
@@ -104,6 +110,12 @@ class OfflineAllocator:
         ]
 
     def allocate(self, claim: ResourceClaim, nodes: list[Node | None]) -> ClaimOutcome:
+        blocked = self.precheck(claim)
+        if blocked is not None:
+            outcome = ClaimOutcome(claim, "unschedulable")
+            if self.explain:
+                outcome.explanation = Explanation(nodes=0, claim=[blocked])
+            return outcome
         shape = msgspec.json.encode(claim.spec)
         known, skip = self._frontier.get(shape, (nodes, 0))
         if known is not nodes:
@@ -139,6 +151,30 @@ class OfflineAllocator:
                 explainer.node(node)
             outcome.explanation = explainer.explanation()
         return outcome
+
+    def precheck(self, claim: ResourceClaim) -> Cause | None:
+        """kube-scheduler's PreFilter: what keeps the pod waiting before any node is tried.
+
+        A missing DeviceClass (it may still be created), subrequests with
+        DRAPrioritizedList off, or a claim being deleted make the claim
+        unschedulable, not an error.
+        """
+        label = claim_label(claim)
+        if claim.metadata.deletion_timestamp:
+            return Cause("claim-deleting", 1, f"resourceclaim {label} is being deleted")
+        for request in (claim.spec.devices.requests if claim.spec.devices else None) or []:
+            if request.first_available and not self.features.prioritized_list:
+                return Cause(
+                    "prioritized-list-disabled",
+                    1,
+                    f"resource claim {label}, request {request.name}: has subrequests, "
+                    "but the DRAPrioritizedList feature is disabled",
+                )
+            for spec in alternatives(request):
+                if spec.class_name and spec.class_name not in self.engine.classes:
+                    missing = f"device class {spec.class_name} does not exist"
+                    return Cause("class-missing", 1, f"request {spec.result_name}: {missing}")
+        return None
 
 
 def describe(outcome: ClaimOutcome) -> list[str]:
