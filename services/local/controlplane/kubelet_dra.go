@@ -415,7 +415,11 @@ func (k *kubeletDRA) forget(uid types.UID) {
 	delete(k.lastSeen, uid)
 	k.gone.Delete(uid)
 	k.running.Delete(uid)
-	k.unprepared.Delete(uid)
+	// k.unprepared keeps the UID: a late informer event can bring the pod back
+	// into lastSeen, and a second UnprepareResources for it would release a
+	// shared claim that another pod still uses (the manager unprepares when at
+	// most one pod reference is left, whichever pod it is). The kubelet's pod
+	// workers unprepare a pod once; UIDs are never reused.
 }
 
 // unprepareOnce calls the manager's UnprepareResources for a pod at most once
