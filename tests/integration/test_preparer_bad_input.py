@@ -339,6 +339,7 @@ async def test_hostile_claim_identities_never_reach_a_path_or_subject(
             seen.append(msg.subject)
 
         sub = await bus.nc.subscribe(">", cb=record)
+        await bus.nc.flush()  # the server knows the subscription before the front publishes
         results = await kubelet.prepare([Claim(uid, namespace, name)])
         assert needle in results[uid].error, (uid, name, results[uid].error)
         assert (await kubelet.unprepare([Claim(uid, namespace, name)]))[uid] != ""
