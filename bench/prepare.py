@@ -43,6 +43,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the fake kubelet lives in tests/helpers
 
 from services.core import subjects  # noqa: E402
+from services.core.access import Identity, Role  # noqa: E402
 from services.core.bus import Bus  # noqa: E402
 from services.core.natsserver import NatsServer  # noqa: E402
 from services.core.nvidia import DRIVER_NAME, gpu_device_name  # noqa: E402
@@ -275,19 +276,26 @@ async def main(args: argparse.Namespace) -> int:
     failed = False
     try:
         nats.start()
-        bus = await Bus.connect(nats.url, name="bench")
+        nats.provision()
+        bus = await Bus.connect(
+            nats.url,
+            name="bench",
+            identity=Identity(Role.ADMIN),
+            credentials=nats.credentials(Role.ADMIN),
+        )
         boot_id = root / "boot_id"
         boot_id.write_text(f"{uuid.uuid4()}\n")
-        discovery = spawn(root, "discovery", "--nats-url", nats.url, "--fleet", args.fleet,
-                          "--rescan-interval", "3600")  # fmt: skip
+        discovery = spawn(root, "discovery", *nats.client_argv(Role.DISCOVERY, NODE),
+                          "--fleet", args.fleet, "--rescan-interval", "3600")  # fmt: skip
         procs.append(discovery)
         inventory = await wait_for_inventory(bus, discovery)
         gpus = [gpu_device_name(g.minor) for g in inventory.gpus if not g.mig_enabled]
         kubelet_root = root / "kubelet"
-        preparer = spawn(root, "preparer", "--nats-url", nats.url, "--fleet", args.fleet,
+        preparer = spawn(root, "preparer", *nats.client_argv(Role.PREPARER, NODE),
+                         "--fleet", args.fleet,
                          "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
                          "--boot-id-file", str(boot_id), "--no-api-fallback")  # fmt: skip
-        front = spawn(root, "kubeletplugin", "--nats-url", nats.url,
+        front = spawn(root, "kubeletplugin", *nats.client_argv(Role.FRONT, NODE),
                       "--kubelet-root", str(kubelet_root))  # fmt: skip
         procs += [preparer, front]
         async with FakeKubelet(kubelet_root) as kubelet:
@@ -302,7 +310,16 @@ async def main(args: argparse.Namespace) -> int:
             warm = await run_phase(kubelet, bus, gpus, args.warmup, 1)
             if warm.errors:
                 raise SystemExit(f"warm-up failed: {warm.errors[0]}\n{preparer.log.read_text()}")
-            caller: Caller = DirectCaller(bus) if args.direct else kubelet
+            caller: Caller = kubelet
+            if args.direct:  # the preparer answers only its node's front
+                caller = DirectCaller(
+                    await Bus.connect(
+                        nats.url,
+                        name="bench-front",
+                        identity=Identity(Role.FRONT, NODE),
+                        credentials=nats.credentials(Role.FRONT, NODE),
+                    )
+                )
             if args.direct:
                 print("--direct: NATS requests straight to the preparer, no front, no socket")
             assert nats.proc is not None

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 
 from services.core import featuregates, kube, subjects
+from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceSlice
@@ -225,7 +226,13 @@ async def _publish(
         bus = None
         if nats is not None:
             nats.start()
-            bus = await Bus.connect(nats.url, name="bench")
+            nats.provision()
+            bus = await Bus.connect(
+                nats.url,
+                name="bench",
+                identity=Identity(Role.ADMIN),
+                credentials=nats.credentials(Role.ADMIN),
+            )
         service = asyncio.create_task(_serve(publisher, bus))
         try:
             feed = Feed(publisher, bus)

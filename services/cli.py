@@ -14,6 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
+from services.core import config
+
 # Which module registers each sub-command, so that a process imports only its own
 # (a node's kubelet plugin needs neither the allocator nor discovery's simulator).
 # tests/unit/test_cli.py checks it against what the modules really register.
@@ -38,12 +40,20 @@ def _service_clis() -> list[str]:
 
 
 def _nats(args: argparse.Namespace) -> int:
+    from services.core.access import NODE_ROLES, Role
     from services.core.natsserver import NatsServer
 
-    server = NatsServer(Path(args.store_dir), port=args.port)
+    access = Path(args.access_dir) if args.access_dir else None
+    server = NatsServer(Path(args.store_dir), port=args.port, access_dir=access)
     server.start()
+    server.provision()
+    for role in Role:
+        for node in args.node if role in NODE_ROLES else [""]:
+            server.credentials(role, node)
     print(
-        f"nats-server (pid {server.proc.pid if server.proc else '?'}) on {server.url}", flush=True
+        f"nats-server (pid {server.proc.pid if server.proc else '?'}) on {server.url}\n"
+        f"credentials: {server.access.users}/<identity>.nk, CA {server.access.ca}",
+        flush=True,
     )
     try:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -56,6 +66,24 @@ def _nats(args: argparse.Namespace) -> int:
     return 0
 
 
+def _provision(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from services.core.access import Identity, Role
+    from services.core.bus import Bus
+
+    async def run() -> None:
+        creds = config.nats_credentials(args)
+        bus = await Bus.connect(
+            args.nats_url, name="provision", identity=Identity(Role.ADMIN), credentials=creds
+        )
+        await bus.close()
+
+    asyncio.run(run())
+    print(f"provisioned the streams and buckets on {args.nats_url}")
+    return 0
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """Every sub-command, or (``command`` given and known) only the module that has it."""
     parser = argparse.ArgumentParser(prog="gpudra", description=__doc__.splitlines()[0])
@@ -63,7 +91,18 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     nats = sub.add_parser("nats", help="run an embedded nats-server with JetStream on 127.0.0.1")
     nats.add_argument("--port", type=int, default=4222)
     nats.add_argument("--store-dir", default=".gpudra/nats")
+    nats.add_argument(
+        "--access-dir", default="", help="CA, certificates and seeds (default: <store-dir>-access)"
+    )
+    nats.add_argument(
+        "--node", action="append", default=[], help="make the node components' credentials"
+    )
     nats.set_defaults(func=_nats)
+    provision = sub.add_parser(
+        "provision", help="create the streams and buckets, or update their limits (admin)"
+    )
+    config.add_nats_flags(provision)
+    provision.set_defaults(func=_provision)
     modules = [COMMANDS[command]] if command in COMMANDS else _service_clis()
     for module in modules:
         importlib.import_module(module).register(sub)

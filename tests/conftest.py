@@ -9,13 +9,16 @@ import pytest
 
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
+from tests.helpers.bus import connect
 
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
-    """A real nats-server with JetStream on a free 127.0.0.1 port, stopped by PID."""
+    """A real nats-server with JetStream, TLS and the production permissions on a free
+    127.0.0.1 port, its streams and buckets provisioned; stopped by PID."""
     server = NatsServer(tmp_path / "nats", log_file=tmp_path / "nats.log")
     server.start()
+    server.provision()
     try:
         yield server
     finally:
@@ -24,7 +27,7 @@ def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
 
 @pytest.fixture
 async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
-    client = await Bus.connect(nats_server.url, name="tests")
+    client = await connect(nats_server)
     try:
         yield client
     finally:

@@ -46,6 +46,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 async def _watch(args: argparse.Namespace) -> None:
     from services.allocator.watcher.watcher import ClaimWatcher, WatcherConfig
+    from services.core.access import Identity, Role
     from services.core.bus import Bus
     from services.core.kube import http_api
 
@@ -53,7 +54,7 @@ async def _watch(args: argparse.Namespace) -> None:
         pending_threshold=args.pending_threshold, features=args.kube_feature_gates
     )
     stop = runner.stop_event()
-    bus = await Bus.connect(args.nats_url, name="allocator")
+    bus = await Bus.connect(args.nats_url, name="allocator", identity=Identity(Role.ALLOCATOR))
     api = await http_api(args.kubeconfig or None)
     tasks = supervisor.current()
     tasks.spawn("claim-watcher", ClaimWatcher(api, bus, settings).run, fatal=True)

@@ -28,7 +28,9 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, N
 from nats.js.kv import KeyValue
 
 from services.core import config, retention, subjects
-from services.core.metrics import MALFORMED_MESSAGES
+from services.core.access import Identity, Role
+from services.core.metrics import FOREIGN_MESSAGES, MALFORMED_MESSAGES
+from services.core.natsauth import Credentials
 from services.core.schemas import SchemaError, decode, encode
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,10 @@ class RequestTimeout(RequestFailed, TimeoutError):
     """A responder exists but did not answer in time."""
 
 
+class NotProvisioned(RuntimeError):
+    """A stream or bucket is missing, and this identity may not create it."""
+
+
 @dataclass(frozen=True)
 class KvUpdate(Generic[T]):
     key: str
@@ -81,11 +87,13 @@ class Bus:
     """A connected NATS client with JetStream and our schemas."""
 
     default_replicas: int | None = None  # set from --nats-replicas by core.runner
+    default_credentials: Credentials = Credentials()  # --nats-creds / --nats-ca, by core.runner
     max_inflight: int = DEFAULT_MAX_INFLIGHT  # set from --max-inflight by core.runner
     delete_marker_ttl: float = retention.DELETE_MARKER_TTL_S
 
-    def __init__(self, nc: Client, replicas: int = 1) -> None:
+    def __init__(self, nc: Client, replicas: int = 1, identity: Identity | None = None) -> None:
         self.nc = nc
+        self.identity = identity or Identity(Role.ADMIN)
         self.replicas = replicas  # JetStream replicas for what we create (3 in a cluster)
         self.js: JetStreamContext = nc.jetstream()
         self._kv: dict[str, KeyValue] = {}
@@ -95,11 +103,26 @@ class Bus:
 
     @classmethod
     async def connect(
-        cls, url: str, *, name: str, provision: bool = True, replicas: int | None = None
+        cls,
+        url: str,
+        *,
+        name: str,
+        identity: Identity,
+        credentials: Credentials | None = None,
+        replicas: int | None = None,
     ) -> Bus:
+        """Connect as ``identity``; the admin identity also provisions streams and buckets.
+
+        Replies come to the identity's own inbox prefix, the only inboxes its
+        permissions let it read.
+        """
+        creds = credentials or cls.default_credentials
         nc = await nats.connect(
             servers=[url],
             name=name,
+            nkeys_seed_str=creds.seed() if creds.creds else None,
+            tls=creds.tls(),
+            inbox_prefix=identity.inbox_prefix,
             max_reconnect_attempts=-1,
             reconnect_time_wait=0.5,
             connect_timeout=5,
@@ -109,8 +132,8 @@ class Bus:
         )
         if replicas is None:
             replicas = cls.default_replicas or int(config.env("nats-replicas", "1"))
-        bus = cls(nc, replicas=replicas)
-        if provision:
+        bus = cls(nc, replicas=replicas, identity=identity)
+        if identity.role is Role.ADMIN:
             await bus.provision()
         return bus
 
@@ -150,6 +173,11 @@ class Bus:
             try:
                 self._kv[bucket] = await self.js.key_value(bucket)
             except BucketNotFoundError:
+                if self.identity.role is not Role.ADMIN:
+                    raise NotProvisioned(
+                        f"bucket {bucket!r} does not exist and {self.identity.name!r} may not "
+                        "create it: provision the bus first (`gpudra provision`, the chart's job)"
+                    ) from None
                 limits = retention.limits(bucket)
                 self._kv[bucket] = await self.js.create_key_value(
                     bucket=bucket,
@@ -242,8 +270,11 @@ class Bus:
         kind: type[T],
         handler: Callable[[T, dict[str, str]], Awaitable[msgspec.Struct]],
         queue: str = "",
+        sender: Identity | None = None,
     ) -> None:
         """Answer requests on ``subject`` with ``handler``'s reply, each in its own task.
+
+        With ``sender``, only its requests are answered (see :func:`_foreign`).
 
         At most ``max_inflight`` requests (over every subject this bus serves) run
         at once; at the limit the next message waits in the client (NATS delivers
@@ -253,6 +284,8 @@ class Bus:
 
         async def on_msg(msg: Msg) -> None:
             try:
+                if _foreign(msg, subject, sender):
+                    return
                 value = _decode_or_skip(msg.data, kind, subject)
                 if value is None:
                     return
@@ -287,11 +320,18 @@ class Bus:
                 log.warning("requests still running at shutdown", extra={"count": len(late)})
 
     async def subscribe(
-        self, subject: str, kind: type[T], handler: Callable[[T, dict[str, str]], Awaitable[None]]
+        self,
+        subject: str,
+        kind: type[T],
+        handler: Callable[[T, dict[str, str]], Awaitable[None]],
+        sender: Identity | None = None,
     ) -> None:
-        """Core (non-durable) subscription; malformed messages are skipped."""
+        """Core (non-durable) subscription of a literal subject; malformed messages and,
+        with ``sender``, anyone else's are skipped."""
 
         async def on_msg(msg: Msg) -> None:
+            if _foreign(msg, subject, sender):
+                return
             value = _decode_or_skip(msg.data, kind, subject)
             if value is None:
                 return
@@ -341,6 +381,27 @@ def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool
 
 def _in_stream(subject: str) -> bool:
     return any(subject.startswith(pattern[:-1]) for pats in STREAMS.values() for pattern in pats)
+
+
+def _foreign(msg: Msg, subject: str, sender: Identity | None) -> bool:
+    """True (logged, counted) when ``msg`` is not ``sender``'s publish on ``subject``.
+
+    Publish permissions say who may publish on a subject, but anyone allowed to
+    create a JetStream push consumer can make the server deliver stored messages
+    to any subject: those keep their stored subject and carry a ``$JS.ACK``
+    reply. A real publish of ``sender`` carries a reply in its inbox (a request,
+    or a JetStream publish awaiting its ack), where nobody else may publish.
+    """
+    reason = ""
+    if msg.subject != subject:
+        reason = f"subject {msg.subject!r}"
+    elif sender is not None and not (msg.reply or "").startswith(sender.inbox_prefix + "."):
+        reason = f"reply {msg.reply!r} is not in {sender.name}'s inbox"
+    if not reason:
+        return False
+    FOREIGN_MESSAGES.labels(subject=subject).inc()
+    log.warning("refusing a foreign message", extra={"subject": subject, "reason": reason})
+    return True
 
 
 def _decode_or_skip(data: bytes, kind: type[T], source: str, where: str = "") -> T | None:

@@ -9,10 +9,12 @@ from __future__ import annotations
 import argparse
 import os
 import socket
+from pathlib import Path
 
 from services.core import featuregates
+from services.core.natsauth import Credentials
 
-DEFAULT_NATS_URL = "nats://127.0.0.1:4222"
+DEFAULT_NATS_URL = "tls://127.0.0.1:4222"
 
 
 def env(name: str, default: str = "") -> str:
@@ -23,8 +25,29 @@ def default_node_name() -> str:
     return os.environ.get("NODE_NAME") or env("node-name") or socket.gethostname()
 
 
-def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> None:
+def add_nats_flags(parser: argparse.ArgumentParser) -> None:
+    """Where the bus is and who this process is on it (see services.core.access)."""
     parser.add_argument("--nats-url", default=env("nats-url", DEFAULT_NATS_URL))
+    parser.add_argument(
+        "--nats-creds",
+        type=Path,
+        default=env("nats-creds") or None,
+        help="file with this component's nkey seed (its identity on the bus)",
+    )
+    parser.add_argument(
+        "--nats-ca",
+        type=Path,
+        default=env("nats-ca") or None,
+        help="CA certificate that signed the NATS server's (TLS)",
+    )
+
+
+def nats_credentials(args: argparse.Namespace) -> Credentials:
+    return Credentials(creds=args.nats_creds, ca=args.nats_ca)
+
+
+def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> None:
+    add_nats_flags(parser)
     parser.add_argument(
         "--nats-replicas",
         type=int,

@@ -10,6 +10,13 @@ MALFORMED_MESSAGES = Counter(
     ["source"],
 )
 
+FOREIGN_MESSAGES = Counter(
+    "gpudra_bus_foreign_messages_total",
+    "Messages refused because they did not come from the identity that may send them "
+    "(e.g. stream messages pushed to a service subject by someone's consumer).",
+    ["subject"],
+)
+
 
 def serve(port: int) -> None:
     """Expose /metrics on 127.0.0.1:port (0 disables)."""

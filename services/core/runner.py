@@ -15,7 +15,7 @@ import signal
 from collections.abc import Coroutine
 from typing import Any
 
-from services.core import logs, metrics, supervisor, tracing
+from services.core import config, logs, metrics, supervisor, tracing
 from services.core.bus import Bus
 
 log = logging.getLogger(__name__)
@@ -27,6 +27,7 @@ def run(service: str, args: argparse.Namespace, main: Coroutine[Any, Any, int | 
     tracing.setup(service, args.otlp_endpoint)
     metrics.serve(args.metrics_port)
     Bus.default_replicas = args.nats_replicas
+    Bus.default_credentials = config.nats_credentials(args)
     Bus.max_inflight = args.max_inflight
     try:
         return asyncio.run(_main(main))

@@ -29,6 +29,7 @@ from typing import Any
 import msgspec
 
 from services.core import config, logs, runner
+from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.schemas import SchemaError
 from services.discovery import backend as nv
@@ -98,7 +99,11 @@ async def _discovery(args: argparse.Namespace) -> int:
     if pci_ids is not None:
         log.info("PCI ID database", extra={"source": pci_ids.source, "version": pci_ids.version})
     stop = runner.stop_event()
-    bus = await Bus.connect(args.nats_url, name=f"discovery-{args.node_name}")
+    bus = await Bus.connect(
+        args.nats_url,
+        name=f"discovery-{args.node_name}",
+        identity=Identity(Role.DISCOVERY, args.node_name),
+    )
     try:
         if args.fleet is not None:
             store = SimStore(bus)
@@ -141,7 +146,7 @@ def _register_sim(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> N
         action: Callable[[SimStore, argparse.Namespace], Awaitable[Any]],
     ) -> argparse.ArgumentParser:
         p = parent.add_parser(name, help=help)
-        p.add_argument("--nats-url", default=config.env("nats-url", config.DEFAULT_NATS_URL))
+        config.add_nats_flags(p)
         p.add_argument("--node", "--node-name", dest="node", default=config.default_node_name())
         p.set_defaults(func=lambda args: _run_sim(action, args))
         return p
@@ -195,7 +200,15 @@ def _run_sim(
 
     async def main() -> int:
         try:
-            bus = await asyncio.wait_for(Bus.connect(args.nats_url, name="gpudra-sim"), 10)
+            bus = await asyncio.wait_for(
+                Bus.connect(
+                    args.nats_url,
+                    name="gpudra-sim",
+                    identity=Identity(Role.SIM),
+                    credentials=config.nats_credentials(args),
+                ),
+                10,
+            )
         except TimeoutError:
             print(f"gpudra sim: cannot reach NATS at {args.nats_url}", file=sys.stderr)
             return 1

@@ -19,6 +19,7 @@ from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.core import nvidia, runner, supervisor
+from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.kubeletplugin import draservice, health, registration, sockets
 from services.kubeletplugin.forwarder import Forwarder, Timing
@@ -104,7 +105,11 @@ class KubeletPlugin:
 async def run(settings: Settings) -> int:
     """Serve until SIGTERM or SIGINT; return the exit status."""
     try:
-        bus = await Bus.connect(settings.nats_url, name=f"kubeletplugin-{settings.node}")
+        bus = await Bus.connect(
+            settings.nats_url,
+            name=f"kubeletplugin-{settings.node}",
+            identity=Identity(Role.FRONT, settings.node),
+        )
     except Exception as exc:
         log.error("cannot connect to NATS", extra={"url": settings.nats_url, "error": str(exc)})
         return 1

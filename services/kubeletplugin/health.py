@@ -20,6 +20,7 @@ from typing import Any
 import grpc
 
 from services.core import nvidia, subjects
+from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.schemas import Gpu, HealthEvent, NodeInventory
 from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as pb
@@ -78,7 +79,10 @@ class HealthBoard:
 
         A broken inventory watch is re-opened (it replays the current value first).
         """
-        await bus.subscribe(subjects.health(self.node), HealthEvent, self._on_event)
+        discovery = Identity(Role.DISCOVERY, self.node)  # the only one that may say it
+        await bus.subscribe(
+            subjects.health(self.node), HealthEvent, self._on_event, sender=discovery
+        )
         key = subjects.inventory_key(self.node)
         while True:
             try:

@@ -19,6 +19,8 @@ Everything listens on 127.0.0.1. The work directory holds::
 
     kubeconfig, pki/, etcd/          the control plane (services/local/cluster.py)
     nats/                            JetStream store
+    nats-access/                     the bus's CA, server certificate, config and one nkey
+                                     seed per component (users/<identity>.nk)
     nodes/<node>/kubelet/            kubelet root: plugins_registry/, plugins/gpu.nvidia.com/
     nodes/<node>/cdi/                the CDI specs the preparer writes
     logs/<component>.log             one log per process
@@ -45,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from services.core import featuregates, nvidia
+from services.core.access import Role
 from services.core.natsserver import NatsServer
 from services.local import REPO
 from services.local.cluster import (
@@ -179,6 +182,7 @@ class Stack:
             self.cp.binary = build_controlplane()
         self.nats.start()
         self._started.append("nats")
+        self.nats.provision()
         self._started.append("controlplane")
         self.cp.start()
         self.cp.apply(DEVICE_CLASSES.read_text())
@@ -223,7 +227,8 @@ class Stack:
     # ---- gpudra services -----------------------------------------------------
 
     def _service_argv(self, service: str, node: str | None) -> list[str]:
-        common = ["--nats-url", self.nats.url, "--log-level", self.log_level]
+        role = Role(service)
+        common = [*self.nats.client_argv(role, node or ""), "--log-level", self.log_level]
         kubeconfig = ["--kubeconfig", str(self.cp.kubeconfig)]
         if node is None:
             if service == "publisher":

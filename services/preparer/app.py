@@ -10,6 +10,7 @@ from pathlib import Path
 
 from services.core import featuregates as fg
 from services.core import nvidia, runner, subjects
+from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
 from services.preparer import cdi, faults, rebuild, refcheckpoint
@@ -89,7 +90,11 @@ async def run(settings: Settings) -> int:
     stop = runner.stop_event()
     pdir = plugin_dir(settings.kubelet_root)
     lock_fd = lock_plugin_dir(pdir)
-    bus = await Bus.connect(settings.nats_url, name=f"gpudra-preparer-{settings.node}")
+    bus = await Bus.connect(
+        settings.nats_url,
+        name=f"gpudra-preparer-{settings.node}",
+        identity=Identity(Role.PREPARER, settings.node),
+    )
     dirs = DirSyncer()
     store = CheckpointStore(
         default_path(settings.kubelet_root, nvidia.DRIVER_NAME),

@@ -20,6 +20,7 @@ from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Counter, Histogram
 
 from services.core import limits, subjects, tracing
+from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.schemas import (
     ClaimEvent,
@@ -117,8 +118,13 @@ class PreparerService:
     async def start(self) -> None:
         self.events.start()
         self.holdings.start()
-        await self.bus.serve(subjects.node_prepare(self.node), NodeRequest, self.on_prepare)
-        await self.bus.serve(subjects.node_unprepare(self.node), NodeRequest, self.on_unprepare)
+        front = Identity(Role.FRONT, self.node)  # the only one whose requests we answer
+        await self.bus.serve(
+            subjects.node_prepare(self.node), NodeRequest, self.on_prepare, sender=front
+        )
+        await self.bus.serve(
+            subjects.node_unprepare(self.node), NodeRequest, self.on_unprepare, sender=front
+        )
 
     async def close(self) -> None:
         """Stop taking requests, let the running ones answer, then flush their events."""

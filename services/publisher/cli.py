@@ -75,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    from services.core.access import Identity, Role
     from services.core.bus import Bus
     from services.core.kube import http_api
     from services.publisher.kubeapi import KubeSliceApi
@@ -91,7 +92,7 @@ async def _serve(args: argparse.Namespace) -> None:
         resync_s=args.resync_interval,
     )
     stop = runner.stop_event()
-    bus = await Bus.connect(args.nats_url, name="publisher")
+    bus = await Bus.connect(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))
     api = KubeSliceApi(await http_api(args.kubeconfig or None))
     tasks = supervisor.current()
     publisher = Publisher(api, settings)

@@ -26,11 +26,13 @@ from typing import Any
 import pytest
 
 from services.core import subjects
+from services.core.access import Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimEvent
 from services.local.cluster import ControlPlane
+from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -44,14 +46,14 @@ THRESHOLD_S = 2.0
 class Watcher:
     """``gpudra allocator`` as a process, stopped by PID."""
 
-    def __init__(self, cp: ControlPlane, nats_url: str, log: Path) -> None:
+    def __init__(self, cp: ControlPlane, nats: NatsServer, log: Path) -> None:
         self.log = log
         with open(log, "ab") as out:
             self.popen = subprocess.Popen(
                 [
                     sys.executable, "-m", "services.cli", "allocator",
                     "--kubeconfig", str(cp.kubeconfig),
-                    "--nats-url", nats_url,
+                    *nats.client_argv(Role.ALLOCATOR),
                     "--pending-threshold", f"{THRESHOLD_S}s",
                     "--log-level", "debug",
                 ],
@@ -113,7 +115,7 @@ async def eventually(check: Callable[[], Any], timeout: float, what: str) -> Any
 
 @pytest.fixture
 async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
-    client = await Bus.connect(nats_server.url, name="e2e-allocator")
+    client = await connect(nats_server, name="e2e-allocator")
     try:
         yield client
     finally:
@@ -219,7 +221,7 @@ async def test_lifecycle_events_and_claims_bucket(
     namespace = _setup(cp, suffix, devices=2)
     recorder = Recorder(namespace)
     await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
-    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator.log")
+    watcher = Watcher(cp, nats_server, tmp_path / "allocator.log")
     try:
         cp.apply(_claim_and_pod(namespace, suffix, count=1))
         claim = await eventually(lambda: _reserved(cp, namespace), 60, "allocation + reservation")
@@ -277,7 +279,7 @@ async def test_restart_repeats_nothing_and_reports_deletions_it_missed(
     namespace = _setup(cp, suffix, devices=1)
     recorder = Recorder(namespace)
     await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
-    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-1.log")
+    watcher = Watcher(cp, nats_server, tmp_path / "allocator-1.log")
     try:
         cp.apply(_claim_and_pod(namespace, suffix, count=1))
         claim = await eventually(lambda: _reserved(cp, namespace), 60, "allocation + reservation")
@@ -288,7 +290,7 @@ async def test_restart_repeats_nothing_and_reports_deletions_it_missed(
         assert await stored_names(bus, uid) == both
 
         assert watcher.stop() == 0, watcher.output()
-        watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-2.log")
+        watcher = Watcher(cp, nats_server, tmp_path / "allocator-2.log")
         await eventually(lambda: "claim watcher synced" in watcher.output(), 30, "a resync")
         assert await stored_names(bus, uid) == both, watcher.output()
 
@@ -296,7 +298,7 @@ async def test_restart_repeats_nothing_and_reports_deletions_it_missed(
         assert watcher.stop() == 0, watcher.output()
         cp.kubectl("delete", "pod", "workload", "-n", namespace, "--grace-period=0", "--force")
         cp.kubectl("delete", "resourceclaim", "gpu", "-n", namespace, "--wait=true")
-        watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-3.log")
+        watcher = Watcher(cp, nats_server, tmp_path / "allocator-3.log")
         await eventually(lambda: "deleted" in recorder.names(uid), 30, "deleted after restart")
         await eventually(lambda: "claim watcher synced" in watcher.output(), 30, "a resync")
         assert await stored_names(bus, uid) == [*both, "deleted"], watcher.output()
@@ -316,7 +318,7 @@ async def test_unsatisfiable_claim_gets_one_explanation_event(
     namespace = _setup(cp, suffix, devices=1)
     recorder = Recorder(namespace)
     await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
-    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator.log")
+    watcher = Watcher(cp, nats_server, tmp_path / "allocator.log")
     try:
         cp.apply(_claim_and_pod(namespace, suffix, count=3))  # one device exists
         claim = cp.get("resourceclaim", "gpu", namespace)
@@ -385,7 +387,7 @@ async def test_a_claim_nested_4000_deep_is_reported_on_itself_and_stops_nothing(
                           "-o", "jsonpath={.metadata.uid}").strip()  # fmt: skip
     recorder = Recorder(namespace)
     await bus.subscribe(subjects.claim_events_all(), ClaimEvent, recorder.on_event)
-    watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-1.log")
+    watcher = Watcher(cp, nats_server, tmp_path / "allocator-1.log")
     try:
 
         def reported() -> list[dict[str, Any]]:
@@ -408,7 +410,7 @@ async def test_a_claim_nested_4000_deep_is_reported_on_itself_and_stops_nothing(
         assert watcher.popen.poll() is None, watcher.output()
         # A restart relists the deep claim: no crash loop.
         assert watcher.stop() == 0, watcher.output()
-        watcher = Watcher(cp, nats_server.url, tmp_path / "allocator-2.log")
+        watcher = Watcher(cp, nats_server, tmp_path / "allocator-2.log")
         await eventually(lambda: "claim watcher synced" in watcher.output(), 30, "a resync")
         assert watcher.popen.poll() is None, watcher.output()
         assert recorder.names(deep_uid) == []

@@ -31,12 +31,13 @@ import nats.errors
 import pytest
 
 from services.core import subjects
-from services.core.bus import Bus
+from services.core.access import Role
 from services.core.schemas import ClaimEvent, PluginPresence, decode
 from services.local import demo
 from services.local.stack import Stack, StackError, complete_pool
 from services.preparer import checkpoint, faults
 from services.preparer.devices.simulated import STATE_FILE, SimHost
+from tests.helpers.bus import connect
 from tests.helpers.cdi import inject
 from tests.helpers.preparer import validate_cdi_file
 
@@ -196,7 +197,7 @@ def claim_events(stack: Stack, uid: str) -> list[str]:
     """Names of the CLAIMS stream's events about claim ``uid``, in order."""
 
     async def read() -> list[str]:
-        bus = await Bus.connect(stack.nats.url, name="e2e-stack", provision=False)
+        bus = await connect(stack.nats, Role.AUDITOR, name="e2e-stack")
         try:
             sub = await bus.js.subscribe(
                 subjects.claim_events_all(), stream=subjects.CLAIMS_STREAM, ordered_consumer=True
@@ -218,7 +219,7 @@ def claim_events(stack: Stack, uid: str) -> list[str]:
 
 def presence(stack: Stack, node: str) -> float | None:
     async def read() -> float | None:
-        bus = await Bus.connect(stack.nats.url, name="e2e-stack", provision=False)
+        bus = await connect(stack.nats, Role.AUDITOR, name="e2e-stack")
         try:
             key = subjects.presence_key(node, DRIVER)
             found = await bus.kv_get(subjects.PRESENCE_BUCKET, key, PluginPresence)

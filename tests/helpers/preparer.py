@@ -24,7 +24,9 @@ from typing import Any
 import yaml
 
 from services.core import subjects
+from services.core.access import Role
 from services.core.bus import Bus, RequestFailed
+from services.core.natsserver import NatsServer
 from services.core.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,
@@ -38,6 +40,7 @@ from services.core.resource import (
 )
 from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
 from services.preparer import cdicheck, checkpoint
+from tests.helpers.bus import connect
 
 REPO = Path(__file__).resolve().parents[2]
 DRIVER = "gpu.nvidia.com"
@@ -153,12 +156,13 @@ class Node:
     """One simulated node: directories, processes and the bus."""
 
     root: Path
-    nats_url: str
+    nats: NatsServer
     bus: Bus
     name: str = "n1"
     fleet: str = "dgx-a100"
     procs: list[Proc] = field(default_factory=list)
     runs: int = 0
+    front: Bus | None = None  # the test's requests come as the node's front (see request)
 
     @property
     def kubelet_root(self) -> Path:
@@ -199,7 +203,7 @@ class Node:
         proc = self._spawn(
             "discovery",
             ["discovery", "--node-name", self.name, "--fleet", self.fleet,
-             "--nats-url", self.nats_url, "--rescan-interval", "60"],
+             *self.nats.client_argv(Role.DISCOVERY, self.name), "--rescan-interval", "60"],
         )  # fmt: skip
         await self.wait_for(lambda inv: inv is not None, "the first inventory", proc)
         return proc
@@ -234,7 +238,8 @@ class Node:
         proc = self._spawn(
             "preparer",
             ["preparer", "--node-name", self.name, "--fleet", self.fleet,
-             "--nats-url", self.nats_url, "--kubelet-root", str(self.kubelet_root),
+             *self.nats.client_argv(Role.PREPARER, self.name),
+             "--kubelet-root", str(self.kubelet_root),
              "--cdi-root", str(self.cdi_root), "--boot-id-file", str(self.boot_id_file),
              "--feature-gates", gates, *api],
             env=env,
@@ -263,7 +268,7 @@ class Node:
         return self._spawn(
             "kubeletplugin",
             ["kubeletplugin", "--node-name", self.name, "--kubelet-root",
-             str(self.kubelet_root), "--nats-url", self.nats_url, *extra],
+             str(self.kubelet_root), *self.nats.client_argv(Role.FRONT, self.name), *extra],
         )  # fmt: skip
 
     def files(self) -> list[str]:
@@ -278,9 +283,12 @@ class Node:
                 ]
         return found
 
-    def stop_all(self) -> None:
+    async def stop_all(self) -> None:
         for proc in reversed(self.procs):
             proc.stop()
+        if self.front is not None:
+            await self.front.close()
+            self.front = None
 
     # ------------------------------------------------------------ requests
 
@@ -295,7 +303,9 @@ class Node:
         route = subjects.node_prepare if op == "prepare" else subjects.node_unprepare
         subject = route(self.name)
         request = NodeRequest(node=self.name, claims=list(claims), deadline=time.time() + timeout)
-        return await self.bus.request(subject, request, NodeReply, timeout)
+        if self.front is None:  # the preparer answers only its node's front
+            self.front = await connect(self.nats, Role.FRONT, self.name, name="test-front")
+        return await self.front.request(subject, request, NodeReply, timeout)
 
     async def prepare(self, *claims: ResourceClaim) -> NodeReply:
         return await self.request("prepare", [ref(c) for c in claims])

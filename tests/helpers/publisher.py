@@ -20,6 +20,7 @@ import pytest
 from aiohttp import web
 
 from services.core import subjects
+from services.core.access import Role
 from services.core.bus import Bus
 from services.core.kube import ApiError
 from services.core.natsserver import NatsServer, free_port
@@ -180,7 +181,7 @@ class PublisherProcess:
         self.metrics_port = free_port()
         args = [
             sys.executable, "-m", "services.cli", "publisher",
-            "--nats-url", nats.url,
+            *nats.client_argv(Role.PUBLISHER),
             "--kubeconfig", str(kubeconfig),
             "--metrics-port", str(self.metrics_port),
             "--resync-interval", "3600",

@@ -30,9 +30,9 @@ def short_root() -> Iterator[Path]:
 @pytest.fixture
 async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
     """A simulated dgx-h100 node with discovery running (start the preparer in the test)."""
-    running = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
+    running = Node(short_root, nats_server, bus, fleet="dgx-h100")
     await running.start_discovery()
     try:
         yield running
     finally:
-        running.stop_all()
+        await running.stop_all()

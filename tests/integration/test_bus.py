@@ -13,6 +13,7 @@ from services.core.bus import Bus, KvUpdate, RequestFailed, RequestTimeout
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.natsserver import NatsServer
 from services.core.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaError
+from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration
 
@@ -96,7 +97,7 @@ async def test_serve_runs_at_most_max_inflight_and_stop_serving_lets_them_answer
     nats_server: NatsServer, bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(Bus, "max_inflight", 3)
-    server = await Bus.connect(nats_server.url, name="limited")
+    server = await connect(nats_server, name="limited")
     release = asyncio.Event()
     running = 0
     peak = 0

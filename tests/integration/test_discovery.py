@@ -12,6 +12,7 @@ import msgspec
 import pytest
 
 from services.core import subjects
+from services.core.access import Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import (
@@ -26,6 +27,7 @@ from services.discovery.fleet import get_fleet
 from services.discovery.metrics import SIM_CONFLICTS
 from services.discovery.simstate import encode_state
 from services.discovery.simstore import SimStore, sim_key
+from tests.helpers.bus import connect
 from tests.helpers.discovery import (
     NODE,
     collect,
@@ -51,7 +53,8 @@ async def start_discovery(nats_server: NatsServer, tmp_path: Path) -> AsyncItera
     async def start(fleet: str = "dgx-a100", node: str = NODE) -> asyncio.subprocess.Process:
         log = (tmp_path / f"discovery-{len(procs)}.log").open("wb")
         proc = await asyncio.create_subprocess_exec(
-            *(sys.executable, "-m", "services.cli", "discovery", "--nats-url", nats_server.url),
+            *(sys.executable, "-m", "services.cli", "discovery"),
+            *nats_server.client_argv(Role.DISCOVERY, node),
             *("--node-name", node, "--fleet", fleet, "--rescan-interval", "300"),
             cwd=ROOT,
             stdout=log,
@@ -103,14 +106,12 @@ async def test_inventory_follows_mig_create_and_destroy(bus: Bus, start_discover
 async def test_xid_and_lost_gpu_from_the_cli(
     bus: Bus, nats_server: NatsServer, start_discovery: Start
 ) -> None:
-    url = nats_server.url
+    sim = nats_server.client_argv(Role.SIM)
     health = await collect(bus, subjects.health(NODE), HealthEvent)
     await start_discovery("dgx-a100")
     inv, _ = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
 
-    rc, out = await gpudra(
-        "sim", "xid", "--nats-url", url, "--node", NODE, "--gpu", "3", "--xid", "79"
-    )
+    rc, out = await gpudra("sim", "xid", *sim, "--node", NODE, "--gpu", "3", "--xid", "79")
     assert rc == 0, out
     await wait_for(health, lambda s: len(s) == 1)
     event = health[0]
@@ -126,7 +127,7 @@ async def test_xid_and_lost_gpu_from_the_cli(
 
     mig = inv.gpus[5].mig_devices[2]
     rc, out = await gpudra(
-        *("sim", "xid", "--nats-url", url, "--node", NODE, "--gpu", "5", "--xid", "43"),
+        *("sim", "xid", *sim, "--node", NODE, "--gpu", "5", "--xid", "43"),
         *("--gi", str(mig.gi_id), "--ci", str(mig.ci_id)),
     )
     assert rc == 0, out
@@ -138,7 +139,7 @@ async def test_xid_and_lost_gpu_from_the_cli(
         mig.ci_id,
     )
 
-    rc, out = await gpudra("sim", "lose", "--nats-url", url, "--node", NODE, "--gpu", "6")
+    rc, out = await gpudra("sim", "lose", *sim, "--node", NODE, "--gpu", "6")
     assert rc == 0, out
     await wait_for(health, lambda s: len(s) == 3)
     assert (health[2].kind, health[2].gpu_index) == ("gpu-lost", 6)
@@ -147,15 +148,13 @@ async def test_xid_and_lost_gpu_from_the_cli(
     assert [g.index for g in lost.gpus if g.error] == [6]  # the other GPUs are untouched
     assert lost.gpus[6].mig_devices == inv.gpus[6].mig_devices  # last known, for tainting
 
-    rc, out = await gpudra("sim", "recover", "--nats-url", url, "--node", NODE, "--gpu", "6")
+    rc, out = await gpudra("sim", "recover", *sim, "--node", NODE, "--gpu", "6")
     assert rc == 0, out
     await wait_for(health, lambda s: len(s) == 4)
     assert (health[3].kind, health[3].gpu_index) == ("recovered", 6)
     await wait_inventory(bus, lambda i: not i.gpus[6].health.lost and i.gpus[6].error is None)
 
-    rc, out = await gpudra(
-        "sim", "xid", "--nats-url", url, "--node", NODE, "--gpu", "9", "--xid", "1"
-    )
+    rc, out = await gpudra("sim", "xid", *sim, "--node", NODE, "--gpu", "9", "--xid", "1")
     assert rc == 1 and "NVML_ERROR_INVALID_ARGUMENT: no GPU 9" in out
 
 
@@ -221,15 +220,14 @@ async def test_mig_requests_over_the_bus(bus: Bus, start_discovery: Start) -> No
 async def test_restart_keeps_state_and_does_not_churn(
     bus: Bus, nats_server: NatsServer, start_discovery: Start
 ) -> None:
-    url = nats_server.url
+    sim = nats_server.client_argv(Role.SIM)
     first = await start_discovery("l4x4")
     await wait_inventory(bus, lambda i: len(i.gpus) == 4)
     rc, out = await gpudra(
         "sim",
         "mig",
         "create",
-        "--nats-url",
-        url,
+        *sim,
         "--node",
         NODE,
         "--gpu",
@@ -244,7 +242,7 @@ async def test_restart_keeps_state_and_does_not_churn(
     changes = await collect(bus, subjects.inventory_changed(NODE), InventoryChanged)
     await start_discovery("l4x4")
     await until_serving(bus)
-    rc, out = await gpudra("sim", "lose", "--nats-url", url, "--node", NODE, "--gpu", "1")
+    rc, out = await gpudra("sim", "lose", *sim, "--node", NODE, "--gpu", "1")
     assert rc == 0, out
     await wait_for(changes, lambda s: len(s) >= 1)
     await asyncio.sleep(0.3)
@@ -252,7 +250,7 @@ async def test_restart_keeps_state_and_does_not_churn(
     assert changes[0].changes[0] == "gpu-1: lost"
 
     # `gpudra sim boot` with another fleet reboots the node into new hardware.
-    rc, out = await gpudra("sim", "boot", "--nats-url", url, "--node", NODE, "--fleet", "mixed")
+    rc, out = await gpudra("sim", "boot", *sim, "--node", NODE, "--fleet", "mixed")
     assert rc == 0 and '"fleet": "mixed"' in out
     rebooted, _ = await wait_inventory(bus, lambda i: i.backend == "simulated:mixed")
     assert rebooted.gpus[1].mig_enabled and {g.uuid for g in rebooted.gpus}.isdisjoint(
@@ -260,8 +258,8 @@ async def test_restart_keeps_state_and_does_not_churn(
     )
 
 
-async def test_concurrent_writers_never_lose_an_update(bus: Bus) -> None:
-    store, other = SimStore(bus), SimStore(await Bus.connect(bus_url(bus), name="writer-2"))
+async def test_concurrent_writers_never_lose_an_update(bus: Bus, nats_server: NatsServer) -> None:
+    store, other = SimStore(bus), SimStore(await connect(nats_server, Role.SIM, name="writer-2"))
     try:
         state, revision = await store.boot(NODE, get_fleet("dgx-h100"), 0)
         assert await store.boot(NODE, get_fleet("dgx-h100"), 0) == (state, revision)  # kept
@@ -287,12 +285,6 @@ async def test_concurrent_writers_never_lose_an_update(bus: Bus) -> None:
         assert reseeded.gpus[0].gpu_instances == [] and reseeded.gpus[0].uuid != state.gpus[0].uuid
     finally:
         await other.bus.close()
-
-
-def bus_url(bus: Bus) -> str:
-    url = bus.nc.connected_url
-    assert url is not None
-    return f"nats://{url.hostname}:{url.port}"
 
 
 async def test_a_forged_or_deleted_inventory_is_put_back_by_the_nodes_discovery(

@@ -27,6 +27,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.core import subjects
+from services.core.access import Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import (
@@ -41,6 +42,7 @@ from services.core.schemas import (
     PreparedDevice,
 )
 from services.local.kubelet import Claim, FakeKubelet
+from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration
 
@@ -72,13 +74,13 @@ class Front:
         return self.log.read_text(errors="replace")
 
 
-def start_front(root: Path, nats_url: str, *extra: str) -> Front:
+def start_front(root: Path, nats: NatsServer, *extra: str) -> Front:
     log = root.parent / f"{root.name}.log"
     args = [
         sys.executable, "-m", "services.cli", "kubeletplugin",
         "--node-name", NODE,
         "--kubelet-root", str(root),
-        "--nats-url", nats_url,
+        *nats.client_argv(Role.FRONT, NODE),
         *extra,
     ]  # fmt: skip
     with open(log, "wb") as out:
@@ -98,7 +100,7 @@ def short_dir() -> Iterator[Path]:
 
 @pytest.fixture
 def front(short_dir: Path, nats_server: NatsServer) -> Iterator[Front]:
-    running = start_front(short_dir / "kubelet", nats_server.url)
+    running = start_front(short_dir / "kubelet", nats_server)
     try:
         yield running
     finally:
@@ -249,7 +251,7 @@ async def test_stale_sockets_are_replaced_and_rolling_update_names_used(
         path.parent.mkdir(parents=True, exist_ok=True)
         with socket.socket(socket.AF_UNIX) as s:
             s.bind(str(path))  # bound, never listening: what a crashed plugin leaves behind
-    front = start_front(root, nats_server.url, "--rolling-update-uid", uid)
+    front = start_front(root, nats_server, "--rolling-update-uid", uid)
     try:
         async with FakeKubelet(root) as kubelet:
             reg = await kubelet.wait_for_registration_socket(timeout=20)
@@ -267,7 +269,7 @@ def test_dra_socket_serves_before_the_registration_socket_appears(
     root = short_dir / "kubelet"
     reg = root / "plugins_registry" / f"{DRIVER}-reg.sock"
     dra = root / "plugins" / DRIVER / "dra.sock"
-    front = start_front(root, nats_server.url)
+    front = start_front(root, nats_server)
     try:
         deadline = time.monotonic() + 20
         while not reg.exists():  # the kubelet's watcher acts on the first inotify event
@@ -302,7 +304,7 @@ def test_a_file_in_the_socket_path_is_refused_not_deleted(
     squatter = root / "plugins_registry" / f"{DRIVER}-reg.sock"
     squatter.parent.mkdir(parents=True)
     squatter.write_text("not a socket")
-    front = start_front(root, nats_server.url)
+    front = start_front(root, nats_server)
     assert front.proc.wait(20) == 1
     assert squatter.read_text() == "not a socket"
     assert "is not a unix socket" in front.output()
@@ -440,23 +442,34 @@ def _gpu(index: int, **kw: object) -> Gpu:
     )
 
 
-async def test_health_stream_follows_inventory_and_events(kubelet: FakeKubelet, bus: Bus) -> None:
+async def test_health_stream_follows_inventory_and_events(
+    kubelet: FakeKubelet, bus: Bus, nats_server: NatsServer
+) -> None:
     inventory = NodeInventory(
         node=NODE,
         driver_version="570.124.06",
         cuda_driver_version="12.8",
-        gpus=[_gpu(0), _gpu(1, health=GpuHealth(lost=True))],
+        gpus=[_gpu(0), _gpu(1, health=GpuHealth(lost=True)), _gpu(2)],
     )
     await bus.kv_put(subjects.INVENTORY_BUCKET, subjects.inventory_key(NODE), inventory)
     await kubelet.register()
     stream = kubelet.watch_health()
     first = await asyncio.wait_for(anext(stream), 10)
-    assert first == {f"{NODE}/gpu-0": 1, f"{NODE}/gpu-1": 2}  # HEALTHY, UNHEALTHY
+    assert first == {f"{NODE}/gpu-0": 1, f"{NODE}/gpu-1": 2, f"{NODE}/gpu-2": 1}
 
-    await bus.publish(
-        subjects.health(NODE),
-        HealthEvent(node=NODE, gpu_uuid=inventory.gpus[0].uuid, gpu_index=0, kind="xid", xid=79),
-    )
+    def xid(gpu: int) -> HealthEvent:
+        uuid = inventory.gpus[gpu].uuid
+        return HealthEvent(node=NODE, gpu_uuid=uuid, gpu_index=gpu, kind="xid", xid=79)
+
+    # Someone other than the node's discovery says gpu-0 failed: refused. (Flushed
+    # first, so the front sees it before the real event below.)
+    await bus.publish(subjects.health(NODE), xid(0))
+    await bus.nc.flush()
+    discovery = await connect(nats_server, Role.DISCOVERY, NODE, name="discovery")
+    try:
+        await discovery.publish(subjects.health(NODE), xid(2))
+    finally:
+        await discovery.close()
     second = await asyncio.wait_for(anext(stream), 10)
-    assert second == {f"{NODE}/gpu-0": 2, f"{NODE}/gpu-1": 2}
+    assert second == {f"{NODE}/gpu-0": 1, f"{NODE}/gpu-1": 2, f"{NODE}/gpu-2": 2}
     await stream.aclose()

@@ -108,7 +108,7 @@ class Setup:
 
 @pytest.fixture
 async def setup(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Setup]:
-    node = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
+    node = Node(short_root, nats_server, bus, fleet="dgx-h100")
     api = FakeApi()
     await api.start()
     try:
@@ -120,7 +120,7 @@ async def setup(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIte
             await kubelet.register()
             yield Setup(node, kubelet, api)
     finally:
-        node.stop_all()
+        await node.stop_all()
         await api.stop()
 
 
@@ -348,7 +348,7 @@ async def test_hostile_claim_identities_never_reach_a_path_or_subject(
         assert node.files() == before, (uid, name)
         assert dict(node.checkpoint().claims) == {}
         # The identity travelled in payloads only: every subject used is a fixed one.
-        used = {s for s in seen if not s.startswith(("_INBOX.", "$JS.", "_R_."))}
+        used = {s for s in seen if not s.startswith(("_I.", "$JS.", "_R_."))}
         assert used <= allowed, used - allowed
         if not needle.startswith("empty"):
             assert subjects.node_prepare(node.name) in used  # it did reach the preparer

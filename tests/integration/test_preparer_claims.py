@@ -35,22 +35,22 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 async def h100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
-    node = Node(tmp_path, nats_server.url, bus, fleet="dgx-h100")
+    node = Node(tmp_path, nats_server, bus, fleet="dgx-h100")
     await node.start_discovery()
     try:
         yield node
     finally:
-        node.stop_all()
+        await node.stop_all()
 
 
 @pytest.fixture
 async def a100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
-    node = Node(tmp_path, nats_server.url, bus, fleet="dgx-a100")
+    node = Node(tmp_path, nats_server, bus, fleet="dgx-a100")
     await node.start_discovery()
     try:
         yield node
     finally:
-        node.stop_all()
+        await node.stop_all()
 
 
 def exists(path: str) -> bool:

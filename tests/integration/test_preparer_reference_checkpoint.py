@@ -31,13 +31,13 @@ GATES = "PassthroughSupport=true,TimeSlicingSettings=true"
 
 @pytest.fixture
 async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Node]:
-    running = Node(short_root, nats_server.url, bus, fleet="dgx-a100")
+    running = Node(short_root, nats_server, bus, fleet="dgx-a100")
     await running.start_discovery()
     running.boot_id_file.write_text(new_uid() + "\n")
     try:
         yield running
     finally:
-        running.stop_all()
+        await running.stop_all()
 
 
 def boot_id(node: Node) -> str:

@@ -50,7 +50,7 @@ async def start(node: Node, gates: str) -> FakeKubelet:
 async def a100(
     short_root: Path, nats_server: NatsServer, bus: Bus
 ) -> AsyncIterator[tuple[Node, FakeKubelet]]:
-    node = Node(short_root, nats_server.url, bus, fleet="dgx-a100")
+    node = Node(short_root, nats_server, bus, fleet="dgx-a100")
     try:
         kubelet = await start(
             node,
@@ -59,20 +59,20 @@ async def a100(
         async with kubelet:
             yield node, kubelet
     finally:
-        node.stop_all()
+        await node.stop_all()
 
 
 @pytest.fixture
 async def h100(
     short_root: Path, nats_server: NatsServer, bus: Bus
 ) -> AsyncIterator[tuple[Node, FakeKubelet]]:
-    node = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
+    node = Node(short_root, nats_server, bus, fleet="dgx-h100")
     try:
         kubelet = await start(node, "DynamicMIG=true")
         async with kubelet:
             yield node, kubelet
     finally:
-        node.stop_all()
+        await node.stop_all()
 
 
 async def round_trip(

@@ -19,7 +19,9 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import StatusCode
 
 from services.core import featuregates, subjects, tracing
+from services.core.access import Role
 from services.core.bus import Bus
+from services.core.natsserver import NatsServer
 from services.core.schemas import ClaimEvent, NodeReply, NodeRequest
 from services.discovery import fleet, inventory
 from services.discovery.sim import SimNvml
@@ -29,6 +31,7 @@ from services.preparer.devices.simulated import SimulatedOps
 from services.preparer.engine import Engine, Settings
 from services.preparer.inventory import InventoryView
 from services.preparer.service import PreparerService
+from tests.helpers.bus import connect
 from tests.helpers.preparer import Dev, make_claim, ref
 
 pytestmark = pytest.mark.integration
@@ -70,16 +73,24 @@ def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
 
 
 async def test_spans_continue_the_callers_trace_and_carry_the_claim(
-    preparer: InMemorySpanExporter, bus: Bus
+    preparer: InMemorySpanExporter, bus: Bus, nats_server: NatsServer
 ) -> None:
     good = make_claim(NODE, [Dev("gpu", "gpu-1")], name="good")
     bad = make_claim(NODE, [Dev("gpu", "gpu-99")], name="bad")
     for claim in (good, bad):
         await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, ref(claim).uid), claim)
     request = NodeRequest(node=NODE, claims=[ref(good), ref(bad)], deadline=time.time() + 10)
-    reply = await bus.request(
-        subjects.node_prepare(NODE), request, NodeReply, 10, headers={"traceparent": TRACEPARENT}
-    )
+    front = await connect(nats_server, Role.FRONT, NODE, name="front")  # whom it answers
+    try:
+        reply = await front.request(
+            subjects.node_prepare(NODE),
+            request,
+            NodeReply,
+            10,
+            headers={"traceparent": TRACEPARENT},
+        )
+    finally:
+        await front.close()
     assert reply.claims[ref(good).uid].error == ""
     assert "no GPU with minor 99" in reply.claims[ref(bad).uid].error
 

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from services.core import nvidia, subjects
+from services.core.access import Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.resource import Device
@@ -49,7 +50,8 @@ async def kube() -> AsyncIterator[FakeKube]:
 async def discovery(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[None]:
     log = (tmp_path / "discovery.log").open("wb")
     proc = await asyncio.create_subprocess_exec(
-        *(sys.executable, "-m", "services.cli", "discovery", "--nats-url", nats_server.url),
+        *(sys.executable, "-m", "services.cli", "discovery"),
+        *nats_server.client_argv(Role.DISCOVERY, NODE),
         *("--node-name", NODE, "--fleet", "dgx-h100", "--rescan-interval", "300"),
         cwd=ROOT,
         stdout=log,
@@ -73,7 +75,7 @@ def _taint_keys(kube: FakeKube) -> dict[str, list[str]]:
 async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recovers(
     nats_server: NatsServer, bus: Bus, kube: FakeKube, tmp_path: Path, discovery: None
 ) -> None:
-    url = nats_server.url
+    sim = nats_server.client_argv(Role.SIM)
     inv, _ = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
     names = {f"gpu-{i}" for i in range(8)}
     with publisher(
@@ -82,7 +84,7 @@ async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recov
         await until(lambda: set(_devices(kube)) == names, "8 untainted devices", proc)
         assert all(keys == [] for keys in _taint_keys(kube).values())
 
-        rc, out = await gpudra("sim", "lose", "--nats-url", url, "--node", NODE, "--gpu", "3")
+        rc, out = await gpudra("sim", "lose", *sim, "--node", NODE, "--gpu", "3")
         assert rc == 0, out
         lost = {"gpu-3"}
         await until(
@@ -100,7 +102,7 @@ async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recov
         uuid = devices["gpu-3"].attributes or {}
         assert uuid[nvidia.ATTR_UUID].value() == inv.gpus[3].uuid  # the last identity
 
-        rc, out = await gpudra("sim", "recover", "--nats-url", url, "--node", NODE, "--gpu", "3")
+        rc, out = await gpudra("sim", "recover", *sim, "--node", NODE, "--gpu", "3")
         assert rc == 0, out
         await until(
             lambda: all(k == [] for k in _taint_keys(kube).values()), "taints cleared", proc
@@ -182,7 +184,7 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
     nats_server: NatsServer, bus: Bus, kube: FakeKube, tmp_path: Path, discovery: None
 ) -> None:
     """Discovery and publisher as separate processes keep the slices in sync with NVML."""
-    url = nats_server.url
+    sim = nats_server.client_argv(Role.SIM)
     await wait_inventory(bus, lambda i: len(i.gpus) == 8)
     gates = "NVMLDeviceHealthCheck=true"
     with publisher(
@@ -191,7 +193,7 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
         await until(lambda: set(_devices(kube)) == {f"gpu-{i}" for i in range(8)}, "8 GPUs", p)
 
         rc, out = await gpudra(
-            "sim", "mig", "create", "--nats-url", url, "--node", NODE,
+            "sim", "mig", "create", *sim, "--node", NODE,
             "--gpu", "2", "--profile", "1g.10gb", "--placement", "0",
         )  # fmt: skip
         assert rc == 0, out
@@ -202,9 +204,7 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
         attrs = devices[mig].attributes or {}
         assert attrs[nvidia.ATTR_UUID].value().startswith("MIG-")  # type: ignore[union-attr]
 
-        rc, out = await gpudra(
-            "sim", "xid", "--nats-url", url, "--node", NODE, "--gpu", "5", "--xid", "79"
-        )
+        rc, out = await gpudra("sim", "xid", *sim, "--node", NODE, "--gpu", "5", "--xid", "79")
         assert rc == 0, out
         await until(lambda: _taint_keys(kube).get("gpu-5") == [nvidia.TAINT_XID], "xid taint", p)
         (taint,) = _devices(kube)["gpu-5"].taints or []

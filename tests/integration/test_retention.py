@@ -17,6 +17,7 @@ from services.core import retention, subjects
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import PluginPresence
+from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration
 
@@ -31,7 +32,7 @@ async def test_ten_thousand_cycles_leave_the_claims_bucket_bounded(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(Bus, "delete_marker_ttl", 2.0)
-    bus = await Bus.connect(nats_server.url, name="soak")
+    bus = await connect(nats_server, name="soak")
     try:
         value = PluginPresence(node="n", driver="gpu.nvidia.com", endpoint="/x")
         live = [f"n.live-{i}" for i in range(5)]
@@ -53,7 +54,7 @@ async def test_ten_thousand_cycles_leave_the_claims_bucket_bounded(
 async def test_streams_carry_their_limits_and_follow_a_changed_setting(
     nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    bus = await Bus.connect(nats_server.url, name="limits")
+    bus = await connect(nats_server, name="limits")
     try:
         info = await bus.js.stream_info(subjects.CLAIMS_STREAM)
         defaults = retention.DEFAULTS[subjects.CLAIMS_STREAM]
@@ -66,7 +67,7 @@ async def test_streams_carry_their_limits_and_follow_a_changed_setting(
         await bus.close()
     monkeypatch.setenv("GPUDRA_CLAIMS_MAX_AGE", "7d")
     monkeypatch.setenv("GPUDRA_CLAIMS_MAX_BYTES", "64Mi")
-    bus = await Bus.connect(nats_server.url, name="limits-again")
+    bus = await connect(nats_server, name="limits-again")
     try:
         info = await bus.js.stream_info(subjects.CLAIMS_STREAM)
         assert info.config.max_age == 7 * retention.DAY

@@ -37,4 +37,4 @@ def test_a_node_process_imports_only_its_own_service() -> None:
 def test_help_and_unknown_commands_still_see_every_command() -> None:
     parser = cli.build_parser("--help")
     choices = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
-    assert set(cli.COMMANDS) | {"nats"} == set(choices)
+    assert set(cli.COMMANDS) | {"nats", "provision"} == set(choices)
