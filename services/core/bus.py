@@ -326,8 +326,8 @@ class Bus:
         handler: Callable[[T, dict[str, str]], Awaitable[None]],
         sender: Identity | None = None,
     ) -> None:
-        """Core (non-durable) subscription of a literal subject; malformed messages and,
-        with ``sender``, anyone else's are skipped."""
+        """Core (non-durable) subscription; malformed messages and, with ``sender``,
+        anyone else's are skipped."""
 
         async def on_msg(msg: Msg) -> None:
             if _foreign(msg, subject, sender):
@@ -393,7 +393,7 @@ def _foreign(msg: Msg, subject: str, sender: Identity | None) -> bool:
     or a JetStream publish awaiting its ack), where nobody else may publish.
     """
     reason = ""
-    if msg.subject != subject:
+    if not subjects.matches(subject, msg.subject):
         reason = f"subject {msg.subject!r}"
     elif sender is not None and not (msg.reply or "").startswith(sender.inbox_prefix + "."):
         reason = f"reply {msg.reply!r} is not in {sender.name}'s inbox"

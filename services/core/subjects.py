@@ -118,3 +118,14 @@ def node_unprepare(node: str) -> str:
 # Simulated NVML control (tests and `gpudra sim`).
 def sim_control(node: str) -> str:
     return f"{SIM_ROOT}.{escape_token(node)}"
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """Whether ``subject`` falls under ``pattern`` (NATS wildcards ``*`` and ``>``)."""
+    want, have = pattern.split("."), subject.split(".")
+    for i, token in enumerate(want):
+        if token == ">":
+            return len(have) > i
+        if i >= len(have) or (token != "*" and token != have[i]):
+            return False
+    return len(want) == len(have)

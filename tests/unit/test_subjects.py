@@ -27,3 +27,19 @@ def test_subjects_keep_user_names_in_one_token() -> None:
     assert subject.split(".")[:2] == ["dra", "claim"]
     assert len(subject.split(".")) == 4
     assert subjects.node_prepare("n*1") == "dra.node.n=2A1.prepare"
+
+
+@pytest.mark.parametrize(
+    ("pattern", "subject", "expected"),
+    [
+        ("dra.node.n1.prepare", "dra.node.n1.prepare", True),
+        ("dra.node.n1.prepare", "dra.claim.n2.prepared", False),
+        ("dra.claim.>", "dra.claim.n1.prepare.requested", True),
+        ("dra.claim.>", "dra.claim", False),
+        ("dra.*.n1", "dra.health.n1", True),
+        ("dra.*.n1", "dra.health.n1.x", False),
+        ("dra.*", "dra", False),
+    ],
+)
+def test_matches_follows_nats_wildcards(pattern: str, subject: str, expected: bool) -> None:
+    assert subjects.matches(pattern, subject) is expected

@@ -1,0 +1,296 @@
+"""Attacks on the bus, each tried against a real nats-server with the production
+permissions (and, where one is attacked, a real preparer), each asserting that
+the server or the service refused it and that nothing changed.
+
+The attacker holds, in turn: nothing; a plain-TCP connection; the credentials
+of a compromised component of *another* node; a read-only auditor's; the
+provisioning identity's. See docs/security.md for the table these rows fill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+import nats
+import nats.errors
+import pytest
+from nats.aio.client import Client
+from nats.js import api
+
+from services.core import subjects
+from services.core.access import Identity, Role
+from services.core.bus import Bus, RequestTimeout
+from services.core.natsserver import NatsServer
+from services.core.resource import ResourceClaim
+from services.core.schemas import (
+    ClaimEvent,
+    ClaimRef,
+    HealthEvent,
+    NodeInventory,
+    NodeRequest,
+    encode,
+)
+from tests.helpers.bus import connect
+from tests.helpers.events import stored_claim_events
+from tests.helpers.preparer import Dev, Node, make_claim, ref
+
+VICTIM = "n1"  # the node attacked
+OTHER = "n2"  # a node whose components the attacker has compromised
+DENIED = "permissions violation"
+
+
+@dataclass
+class Attacker:
+    """A raw NATS client (not our Bus: an attacker need not play by its rules)."""
+
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    async def denied(self, what: str, timeout: float = 5.0) -> None:
+        """Wait until the server has said no to ``what`` (a subject)."""
+        deadline = time.monotonic() + timeout
+        while not any(DENIED in e and what.lower() in e.lower() for e in self.errors):
+            assert time.monotonic() < deadline, f"no refusal of {what}; errors: {self.errors}"
+            await asyncio.sleep(0.02)
+
+
+MakeAttacker = Callable[..., Awaitable[Attacker]]
+
+
+@pytest.fixture
+async def attacker(nats_server: NatsServer) -> AsyncIterator[MakeAttacker]:
+    made: list[Attacker] = []
+
+    async def make(role: Role, node: str = "") -> Attacker:
+        creds = nats_server.credentials(role, node)
+        errors: list[str] = []
+
+        async def on_error(exc: Exception) -> None:
+            errors.append(str(exc))
+
+        nc = await nats.connect(
+            nats_server.url,
+            nkeys_seed_str=creds.seed(),
+            tls=creds.tls(),
+            inbox_prefix=Identity(role, node).inbox_prefix,
+            error_cb=on_error,
+            max_reconnect_attempts=0,
+        )
+        made.append(Attacker(nc, errors))
+        return made[-1]
+
+    yield make
+    for one in made:
+        await one.nc.close()
+
+
+async def test_no_credentials_or_no_tls_gets_nothing(nats_server: NatsServer) -> None:
+    admin = nats_server.credentials(Role.ADMIN)
+    with pytest.raises(nats.errors.Error, match="Authorization Violation"):
+        await nats.connect(
+            nats_server.url, tls=admin.tls(), max_reconnect_attempts=0, allow_reconnect=False
+        )
+    # TLS is required: a client that talks plain text gets no PONG.
+    with socket.create_connection(("127.0.0.1", nats_server.port), timeout=5) as raw:
+        info = raw.recv(4096)
+        assert b'"tls_required":true' in info
+        raw.sendall(b'CONNECT {"verbose":false}\r\nPING\r\n')
+        answer = b""
+        with contextlib.suppress(OSError):
+            while chunk := raw.recv(4096):
+                answer += chunk
+        assert b"PONG" not in answer
+    untrusting = ssl.create_default_context()  # the system CAs do not know our server
+    with pytest.raises(ssl.SSLCertVerificationError):
+        await nats.connect(
+            nats_server.url,
+            nkeys_seed_str=admin.seed(),
+            tls=untrusting,
+            max_reconnect_attempts=0,
+            allow_reconnect=False,
+        )
+
+
+@pytest.mark.parametrize(
+    ("role", "node"),
+    [
+        (Role.PREPARER, VICTIM),  # even the victim's own preparer
+        (Role.FRONT, VICTIM),
+        (Role.DISCOVERY, OTHER),
+        (Role.PUBLISHER, ""),
+        (Role.AUDITOR, ""),
+    ],
+)
+async def test_only_the_claim_watcher_writes_allocations(
+    attacker, bus: Bus, role: Role, node: str
+) -> None:
+    forged = make_claim(VICTIM, [Dev("gpu", "gpu-4")], name="forged")
+    key = subjects.claim_key(VICTIM, ref(forged).uid)
+    mallory = await attacker(role, node)
+    with pytest.raises(nats.errors.TimeoutError):
+        await mallory.nc.jetstream().publish(
+            f"$KV.{subjects.CLAIMS_BUCKET}.{key}", encode(forged), timeout=1
+        )
+    await mallory.denied(f"$KV.{subjects.CLAIMS_BUCKET}.{key}")
+    assert await bus.kv_keys(subjects.CLAIMS_BUCKET) == []
+    watcher = await attacker(Role.ALLOCATOR)  # the one that may
+    await watcher.nc.jetstream().publish(f"$KV.{subjects.CLAIMS_BUCKET}.{key}", encode(forged))
+    assert await bus.kv_keys(subjects.CLAIMS_BUCKET) == [key]
+
+
+async def test_a_node_writes_only_its_own_inventory_and_health(attacker, bus: Bus) -> None:
+    other = await attacker(Role.DISCOVERY, OTHER)
+    empty = NodeInventory(node=VICTIM, driver_version="", cuda_driver_version="", gpus=[])
+    subject = f"$KV.{subjects.INVENTORY_BUCKET}.{subjects.inventory_key(VICTIM)}"
+    await other.nc.publish(subject, encode(empty))
+    await other.denied(subject)
+    xid = HealthEvent(node=VICTIM, gpu_uuid="GPU-x", gpu_index=0, kind="xid", xid=79)
+    await other.nc.publish(subjects.health(VICTIM), encode(xid))
+    await other.denied(subjects.health(VICTIM))
+    assert await bus.kv_keys(subjects.INVENTORY_BUCKET) == []
+
+
+@pytest.mark.parametrize(
+    ("role", "node", "event"),
+    [
+        (Role.PREPARER, OTHER, "prepared"),  # another node's preparer
+        (Role.ALLOCATOR, "", "prepared"),  # the allocator says only allocation events
+        (Role.PREPARER, VICTIM, "allocated"),  # and the preparer only its own
+        (Role.FRONT, VICTIM, "unprepared"),
+        (Role.AUDITOR, "", "deleted"),
+    ],
+)
+async def test_nobody_forges_another_services_claim_events(
+    attacker, bus: Bus, role: Role, node: str, event: str
+) -> None:
+    mallory = await attacker(role, node)
+    subject = subjects.claim_event(VICTIM, event)
+    forged = ClaimEvent(
+        event=event,  # type: ignore[arg-type]
+        claim=ClaimRef(uid="u", namespace="ns", name="c"),
+        node=VICTIM,
+        actor="preparer",
+    )
+    await mallory.nc.publish(subject, encode(forged))
+    await mallory.denied(subject)
+    assert await stored_claim_events(bus) == []
+
+
+@pytest.mark.parametrize("role", [Role.ADMIN, Role.ALLOCATOR, Role.AUDITOR])
+async def test_nobody_purges_or_deletes_the_audit_trail_or_a_bucket(
+    attacker, bus: Bus, nats_server: NatsServer, role: Role
+) -> None:
+    event = ClaimEvent(
+        event="prepared", claim=ClaimRef(uid="u", namespace="ns", name="c"), node=VICTIM,
+        actor="preparer",
+    )  # fmt: skip
+    preparer = await connect(nats_server, Role.PREPARER, VICTIM)
+    try:
+        await preparer.publish(subjects.claim_event(VICTIM, "prepared"), event)
+    finally:
+        await preparer.close()
+    mallory = await attacker(role)
+    manager = mallory.nc.jetstream()
+    attacks = [
+        (manager.purge_stream(subjects.CLAIMS_STREAM), "$JS.API.STREAM.PURGE.CLAIMS"),
+        (manager.delete_stream(subjects.CLAIMS_STREAM), "$JS.API.STREAM.DELETE.CLAIMS"),
+        (manager.delete_msg(subjects.CLAIMS_STREAM, 1), "$JS.API.STREAM.MSG.DELETE.CLAIMS"),
+        (manager.delete_key_value(subjects.CLAIMS_BUCKET), "$JS.API.STREAM.DELETE.KV_claims"),
+    ]
+    for attack, subject in attacks:
+        with pytest.raises(nats.errors.TimeoutError):
+            await asyncio.wait_for(attack, 10)
+        await mallory.denied(subject)
+    assert [e.event for e in await stored_claim_events(bus)] == ["prepared"]
+    assert (await bus.js.stream_info(f"KV_{subjects.CLAIMS_BUCKET}")).config.name
+
+
+async def test_a_rogue_cannot_answer_or_overhear_a_nodes_prepare(attacker) -> None:
+    rogue = await attacker(Role.PREPARER, OTHER)
+    await rogue.nc.subscribe(subjects.node_prepare(VICTIM))
+    await rogue.denied(subjects.node_prepare(VICTIM))
+    front_inbox = Identity(Role.FRONT, VICTIM).inbox_prefix + ".>"
+    await rogue.nc.subscribe(front_inbox)  # read the front's replies
+    await rogue.denied(front_inbox)
+    await rogue.nc.publish(Identity(Role.FRONT, VICTIM).inbox_prefix + ".x.y", b"{}")  # answer
+    await rogue.denied(Identity(Role.FRONT, VICTIM).inbox_prefix + ".x.y")
+    auditor = await attacker(Role.AUDITOR)
+    await auditor.nc.subscribe(">")  # read everything
+    await auditor.denied(">")
+
+
+# ---------------------------------------------------------------- against a preparer
+
+
+@pytest.fixture
+async def victim(node: Node) -> AsyncIterator[Node]:
+    """Node n1 with discovery and a preparer running (see tests/integration/conftest.py)."""
+    await node.start_preparer()
+    yield node
+
+
+async def prepared_claim(node: Node) -> ResourceClaim:
+    claim = make_claim(node.name, [Dev("gpu", "gpu-5")], name="running")
+    await node.put_claim(claim)
+    reply = await node.prepare(claim)
+    assert reply.claims[ref(claim).uid].error == ""
+    return claim
+
+
+async def test_only_the_nodes_front_can_unprepare_a_running_pods_claim(
+    victim: Node, bus: Bus, attacker
+) -> None:
+    claim = await prepared_claim(victim)
+    files = victim.files()
+    request = NodeRequest(node=victim.name, claims=[ref(claim)], deadline=time.time() + 5)
+    subject = subjects.node_unprepare(victim.name)
+    # Another node's front may not publish there at all.
+    other_front = await attacker(Role.FRONT, OTHER)
+    await other_front.nc.publish(subject, encode(request))
+    await other_front.denied(subject)
+    # The provisioning identity may publish anything, but the preparer answers only
+    # its node's front: no reply, nothing undone.
+    with pytest.raises(RequestTimeout, match="no reply"):
+        await bus.request(subject, request, ClaimEvent, timeout=2)
+    assert victim.files() == files
+    assert set(victim.checkpoint().claims) == {ref(claim).uid}
+
+
+async def test_stored_messages_pushed_at_the_preparer_by_a_consumer_are_refused(
+    victim: Node, bus: Bus, attacker
+) -> None:
+    """A compromised node stores a well-formed unprepare request in its own event
+    subject; an auditor's push consumer delivers it to the victim's unprepare
+    subject (publish permissions do not cover what JetStream delivers)."""
+    claim = await prepared_claim(victim)
+    files = victim.files()
+    request = NodeRequest(node=victim.name, claims=[ref(claim)], deadline=time.time() + 60)
+    other = await attacker(Role.PREPARER, OTHER)
+    await other.nc.jetstream().publish(subjects.claim_event(OTHER, "prepared"), encode(request))
+    auditor = await attacker(Role.AUDITOR)
+    seen_before = victim_log_refusals(victim)
+    await auditor.nc.jetstream().add_consumer(
+        subjects.CLAIMS_STREAM,
+        api.ConsumerConfig(
+            deliver_subject=subjects.node_unprepare(victim.name),
+            filter_subject=subjects.claim_event(OTHER, "prepared"),
+            ack_policy=api.AckPolicy.NONE,
+        ),
+    )
+    deadline = time.monotonic() + 10
+    while victim_log_refusals(victim) == seen_before:  # the preparer saw it and said no
+        assert time.monotonic() < deadline, "the preparer never saw the pushed message"
+        await asyncio.sleep(0.05)
+    assert victim.files() == files
+    assert set(victim.checkpoint().claims) == {ref(claim).uid}
+
+
+def victim_log_refusals(node: Node) -> int:
+    preparer = next(p for p in reversed(node.procs) if p.name == "preparer")
+    return preparer.output().count("refusing a foreign message")
