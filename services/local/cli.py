@@ -136,7 +136,8 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     _say(f"gpudra up: starting in {stack.workdir} (driver gates {stack.gates})")
     stack.start()
     _say(f"stack up after {time.monotonic() - started:.1f}s:")
-    _say(f"  nats            {stack.nats.url}")
+    _say(f"  nats            {stack.nats.url} (TLS, CA {stack.nats.access.ca})")
+    _say(f"                  one identity per component: {stack.nats.access.users}/*.nk")
     _say(f"  kube-apiserver  {stack.cp.server} (+ etcd, kube-scheduler, kube-controller-manager)")
     for node in stack.nodes.values():
         _say(
