@@ -7,9 +7,12 @@ from pathlib import Path
 
 import pytest
 
+from services.core import logs
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from tests.helpers.bus import connect
+
+logs.quiet_tls_eof_warnings()
 
 
 @pytest.fixture

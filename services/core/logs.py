@@ -45,6 +45,17 @@ def _trace_ids() -> dict[str, str]:
     return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
 
 
+def _not_tls_eof_noise(record: logging.LogRecord) -> bool:
+    return "eof_received() has no effect when using ssl" not in record.getMessage()
+
+
+def quiet_tls_eof_warnings() -> None:
+    """asyncio warns on every TLS connection nats-py closes; it says nothing to an operator."""
+    asyncio_log = logging.getLogger("asyncio")
+    if _not_tls_eof_noise not in asyncio_log.filters:
+        asyncio_log.addFilter(_not_tls_eof_noise)
+
+
 def setup(service: str, level: str = "info") -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(service))
@@ -53,3 +64,4 @@ def setup(service: str, level: str = "info") -> None:
     root.setLevel(level.upper())
     for noisy in ("nats", "kubernetes_asyncio", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    quiet_tls_eof_warnings()
