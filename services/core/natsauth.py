@@ -27,6 +27,10 @@ import nkeys
 from services.core.access import Identity, Role
 
 CERT_DAYS = 365
+#: The largest message anyone may publish (nats-server refuses more): a prepare of
+#: 512 claims with the longest names the API allows is 190 KB, a DGX A100's
+#: inventory with its MIG layout 18 KB.
+MAX_PAYLOAD = 1024 * 1024
 
 
 class CredentialsError(RuntimeError):
@@ -127,6 +131,7 @@ class AccessDir:
         return {
             "listen": listen,
             "server_name": name,
+            "max_payload": MAX_PAYLOAD,
             "jetstream": {"store_dir": str(store_dir)},
             "tls": {
                 "cert_file": str(self.server_cert),
