@@ -294,3 +294,10 @@ async def test_stored_messages_pushed_at_the_preparer_by_a_consumer_are_refused(
 def victim_log_refusals(node: Node) -> int:
     preparer = next(p for p in reversed(node.procs) if p.name == "preparer")
     return preparer.output().count("refusing a foreign message")
+
+
+async def test_no_message_over_one_mebibyte(attacker) -> None:
+    mallory = await attacker(Role.ADMIN)
+    assert mallory.nc.max_payload == 1024 * 1024  # what the server announced it enforces
+    with pytest.raises(nats.errors.MaxPayloadError):
+        await mallory.nc.publish(subjects.claim_event(VICTIM, "prepared"), b"x" * (1 << 20 | 1))
