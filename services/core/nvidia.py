@@ -287,11 +287,9 @@ def _versions(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
     }
 
 
-def gpu_attributes(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
-    """A full GPU's attributes (GpuInfo.Attributes)."""
+def _gpu_facts(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
+    """The physical GPU's facts, which a full GPU and each of its MIG devices carry."""
     attrs = {
-        ATTR_TYPE: _string(GPU_TYPE),
-        ATTR_UUID: _string(gpu.uuid),
         ATTR_PRODUCT_NAME: _string(gpu.product_name),
         ATTR_BRAND: _string(gpu.brand),
         ATTR_ARCHITECTURE: _string(gpu.architecture),
@@ -301,23 +299,25 @@ def gpu_attributes(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
     if gpu.addressing_mode:
         attrs[ATTR_ADDRESSING_MODE] = _string(gpu.addressing_mode)
     return attrs
+
+
+def gpu_attributes(gpu: Gpu, inv: NodeInventory) -> dict[str, DeviceAttribute]:
+    """A full GPU's attributes (GpuInfo.Attributes)."""
+    return {
+        ATTR_TYPE: _string(GPU_TYPE),
+        ATTR_UUID: _string(gpu.uuid),
+        **_gpu_facts(gpu, inv),
+    }
 
 
 def mig_attributes(gpu: Gpu, profile: str, inv: NodeInventory) -> dict[str, DeviceAttribute]:
     """What static and dynamic MIG devices share (CommonAttributesMig): the parent's facts."""
-    attrs = {
+    return {
         ATTR_TYPE: _string(MIG_TYPE),
         ATTR_PARENT_UUID: _string(gpu.uuid),
         ATTR_PROFILE: _string(profile),
-        ATTR_PRODUCT_NAME: _string(gpu.product_name),
-        ATTR_BRAND: _string(gpu.brand),
-        ATTR_ARCHITECTURE: _string(gpu.architecture),
-        **_versions(gpu, inv),
-        **_pci_attributes(gpu),
+        **_gpu_facts(gpu, inv),
     }
-    if gpu.addressing_mode:
-        attrs[ATTR_ADDRESSING_MODE] = _string(gpu.addressing_mode)
-    return attrs
 
 
 # ------------------------------------------------------------------ capacities
