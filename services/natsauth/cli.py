@@ -20,6 +20,7 @@ from pathlib import Path
 
 from services.core import config, runner
 from services.core.access import Role
+from services.core.natsjwt import Signer
 from services.natsauth import grants as g
 
 log = logging.getLogger(__name__)
@@ -82,19 +83,25 @@ def _run_auth(args: argparse.Namespace) -> int:
         raise SystemExit("gpudra nats-auth: no --grant (or GPUDRA_GRANTS): nobody could connect")
     if args.issuer_seed_file is None:
         raise SystemExit("gpudra nats-auth: --issuer-seed-file is required")
-    return runner.run("nats-auth", args, _serve(args, grants))
+    from services.natsauth import keys
+
+    try:
+        signer = keys.load_signer(args.issuer_seed_file)
+    except keys.KeysError as exc:
+        raise SystemExit(f"gpudra nats-auth: {exc}") from None
+    return runner.run("nats-auth", args, _serve(args, grants, signer))
 
 
-async def _serve(args: argparse.Namespace, grants: dict[g.Account, frozenset[Role]]) -> None:
+async def _serve(
+    args: argparse.Namespace, grants: dict[g.Account, frozenset[Role]], signer: Signer
+) -> None:
     import nats
 
     from services.core.kube import http_api
-    from services.natsauth import keys
     from services.natsauth.authorize import Authorizer
     from services.natsauth.service import Callout
     from services.natsauth.tokenreview import TokenReviewer
 
-    signer = keys.load_signer(args.issuer_seed_file)
     creds = config.nats_credentials(args)
     api = await http_api(args.kubeconfig or None)
     authorizer = Authorizer(TokenReviewer(api), grants, args.audience)
