@@ -1,13 +1,13 @@
 """``gpudra nats-auth`` (the bus's auth callout) and ``gpudra nats-keygen`` (its keys).
 
     gpudra nats-auth --issuer-seed-file /keys/issuer.nk --nats-creds /keys/user.nk \\
-        --nats-ca /tls/ca.crt --grant preparer=gpu-system/gpudra-node ... [--audience gpudra-nats]
+        --nats-ca /tls/ca.crt --grants preparer=gpu-system/gpudra-node,... [--audience gpudra-nats]
     gpudra nats-keygen --namespace gpu-system --secret gpudra-nats-auth \\
         --configmap gpudra-nats-auth-public
 
-``--grant ROLE=NAMESPACE/SERVICEACCOUNT`` (repeatable, or ``GPUDRA_GRANTS``
-comma-separated) says which ServiceAccount may connect as which role; a client's
-token names the role by its audience, ``<audience>:<role>``.
+``--grants ROLE=NAMESPACE/SERVICEACCOUNT,...`` (repeatable, or ``GPUDRA_GRANTS``)
+says which ServiceAccount may connect as which role; a client's token names the
+role by its audience, ``<audience>:<role>``.
 """
 
 from __future__ import annotations
@@ -45,11 +45,12 @@ def _register_auth(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="the account nkey seed that signs user JWTs (nats-server trusts its public key)",
     )
     parser.add_argument(
-        "--grant",
+        "--grants",
         type=_grant_arg,
         action="append",
         default=None,
-        help="ROLE=NAMESPACE/SERVICEACCOUNT: that account may connect as ROLE (repeatable)",
+        help="ROLE=NAMESPACE/SERVICEACCOUNT[,...]: that account may connect as ROLE "
+        "(repeatable; default GPUDRA_GRANTS)",
     )
     parser.add_argument(
         "--audience",
@@ -78,9 +79,9 @@ def _grant_arg(value: str) -> str:
 
 
 def _run_auth(args: argparse.Namespace) -> int:
-    grants = g.parse_grants(args.grant or [config.env("grants")])
+    grants = g.parse_grants(args.grants or [config.env("grants")])
     if not grants:
-        raise SystemExit("gpudra nats-auth: no --grant (or GPUDRA_GRANTS): nobody could connect")
+        raise SystemExit("gpudra nats-auth: no --grants (or GPUDRA_GRANTS): nobody could connect")
     if args.issuer_seed_file is None:
         raise SystemExit("gpudra nats-auth: --issuer-seed-file is required")
     from services.natsauth import keys

@@ -144,7 +144,7 @@ def bed(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) ->
     argv = ["--nats-url", server.url, "--nats-creds", str(user_file),
             "--nats-ca", str(server.access.ca), "--issuer-seed-file", str(issuer_file),
             "--kubeconfig", str(_auth_kubeconfig(controlplane, root)),
-            *[f"--grant={grant}" for grant in GRANTS]]  # fmt: skip
+            f"--grants={','.join(GRANTS)}"]  # fmt: skip
     auth = AuthService(argv, root / "nats-auth.log")
     try:
         auth.start()
@@ -339,7 +339,7 @@ def test_the_issuers_key_never_leaves_the_auth_service(bed):
     loose.chmod(0o644)
     proc = subprocess.run(
         [sys.executable, "-m", "services.cli", "nats-auth", "--issuer-seed-file", str(loose),
-         f"--grant={GRANTS[0]}"], capture_output=True, text=True, cwd=REPO, timeout=60,
+         f"--grants={GRANTS[0]}"], capture_output=True, text=True, cwd=REPO, timeout=60,
     )  # fmt: skip
     assert proc.returncode != 0 and "readable or writable by others" in proc.stderr
     assert seed not in proc.stderr + proc.stdout
