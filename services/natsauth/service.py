@@ -70,7 +70,11 @@ class Callout:
             UNVERIFIED.inc()
             log.warning("authorization request refused unanswered", extra={"reason": str(exc)})
             return None
-        decision = await self.authorizer.decide(request.token)
+        try:
+            decision = await self.authorizer.decide(request.token)
+        except Exception:  # fail closed: an error of ours refuses, and is logged
+            log.exception("authorization failed", extra={"client": request.client_name})
+            decision = Decision(reason="the auth service failed on this request")
         self._record(request, decision)
         claims = self._response(request, decision)
         return natsjwt.encode(claims, self.signer).encode()

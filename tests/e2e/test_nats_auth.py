@@ -98,15 +98,19 @@ def _setup_cluster(cp: ControlPlane) -> None:
                f"--serviceaccount={NS}:gpudra-nats-auth")  # fmt: skip
 
 
-def _keygen(cp: ControlPlane) -> dict[str, str]:
-    """``gpudra nats-keygen`` as the chart's hook runs it; the seeds as the Secret holds them."""
+def _run_keygen(cp: ControlPlane) -> dict[str, str]:
     out = subprocess.run(
         [sys.executable, "-m", "services.cli", "nats-keygen", "--namespace", NS,
          "--secret", "gpudra-nats-auth", "--configmap", "gpudra-nats-auth-public",
          "--kubeconfig", str(cp.kubeconfig)],
         capture_output=True, text=True, check=True, cwd=REPO,
     )  # fmt: skip
-    public = json.loads(out.stdout)
+    return dict(json.loads(out.stdout))
+
+
+def _keygen(cp: ControlPlane) -> dict[str, str]:
+    """``gpudra nats-keygen`` as the chart's hook runs it; the seeds as the Secret holds them."""
+    public = _run_keygen(cp)
     secret = cp.get("secret", "gpudra-nats-auth", NS)["data"]
     seeds = {k: base64.b64decode(v).decode() for k, v in secret.items()}
     assert cp.get("configmap", "gpudra-nats-auth-public", NS)["data"] == {
@@ -356,3 +360,15 @@ def _rs256(key_file: Path, claims: dict[str, object]) -> str:
     body = b64(json.dumps(claims).encode())
     sig = key.sign(f"{head}.{body}".encode(), padding.PKCS1v15(), hashes.SHA256())
     return f"{head}.{body}.{b64(sig)}"
+
+
+def test_keygen_again_keeps_the_keys_and_puts_back_the_public_ones(bed):
+    """The hook runs on every upgrade: it must never change the keys under a running bus."""
+    cm = ("configmap", "gpudra-nats-auth-public")
+    bed.cp.kubectl("patch", *cm, "-n", NS, "--type=merge", "-p", '{"data":{"issuer":"AFORGED"}}')
+    public = _run_keygen(bed.cp)
+    assert (public["issuer"], public["user"]) == (bed.seeds["issuer"], bed.seeds["user"])
+    assert bed.cp.get(*cm, NS)["data"] == {"issuer": public["issuer"], "user": public["user"]}
+    bed.cp.kubectl("delete", *cm, "-n", NS)
+    assert _run_keygen(bed.cp)["issuer"] == bed.seeds["issuer"]
+    assert bed.cp.get(*cm, NS)["data"]["issuer"] == bed.seeds["issuer"]
