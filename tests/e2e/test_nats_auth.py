@@ -233,6 +233,23 @@ async def test_the_same_node_account_is_the_front_only_with_the_fronts_audience(
     await client.refused(subjects.node_prepare(N1))
 
 
+async def test_a_nodes_front_and_preparer_talk_through_the_callouts_permissions(bed, connect):
+    """Request and one reply (allow_responses as the user JWT's resp) work end to end."""
+    bed.pod("talk", N1)
+    front, preparer = Identity(Role.FRONT, N1), Identity(Role.PREPARER, N1)
+    answering = await connect(bed.token("gpudra-node", "preparer", "talk"), preparer)
+    asking = await connect(bed.token("gpudra-node", "kubeletplugin", "talk"), front)
+
+    async def answer(msg):
+        await msg.respond(b"prepared")
+
+    await answering.nc.subscribe(subjects.node_prepare(N1), cb=answer)
+    await answering.nc.flush()
+    reply = await asking.nc.request(subjects.node_prepare(N1), b"{}", timeout=10)
+    assert reply.data == b"prepared"
+    assert not answering.errors and not asking.errors
+
+
 async def test_provision_as_admin_then_components_use_jetstream(bed):
     """``gpudra provision`` with the provisioning Job's token; then the allocator's claims
     bucket exists in the GPUDRA account and the allocator may write it."""
