@@ -24,6 +24,8 @@ COMMANDS: dict[str, str] = {
     "discovery": "services.discovery.cli",
     "sim": "services.discovery.cli",
     "kubeletplugin": "services.kubeletplugin.cli",
+    "nats-auth": "services.natsauth.cli",
+    "nats-keygen": "services.natsauth.cli",
     "up": "services.local.cli",
     "slices": "services.offline.cli",
     "allocate": "services.offline.cli",

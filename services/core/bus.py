@@ -121,6 +121,8 @@ class Bus:
             servers=[url],
             name=name,
             nkeys_seed_str=creds.seed() if creds.creds else None,
+            # Called on every (re)connect: a rotated token is read from its file again.
+            token=creds.token if creds.token_file else None,
             tls=creds.tls(),
             inbox_prefix=identity.inbox_prefix,
             max_reconnect_attempts=-1,

@@ -35,6 +35,13 @@ def add_nats_flags(parser: argparse.ArgumentParser) -> None:
         help="file with this component's nkey seed (its identity on the bus)",
     )
     parser.add_argument(
+        "--nats-token-file",
+        type=Path,
+        default=env("nats-token-file") or None,
+        help="projected ServiceAccount token (audience <aud>:<role>) the bus's auth callout "
+        "checks; read again on every reconnect, as the kubelet rotates it (in a cluster)",
+    )
+    parser.add_argument(
         "--nats-ca",
         type=Path,
         default=env("nats-ca") or None,
@@ -43,7 +50,7 @@ def add_nats_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def nats_credentials(args: argparse.Namespace) -> Credentials:
-    return Credentials(creds=args.nats_creds, ca=args.nats_ca)
+    return Credentials(creds=args.nats_creds, ca=args.nats_ca, token_file=args.nats_token_file)
 
 
 def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> None:

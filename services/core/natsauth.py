@@ -39,19 +39,36 @@ class CredentialsError(RuntimeError):
 
 @dataclass(frozen=True)
 class Credentials:
-    """What a client needs to connect: its nkey seed file and the CA to trust."""
+    """What a client needs to connect: its identity (an nkey seed file, or in a cluster
+    a projected ServiceAccount token file the auth callout checks) and the CA to trust."""
 
     creds: Path | None = None
     ca: Path | None = None
+    token_file: Path | None = None
 
     def argv(self) -> list[str]:
         """The flags that hand these credentials to a gpudra process."""
         out: list[str] = []
         if self.creds is not None:
             out += ["--nats-creds", str(self.creds)]
+        if self.token_file is not None:
+            out += ["--nats-token-file", str(self.token_file)]
         if self.ca is not None:
             out += ["--nats-ca", str(self.ca)]
         return out
+
+    def token(self) -> str:
+        """The token file's content, read now: the kubelet rotates a projected token,
+        so the client calls this on every (re)connect, never caching it."""
+        if self.token_file is None:
+            raise CredentialsError("no --nats-token-file given")
+        try:
+            token = self.token_file.read_text().strip()
+        except OSError as exc:
+            raise CredentialsError(f"--nats-token-file {self.token_file}: {exc.strerror}") from exc
+        if not token:
+            raise CredentialsError(f"--nats-token-file {self.token_file}: empty")
+        return token
 
     def seed(self) -> str:
         if self.creds is None:

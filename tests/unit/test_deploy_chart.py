@@ -44,6 +44,17 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
     "preparer": {("resource.k8s.io", "resourceclaims", "get")},
     "kubeletplugin": set(),
     "discovery": set(),
+    "nats-auth": {("authentication.k8s.io", "tokenreviews", "create")},
+    "provision": set(),
+}
+# The nats-keygen hook's namespaced Role: (group, resource, verb, names) - create cannot be
+# limited by name, everything else is limited to the two objects it makes.
+KEYGEN = {
+    ("", "secrets", "create", ()),
+    ("", "configmaps", "create", ()),
+    ("", "secrets", "get", ("auth", "auth-public")),
+    ("", "configmaps", "get", ("auth", "auth-public")),
+    ("", "configmaps", "update", ("auth-public",)),
 }
 NEVER = {"*", "escalate", "bind", "impersonate", "deletecollection"}
 
@@ -93,14 +104,39 @@ def test_templates_grant_nothing_beyond_values() -> None:
     for name, text in texts.items():
         assert "verbs:" not in text, f"{name} declares RBAC rules of its own"
     assert "toYaml $rules" in texts["rbac.yaml"] and ".Values.rbac.rules" in texts["rbac.yaml"]
+    assert "tpl (toYaml $rules) $" in texts["rbac.yaml"] and "kind: Role\n" in texts["rbac.yaml"]
 
 
-def test_each_workload_runs_as_a_component_with_rules_and_every_role_is_used() -> None:
+def test_the_keygen_hook_may_make_and_read_only_its_own_secret_and_configmap() -> None:
+    hooks = _values()["rbac"]["hookRules"]
+    assert set(hooks) == {"nats-keygen"}
+    prefix = '{{ include "gpudra.fullname" . }}-nats-'
+    granted = set()
+    for rule in hooks["nats-keygen"]:
+        names = tuple(n.removeprefix(prefix) for n in rule.get("resourceNames", []))
+        for group in rule["apiGroups"]:
+            for res in rule["resources"]:
+                granted |= {(group, res, verb, names) for verb in rule["verbs"]}
+    assert granted == KEYGEN
+    job = (TEMPLATES / "nats-auth.yaml").read_text()
+    assert (
+        '"--secret", "{{ $full }}-nats-auth", "--configmap", "{{ $full }}-nats-auth-public"' in job
+    )
+    assert "helm.sh/hook-delete-policy: before-hook-creation,hook-succeeded" in job
+
+
+def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_call_the_api() -> (
+    None
+):
     used = set()
     for text in _template_texts().values():
-        used |= set(re.findall(r"serviceAccountName: \{\{ \$full \}\}-(\w+)", text))
+        used |= set(re.findall(r"serviceAccountName: \{\{ \$full \}\}-([\w-]+)", text))
     with_rules = {c for c, r in _values()["rbac"]["rules"].items() if r}
-    assert used == with_rules == {"publisher", "allocator", "preparer"}
+    assert used == {"publisher", "allocator", "preparer", "nats-auth", "provision", "nats-keygen"}
+    assert with_rules == {"publisher", "allocator", "preparer", "nats-auth"}
+    rbac = _template_texts()["rbac.yaml"]
+    assert '$accounts := list "publisher" "allocator" "preparer"' in rbac
+    assert '(list "nats-auth" "provision")' in rbac  # the bus identities without API rules
     node = _template_texts()["node.yaml"]
     # The node pod carries the preparer's account; only the preparer mounts the token.
     assert "automountServiceAccountToken: false" in node
@@ -129,7 +165,7 @@ def _env_flags(text: str) -> set[str]:
 
 
 def _helper(name: str) -> str:
-    helpers = (TEMPLATES / "_helpers.tpl").read_text()
+    helpers = (TEMPLATES / "_helpers.tpl").read_text() + "\n"
     start = helpers.index(f'{{{{- define "{name}" -}}}}')
     return helpers[start : helpers.index("{{- end -}}\n\n", start)]
 
@@ -138,11 +174,12 @@ def _helper(name: str) -> str:
 def test_containers_run_real_subcommands_with_real_flags(template: str) -> None:
     commands = _subcommands()
     text = (TEMPLATES / template).read_text()
-    starts = [(m.start(), m[1]) for m in re.finditer(r'args: \["([a-z]+)"\]', text)]
+    starts = [(m.start(), m[1]) for m in re.finditer(r'args: \["([a-z-]+)"\]', text)]
     assert starts, "no containers found"
     common = _env_flags(_helper("gpudra.commonEnv"))
     assert common == {
-        "--nats-url", "--nats-replicas", "--log-level", "--feature-gates", "--max-inflight"
+        "--nats-url", "--nats-token-file", "--nats-ca", "--nats-replicas", "--log-level",
+        "--feature-gates", "--max-inflight"
     }  # fmt: skip
     for i, (start, command) in enumerate(starts):
         assert command in commands, f"gpudra has no sub-command {command!r}"
@@ -163,7 +200,90 @@ def test_only_gpudra_components_may_reach_the_nats_client_port() -> None:
     assert "policyTypes: [Ingress]" in text
     clients, routes = text.split("- ports:")[1:3]
     assert "port: client" in clients
-    assert "values: [node, publisher, allocator]" in clients
+    assert "values: [node, publisher, allocator, nats-auth, provision]" in clients
     assert "app.kubernetes.io/instance, operator: In" in clients
     assert "port: cluster" in routes and '(list . "nats")' in routes
     assert "monitor" not in text.split("ingress:")[1]  # nobody may reach the monitoring port
+    auth = text[text.index("name: {{ $full }}-nats-auth") :]
+    assert '(list . "nats-auth")' in auth and "ingress: []" in auth  # it takes no connections
+
+
+# The bus role each container connects as: its sub-command, but the provisioning Job's.
+ROLE_OF = {"discovery": "discovery", "preparer": "preparer", "kubeletplugin": "kubeletplugin",
+           "publisher": "publisher", "allocator": "allocator", "provision": "admin"}  # fmt: skip
+
+
+def _containers(text: str) -> list[tuple[str, str]]:
+    """(sub-command, the container's text up to the next container) for each container."""
+    starts = [(m.start(), m[1]) for m in re.finditer(r'args: \["([a-z-]+)"', text)]
+    ends = [s for s, _ in starts[1:]] + [len(text)]
+    return [(cmd, text[start:end]) for (start, cmd), end in zip(starts, ends, strict=True)]
+
+
+@pytest.mark.parametrize("template", ["node.yaml", "controllers.yaml", "nats-auth.yaml"])
+def test_each_bus_client_mounts_only_its_own_token_and_the_ca(template: str) -> None:
+    """A token's audience names its role; a container that could read another's token
+    could take that role, so each mounts only its own (and the CA, nothing else)."""
+    text = (TEMPLATES / template).read_text()
+    for command, block in _containers(text):
+        if command in ("nats-auth", "nats-keygen"):
+            continue  # the auth service logs in with its own nkey; keygen is no bus client
+        role = ROLE_OF[command]
+        assert 'include "gpudra.commonEnv"' in block
+        mounts = re.findall(r'include "gpudra.natsMount" \(list \. "([a-z]+)"\)', block)
+        assert mounts == [role], (command, mounts)
+        assert f'include "gpudra.natsVolume" (list . "{role}")' in text
+    volume = _helper("gpudra.natsVolume")
+    assert 'audience: {{ printf "%s:%s" $.Values.nats.auth.audience (index . 1) }}' in volume
+    assert "key: ca.crt" in volume and "tls.key" not in volume
+    env = _helper("gpudra.commonEnv")
+    assert "GPUDRA_NATS_TOKEN_FILE\n  value: /var/run/gpudra/nats/token" in env
+    assert "GPUDRA_NATS_CA\n  value: /var/run/gpudra/nats/ca.crt" in env
+    assert "mountPath: /var/run/gpudra/nats\n" in _helper("gpudra.natsMount")
+    assert _helper("gpudra.natsUrl").count("tls://") == 1 and "nats://" not in _helper(
+        "gpudra.natsUrl"
+    )
+
+
+def test_the_grants_give_each_role_to_the_account_its_pod_runs_as() -> None:
+    """gpudra nats-auth's GPUDRA_GRANTS: role -> the ServiceAccount of its workload."""
+    pairs = re.findall(r'"([a-z]+)" "([a-z]+)"', _helper("gpudra.natsGrants"))
+    grants = dict(pairs)
+    assert grants == {"discovery": "preparer", "preparer": "preparer",
+                      "kubeletplugin": "preparer", "publisher": "publisher",
+                      "allocator": "allocator", "admin": "provision"}  # fmt: skip
+    for template in ("node.yaml", "controllers.yaml", "nats-auth.yaml"):
+        text = (TEMPLATES / template).read_text()
+        for doc in text.split("\n---\n"):
+            account = re.search(r"serviceAccountName: \{\{ \$full \}\}-([\w-]+)", doc)
+            for command, _ in _containers(doc):
+                if command in ROLE_OF:
+                    assert account and grants[ROLE_OF[command]] == account[1], command
+    auth = (TEMPLATES / "nats-auth.yaml").read_text()
+    assert 'value: {{ include "gpudra.natsGrants" . | quote }}' in auth
+    flags = set(_subcommands()["nats-auth"]._option_string_actions)
+    block = dict(_containers(auth))["nats-auth"]
+    assert _env_flags(block) <= flags
+
+
+def test_the_bus_runs_tls_auth_callout_and_monitoring_on_localhost_only() -> None:
+    nats = (TEMPLATES / "nats.yaml").read_text()
+    conf = nats[nats.index("nats.conf: |") : nats.index("nats-auth.conf: |")]
+    assert "http: 127.0.0.1:8222" in conf and "0.0.0.0:8222" not in nats
+    assert "httpGet" not in nats and nats.count("http://127.0.0.1:8222/healthz") == 2
+    tls = "cert_file: {{ $tls }}/tls.crt\n"
+    assert conf.count(tls) == 2  # the client port and the routes
+    cluster = conf[conf.index("cluster {") :]
+    assert "verify: true" in cluster  # routes: only holders of our CA's certificates
+    assert "include ./nats-auth.conf" in conf
+    assert '{{- .Files.Get "files/nats-auth.conf" | nindent 4 }}' in nats
+    for key in ("issuer", "user"):
+        assert f"name: {{{{ $full }}}}-nats-auth-public\n                  key: {key}" in nats
+    auth = (CHART / "files" / "nats-auth.conf").read_text()
+    callout = auth[auth.index("auth_callout {") :]
+    assert "issuer: $GPUDRA_NATS_AUTH_ISSUER" in callout
+    assert "auth_users: [ $GPUDRA_NATS_AUTH_USER ]" in callout and "account: AUTH" in callout
+    assert "GPUDRA {\n    jetstream: enabled" in auth
+    tls_secret = (TEMPLATES / "nats-tls.yaml").read_text()
+    assert "kind: Certificate" in tls_secret and "genCA" in tls_secret
+    assert 'lookup "v1" "Secret"' in tls_secret  # the chart's CA is kept across upgrades

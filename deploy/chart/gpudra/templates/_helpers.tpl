@@ -29,7 +29,7 @@ app.kubernetes.io/component: {{ index . 1 }}
 
 {{- define "gpudra.natsUrl" -}}
 {{- if .Values.nats.enabled -}}
-nats://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
+tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
 {{- else -}}
 {{- required "nats.url is required when nats.enabled is false" .Values.nats.url -}}
 {{- end -}}
@@ -44,10 +44,15 @@ nats://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
 {{- join "," $gates -}}
 {{- end -}}
 
-{{/* The common flags every service takes (services/core/config.py add_common_flags). */}}
+{{/* The common flags every service takes (services/core/config.py add_common_flags).
+The bus token and CA are files of the container's own volume (gpudra.natsVolume). */}}
 {{- define "gpudra.commonEnv" -}}
 - name: GPUDRA_NATS_URL
   value: {{ include "gpudra.natsUrl" . | quote }}
+- name: GPUDRA_NATS_TOKEN_FILE
+  value: /var/run/gpudra/nats/token
+- name: GPUDRA_NATS_CA
+  value: /var/run/gpudra/nats/ca.crt
 - name: GPUDRA_NATS_REPLICAS
   value: {{ ternary .Values.nats.replicas .Values.nats.streamReplicas .Values.nats.enabled | quote }}
 - name: GPUDRA_LOG_LEVEL
@@ -70,4 +75,43 @@ nats://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
   valueFrom:
     fieldRef:
       fieldPath: spec.nodeName
+{{- end -}}
+
+
+{{/* The bus credentials of one container: include with (list $ "role") in volumes.
+A projected ServiceAccount token whose audience names the role (the auth callout
+asks the API server to confirm it for exactly that audience) and the CA that
+signed the NATS servers' certificate, nothing else of the TLS Secret. */}}
+{{- define "gpudra.natsVolume" -}}
+{{- $ := index . 0 -}}
+- name: nats-{{ index . 1 }}
+  projected:
+    sources:
+      - serviceAccountToken:
+          path: token
+          audience: {{ printf "%s:%s" $.Values.nats.auth.audience (index . 1) }}
+          expirationSeconds: {{ int $.Values.nats.auth.tokenExpirationSeconds }}
+      - secret:
+          name: {{ include "gpudra.fullname" $ }}-nats-tls
+          items:
+            - key: ca.crt
+              path: ca.crt
+{{- end -}}
+
+{{/* Where a container finds its bus credentials: include with (list $ "role"). */}}
+{{- define "gpudra.natsMount" -}}
+- name: nats-{{ index . 1 }}
+  mountPath: /var/run/gpudra/nats
+  readOnly: true
+{{- end -}}
+
+{{/* The ServiceAccount each bus role's pod runs as, for the auth callout's grants. */}}
+{{- define "gpudra.natsGrants" -}}
+{{- $full := include "gpudra.fullname" . -}}
+{{- $ns := .Release.Namespace -}}
+{{- $grants := list -}}
+{{- range $role, $account := dict "discovery" "preparer" "preparer" "preparer" "kubeletplugin" "preparer" "publisher" "publisher" "allocator" "allocator" "admin" "provision" -}}
+{{- $grants = append $grants (printf "%s=%s/%s-%s" $role $ns $full $account) -}}
+{{- end -}}
+{{- join "," $grants -}}
 {{- end -}}

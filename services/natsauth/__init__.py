@@ -1,0 +1,1 @@
+"""``gpudra nats-auth``: the bus's auth callout in a cluster (docs/security.md)."""

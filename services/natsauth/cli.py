@@ -1,0 +1,168 @@
+"""``gpudra nats-auth`` (the bus's auth callout) and ``gpudra nats-keygen`` (its keys).
+
+    gpudra nats-auth --issuer-seed-file /keys/issuer.nk --nats-creds /keys/user.nk \\
+        --nats-ca /tls/ca.crt --grants preparer=gpu-system/gpudra-node,... [--audience gpudra-nats]
+    gpudra nats-keygen --namespace gpu-system --secret gpudra-nats-auth \\
+        --configmap gpudra-nats-auth-public
+
+``--grants ROLE=NAMESPACE/SERVICEACCOUNT,...`` (repeatable, or ``GPUDRA_GRANTS``)
+says which ServiceAccount may connect as which role; a client's token names the
+role by its audience, ``<audience>:<role>``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+from pathlib import Path
+
+from services.core import config, runner
+from services.core.access import Role
+from services.core.natsjwt import Signer
+from services.natsauth import grants as g
+
+log = logging.getLogger(__name__)
+
+NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    _register_auth(sub)
+    _register_keygen(sub)
+
+
+def _register_auth(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "nats-auth", help="the bus's auth callout: ServiceAccount tokens -> bus identities"
+    )
+    config.add_common_flags(parser)
+    parser.add_argument(
+        "--issuer-seed-file",
+        type=Path,
+        default=config.env("issuer-seed-file") or None,
+        help="the account nkey seed that signs user JWTs (nats-server trusts its public key)",
+    )
+    parser.add_argument(
+        "--grants",
+        type=_grant_arg,
+        action="append",
+        default=None,
+        help="ROLE=NAMESPACE/SERVICEACCOUNT[,...]: that account may connect as ROLE "
+        "(repeatable; default GPUDRA_GRANTS)",
+    )
+    parser.add_argument(
+        "--audience",
+        default=config.env("audience", "gpudra-nats"),
+        help="token audiences are AUDIENCE:ROLE (gpudra-nats:preparer)",
+    )
+    parser.add_argument(
+        "--account",
+        default=config.env("account", "GPUDRA"),
+        help="the nats-server account every gpudra identity is placed in",
+    )
+    parser.add_argument(
+        "--kubeconfig",
+        default=config.env("kubeconfig", ""),
+        help="for TokenReviews (empty: the pod's service account)",
+    )
+    parser.set_defaults(func=_run_auth)
+
+
+def _grant_arg(value: str) -> str:
+    try:
+        g.parse_grants([value])
+    except g.GrantError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return value
+
+
+def _run_auth(args: argparse.Namespace) -> int:
+    grants = g.parse_grants(args.grants or [config.env("grants")])
+    if not grants:
+        raise SystemExit("gpudra nats-auth: no --grants (or GPUDRA_GRANTS): nobody could connect")
+    if args.issuer_seed_file is None:
+        raise SystemExit("gpudra nats-auth: --issuer-seed-file is required")
+    from services.natsauth import keys
+
+    try:
+        signer = keys.load_signer(args.issuer_seed_file)
+    except keys.KeysError as exc:
+        raise SystemExit(f"gpudra nats-auth: {exc}") from None
+    return runner.run("nats-auth", args, _serve(args, grants, signer))
+
+
+async def _serve(
+    args: argparse.Namespace, grants: dict[g.Account, frozenset[Role]], signer: Signer
+) -> None:
+    import nats
+
+    from services.core.kube import http_api
+    from services.natsauth.authorize import Authorizer
+    from services.natsauth.service import Callout
+    from services.natsauth.tokenreview import TokenReviewer
+
+    creds = config.nats_credentials(args)
+    api = await http_api(args.kubeconfig or None)
+    authorizer = Authorizer(TokenReviewer(api), grants, args.audience)
+    callout = Callout(authorizer, signer, account=args.account, max_inflight=args.max_inflight)
+    nc = await nats.connect(
+        servers=[args.nats_url],
+        name="nats-auth",
+        nkeys_seed_str=creds.seed(),
+        tls=creds.tls(),
+        max_reconnect_attempts=-1,
+        reconnect_time_wait=0.5,
+    )
+    stop = runner.stop_event()
+    try:
+        await callout.serve(nc)
+        log.info(
+            "answering authorization requests",
+            extra={"issuer": signer.public_key, "grants": g.describe(grants)},
+        )
+        await stop.wait()
+    finally:
+        await nc.drain()
+        await callout.close()
+        await api.close()
+
+
+def _register_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = sub.add_parser(
+        "nats-keygen",
+        help="make the auth callout's keys once: seeds in a Secret, public keys in a ConfigMap",
+    )
+    parser.add_argument("--namespace", default=config.env("namespace", ""))
+    parser.add_argument("--secret", required=True, help="Secret for the seeds (kept if present)")
+    parser.add_argument("--configmap", required=True, help="ConfigMap for the public keys")
+    parser.add_argument("--kubeconfig", default=config.env("kubeconfig", ""))
+    parser.set_defaults(func=_run_keygen)
+
+
+def _run_keygen(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from services.core.kube import http_api
+    from services.natsauth import keys
+
+    namespace = args.namespace or _own_namespace()
+
+    async def run() -> dict[str, str]:
+        api = await http_api(args.kubeconfig or None)
+        try:
+            return await keys.ensure(api, namespace, args.secret, args.configmap)
+        finally:
+            await api.close()
+
+    public = asyncio.run(run())
+    print(json.dumps({"namespace": namespace, **public}))
+    return 0
+
+
+def _own_namespace() -> str:
+    try:
+        return NAMESPACE_FILE.read_text().strip()
+    except OSError:
+        return os.environ.get("POD_NAMESPACE", "default")

@@ -1,0 +1,121 @@
+"""The chart's NATS configuration, rendered by real helm and run by the real nats-server.
+
+tests/unit/test_deploy_chart.py reads the templates as text; this renders them
+(``helm template``) and starts nats-server with the rendered ``nats.conf``, its
+included ``nats-auth.conf`` and the chart-made certificate, with only the paths
+and ports moved to a temporary directory and free 127.0.0.1 ports. Skipped where
+helm is not installed (``GPUDRA_HELM`` or ``helm`` on PATH; e.g.
+``go install helm.sh/helm/v3/cmd/helm@v3.19.0``).
+"""
+
+from __future__ import annotations
+
+import base64
+import os
+import shutil
+import socket
+import ssl
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+
+from services.core import natsjwt
+from services.core.natsauth import new_seed, public_key
+from services.core.natsserver import free_port, server_binary
+from tests.helpers.natsauth import REPO, wait_for
+
+CHART = REPO / "deploy" / "chart" / "gpudra"
+NS = "gpu-system"
+
+
+def _helm() -> str:
+    found = os.environ.get("GPUDRA_HELM") or shutil.which("helm")
+    if not found:
+        pytest.skip("helm not installed (set GPUDRA_HELM or put helm on PATH)")
+    return found
+
+
+def _render() -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [_helm(), "template", "gpudra", str(CHART), "--namespace", NS, "--kube-version", "1.35.0"],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+
+def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    return found
+
+
+@pytest.fixture
+def rendered_server(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
+    """nats-server running the rendered configuration: (client port, CA file, log)."""
+    docs = _render()
+    config = _one(docs, "ConfigMap", "gpudra-nats")["data"]
+    secret = _one(docs, "Secret", "gpudra-nats-tls")["data"]
+    for key, value in secret.items():
+        (tmp_path / key).write_bytes(base64.b64decode(value))
+    port = free_port()
+    moved = {
+        "/etc/nats-tls": str(tmp_path),
+        "/data": str(tmp_path / "js"),
+        "0.0.0.0:4222": f"127.0.0.1:{port}",
+        "0.0.0.0:6222": f"127.0.0.1:{free_port()}",
+        "127.0.0.1:8222": f"127.0.0.1:{free_port()}",
+    }
+    conf = config["nats.conf"]
+    for old, new in moved.items():
+        assert old in conf
+        conf = conf.replace(old, new)
+    (tmp_path / "nats.conf").write_text(conf)
+    (tmp_path / "nats-auth.conf").write_text(config["nats-auth.conf"])
+    env = {
+        **os.environ,
+        "POD_NAME": "gpudra-nats-0",
+        "GPUDRA_NATS_AUTH_ISSUER": natsjwt.Signer(natsjwt.new_account_seed()).public_key,
+        "GPUDRA_NATS_AUTH_USER": public_key(new_seed()),
+    }
+    log = tmp_path / "nats.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(
+            [server_binary(), "-c", str(tmp_path / "nats.conf")],
+            stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )  # fmt: skip
+    try:
+        wait_for(lambda: "Listening for client connections" in log.read_text(), 20, "nats-server")
+        yield port, tmp_path / "ca.crt", log
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_rendered_config_runs_with_tls_for_the_service_name_and_the_callout(
+    rendered_server: tuple[int, Path, Path],
+) -> None:
+    port, ca, log = rendered_server
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+        info = raw.makefile("rb").readline()
+        assert b'"tls_required":true' in info and b'"auth_required":true' in info
+        with context.wrap_socket(raw, server_hostname=f"gpudra-nats.{NS}.svc") as tls:
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    assert "[FTL]" not in log.read_text()
+
+
+def test_the_chart_made_certificate_names_the_service_and_every_peer() -> None:
+    docs = _render()
+
+    cert = x509.load_pem_x509_certificate(
+        base64.b64decode(_one(docs, "Secret", "gpudra-nats-tls")["data"]["tls.crt"])
+    )
+    names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    dns = set(names.get_values_for_type(x509.DNSName))
+    assert {f"gpudra-nats.{NS}.svc", f"*.gpudra-nats-headless.{NS}.svc"} <= dns
+    usages = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert x509.oid.ExtendedKeyUsageOID.CLIENT_AUTH in usages  # routes present it as clients
