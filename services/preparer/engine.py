@@ -478,7 +478,7 @@ class Engine:
         alive = self.claims.alive_holders(ref)
         if alive:
             UNPREPARES_OF_LIVE_PODS.inc()
-            log.warning(
+            log.info(  # info: a finished Job's pod looks like this every time
                 "unprepare of a claim whose pod still looks alive on this node; done (the "
                 "kubelet unprepares before it reports a pod finished)",
                 extra={"claim": describe(ref), "uid": ref.uid, "pods": alive},
