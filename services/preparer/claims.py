@@ -290,7 +290,8 @@ class ClaimSource:
 
     async def _reserved_here(self, ref: ClaimRef, claim: ResourceClaim) -> str | None:
         """c: some reserving pod runs on this node; pods the watch has not seen (just bound,
-        or elsewhere) are read from the API server, at most MAX_POD_LOOKUPS of them."""
+        or elsewhere) are read from the API server, at most MAX_POD_LOOKUPS of them, the
+        newest reservations first (the kubelet's pod was reserved last)."""
         assert self.pods is not None
         consumers = verify.reserving_pods(claim)
         if not consumers:
@@ -306,7 +307,7 @@ class ClaimSource:
             if reason is None:
                 return None
             reasons.append(reason)
-        for i, c in enumerate(unseen):
+        for i, c in enumerate(reversed(unseen)):  # newest first: the pod being started
             if i == MAX_POD_LOOKUPS:
                 reasons.append(f"{len(unseen) - i} more pod(s) not seen here, not looked up")
                 break

@@ -215,6 +215,13 @@ async def test_pod_lookups_per_claim_are_capped(source: ClaimSource, api: Api, p
     cap = claims_module.MAX_POD_LOOKUPS
     assert pods.gets == cap
     assert f"{10 - cap} more pod(s) not seen here, not looked up" in str(refused.value)
+    # The pod being started was reserved last: it is looked up first.
+    starting = pod_object("new", "default", NODE, ["c"])
+    await pods.bind(starting, watched=False)
+    api.put(reserved(claim, *elsewhere, starting))
+    pods.gets = 0
+    await source.get(ref(claim))
+    assert pods.gets == 1
 
 
 async def test_a_different_bucket_copy_is_counted_and_never_used(
