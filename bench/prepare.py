@@ -15,10 +15,15 @@ and nats-server are printed per phase: they move much less with the load of
 other processes than latencies do.
 
 Claims are put into the ``claims`` bucket before timing starts, as the
-allocator's watcher would. A node has as many GPUs as its fleet (8 for
-dgx-h100); when more workers than GPUs run at once, claims carry
-adminAccess so that two in-flight claims may hold the same GPU (the preparer
-does the same work either way).
+allocator's watcher would, and into an in-memory API server
+(``services.local.apiserver``, in this process), each reserved for a pod bound
+to the node: the preparer checks every claim and its pod against it, as in a
+cluster. Timing starts once the preparer has read the claims of the new pods
+ahead (its pod watch), as it would while the kubelet starts a pod; with
+``--trust-claims-bucket`` it reads the bucket alone (no checks against the API).
+A node has as many GPUs as its fleet (8 for dgx-h100); when more workers than
+GPUs run at once, claims carry adminAccess so that two in-flight claims may
+hold the same GPU (the preparer does the same work either way).
 """
 
 from __future__ import annotations
@@ -53,10 +58,12 @@ from services.core.resource import (  # noqa: E402
     DeviceRequestAllocationResult,
     ObjectMeta,
     ResourceClaim,
+    ResourceClaimConsumerReference,
     ResourceClaimSpec,
     ResourceClaimStatus,
 )
 from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest  # noqa: E402
+from services.local.apiserver import MemoryApiServer, Obj, pod_object  # noqa: E402
 from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
 
 NODE = "bench-node"
@@ -109,15 +116,19 @@ def spawn(root: Path, name: str, *args: str) -> Proc:
     return Proc(name, popen, log)
 
 
-def claim(uid: str, gpu: str, admin: bool) -> ResourceClaim:
+def claim(uid: str, gpu: str, admin: bool, pod: Obj) -> ResourceClaim:
     result = DeviceRequestAllocationResult(
         request="gpu", driver=DRIVER_NAME, pool=NODE, device=gpu, admin_access=admin or None
+    )
+    user = ResourceClaimConsumerReference(
+        resource="pods", name=pod["metadata"]["name"], uid=pod["metadata"]["uid"]
     )
     return ResourceClaim(
         metadata=ObjectMeta(name=f"bench-{uid[:8]}", namespace="bench", uid=uid),
         spec=ResourceClaimSpec(),
         status=ResourceClaimStatus(
-            allocation=AllocationResult(devices=DeviceAllocationResult(results=[result]))
+            allocation=AllocationResult(devices=DeviceAllocationResult(results=[result])),
+            reserved_for=[user],
         ),
     )
 
@@ -177,6 +188,7 @@ class Phase:
     seconds: float
     errors: list[str]
     cpu_ms_per_cycle: dict[str, float] = field(default_factory=dict)
+    api_gets: dict[str, int] = field(default_factory=dict)  # answered during the phase
 
     @property
     def throughput(self) -> float:
@@ -184,16 +196,22 @@ class Phase:
 
 
 async def run_phase(
-    kubelet: Caller, bus: Bus, gpus: list[str], cycles: int, concurrency: int
+    kubelet: Caller, bus: Bus, api: MemoryApiServer, gpus: list[str], cycles: int, concurrency: int
 ) -> Phase:
     admin = concurrency > len(gpus)
     plan: list[list[Claim]] = [[] for _ in range(concurrency)]
+    read_ahead = api.served["claim"] + cycles
     for i in range(cycles):
         slot = i % concurrency
         uid = str(uuid.uuid4())
-        rc = claim(uid, gpus[slot % len(gpus)], admin)
+        pod = pod_object(f"bench-{uid[:8]}", "bench", NODE, [f"bench-{uid[:8]}"])
+        rc = claim(uid, gpus[slot % len(gpus)], admin, pod)
+        api.put_claim(rc)
+        api.put_pod(pod)
         await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, uid), rc)
         plan[slot].append(Claim(uid, "bench", rc.metadata.name))
+    if api.started:
+        await api.wait_served("claim", read_ahead, timeout=120)
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
     errors: list[str] = []
@@ -217,6 +235,8 @@ async def run_phase(
     for claims in plan:
         for c in claims:
             await bus.kv_delete(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, c.uid))
+            api.delete_pod("bench", c.name)
+            api.delete_claim("bench", c.name)
     return Phase(concurrency, prepare_ms, unprepare_ms, seconds, errors)
 
 
@@ -238,6 +258,9 @@ def report(phase: Phase, cycles: int, shared: bool) -> None:
     )
     cpu = ", ".join(f"{name} {ms:.2f}" for name, ms in phase.cpu_ms_per_cycle.items())
     print(f"  CPU ms per cycle: {cpu}")
+    if phase.api_gets:
+        gets = ", ".join(f"{kind} {n}" for kind, n in sorted(phase.api_gets.items()))
+        print(f"  API server GETs (read ahead included): {gets}")
     if phase.errors:
         print(f"  ERRORS: {len(phase.errors)}, first: {phase.errors[0]}")
 
@@ -258,11 +281,19 @@ def report_median(runs: list[Phase]) -> None:
 
 
 async def timed_phase(
-    caller: Caller, bus: Bus, gpus: list[str], cycles: int, concurrency: int, procs: dict[str, int]
+    caller: Caller,
+    bus: Bus,
+    api: MemoryApiServer,
+    gpus: list[str],
+    cycles: int,
+    concurrency: int,
+    procs: dict[str, int],
 ) -> Phase:
     """One phase, with the CPU time each process spent on it."""
     before = {name: cpu_seconds(pid) for name, pid in procs.items()}
-    phase = await run_phase(caller, bus, gpus, cycles, concurrency)
+    gets = dict(api.served)
+    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency)
+    phase.api_gets = {kind: n - gets.get(kind, 0) for kind, n in api.served.items()}
     phase.cpu_ms_per_cycle = {
         name: (cpu_seconds(pid) - before[name]) * 1000 / cycles for name, pid in procs.items()
     }
@@ -274,6 +305,7 @@ async def main(args: argparse.Namespace) -> int:
     nats = NatsServer(root / "nats", log_file=root / "nats.log")
     procs: list[Proc] = []
     failed = False
+    api = MemoryApiServer()
     try:
         nats.start()
         nats.provision()
@@ -291,10 +323,15 @@ async def main(args: argparse.Namespace) -> int:
         inventory = await wait_for_inventory(bus, discovery)
         gpus = [gpu_device_name(g.minor) for g in inventory.gpus if not g.mig_enabled]
         kubelet_root = root / "kubelet"
+        if args.trust_claims_bucket:
+            claims = ["--trust-claims-bucket"]
+        else:
+            await api.start()
+            claims = ["--kubeconfig", str(api.kubeconfig(root / "kubeconfig"))]
         preparer = spawn(root, "preparer", *nats.client_argv(Role.PREPARER, NODE),
                          "--fleet", args.fleet,
                          "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
-                         "--boot-id-file", str(boot_id), "--no-api-fallback")  # fmt: skip
+                         "--boot-id-file", str(boot_id), *claims)  # fmt: skip
         front = spawn(root, "kubeletplugin", *nats.client_argv(Role.FRONT, NODE),
                       "--kubelet-root", str(kubelet_root))  # fmt: skip
         procs += [preparer, front]
@@ -302,12 +339,13 @@ async def main(args: argparse.Namespace) -> int:
             await kubelet.wait_for_registration_socket(timeout=30)
             await kubelet.register()
             front.check_alive()
+            checks = "bucket trusted" if args.trust_claims_bucket else "claims checked via API"
             print(
-                f"fleet {args.fleet}: {len(gpus)} GPUs; checkpoint fsync on; "
+                f"fleet {args.fleet}: {len(gpus)} GPUs; checkpoint fsync on; {checks}; "
                 f"front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
             )
             await wait_for_preparer(kubelet, preparer)
-            warm = await run_phase(kubelet, bus, gpus, args.warmup, 1)
+            warm = await run_phase(kubelet, bus, api, gpus, args.warmup, 1)
             if warm.errors:
                 raise SystemExit(f"warm-up failed: {warm.errors[0]}\n{preparer.log.read_text()}")
             caller: Caller = kubelet
@@ -329,7 +367,9 @@ async def main(args: argparse.Namespace) -> int:
             runs: dict[int, list[Phase]] = {}
             for _ in range(args.repeat):
                 for concurrency in args.concurrency:
-                    phase = await timed_phase(caller, bus, gpus, args.cycles, concurrency, pids)
+                    phase = await timed_phase(
+                        caller, bus, api, gpus, args.cycles, concurrency, pids
+                    )
                     report(phase, args.cycles, concurrency > len(gpus))
                     runs.setdefault(concurrency, []).append(phase)
                     failed = failed or bool(phase.errors)
@@ -345,6 +385,7 @@ async def main(args: argparse.Namespace) -> int:
         for proc in reversed(procs):
             proc.stop()
         nats.stop()
+        await api.stop()
         shutil.rmtree(root, ignore_errors=True)
     return 1 if failed else 0
 
@@ -357,6 +398,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=50)
     parser.add_argument(
         "--repeat", type=int, default=1, help="run every phase this often; print medians"
+    )
+    parser.add_argument(
+        "--trust-claims-bucket",
+        action="store_true",
+        help="run the preparer without an API server (claims from the bucket, no pod checks)",
     )
     parser.add_argument(
         "--direct",

@@ -7,6 +7,7 @@ import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from services.core import featuregates as fg
 from services.core import nvidia, runner, subjects
@@ -24,15 +25,21 @@ from services.preparer.checkpoint import (
     default_path,
     read_boot_id,
 )
-from services.preparer.claims import ApiReader, ClaimSource, KubernetesReader
+from services.preparer.claims import ClaimSource, KubernetesReader
 from services.preparer.devices.base import DeviceOps
 from services.preparer.engine import Engine
 from services.preparer.engine import Settings as EngineSettings
 from services.preparer.fsutil import DirSyncer
 from services.preparer.inventory import InventoryView
+from services.preparer.pods import NodePods
 from services.preparer.service import PreparerService
 
+if TYPE_CHECKING:
+    from services.core.kube import KubeApi
+
 log = logging.getLogger(__name__)
+
+SERVICE_ACCOUNT_TOKEN = Path("/var/run/secrets/kubernetes.io/serviceaccount/token")
 
 
 @dataclass(frozen=True)
@@ -45,7 +52,7 @@ class Settings:
     simulated: bool
     driver_root: Path = Path("/")
     kubeconfig: str = ""
-    api_fallback: bool = True
+    trust_claims_bucket: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     fsync: bool = True
     faults: faults.Faults = field(default_factory=faults.Faults)
@@ -68,12 +75,33 @@ def lock_plugin_dir(directory: Path) -> int:
     return fd
 
 
-def _api_reader(settings: Settings) -> ApiReader | None:
-    if not settings.api_fallback:
-        return None
-    if settings.kubeconfig or os.environ.get("KUBERNETES_SERVICE_HOST"):
-        return KubernetesReader(settings.kubeconfig)
-    return None
+def _has_api(settings: Settings) -> bool:
+    """A kubeconfig, or a pod with its service account's token mounted."""
+    in_cluster = bool(os.environ.get("KUBERNETES_SERVICE_HOST"))
+    return bool(settings.kubeconfig) or (in_cluster and SERVICE_ACCOUNT_TOKEN.exists())
+
+
+async def _claim_source(
+    settings: Settings, bus: Bus
+) -> tuple[ClaimSource, NodePods | None, KubeApi | None]:
+    """Claims checked against the API server; see docs/security.md for the other two cases."""
+    if settings.trust_claims_bucket:
+        log.warning(
+            "CLAIMS ARE NOT CHECKED AGAINST THE API SERVER (--trust-claims-bucket): whoever "
+            "can write the claims bucket decides what this node prepares"
+        )
+        return ClaimSource(bus, settings.node, trust_bucket=True), None, None
+    if not _has_api(settings):
+        log.error(
+            "no API server (no --kubeconfig, no service account token): every prepare will "
+            "be refused, since no claim and no pod can be checked; unprepares still work"
+        )
+        return ClaimSource(bus, settings.node), None, None
+    from services.core import kube
+
+    api = await kube.http_api(settings.kubeconfig)
+    pods = NodePods(api, settings.node)
+    return ClaimSource(bus, settings.node, KubernetesReader(api), pods), pods, api
 
 
 def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path) -> DeviceOps:
@@ -118,9 +146,10 @@ async def run(settings: Settings) -> int:
             "--checkpoint-recovery=quarantine to set it aside and rebuild from the node, "
             "see docs/operations.md)"
         ) from None
-    api = _api_reader(settings)
-    claims = ClaimSource(bus, settings.node, api)
+    claims, pods, api = await _claim_source(settings, bus)
     claims.follow()
+    if pods is not None:
+        pods.follow()
     ops = _backend(settings, bus, inventory, pdir)
     engine = Engine(
         EngineSettings(
@@ -149,10 +178,12 @@ async def run(settings: Settings) -> int:
     )
     await stop.wait()
     await service.close()  # no new requests; running ones answer; their events go out
+    if pods is not None:
+        await pods.close()
     await claims.close()
     await inventory.stop()
     await ops.close()
-    if isinstance(api, KubernetesReader):
+    if api is not None:
         await api.close()
     await bus.close()
     dirs.close()

@@ -1,29 +1,57 @@
-"""Where the preparer learns a claim's allocation, and the checks on the claim itself.
+"""Where the preparer learns a claim, and the checks that it may be prepared on this node.
 
-The allocator's claim watcher puts every allocated claim into the ``claims``
-bucket (key ``<node>.<uid>``) before the kubelet asks, so a prepare needs no
-API round trip; when the bucket has nothing, the claim is read from the API
-server. Claim identities come from the kubelet but end up in file names,
-subjects and (KEP-5304) container paths, so they are validated strictly first.
+The API server is the authority on a claim; the ``claims`` bucket, which the
+allocator's claim watcher fills before the kubelet asks, is a cache that anyone
+able to write the bus could forge (issue 9). So, with an API server:
+
+- the claims of every pod bound to this node are read from the API server when
+  the node's pod watch first sees the pod (:meth:`ClaimSource.on_pod`), before
+  the kubelet asks: a prepare finds the API server's copy in memory;
+- a prepare checks that copy (:mod:`services.preparer.verify`: UID, allocation
+  on this node, reserved for a pod running here, from the pod watch); a copy
+  that fails, or none at all, costs one GET of the claim before refusing;
+- the bucket's copy is only compared with it: a difference is logged and
+  counted (a stale or rewritten entry), never used.
+
+Without an API server nothing can be checked against it: prepares are refused,
+unless the operator said ``--trust-claims-bucket`` (a simulated node whose bus
+is trusted), where the bucket's copy is checked alone (UID, allocation on this
+node; no pod). Claim identities come from the kubelet but end up in file
+names, subjects and (KEP-5304) container paths, so they are validated strictly
+first.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import re
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
+from prometheus_client import Counter
 
 from services.core import limits, subjects, supervisor
 from services.core.bus import Bus
-from services.core.resource import ResourceClaim
+from services.core.resource import ResourceClaim, ResourceClaimConsumerReference
 from services.core.schemas import ClaimRef, SchemaError
+from services.preparer import verify
+from services.preparer.pods import Pod, PodLookupError
 
 if TYPE_CHECKING:
     from services.core.kube import KubeApi
+    from services.preparer.pods import NodePods
 
 log = logging.getLogger(__name__)
+
+BUCKET_MISMATCHES = Counter(
+    "gpudra_preparer_claims_bucket_mismatches_total",
+    "Prepares whose claims bucket entry had another allocation than the API server's claim "
+    "(stale or rewritten; the API server's was used).",
+)
+PREFETCH_CONCURRENCY = 8  # GETs of claims of newly seen pods at once
+MAX_POD_LOOKUPS = 4  # GETs of reserving pods the watch has not seen, per claim check
 
 _RFC4122 = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -68,24 +96,17 @@ class ApiReader(Protocol):
 
 
 class KubernetesReader:
-    """GET resource.k8s.io/v1 resourceclaims through the one client in services.core.kube.
+    """GET resource.k8s.io/v1 resourceclaims through the one client in services.core.kube."""
 
-    The client (and kubernetes-asyncio under it) is imported on first use: most
-    prepares find their claim in the bucket, and the node process stays small.
-    """
-
-    def __init__(self, kubeconfig: str = "") -> None:
-        self.kubeconfig = kubeconfig
-        self._api: KubeApi | None = None
+    def __init__(self, api: KubeApi) -> None:
+        self.api = api
 
     async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
         from services.core import kube
 
-        if self._api is None:
-            self._api = await kube.http_api(self.kubeconfig)
         path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
         try:
-            body = await self._api.get(path)
+            body = await self.api.get(path)
         except kube.ApiError as exc:
             if exc.not_found:
                 return None
@@ -97,24 +118,39 @@ class KubernetesReader:
         except RecursionError as exc:
             raise ClaimError(str(limits.too_deep(f"claim {namespace}/{name}"))) from exc
 
-    async def close(self) -> None:
-        if self._api is not None:
-            await self._api.close()
-
 
 class ClaimSource:
-    """A claim's current object: the ``claims`` bucket first, then the API server.
+    """A claim, checked to be preparable on this node; see the module docstring.
 
-    With :meth:`follow` running, this node's entries of the bucket are kept in
-    memory as the allocator writes them, so a prepare reads its claim without
-    a round trip; a claim not seen yet is read from the bucket directly.
+    ``api`` and ``pods`` go together (the API server's claims, this node's pods);
+    without them the bucket is read only when ``trust_bucket`` says so.
     """
 
-    def __init__(self, bus: Bus, node: str, api: ApiReader | None = None) -> None:
+    def __init__(
+        self,
+        bus: Bus,
+        node: str,
+        api: ApiReader | None = None,
+        pods: NodePods | None = None,
+        *,
+        trust_bucket: bool = False,
+    ) -> None:
+        if (api is None) != (pods is None):
+            raise ValueError("the API server's claims and the pod watch go together")
         self.bus = bus
         self.node = node
         self.api = api
-        self._cache: dict[str, ResourceClaim] = {}
+        self.pods = pods
+        self.trust_bucket = trust_bucket and api is None
+        self._cache: dict[str, ResourceClaim] = {}  # uid -> the bucket's copy (mirror)
+        self._copies: dict[str, ResourceClaim] = {}  # "ns/name" -> the API server's copy
+        self._users: dict[str, set[str]] = {}  # "ns/name" -> uids of this node's pods naming it
+        self._fetching: dict[str, asyncio.Task[ResourceClaim | None]] = {}
+        self._limit = asyncio.Semaphore(PREFETCH_CONCURRENCY)
+        if pods is not None:
+            pods.on_change = self.on_pod
+
+    # ------------------------------------------------------------ the bucket's copies
 
     def follow(self) -> None:
         """Mirror this node's claims in the background (supervised: restarted if it fails)."""
@@ -131,24 +167,9 @@ class ClaimSource:
 
     async def close(self) -> None:
         await supervisor.current().cancel("claims-mirror")
-
-    async def get(self, ref: ClaimRef) -> ResourceClaim:
-        """The allocated claim ``ref`` names; :class:`ClaimError` when it cannot be used."""
-        who = f"claim {describe(ref)}"
-        claim = await self._from_bucket(ref)
-        if claim is None and self.api is not None:
-            claim = await self.api.get_claim(ref.namespace, ref.name)
-        if claim is None:
-            where = "the claims bucket" + (" or the API server" if self.api else "")
-            raise ClaimError(f"{who}: not found in {where}")
-        if claim.metadata.uid != ref.uid:
-            raise ClaimError(
-                f"{who}: claim was replaced (the kubelet asked for uid {ref.uid}, "
-                f"the claim now has uid {claim.metadata.uid})"
-            )
-        if claim.status is None or claim.status.allocation is None:
-            raise ClaimError(f"claim {describe(ref)} is not allocated")
-        return claim
+        for task in list(self._fetching.values()):
+            task.cancel()
+        await asyncio.gather(*self._fetching.values(), return_exceptions=True)
 
     async def _from_bucket(self, ref: ClaimRef) -> ResourceClaim | None:
         cached = self._cache.get(ref.uid)
@@ -158,9 +179,195 @@ class ClaimSource:
         try:
             got = await self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim)
         except SchemaError as exc:
-            log.warning(
-                "unreadable claims bucket entry; asking the API server",
-                extra={"key": key, "error": str(exc)},
-            )
+            log.warning("unreadable claims bucket entry", extra={"key": key, "error": str(exc)})
             return None
         return got[0] if got else None
+
+    # ------------------------------------------------------------ the API server's copies
+
+    async def on_pod(self, old: Pod | None, new: Pod | None) -> None:
+        """The pod watch's hook: read the claims of a pod newly bound here, before the kubelet
+        asks; forget them when no pod of this node names them any more."""
+        if new is None:
+            if old is not None:
+                self._drop_user(old)
+            return
+        if new.terminal() or new.metadata.deletion_timestamp is not None:
+            return
+        uid = new.metadata.uid or ""
+        for name in new.claim_names():
+            key = f"{new.metadata.namespace}/{name}"
+            users = self._users.setdefault(key, set())
+            if uid not in users:
+                users.add(uid)
+                self._prefetch(key)
+
+    def _drop_user(self, pod: Pod) -> None:
+        for name in pod.claim_names():
+            key = f"{pod.metadata.namespace}/{name}"
+            users = self._users.get(key)
+            if users is not None:
+                users.discard(pod.metadata.uid or "")
+                if not users:
+                    del self._users[key]
+                    self._copies.pop(key, None)
+
+    def _prefetch(self, key: str) -> None:
+        task = asyncio.get_running_loop().create_task(self._fetch_copy(key))
+        self._fetching[key] = task
+
+        def done(finished: asyncio.Task[ResourceClaim | None]) -> None:
+            if self._fetching.get(key) is finished:
+                del self._fetching[key]
+
+        task.add_done_callback(done)
+
+    async def _fetch_copy(self, key: str) -> ResourceClaim | None:
+        namespace, name = key.split("/", 1)
+        assert self.api is not None
+        async with self._limit:
+            try:
+                claim = await self.api.get_claim(namespace, name)
+            except ClaimError as exc:  # the prepare will ask again
+                log.info("could not read a pod's claim ahead", extra={"error": str(exc)})
+                return None
+        if claim is not None and key in self._users:
+            self._copies[key] = claim
+        return claim
+
+    async def _api_copy(self, ref: ClaimRef) -> tuple[ResourceClaim | None, bool]:
+        """The API server's claim: the copy read ahead (False) or read now (True)."""
+        key = f"{ref.namespace}/{ref.name}"
+        ahead = self._fetching.get(key)
+        if ahead is not None:
+            with contextlib.suppress(Exception):
+                await asyncio.shield(ahead)
+        copy = self._copies.get(key)
+        if copy is not None and copy.metadata.uid == ref.uid:
+            return copy, False
+        return await self._fetch_now(ref), True
+
+    async def _fetch_now(self, ref: ClaimRef) -> ResourceClaim | None:
+        assert self.api is not None
+        claim = await self.api.get_claim(ref.namespace, ref.name)
+        key = f"{ref.namespace}/{ref.name}"
+        if claim is not None and key in self._users:
+            self._copies[key] = claim
+        return claim
+
+    def forget(self, ref: ClaimRef) -> None:
+        """The claim was unprepared: a later prepare reads it afresh (it may be reallocated)."""
+        key = f"{ref.namespace}/{ref.name}"
+        copy = self._copies.get(key)
+        if copy is not None and copy.metadata.uid == ref.uid:
+            del self._copies[key]
+
+    # ------------------------------------------------------------ the checks
+
+    async def get(self, ref: ClaimRef) -> ResourceClaim:
+        """The claim ``ref`` names, checked; :class:`ClaimError` says why it may not be used."""
+        if self.api is None:
+            return await self._trusted_bucket(ref)
+        claim, fresh = await self._api_copy(ref)
+        problem = await self._problem(ref, claim)
+        if problem is not None and not fresh:  # the copy read ahead may be stale: ask once more
+            claim = await self._fetch_now(ref)
+            problem = await self._problem(ref, claim)
+        if problem is not None:
+            raise ClaimError(f"claim {describe(ref)}: {problem}")
+        assert claim is not None
+        self._compare_with_bucket(ref, claim)
+        return claim
+
+    async def _problem(self, ref: ClaimRef, claim: ResourceClaim | None) -> str | None:
+        if claim is None:
+            return "not found in the API server"
+        return (
+            verify.identity(claim, ref)
+            or verify.allocation(claim, self.node)
+            or await self._reserved_here(ref, claim)
+        )
+
+    async def _reserved_here(self, ref: ClaimRef, claim: ResourceClaim) -> str | None:
+        """c: some reserving pod runs on this node; pods the watch has not seen (just bound,
+        or elsewhere) are read from the API server, at most MAX_POD_LOOKUPS of them, the
+        newest reservations first (the kubelet's pod was reserved last)."""
+        assert self.pods is not None
+        consumers = verify.reserving_pods(claim)
+        if not consumers:
+            return verify.not_reserved(claim)
+        unseen: list[ResourceClaimConsumerReference] = []
+        reasons: list[str] = []
+        for c in consumers:
+            pod = self.pods.seen(ref.namespace, c.name)
+            if pod is None or pod.metadata.uid != c.uid:
+                unseen.append(c)
+                continue
+            reason = verify.pod_mismatch(pod, c, ref.namespace, self.node)
+            if reason is None:
+                return None
+            reasons.append(reason)
+        for i, c in enumerate(reversed(unseen)):  # newest first: the pod being started
+            if i == MAX_POD_LOOKUPS:
+                reasons.append(f"{len(unseen) - i} more pod(s) not seen here, not looked up")
+                break
+            pod = await self._get_pod(ref, c.name)
+            reason = verify.pod_mismatch(pod, c, ref.namespace, self.node)
+            if reason is None:
+                return None
+            reasons.append(reason)
+        return f"the claim is reserved for no pod on this node {self.node!r}: " + "; ".join(reasons)
+
+    async def _get_pod(self, ref: ClaimRef, name: str) -> Pod | None:
+        assert self.pods is not None
+        try:
+            return await self.pods.get(ref.namespace, name)
+        except PodLookupError as exc:
+            raise ClaimError(
+                f"claim {describe(ref)}: could not read its pod {ref.namespace}/{name} "
+                f"from the API server: {exc}"
+            ) from exc
+
+    def _compare_with_bucket(self, ref: ClaimRef, claim: ResourceClaim) -> None:
+        """A bucket entry with another allocation is stale or forged: say so, never use it."""
+        mirrored = self._cache.get(ref.uid)
+        if mirrored is None or claim.status is None:
+            return
+        if (mirrored.status.allocation if mirrored.status else None) != claim.status.allocation:
+            BUCKET_MISMATCHES.inc()
+            log.warning(
+                "the claims bucket holds another allocation than the API server for this claim "
+                "(stale or rewritten); the API server's is used",
+                extra={"claim": describe(ref), "uid": ref.uid},
+            )
+
+    async def _trusted_bucket(self, ref: ClaimRef) -> ResourceClaim:
+        who = f"claim {describe(ref)}"
+        if not self.trust_bucket:
+            raise ClaimError(
+                f"{who}: cannot be checked: this preparer has no API server to read the claim "
+                "and its pod from (give --kubeconfig, or run it in a pod with its service "
+                "account; --trust-claims-bucket only where every writer of the bus is trusted)"
+            )
+        claim = await self._from_bucket(ref)
+        if claim is None:
+            raise ClaimError(f"{who}: not found in the claims bucket")
+        problem = verify.identity(claim, ref) or verify.allocation(claim, self.node)
+        if problem is not None:
+            raise ClaimError(f"{who}: {problem}")
+        return claim
+
+    def alive_holders(self, ref: ClaimRef) -> list[str]:
+        """Reserving pods the pod watch still shows alive on this node (for unprepare's log).
+
+        From the copies in memory only (API server's, else the bucket's): no API call."""
+        if self.pods is None:
+            return []
+        claim = self._copies.get(f"{ref.namespace}/{ref.name}") or self._cache.get(ref.uid)
+        if claim is None or claim.metadata.uid != ref.uid:
+            return []
+        return [
+            f"{ref.namespace}/{c.name}"
+            for c in verify.reserving_pods(claim)
+            if verify.running_here(self.pods.seen(ref.namespace, c.name), c)
+        ]

@@ -48,13 +48,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--kubeconfig",
         default=config.env("kubeconfig", ""),
-        help="API server for claims missing from the claims bucket (empty: in-cluster if there)",
+        help="the API server every claim and its pod are checked against before a prepare "
+        "(empty: in-cluster if there; with neither, prepares are refused)",
     )
     parser.add_argument(
-        "--no-api-fallback",
+        "--trust-claims-bucket",
         action="store_true",
-        default=config.env("no-api-fallback", "") == "true",
-        help="read claims only from the claims bucket",
+        default=config.env("trust-claims-bucket", "") == "true",
+        help="no API server: take claims from the claims bucket, checked only for this node "
+        "(no pod check); only where every writer of the bus is trusted, e.g. a simulated node",
     )
     parser.add_argument(
         "--boot-id-file",
@@ -98,7 +100,7 @@ def _run(args: argparse.Namespace) -> int:
         simulated=bool(args.fleet),
         driver_root=args.driver_root,
         kubeconfig=args.kubeconfig,
-        api_fallback=not args.no_api_fallback,
+        trust_claims_bucket=args.trust_claims_bucket,
         boot_id_file=args.boot_id_file,
         fsync=not args.no_fsync,
         faults=crash,

@@ -34,12 +34,13 @@ from typing import Any
 import msgspec
 from opentelemetry import context as otel_context
 from opentelemetry import trace
+from prometheus_client import Counter
 
 from services.core import featuregates as fg
 from services.core import nvidia, tracing
-from services.core.resource import AllocationResult, DeviceRequestAllocationResult
+from services.core.resource import DeviceRequestAllocationResult, ResourceClaim
 from services.core.schemas import ClaimRef, DeviceRef, PreparedDevice
-from services.preparer import cdi, configs, metadata
+from services.preparer import cdi, configs, metadata, verify
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -58,6 +59,12 @@ from services.preparer.fsutil import DirSyncer
 from services.preparer.inventory import DeviceNotFound, InventoryView, Target, locate
 
 log = logging.getLogger(__name__)
+
+UNPREPARES_OF_LIVE_PODS = Counter(
+    "gpudra_preparer_unprepares_of_live_pods_total",
+    "Unprepares of a prepared claim while the API server still showed a reserving pod alive "
+    "on this node (done: the kubelet unprepares before it reports the pod finished).",
+)
 
 DRIVER = nvidia.DRIVER_NAME
 EXPECTED = (ClaimError, configs.ConfigError, DeviceNotFound, DeviceOpError)
@@ -162,9 +169,9 @@ class Engine:
             return reply_devices(ref.uid, entry)
         with self.tracer.start_as_current_span("claim.fetch"):
             claim = await self.claims.get(ref)
+        results = self._our_results(claim)
         allocation = claim.status.allocation if claim.status else None
-        assert allocation is not None  # ClaimSource refuses unallocated claims
-        results = self._our_results(ref, allocation)
+        assert allocation is not None  # checked by _our_results
         inv = self.inventory.require()
         targets = {r.device: locate(inv, r.device) for r in results}
         with self.tracer.start_as_current_span("config.resolve"):
@@ -201,24 +208,13 @@ class Engine:
         finally:
             self._release(ref.uid)
 
-    def _our_results(
-        self, ref: ClaimRef, allocation: AllocationResult
-    ) -> list[DeviceRequestAllocationResult]:
-        """This driver's results; each must be in this node's pool."""
-        results = (
-            [r for r in (allocation.devices.results or []) if r.driver == DRIVER]
-            if allocation.devices
-            else []
-        )
-        if not results:
-            raise PrepareError(f"allocation has no devices of driver {DRIVER} (empty request)")
-        for r in results:
-            if r.pool != self.s.node:
-                raise PrepareError(
-                    f"device {r.device!r} (request {r.request!r}) is in pool {r.pool!r}, "
-                    f"not on this node {self.s.node!r}"
-                )
-        return results
+    def _our_results(self, claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
+        """This driver's results, on this node (ClaimSource checked it; checked again here
+        so that no way of reading a claim can skip it)."""
+        problem = verify.allocation(claim, self.s.node)
+        if problem is not None:
+            raise PrepareError(problem)
+        return verify.our_results(claim)
 
     def _reserve(
         self,
@@ -466,11 +462,27 @@ class Engine:
             return Outcome(error=_prefixed(ref, str(exc)))
 
     async def _unprepare(self, ref: ClaimRef) -> None:
+        """Undo a prepare, without the prepare's checks: the claim is usually deleted by now.
+
+        An unprepare of a claim whose pod the API server still shows alive on this node is
+        logged and counted, not refused: the kubelet unprepares after the pod's containers
+        stopped but before it reports the pod finished (kubelet.go SyncTerminatingPod), so an
+        evicted pod, a pod past its deadline or a finished Job looks exactly like a running
+        pod at that moment. Only the bus's permissions keep others from asking (security.md).
+        """
         entry = self.store.claims.get(ref.uid)
         if entry is None:
             # Never prepared, or already undone; a stray spec is still ours to remove.
             await asyncio.to_thread(self._delete_files, ref.uid)
             return
+        alive = self.claims.alive_holders(ref)
+        if alive:
+            UNPREPARES_OF_LIVE_PODS.inc()
+            log.info(  # info: a finished Job's pod looks like this every time
+                "unprepare of a claim whose pod still looks alive on this node; done (the "
+                "kubelet unprepares before it reports a pod finished)",
+                extra={"claim": describe(ref), "uid": ref.uid, "pods": alive},
+            )
         if entry.state == PREPARE_STARTED:
             await self._rollback_started(ref.uid, entry)
         else:
@@ -478,6 +490,7 @@ class Engine:
                 await self._undo_completed(ref.uid, entry)
         with self.tracer.start_as_current_span("checkpoint.remove"):
             await self.store.remove(ref.uid, before=lambda: self._delete_files(ref.uid))
+        self.claims.forget(ref)
 
     async def _undo_completed(self, uid: str, entry: ClaimEntry) -> None:
         shared = self._gpus_of_other_claims(uid)

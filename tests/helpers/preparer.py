@@ -2,8 +2,11 @@
 
 ``Node`` runs ``gpudra discovery --fleet ...`` (the simulated NVML and the
 inventory), ``gpudra preparer`` and, for tests through the kubelet's socket,
-``gpudra kubeletplugin``, each as a subprocess stopped by its PID. Claims are
-put into the ``claims`` bucket as the allocator's watcher would.
+``gpudra kubeletplugin``, each as a subprocess stopped by its PID, and an
+in-memory API server (``services.local.apiserver``) that the preparer checks
+claims and pods against. ``Node.put_claim`` does what the cluster would: the
+claim reserved for a pod bound to the node, in the API server and in the
+``claims`` bucket (as the allocator's watcher puts it there).
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import yaml
 
 from services.core import subjects
@@ -35,10 +39,12 @@ from services.core.resource import (
     ObjectMeta,
     OpaqueDeviceConfiguration,
     ResourceClaim,
+    ResourceClaimConsumerReference,
     ResourceClaimSpec,
     ResourceClaimStatus,
 )
 from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
+from services.local.apiserver import MemoryApiServer, Obj, pod_object
 from services.preparer import cdicheck, checkpoint
 from tests.helpers.bus import connect
 
@@ -115,6 +121,34 @@ def make_claim(
     )
 
 
+def pod_for(
+    claim: ResourceClaim, node: str, *, name: str = "", phase: str = "Pending", uid: str = ""
+) -> Obj:
+    """A pod on ``node`` (``""``: unscheduled) that uses ``claim``; named after its UID."""
+    return pod_object(
+        name or f"pod-{claim.metadata.uid}",
+        claim.metadata.namespace or "default",
+        node,
+        [claim.metadata.name],
+        uid=uid or None,
+        phase=phase,
+    )
+
+
+def reserved(claim: ResourceClaim, *pods: Obj) -> ResourceClaim:
+    """``claim`` with status.reservedFor naming ``pods`` (none: reserved for nobody)."""
+    consumers = [
+        ResourceClaimConsumerReference(
+            resource="pods", name=p["metadata"]["name"], uid=p["metadata"]["uid"]
+        )
+        for p in pods
+    ]
+    status = claim.status or ResourceClaimStatus()
+    return msgspec.structs.replace(
+        claim, status=msgspec.structs.replace(status, reserved_for=consumers or None)
+    )
+
+
 def ref(claim: ResourceClaim) -> ClaimRef:
     return ClaimRef(
         uid=claim.metadata.uid or "",
@@ -163,6 +197,7 @@ class Node:
     procs: list[Proc] = field(default_factory=list)
     runs: int = 0
     front: Bus | None = None  # the test's requests come as the node's front (see request)
+    api: MemoryApiServer = field(default_factory=MemoryApiServer)
 
     @property
     def kubelet_root(self) -> Path:
@@ -225,16 +260,31 @@ class Node:
             await asyncio.sleep(0.1)
         raise AssertionError(f"timed out waiting for {what}")
 
+    async def start_api(self) -> Path:
+        """The node's API server (once); its kubeconfig."""
+        if not self.api.started:
+            await self.api.start()
+        return self.api.kubeconfig(self.root / "kubeconfig")
+
     async def start_preparer(
         self,
         gates: str = "",
         env: Mapping[str, str] | None = None,
         ready: bool = True,
-        kubeconfig: Path | None = None,
+        claims: str = "api",
     ) -> Proc:
+        """``claims``: "api" (checked against the node's API server), "bucket"
+        (--trust-claims-bucket) or "none" (no API server: prepares are refused)."""
         if not self.boot_id_file.exists():
             self.boot_id_file.write_text(new_uid() + "\n")
-        api = ["--kubeconfig", str(kubeconfig)] if kubeconfig else ["--no-api-fallback"]
+        flags = {
+            "api": ["--kubeconfig", str(self.root / "kubeconfig")],
+            "bucket": ["--trust-claims-bucket"],
+            "none": [],
+        }
+        api = flags[claims]
+        if claims == "api":
+            await self.start_api()
         proc = self._spawn(
             "preparer",
             ["preparer", "--node-name", self.name, "--fleet", self.fleet,
@@ -290,9 +340,31 @@ class Node:
             await self.front.close()
             self.front = None
 
+    async def close(self) -> None:
+        """Stop the processes, then the API server."""
+        await self.stop_all()
+        await self.api.stop()
+
     # ------------------------------------------------------------ requests
 
-    async def put_claim(self, claim: ResourceClaim) -> ResourceClaim:
+    async def put_claim(
+        self, claim: ResourceClaim, *, pod: bool = True, bucket: bool = True
+    ) -> ResourceClaim:
+        """As the cluster would have it: an allocated claim reserved for a pod bound here
+        (``pod``, unless it names its own), in the API server and (``bucket``) the claims
+        bucket. Returns the claim as stored."""
+        status = claim.status
+        if pod and status is not None and status.allocation and not status.reserved_for:
+            user = pod_for(claim, self.name)
+            claim = reserved(claim, user)
+            self.api.put_claim(claim)
+            self.api.put_pod(user)
+        else:
+            self.api.put_claim(claim)
+        return await self.put_bucket(claim) if bucket else claim
+
+    async def put_bucket(self, claim: ResourceClaim) -> ResourceClaim:
+        """Only into the claims bucket (what a writer of the bus can do)."""
         uid = claim.metadata.uid or ""
         await self.bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(self.name, uid), claim)
         return claim

@@ -35,4 +35,4 @@ async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIter
     try:
         yield running
     finally:
-        await running.stop_all()
+        await running.close()

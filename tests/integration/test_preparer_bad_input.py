@@ -16,15 +16,14 @@ from pathlib import Path
 from typing import get_args
 
 import pytest
-import yaml
-from aiohttp import web
 from nats.aio.msg import Msg
 
 from services.core import nvidia, subjects
 from services.core.bus import Bus
-from services.core.natsserver import NatsServer, free_port
-from services.core.resource import ResourceClaim, to_builtins
+from services.core.natsserver import NatsServer
+from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimEventName
+from services.local.apiserver import MemoryApiServer
 from services.local.kubelet import Claim, FakeKubelet
 from tests.helpers.preparer import (
     API,
@@ -46,56 +45,6 @@ GATES = "TimeSlicingSettings=true,DynamicMIG=true"
 MPS_GATES = "TimeSlicingSettings=true,MPSSupport=true"
 
 
-# ------------------------------------------------------------------ a fake API server
-
-
-class FakeApi:
-    """GET resource.k8s.io/v1 resourceclaims, answered from a dict, on 127.0.0.1."""
-
-    def __init__(self) -> None:
-        self.claims: dict[tuple[str, str], ResourceClaim] = {}
-        self.port = free_port()
-        self._runner: web.AppRunner | None = None
-
-    async def start(self) -> None:
-        app = web.Application()
-        app.router.add_get(
-            "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}", self._get
-        )
-        self._runner = web.AppRunner(app)
-        await self._runner.setup()
-        await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
-
-    async def stop(self) -> None:
-        if self._runner is not None:
-            await self._runner.cleanup()
-
-    async def _get(self, request: web.Request) -> web.Response:
-        claim = self.claims.get((request.match_info["ns"], request.match_info["name"]))
-        if claim is None:
-            status = {"kind": "Status", "apiVersion": "v1", "status": "Failure",
-                      "reason": "NotFound", "code": 404}  # fmt: skip
-            return web.json_response(status, status=404)
-        return web.json_response(to_builtins(claim))
-
-    def kubeconfig(self, path: Path) -> Path:
-        path.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "clusters": [
-                        {"name": "c", "cluster": {"server": f"http://127.0.0.1:{self.port}"}}
-                    ],
-                    "users": [{"name": "u", "user": {}}],
-                    "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-                    "current-context": "x",
-                }
-            )
-        )
-        return path
-
-
 # ------------------------------------------------------------------ fixtures
 
 
@@ -103,25 +52,25 @@ class FakeApi:
 class Setup:
     node: Node
     kubelet: FakeKubelet
-    api: FakeApi
+
+    @property
+    def api(self) -> MemoryApiServer:
+        return self.node.api
 
 
 @pytest.fixture
 async def setup(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Setup]:
     node = Node(short_root, nats_server, bus, fleet="dgx-h100")
-    api = FakeApi()
-    await api.start()
     try:
         await node.start_discovery()
-        await node.start_preparer(gates=GATES, kubeconfig=api.kubeconfig(short_root / "kubeconfig"))
+        await node.start_preparer(gates=GATES)
         node.start_front()
         async with FakeKubelet(node.kubelet_root) as kubelet:
             await kubelet.wait_for_registration_socket(timeout=20)
             await kubelet.register()
-            yield Setup(node, kubelet, api)
+            yield Setup(node, kubelet)
     finally:
-        await node.stop_all()
-        await api.stop()
+        await node.close()
 
 
 def kclaim(claim: ResourceClaim) -> Claim:
@@ -191,7 +140,7 @@ CASES = [
     Case(
         "claim not allocated",
         lambda node: make_claim(node, [Dev("gpu", "gpu-0")], name="pending", allocated=False),
-        "claim default/pending is not allocated",
+        "claim default/pending: the claim is not allocated (status.allocation is empty)",
     ),
     Case(
         "device not on this node (another pool)",
@@ -265,11 +214,12 @@ async def test_limits_out_of_range_are_named(setup: Setup) -> None:
 
 
 async def test_replaced_and_unknown_claims_via_the_api_server(setup: Setup) -> None:
-    node, kubelet, api = setup.node, setup.kubelet, setup.api
-    # Not in the bucket: the preparer asks the API server, which has a newer claim of that name.
+    node, kubelet = setup.node, setup.kubelet
+    # The API server has a newer claim of that name: the kubelet's uid is refused.
     stale = make_claim(node.name, [Dev("gpu", "gpu-1")], name="job")
-    current = make_claim(node.name, [Dev("gpu", "gpu-1")], name="job")
-    api.claims[("default", "job")] = current
+    current = await node.put_claim(
+        make_claim(node.name, [Dev("gpu", "gpu-1")], name="job"), bucket=False
+    )
     results = await kubelet.prepare([kclaim(stale)])
     error = results[stale.metadata.uid or ""].error
     assert error == (
@@ -279,9 +229,9 @@ async def test_replaced_and_unknown_claims_via_the_api_server(setup: Setup) -> N
     gone = make_claim(node.name, [Dev("gpu", "gpu-1")], name="gone")
     results = await kubelet.prepare([kclaim(gone)])
     assert results[gone.metadata.uid or ""].error == (
-        "claim default/gone: not found in the claims bucket or the API server"
+        "claim default/gone: not found in the API server"
     )
-    # The API server's claim itself prepares fine (the fallback works end to end).
+    # The API server's claim prepares with nothing in the bucket.
     results = await kubelet.prepare([kclaim(current)])
     assert results[current.metadata.uid or ""].error == ""
     validate_cdi_file(node.cdi_files()[0])

@@ -40,7 +40,7 @@ async def h100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterat
     try:
         yield node
     finally:
-        await node.stop_all()
+        await node.close()
 
 
 @pytest.fixture
@@ -50,7 +50,7 @@ async def a100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterat
     try:
         yield node
     finally:
-        await node.stop_all()
+        await node.close()
 
 
 def exists(path: str) -> bool:

@@ -37,7 +37,7 @@ async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIter
     try:
         yield running
     finally:
-        await running.stop_all()
+        await running.close()
 
 
 def boot_id(node: Node) -> str:

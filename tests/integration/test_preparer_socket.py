@@ -59,7 +59,7 @@ async def a100(
         async with kubelet:
             yield node, kubelet
     finally:
-        await node.stop_all()
+        await node.close()
 
 
 @pytest.fixture
@@ -72,7 +72,7 @@ async def h100(
         async with kubelet:
             yield node, kubelet
     finally:
-        await node.stop_all()
+        await node.close()
 
 
 async def round_trip(

@@ -58,7 +58,9 @@ async def preparer(tmp_path: Path, bus: Bus) -> AsyncIterator[InMemorySpanExport
     plugin_dir = tmp_path / "plugin"
     settings = Settings(NODE, featuregates.parse(""), tmp_path / "cdi", plugin_dir)
     ops = SimulatedOps(bus, NODE, view, plugin_dir)
-    engine = Engine(settings, store, ClaimSource(bus, NODE), view, ops, tracer=tracer)
+    engine = Engine(
+        settings, store, ClaimSource(bus, NODE, trust_bucket=True), view, ops, tracer=tracer
+    )
     service = PreparerService(bus, engine, NODE, tracer=tracer)
     await service.start()
     try:

@@ -41,7 +41,10 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
         *(("", r, v) for r in ("pods", "nodes") for v in ("list", "watch")),
         *(("", "events", v) for v in ("create", "get", "patch")),
     },
-    "preparer": {("resource.k8s.io", "resourceclaims", "get")},
+    "preparer": {
+        ("resource.k8s.io", "resourceclaims", "get"),
+        *(("", "pods", v) for v in ("get", "list", "watch")),
+    },
     "kubeletplugin": set(),
     "discovery": set(),
     "nats-auth": {("authentication.k8s.io", "tokenreviews", "create")},
