@@ -113,12 +113,16 @@ class Bus:
     ) -> Bus:
         """Connect as ``identity``; the admin identity also provisions streams and buckets.
 
+        ``url`` names one server or, comma-separated, several (a cluster's): the
+        client connects to one of them and, when that one goes away, reconnects
+        to another (or to one the cluster told it about), forever.
+
         Replies come to the identity's own inbox prefix, the only inboxes its
         permissions let it read.
         """
         creds = credentials or cls.default_credentials
         nc = await nats.connect(
-            servers=[url],
+            servers=server_urls(url),
             name=name,
             nkeys_seed_str=creds.seed() if creds.creds else None,
             tls=creds.tls(),
@@ -368,6 +372,14 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+def server_urls(url: str) -> list[str]:
+    """``--nats-url``'s servers: one URL or several, comma-separated (blanks ignored)."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"no NATS server in --nats-url {url!r}")
+    return servers
 
 
 def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
