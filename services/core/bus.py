@@ -20,11 +20,26 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import NoRespondersError
+from nats.errors import (
+    ConnectionReconnectingError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+    UnexpectedEOF,
+)
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 
 from services.core import config, retention, subjects
@@ -372,6 +387,31 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` says the bus could not answer now, and the same call may succeed later.
+
+    A stream without a leader (a server died and the cluster elects another, or
+    quorum is lost) answers 503 or nobody answers; a connection that is being
+    re-established to another server fails or times out what is sent meanwhile.
+    Any other API error (4xx: too large, wrong sequence, no such stream) is the
+    request's own fault and fails again the same way.
+    """
+    if isinstance(exc, ServiceUnavailableError | ServerError):
+        return True
+    if isinstance(exc, APIError):
+        return False
+    return isinstance(
+        exc,
+        TimeoutError  # nats' own TimeoutError is one
+        | NoStreamResponseError
+        | NoRespondersError
+        | ConnectionReconnectingError
+        | OutboundBufferLimitError
+        | StaleConnectionError
+        | UnexpectedEOF,
+    )
 
 
 def server_urls(url: str) -> list[str]:
