@@ -9,14 +9,17 @@ subjects and (KEP-5304) container paths, so they are validated strictly first.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
+import time
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
 from services.core import limits, subjects, supervisor
-from services.core.bus import Bus
+from services.core.backoff import Backoff
+from services.core.bus import Bus, unavailable
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimRef, SchemaError
 
@@ -102,12 +105,29 @@ class KubernetesReader:
             await self._api.close()
 
 
+#: Without a deadline from the kubelet, how long a claim read waits for the bucket.
+DEFAULT_PATIENCE_S = 5.0
+
+
+def patience(deadline: float | None) -> float:
+    """Seconds a claim read may wait for an unavailable bucket: until a little before
+    ``deadline`` (unix time), so that the answer still reaches the kubelet in time."""
+    if deadline is None:
+        return DEFAULT_PATIENCE_S
+    remaining = deadline - time.time()
+    return max(0.0, remaining - max(0.25, 0.1 * remaining))
+
+
 class ClaimSource:
     """A claim's current object: the ``claims`` bucket first, then the API server.
 
     With :meth:`follow` running, this node's entries of the bucket are kept in
     memory as the allocator writes them, so a prepare reads its claim without
-    a round trip; a claim not seen yet is read from the bucket directly.
+    a round trip; a claim not seen yet is read from the bucket directly. When
+    the bucket cannot answer (its stream is electing a leader after a server
+    died, or has lost quorum), the read is tried again until shortly before
+    the kubelet's deadline, then fails with an error that says so: the kubelet
+    gets an answer in time, and a failover that ends meanwhile fails nothing.
     """
 
     def __init__(self, bus: Bus, node: str, api: ApiReader | None = None) -> None:
@@ -132,10 +152,11 @@ class ClaimSource:
     async def close(self) -> None:
         await supervisor.current().cancel("claims-mirror")
 
-    async def get(self, ref: ClaimRef) -> ResourceClaim:
-        """The allocated claim ``ref`` names; :class:`ClaimError` when it cannot be used."""
+    async def get(self, ref: ClaimRef, deadline: float | None = None) -> ResourceClaim:
+        """The allocated claim ``ref`` names; :class:`ClaimError` when it cannot be used
+        (or, ``deadline`` near, cannot be read)."""
         who = f"claim {describe(ref)}"
-        claim = await self._from_bucket(ref)
+        claim = await self._from_bucket(ref, deadline)
         if claim is None and self.api is not None:
             claim = await self.api.get_claim(ref.namespace, ref.name)
         if claim is None:
@@ -150,17 +171,40 @@ class ClaimSource:
             raise ClaimError(f"claim {describe(ref)} is not allocated")
         return claim
 
-    async def _from_bucket(self, ref: ClaimRef) -> ResourceClaim | None:
+    async def _from_bucket(self, ref: ClaimRef, deadline: float | None) -> ResourceClaim | None:
         cached = self._cache.get(ref.uid)
         if cached is not None:
             return cached
         key = subjects.claim_key(self.node, ref.uid)
-        try:
-            got = await self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim)
-        except SchemaError as exc:
-            log.warning(
-                "unreadable claims bucket entry; asking the API server",
-                extra={"key": key, "error": str(exc)},
-            )
-            return None
-        return got[0] if got else None
+        started = time.monotonic()
+        give_up = started + patience(deadline)
+        backoff = Backoff(first=0.1, limit=1.0)
+        while True:
+            try:
+                got = await asyncio.wait_for(
+                    self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim),
+                    max(give_up - time.monotonic(), 0.1),
+                )
+            except SchemaError as exc:
+                log.warning(
+                    "unreadable claims bucket entry; asking the API server",
+                    extra={"key": key, "error": str(exc)},
+                )
+                return None
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                cached = self._cache.get(ref.uid)  # the mirror may have it by now
+                if cached is not None:
+                    return cached
+                if time.monotonic() + backoff.delay >= give_up:
+                    raise ClaimError(
+                        f"claim {describe(ref)}: the claims bucket cannot be read: JetStream "
+                        f"did not answer for {time.monotonic() - started:.1f}s "
+                        f"({type(exc).__name__}: {str(exc) or 'no answer'}); the NATS cluster is "
+                        "electing a leader or has lost its quorum"
+                    ) from exc
+                log.info("claims bucket unavailable; reading again", extra={"key": key})
+                await backoff.sleep()
+                continue
+            return got[0] if got else None

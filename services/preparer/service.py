@@ -204,8 +204,11 @@ class PreparerService:
         await self.events.close()
 
     async def on_prepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
+        async def prepare(ref: ClaimRef) -> Outcome:
+            return await self.engine.prepare(ref, deadline=request.deadline)
+
         return await self._handle(
-            "prepare", request, headers, self.engine.prepare, "prepare.requested", "prepared"
+            "prepare", request, headers, prepare, "prepare.requested", "prepared"
         )
 
     async def on_unprepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
