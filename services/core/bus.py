@@ -321,6 +321,7 @@ class Bus:
             task.add_done_callback(self._inflight.discard)
 
         self._served.append(await self.nc.subscribe(subject, queue=queue, cb=spawn))
+        await self.nc.flush()  # the server knows it: a request sent from now on finds us
 
     @property
     def inflight(self) -> int:
@@ -357,6 +358,7 @@ class Bus:
             await handler(value, dict(msg.headers or {}))
 
         await self.nc.subscribe(subject, cb=on_msg)
+        await self.nc.flush()  # the server knows it: what is published from now on reaches us
 
     async def pull(
         self,
