@@ -253,7 +253,7 @@ class NatsCluster:
             try:
                 _provision(self.url, self.credentials(Role.ADMIN), replicas=self.replicas)
                 return
-            except Exception as exc:  # nats-py's API errors have no common base
+            except Exception as exc:  # no meta leader yet (503), peers unknown (400), a timeout
                 if time.monotonic() > deadline:
                     raise RuntimeError(f"cannot provision cluster {self.name}: {exc}") from exc
                 time.sleep(0.2)
