@@ -20,11 +20,26 @@ import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import NoRespondersError
+from nats.errors import (
+    ConnectionReconnectingError,
+    NoRespondersError,
+    OutboundBufferLimitError,
+    StaleConnectionError,
+    UnexpectedEOF,
+)
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import (
+    APIError,
+    BucketNotFoundError,
+    KeyNotFoundError,
+    NoKeysError,
+    NoStreamResponseError,
+    NotFoundError,
+    ServerError,
+    ServiceUnavailableError,
+)
 from nats.js.kv import KeyValue
 
 from services.core import config, retention, subjects
@@ -113,12 +128,16 @@ class Bus:
     ) -> Bus:
         """Connect as ``identity``; the admin identity also provisions streams and buckets.
 
+        ``url`` names one server or, comma-separated, several (a cluster's): the
+        client connects to one of them and, when that one goes away, reconnects
+        to another (or to one the cluster told it about), forever.
+
         Replies come to the identity's own inbox prefix, the only inboxes its
         permissions let it read.
         """
         creds = credentials or cls.default_credentials
         nc = await nats.connect(
-            servers=[url],
+            servers=server_urls(url),
             name=name,
             nkeys_seed_str=creds.seed() if creds.creds else None,
             # Called on every (re)connect: a rotated token is read from its file again.
@@ -304,6 +323,7 @@ class Bus:
             task.add_done_callback(self._inflight.discard)
 
         self._served.append(await self.nc.subscribe(subject, queue=queue, cb=spawn))
+        await self.nc.flush()  # the server knows it: a request sent from now on finds us
 
     @property
     def inflight(self) -> int:
@@ -340,6 +360,7 @@ class Bus:
             await handler(value, dict(msg.headers or {}))
 
         await self.nc.subscribe(subject, cb=on_msg)
+        await self.nc.flush()  # the server knows it: what is published from now on reaches us
 
     async def pull(
         self,
@@ -370,6 +391,39 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+
+def unavailable(exc: BaseException) -> bool:
+    """True when ``exc`` says the bus could not answer now, and the same call may succeed later.
+
+    A stream without a leader (a server died and the cluster elects another, or
+    quorum is lost) answers 503 or nobody answers; a connection that is being
+    re-established to another server fails or times out what is sent meanwhile.
+    Any other API error (4xx: too large, wrong sequence, no such stream) is the
+    request's own fault and fails again the same way.
+    """
+    if isinstance(exc, ServiceUnavailableError | ServerError):
+        return True
+    if isinstance(exc, APIError):
+        return False
+    return isinstance(
+        exc,
+        TimeoutError  # nats' own TimeoutError is one
+        | NoStreamResponseError
+        | NoRespondersError
+        | ConnectionReconnectingError
+        | OutboundBufferLimitError
+        | StaleConnectionError
+        | UnexpectedEOF,
+    )
+
+
+def server_urls(url: str) -> list[str]:
+    """``--nats-url``'s servers: one URL or several, comma-separated (blanks ignored)."""
+    servers = [part.strip() for part in url.split(",") if part.strip()]
+    if not servers:
+        raise ValueError(f"no NATS server in --nats-url {url!r}")
+    return servers
 
 
 def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:

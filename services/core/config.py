@@ -27,7 +27,11 @@ def default_node_name() -> str:
 
 def add_nats_flags(parser: argparse.ArgumentParser) -> None:
     """Where the bus is and who this process is on it (see services.core.access)."""
-    parser.add_argument("--nats-url", default=env("nats-url", DEFAULT_NATS_URL))
+    parser.add_argument(
+        "--nats-url",
+        default=env("nats-url", DEFAULT_NATS_URL),
+        help="the bus: one server's URL, or a cluster's, comma-separated (tls://a:4222,tls://b:4222)",
+    )
     parser.add_argument(
         "--nats-creds",
         type=Path,

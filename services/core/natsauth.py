@@ -4,7 +4,9 @@
 directory (0700)::
 
     ca.pem, ca.key                 the CA the clients trust (made here, EC P-256)
-    server.pem, server.key         nats-server's certificate (127.0.0.1, localhost)
+    server.pem, server.key         nats-server's certificate (127.0.0.1, localhost), valid
+                                   for server and client auth: in a cluster each server
+                                   presents it on the routes it accepts and dials
     users/<identity>.nk            one nkey seed per component instance (0600)
 
 :func:`authorization` turns the users found there into the nats-server
@@ -144,8 +146,10 @@ class AccessDir:
             found[identity_of(path.name[: -len(".nk")])] = public_key(path.read_text().strip())
         return found
 
-    def server_config(self, *, listen: str, store_dir: Path, name: str) -> dict[str, Any]:
-        return {
+    def server_config(
+        self, *, listen: str, store_dir: Path, name: str, cluster: Route | None = None
+    ) -> dict[str, Any]:
+        conf: dict[str, Any] = {
             "listen": listen,
             "server_name": name,
             "max_payload": MAX_PAYLOAD,
@@ -157,6 +161,30 @@ class AccessDir:
             },
             "authorization": authorization(self.identities()),
         }
+        if cluster is not None:
+            conf["cluster"] = {
+                "name": cluster.name,
+                "listen": cluster.listen,
+                "routes": list(cluster.routes),
+                # Mutual TLS: a peer is a server holding a certificate from our CA.
+                "tls": {
+                    "cert_file": str(self.server_cert),
+                    "key_file": str(self.server_key),
+                    "ca_file": str(self.ca),
+                    "verify": True,
+                    "timeout": 5,
+                },
+            }
+        return conf
+
+
+@dataclass(frozen=True)
+class Route:
+    """One server's place in a cluster: the cluster's name, its route listener, its peers."""
+
+    name: str
+    listen: str  # host:port
+    routes: tuple[str, ...]  # nats-route://host:port of the other servers
 
 
 def identity_of(name: str) -> Identity:
@@ -242,7 +270,13 @@ def _make_tls(root: Path, hosts: tuple[str, ...]) -> None:
         .not_valid_before(now - datetime.timedelta(minutes=5))
         .not_valid_after(now + datetime.timedelta(days=CERT_DAYS))
         .add_extension(x509.SubjectAlternativeName(alt), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            # clientAuth too: a cluster's servers present it when they dial each other's routes
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
+            ),
+            critical=False,
+        )
         .sign(ca_key, hashes.SHA256())
     )
     pem = serialization.Encoding.PEM

@@ -4,6 +4,10 @@ Used by ``gpudra nats``, ``gpudra up`` and the test suite, always with the
 production rules: TLS, one nkey identity per component and each identity's
 permissions (:mod:`services.core.access`). It listens on 127.0.0.1 only, has no
 monitoring port, and is stopped by the PID we started.
+
+:class:`NatsCluster` runs three of them as one JetStream cluster (routes over
+mutual TLS with the same CA, the same users on every server), for the tests of
+the bus under server failures; its ``url`` names every server.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from pathlib import Path
 import nkeys
 
 from services.core.access import Identity, Role
-from services.core.natsauth import AccessDir, Credentials
+from services.core.natsauth import AccessDir, Credentials, Route
 
 
 def server_binary() -> str:
@@ -54,12 +58,16 @@ class NatsServer:
         port: int = 0,
         log_file: Path | None = None,
         access_dir: Path | None = None,
+        cluster: Route | None = None,
     ) -> None:
         self.store_dir = store_dir
         self.port = port or free_port()
         self.log_file = log_file
         self.access = AccessDir(access_dir or store_dir.with_name(store_dir.name + "-access"))
-        self.config_file = self.access.root / "nats-server.conf"
+        self.name = f"gpudra-{self.port}"  # JetStream's server name (unique in a cluster)
+        self.cluster = cluster
+        conf = "nats-server.conf" if cluster is None else f"nats-server-{self.name}.conf"
+        self.config_file = self.access.root / conf
         self.proc: subprocess.Popen[bytes] | None = None
         self._granted: set[Identity] = set()  # the users in the running server's config
 
@@ -85,11 +93,22 @@ class NatsServer:
 
     def _write_config(self) -> None:
         conf = self.access.server_config(
-            listen=f"127.0.0.1:{self.port}", store_dir=self.store_dir, name=f"gpudra-{self.port}"
+            listen=f"127.0.0.1:{self.port}",
+            store_dir=self.store_dir,
+            name=self.name,
+            cluster=self.cluster,
         )
         tmp = self.config_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(conf, indent=1))
         tmp.replace(self.config_file)
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc is not None else None
 
     def start(self, timeout: float = 10.0) -> None:
         self.store_dir.mkdir(parents=True, exist_ok=True)
@@ -119,30 +138,7 @@ class NatsServer:
     def provision(self) -> None:
         """Create every stream and bucket, as the admin identity (in a thread of its own,
         so this works under a running event loop too)."""
-        from services.core.bus import Bus
-
-        async def run() -> None:
-            bus = await Bus.connect(
-                self.url,
-                name="provision",
-                identity=Identity(Role.ADMIN),
-                credentials=self.credentials(Role.ADMIN),
-            )
-            await bus.close()
-
-        errors: list[BaseException] = []
-
-        def thread() -> None:
-            try:
-                asyncio.run(run())
-            except BaseException as exc:  # handed to the caller below
-                errors.append(exc)
-
-        worker = threading.Thread(target=thread, name="nats-provision")
-        worker.start()
-        worker.join()
-        if errors:
-            raise errors[0]
+        _provision(self.url, self.credentials(Role.ADMIN))
 
     def _wait_accepts(self, creds: Credentials, timeout: float = 10.0) -> None:
         """Until the (reloaded) server lets ``creds`` in: the reload is asynchronous."""
@@ -166,12 +162,142 @@ class NatsServer:
             os.kill(proc.pid, signal.SIGKILL)
             proc.wait()
 
+    def kill(self) -> None:
+        """SIGKILL, as a crash or a lost machine: no goodbye to clients or peers."""
+        proc, self.proc = self.proc, None
+        if proc is not None and proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
     def __enter__(self) -> NatsServer:
         self.start()
         return self
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+class NatsCluster:
+    """``size`` nats-servers on 127.0.0.1 as one JetStream cluster, started and stopped by PID.
+
+    They share one access directory (CA, server certificate, users), so every
+    server has the same users and permissions; each has its own store
+    directory, server name, client port and route port, and a route to every
+    other. Streams and buckets are provisioned with ``size`` replicas.
+    """
+
+    def __init__(
+        self, root: Path, size: int = 3, name: str = "gpudra", access_dir: Path | None = None
+    ) -> None:
+        self.root = root
+        self.name = name
+        self.access = AccessDir(access_dir or root / "access")
+        route_ports = [free_port() for _ in range(size)]
+        self.servers: list[NatsServer] = []
+        for i, route_port in enumerate(route_ports):
+            peers = tuple(f"nats-route://127.0.0.1:{p}" for p in route_ports if p != route_port)
+            self.servers.append(
+                NatsServer(
+                    root / f"s{i}",
+                    log_file=root / f"s{i}.log",
+                    access_dir=self.access.root,
+                    cluster=Route(name, f"127.0.0.1:{route_port}", peers),
+                )
+            )
+
+    @property
+    def url(self) -> str:
+        """Every server's URL, comma-separated (what ``--nats-url`` and ``Bus.connect`` take)."""
+        return ",".join(s.url for s in self.servers)
+
+    @property
+    def replicas(self) -> int:
+        return len(self.servers)
+
+    def server(self, name: str) -> NatsServer:
+        """The server JetStream calls ``name`` (a stream's ``cluster.leader``)."""
+        for server in self.servers:
+            if server.name == name:
+                return server
+        raise KeyError(f"no server named {name!r} in cluster {self.name!r}")
+
+    def credentials(self, role: Role, node: str = "") -> Credentials:
+        """One identity's credentials, added to every server (running ones reload)."""
+        creds = self.access.credentials(Identity(role, node))
+        for server in self.servers:
+            server.credentials(role, node)
+        return creds
+
+    def client_argv(self, role: Role, node: str = "") -> list[str]:
+        return ["--nats-url", self.url, *self.credentials(role, node).argv()]
+
+    def start(self, timeout: float = 30.0) -> None:
+        """Start every server; return once each accepts clients (JetStream may still elect)."""
+        self.access.ensure()
+        try:
+            for server in self.servers:
+                server.start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def provision(self, timeout: float = 60.0) -> None:
+        """Create the streams and buckets with one replica per server.
+
+        Right after start-up the servers are still electing JetStream's meta
+        leader (and a stream needs every peer known to place its replicas): the
+        attempt is repeated until it succeeds or ``timeout`` passes.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                _provision(self.url, self.credentials(Role.ADMIN), replicas=self.replicas)
+                return
+            except Exception as exc:  # no meta leader yet (503), peers unknown (400), a timeout
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"cannot provision cluster {self.name}: {exc}") from exc
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        for server in self.servers:
+            server.stop()
+
+    def __enter__(self) -> NatsCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def _provision(url: str, admin: Credentials, replicas: int | None = None) -> None:
+    """Connect as admin (which provisions) from a thread of its own, so that this works
+    under a running event loop too."""
+    from services.core.bus import Bus
+
+    async def run() -> None:
+        bus = await Bus.connect(
+            url,
+            name="provision",
+            identity=Identity(Role.ADMIN),
+            credentials=admin,
+            replicas=replicas,
+        )
+        await bus.close()
+
+    errors: list[BaseException] = []
+
+    def thread() -> None:
+        try:
+            asyncio.run(run())
+        except BaseException as exc:  # handed to the caller below
+            errors.append(exc)
+
+    worker = threading.Thread(target=thread, name="nats-provision")
+    worker.start()
+    worker.join()
+    if errors:
+        raise errors[0]
 
 
 def _listening(port: int) -> bool:

@@ -20,6 +20,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from opentelemetry.util.types import AttributeValue
 
 from services.core import subjects, tracing
+from services.core.backoff import Backoff
 from services.core.bus import Bus, RequestFailed, RequestTimeout
 from services.core.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError
 from services.kubeletplugin import metrics
@@ -37,10 +38,16 @@ class Timing:
     ``default`` applies when the kubelet sent no deadline; with a deadline the
     front stops waiting ``margin`` earlier (at most 10% of what is left), so
     the per-claim errors still reach the kubelet in time.
+
+    ``no_preparer``: how long (within that) a request nobody listens to is sent
+    again. A preparer whose NATS server died is reconnecting to another one
+    and subscribes again in well under a second; a call made meanwhile waits
+    for it instead of failing (and the pod waiting for the kubelet's backoff).
     """
 
     default: float = 45.0
     margin: float = 0.5
+    no_preparer: float = 3.0
 
     def budget(self, remaining: float | None) -> float:
         if remaining is None:
@@ -115,9 +122,7 @@ class Forwarder:
         subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(self.node)
         request = NodeRequest(node=self.node, claims=claims, deadline=time.time() + budget)
         try:
-            reply = await self.bus.request(
-                subject, request, NodeReply, timeout=budget, headers=tracing.inject()
-            )
+            reply = await self._send(op, subject, request, budget)
         except RequestTimeout:
             reason = f"the preparer of node {self.node!r} did not answer within {budget:.1f}s"
         except RequestFailed:
@@ -131,6 +136,28 @@ class Forwarder:
             return {c.uid: _result_for(reply, c.uid) for c in claims}
         log.warning(f"{op} failed for every claim", extra={"reason": reason, "claims": len(claims)})
         return _each(claims, f"{op} failed: {reason}")
+
+    async def _send(
+        self, op: Operation, subject: str, request: NodeRequest, budget: float
+    ) -> NodeReply:
+        """The request, sent again while nobody listens (up to ``Timing.no_preparer``)."""
+        started = time.monotonic()
+        patience = min(self.timing.no_preparer, budget)
+        backoff = Backoff(first=0.05, limit=0.5)
+        left = budget
+        while True:
+            try:
+                return await self.bus.request(
+                    subject, request, NodeReply, timeout=left, headers=tracing.inject()
+                )
+            except RequestTimeout:
+                raise  # the preparer may still be working on it: never sent twice
+            except RequestFailed:
+                if time.monotonic() - started + backoff.delay >= patience:
+                    raise
+                metrics.NO_PREPARER_RETRIES.labels(op).inc()
+                await backoff.sleep()
+            left = budget - (time.monotonic() - started)
 
 
 def screen_claims(claims: Sequence[ClaimRef]) -> tuple[dict[str, ClaimResult], list[ClaimRef]]:

@@ -20,3 +20,8 @@ FORWARD_SECONDS = Histogram(
     ["op"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 45),
 )
+NO_PREPARER_RETRIES = Counter(
+    "gpudra_kubeletplugin_no_preparer_retries_total",
+    "Requests sent again because no preparer listened (it was reconnecting to NATS).",
+    ["op"],
+)

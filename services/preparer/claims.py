@@ -27,13 +27,15 @@ import asyncio
 import contextlib
 import logging
 import re
+import time
 from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 from prometheus_client import Counter
 
 from services.core import limits, subjects, supervisor
-from services.core.bus import Bus
+from services.core.backoff import Backoff
+from services.core.bus import Bus, unavailable
 from services.core.resource import ResourceClaim, ResourceClaimConsumerReference
 from services.core.schemas import ClaimRef, SchemaError
 from services.preparer import verify
@@ -119,11 +121,27 @@ class KubernetesReader:
             raise ClaimError(str(limits.too_deep(f"claim {namespace}/{name}"))) from exc
 
 
+#: Without a deadline from the kubelet, how long a claim read waits for the bucket.
+DEFAULT_PATIENCE_S = 5.0
+
+
+def patience(deadline: float | None) -> float:
+    """Seconds a claim read may wait for an unavailable bucket: until a little before
+    ``deadline`` (unix time), so that the answer still reaches the kubelet in time."""
+    if deadline is None:
+        return DEFAULT_PATIENCE_S
+    remaining = deadline - time.time()
+    return max(0.0, remaining - max(0.25, 0.1 * remaining))
+
+
 class ClaimSource:
     """A claim, checked to be preparable on this node; see the module docstring.
 
     ``api`` and ``pods`` go together (the API server's claims, this node's pods);
     without them the bucket is read only when ``trust_bucket`` says so.
+    In trusted-bucket mode, a bucket that cannot answer (its stream electing a
+    leader after a server died, or without quorum) is read again until shortly
+    before the kubelet's deadline; then the claim fails with an error that says so.
     """
 
     def __init__(
@@ -171,17 +189,43 @@ class ClaimSource:
             task.cancel()
         await asyncio.gather(*self._fetching.values(), return_exceptions=True)
 
-    async def _from_bucket(self, ref: ClaimRef) -> ResourceClaim | None:
+    async def _from_bucket(self, ref: ClaimRef, deadline: float | None) -> ResourceClaim | None:
         cached = self._cache.get(ref.uid)
         if cached is not None:
             return cached
         key = subjects.claim_key(self.node, ref.uid)
-        try:
-            got = await self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim)
-        except SchemaError as exc:
-            log.warning("unreadable claims bucket entry", extra={"key": key, "error": str(exc)})
-            return None
-        return got[0] if got else None
+        started = time.monotonic()
+        give_up = started + patience(deadline)
+        backoff = Backoff(first=0.1, limit=1.0)
+        while True:
+            try:
+                got = await asyncio.wait_for(
+                    self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim),
+                    max(give_up - time.monotonic(), 0.1),
+                )
+            except SchemaError as exc:
+                log.warning(
+                    "unreadable claims bucket entry; asking the API server",
+                    extra={"key": key, "error": str(exc)},
+                )
+                return None
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                cached = self._cache.get(ref.uid)  # the mirror may have it by now
+                if cached is not None:
+                    return cached
+                if time.monotonic() + backoff.delay >= give_up:
+                    raise ClaimError(
+                        f"claim {describe(ref)}: the claims bucket cannot be read: JetStream "
+                        f"did not answer for {time.monotonic() - started:.1f}s "
+                        f"({type(exc).__name__}: {str(exc) or 'no answer'}); the NATS cluster is "
+                        "electing a leader or has lost its quorum"
+                    ) from exc
+                log.info("claims bucket unavailable; reading again", extra={"key": key})
+                await backoff.sleep()
+                continue
+            return got[0] if got else None
 
     # ------------------------------------------------------------ the API server's copies
 
@@ -264,10 +308,13 @@ class ClaimSource:
 
     # ------------------------------------------------------------ the checks
 
-    async def get(self, ref: ClaimRef) -> ResourceClaim:
-        """The claim ``ref`` names, checked; :class:`ClaimError` says why it may not be used."""
+    async def get(self, ref: ClaimRef, deadline: float | None = None) -> ResourceClaim:
+        """The claim ``ref`` names, checked; :class:`ClaimError` says why it may not be used.
+
+        ``deadline`` (unix time, the kubelet's) bounds how long an unavailable
+        bucket is waited for in trusted-bucket mode."""
         if self.api is None:
-            return await self._trusted_bucket(ref)
+            return await self._trusted_bucket(ref, deadline)
         claim, fresh = await self._api_copy(ref)
         problem = await self._problem(ref, claim)
         if problem is not None and not fresh:  # the copy read ahead may be stale: ask once more
@@ -341,7 +388,7 @@ class ClaimSource:
                 extra={"claim": describe(ref), "uid": ref.uid},
             )
 
-    async def _trusted_bucket(self, ref: ClaimRef) -> ResourceClaim:
+    async def _trusted_bucket(self, ref: ClaimRef, deadline: float | None) -> ResourceClaim:
         who = f"claim {describe(ref)}"
         if not self.trust_bucket:
             raise ClaimError(
@@ -349,7 +396,7 @@ class ClaimSource:
                 "and its pod from (give --kubeconfig, or run it in a pod with its service "
                 "account; --trust-claims-bucket only where every writer of the bus is trusted)"
             )
-        claim = await self._from_bucket(ref)
+        claim = await self._from_bucket(ref, deadline)
         if claim is None:
             raise ClaimError(f"{who}: not found in the claims bucket")
         problem = verify.identity(claim, ref) or verify.allocation(claim, self.node)

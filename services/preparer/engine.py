@@ -155,20 +155,21 @@ class Engine:
 
     # ------------------------------------------------------------ prepare
 
-    async def prepare(self, ref: ClaimRef) -> Outcome:
+    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
+        """``deadline``: unix time by which the caller needs the answer (the kubelet's)."""
         try:
             check_identity(ref)
             async with self._claim_lock(ref.uid):
-                return Outcome(devices=await self._prepare(ref))
+                return Outcome(devices=await self._prepare(ref, deadline))
         except (*EXPECTED, PrepareError) as exc:
             return Outcome(error=_prefixed(ref, str(exc)))
 
-    async def _prepare(self, ref: ClaimRef) -> list[PreparedDevice]:
+    async def _prepare(self, ref: ClaimRef, deadline: float | None) -> list[PreparedDevice]:
         entry = self.store.claims.get(ref.uid)
         if entry is not None and entry.state == PREPARE_COMPLETED:
             return reply_devices(ref.uid, entry)
         with self.tracer.start_as_current_span("claim.fetch"):
-            claim = await self.claims.get(ref)
+            claim = await self.claims.get(ref, deadline)
         results = self._our_results(claim)
         allocation = claim.status.allocation if claim.status else None
         assert allocation is not None  # checked by _our_results

@@ -10,10 +10,12 @@ never adds to the kubelet's latency.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import itertools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -21,7 +23,8 @@ from prometheus_client import Counter, Histogram
 
 from services.core import limits, subjects, tracing
 from services.core.access import Identity, Role
-from services.core.bus import Bus
+from services.core.backoff import Backoff
+from services.core.bus import Bus, unavailable
 from services.core.schemas import (
     ClaimEvent,
     ClaimEventName,
@@ -46,30 +49,58 @@ DURATION = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
 
+EVENTS = Counter(
+    "gpudra_preparer_claim_events_total",
+    "Claim events: emitted, published (stored by the CLAIMS stream), retried (sent again "
+    "after JetStream did not acknowledge them), dropped (refused by the stream, or still "
+    "unsent at shutdown).",
+    ["result"],
+)
+
 HOLDINGS_SETTLE = 0.05  # seconds between KV writes of what prepared claims hold
+RETRY_LIMIT_S = 2.0  # longest wait between two attempts to store claim events
 
 
 class EventSink:
-    """Publishes claim events in order from one background task; failures are logged.
+    """Publishes claim events in order from one background task, each until it is stored.
 
     Events wait ``linger`` seconds, then go out together, pipelined: one
     socket write and one wake-up for the acks of the whole batch instead of a
     round trip per event. The batch keeps the order of :meth:`emit` (one
     connection's messages reach the stream in the order they were sent).
+
+    A publish that JetStream does not acknowledge (the stream's leader died
+    and the cluster is electing another, quorum is lost, the connection is
+    reconnecting) is sent again, with backoff, until it is: the audit trail
+    loses no event of a claim operation the preparer answered, however long
+    the outage (while the process lives). Every event carries a
+    ``Nats-Msg-Id`` unique to this emission (claim uid, event, this process's
+    instance id, a counter), so that sending one again after an ack that was
+    lost on the way (the event was stored but the answer never came) stores
+    nothing: the stream drops the copy within its duplicate window (2 min).
+    Events after a failed one wait: a later batch never overtakes an earlier
+    one (within a batch, an event sent again is stored after those that went
+    through the first time).
     """
 
     def __init__(self, bus: Bus, linger: float = 0.02, batch: int = 256) -> None:
         self.bus = bus
         self.linger = linger
         self.batch = batch
-        self._queue: asyncio.Queue[tuple[str, ClaimEvent] | None] = asyncio.Queue()
+        self.instance = uuid.uuid4().hex[:16]  # a restarted preparer's ids never collide
+        self._seq = itertools.count(1)
+        self._queue: asyncio.Queue[_Pending | None] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self.unsent = 0  # emitted, not stored yet
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
     def emit(self, subject: str, event: ClaimEvent) -> None:
-        self._queue.put_nowait((subject, event))
+        msg_id = f"{event.claim.uid}/{event.event}/{self.instance}-{next(self._seq)}"
+        self._queue.put_nowait(_Pending(subject, event, msg_id))
+        self.unsent += 1
+        EVENTS.labels("emitted").inc()
 
     async def _run(self) -> None:
         closing = False
@@ -83,24 +114,62 @@ class EventSink:
             closing = None in items
             await self._publish([item for item in items if item is not None])
 
-    async def _publish(self, items: list[tuple[str, ClaimEvent]]) -> None:
-        results = await asyncio.gather(
-            *(self.bus.publish(subject, event) for subject, event in items),
-            return_exceptions=True,
-        )
-        for (subject, event), result in zip(items, results, strict=True):
-            if isinstance(result, Exception):
+    async def _publish(self, items: list[_Pending]) -> None:
+        """Until every one of ``items`` is stored, or refused for good (an event the stream
+        will never take, e.g. one over its size limit, is dropped and logged)."""
+        backoff = Backoff(first=0.05, limit=RETRY_LIMIT_S)
+        while items:
+            results = await asyncio.gather(
+                *(self.bus.publish(p.subject, p.event, {"Nats-Msg-Id": p.msg_id}) for p in items),
+                return_exceptions=True,
+            )
+            again: list[_Pending] = []
+            error: BaseException | None = None
+            for item, result in zip(items, results, strict=True):
+                if not isinstance(result, BaseException):
+                    self.unsent -= 1
+                    EVENTS.labels("published").inc()
+                elif unavailable(result):
+                    again.append(item)
+                    error = result
+                else:
+                    self.unsent -= 1
+                    EVENTS.labels("dropped").inc()
+                    log.error(
+                        "claim event refused by the stream; dropped",
+                        extra={"subject": item.subject, "uid": item.event.claim.uid,
+                               "error": f"{type(result).__name__}: {result}"},
+                    )  # fmt: skip
+            if again:
+                EVENTS.labels("retried").inc(len(again))
                 log.warning(
-                    "could not publish claim event",
-                    extra={"subject": subject, "uid": event.claim.uid, "error": str(result)},
-                )
+                    "claim events not stored yet; sending them again",
+                    extra={"events": len(again), "first": again[0].msg_id,
+                           "error": f"{type(error).__name__}: {error}"},
+                )  # fmt: skip
+                await backoff.sleep()
+            items = again
 
     async def close(self, timeout: float = 5.0) -> None:
+        """Flush what is queued; past ``timeout`` what is left is dropped (and counted)."""
         if self._task is None:
             return
         self._queue.put_nowait(None)
-        with contextlib.suppress(TimeoutError):
+        try:
             await asyncio.wait_for(self._task, timeout)
+        except TimeoutError:
+            EVENTS.labels("dropped").inc(self.unsent)
+            log.error(
+                "claim events not stored at shutdown (the bus did not acknowledge them)",
+                extra={"events": self.unsent, "timeout_s": timeout},
+            )
+
+
+@dataclass(frozen=True)
+class _Pending:
+    subject: str
+    event: ClaimEvent
+    msg_id: str  # Nats-Msg-Id: the stream stores one copy however often it is sent
 
 
 class PreparerService:
@@ -135,8 +204,11 @@ class PreparerService:
         await self.events.close()
 
     async def on_prepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
+        async def prepare(ref: ClaimRef) -> Outcome:
+            return await self.engine.prepare(ref, deadline=request.deadline)
+
         return await self._handle(
-            "prepare", request, headers, self.engine.prepare, "prepare.requested", "prepared"
+            "prepare", request, headers, prepare, "prepare.requested", "prepared"
         )
 
     async def on_unprepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:

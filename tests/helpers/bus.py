@@ -4,11 +4,15 @@ from __future__ import annotations
 
 from services.core.access import Identity, Role
 from services.core.bus import Bus
-from services.core.natsserver import NatsServer
+from services.core.natsserver import NatsCluster, NatsServer
 
 
 async def connect(
-    server: NatsServer, role: Role = Role.ADMIN, node: str = "", *, name: str = "tests"
+    server: NatsServer | NatsCluster,
+    role: Role = Role.ADMIN,
+    node: str = "",
+    *,
+    name: str = "tests",
 ) -> Bus:
     """A bus client with ``role``'s credentials and permissions (admin also provisions)."""
     return await Bus.connect(

@@ -11,17 +11,22 @@ from services.core.schemas import ClaimEvent, decode
 
 async def stored_claim_events(bus: Bus) -> list[ClaimEvent]:
     """Every event in the stream now, oldest first (an ephemeral consumer reads them all)."""
+    return [event for event, _ in await stored_claim_messages(bus)]
+
+
+async def stored_claim_messages(bus: Bus) -> list[tuple[ClaimEvent, dict[str, str]]]:
+    """Every event in the stream now with its headers (``Nats-Msg-Id``), oldest first."""
     config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE)
     sub = await bus.js.pull_subscribe(
         subjects.claim_events_all(), stream=subjects.CLAIMS_STREAM, config=config
     )
-    events: list[ClaimEvent] = []
+    stored: list[tuple[ClaimEvent, dict[str, str]]] = []
     try:
         pending = (await sub.consumer_info()).num_pending or 0
         while pending > 0:
             batch = await sub.fetch(min(pending, 256), timeout=10)
             pending -= len(batch)
-            events += [decode(msg.data, ClaimEvent) for msg in batch]
+            stored += [(decode(msg.data, ClaimEvent), dict(msg.headers or {})) for msg in batch]
     finally:
         await sub.unsubscribe()
-    return events
+    return stored

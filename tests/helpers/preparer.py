@@ -30,7 +30,7 @@ import yaml
 from services.core import subjects
 from services.core.access import Role
 from services.core.bus import Bus, RequestFailed
-from services.core.natsserver import NatsServer
+from services.core.natsserver import NatsCluster, NatsServer
 from services.core.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,
@@ -190,7 +190,7 @@ class Node:
     """One simulated node: directories, processes and the bus."""
 
     root: Path
-    nats: NatsServer
+    nats: NatsServer | NatsCluster
     bus: Bus
     name: str = "n1"
     fleet: str = "dgx-a100"

@@ -384,12 +384,13 @@ async def test_without_a_preparer_every_claim_gets_an_error(kubelet: FakeKubelet
     await kubelet.register()
     claims = [Claim("uid-1"), Claim("uid-2")]
     for version in ("v1.DRAPlugin", "v1beta1.DRAPlugin"):
-        results = await kubelet.prepare(claims, version=version, timeout=5)
+        # (the front waits up to 3 s, within the deadline, for a preparer to subscribe)
+        results = await kubelet.prepare(claims, version=version, timeout=2)
         assert set(results) == {"uid-1", "uid-2"}
         for result in results.values():
             assert result.devices == []
             assert "no preparer is serving node 'node-a'" in result.error
-        errors = await kubelet.unprepare(claims, version=version, timeout=5)
+        errors = await kubelet.unprepare(claims, version=version, timeout=2)
         assert all("unprepare failed: no preparer" in e for e in errors.values())
 
 

@@ -73,7 +73,7 @@ def kclaim(claim: ResourceClaim) -> Claim:
 
 @pytest.fixture
 async def setup(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterator[Setup]:
-    node = Node(short_root, nats_server.url, bus, fleet="dgx-h100")
+    node = Node(short_root, nats_server, bus, fleet="dgx-h100")
     try:
         await node.start_discovery()
         await node.start_preparer(gates=GATES)

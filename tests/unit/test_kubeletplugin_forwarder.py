@@ -30,19 +30,24 @@ class RecordingBus:
 
     reply: NodeReply | None = None
     error: Exception | None = None
+    first_errors: list[Exception] = field(default_factory=list)  # raised by the first calls
     calls: list[dict[str, Any]] = field(default_factory=list)
 
     async def request(self, subject, value, reply_kind, timeout, headers=None):
         self.calls.append(
             {"subject": subject, "value": value, "timeout": timeout, "headers": headers}
         )
+        if self.first_errors:
+            raise self.first_errors.pop(0)
         if self.error is not None:
             raise self.error
         return self.reply or NodeReply(claims={c.uid: ClaimResult() for c in value.claims})
 
 
-def forwarder(bus: RecordingBus, node: str = "node-a") -> Forwarder:
-    return Forwarder(cast(Bus, bus), node, Timing(default=45.0, margin=0.5))
+def forwarder(bus: RecordingBus, node: str = "node-a", no_preparer: float = 0.2) -> Forwarder:
+    return Forwarder(
+        cast(Bus, bus), node, Timing(default=45.0, margin=0.5, no_preparer=no_preparer)
+    )
 
 
 def test_duplicates_are_sent_once_and_conflicts_refused() -> None:
@@ -109,6 +114,30 @@ async def test_every_failure_becomes_an_error_on_each_claim(error: Exception, re
         assert result.devices == []
         assert result.error.startswith("prepare failed: ")
         assert reason in result.error
+
+
+async def test_a_preparer_that_subscribes_again_soon_gets_the_request() -> None:
+    # Its NATS server died; it is reconnecting to another: nobody listens for a moment.
+    bus = RecordingBus(first_errors=[RequestFailed("none"), RequestFailed("none")])
+    results = await forwarder(bus, no_preparer=3.0).prepare([ref("u1")], 10.0)
+    assert results == {"u1": ClaimResult()}
+    assert len(bus.calls) == 3
+    assert bus.calls[2]["timeout"] < bus.calls[0]["timeout"] <= 9.5  # within one budget
+
+
+async def test_nobody_listening_is_an_error_after_the_wait() -> None:
+    bus = RecordingBus(error=RequestFailed("none"))
+    started = time.monotonic()
+    results = await forwarder(bus, no_preparer=0.3).prepare([ref("u1")], 10.0)
+    assert 0.1 < time.monotonic() - started < 0.3
+    assert "no preparer is serving node 'node-a'" in results["u1"].error
+    assert len(bus.calls) >= 2
+
+
+async def test_a_late_preparer_is_not_asked_again() -> None:
+    bus = RecordingBus(error=RequestTimeout("late"))
+    await forwarder(bus, no_preparer=3.0).prepare([ref("u1")], 10.0)
+    assert len(bus.calls) == 1  # it may still be working on the first
 
 
 async def test_a_claim_missing_from_the_reply_gets_an_error() -> None:
