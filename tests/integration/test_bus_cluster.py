@@ -53,7 +53,6 @@ PODS = 4  # concurrent claim cycles, one GPU each
 CYCLES_BEFORE_KILL = 8
 CYCLES_AFTER_KILL = 32
 KUBELET_TIMEOUT = 45.0  # the kubelet's timeout on a DRA plugin call
-SHORT_KUBELET_TIMEOUT = 10.0  # the call made while quorum is lost
 ALLOCATE_WITHIN = 120.0  # generous: a loaded machine elects leaders slowly
 METRIC = "gpudra_preparer_claim_events_total"
 
@@ -321,17 +320,18 @@ async def test_the_node_rides_out_a_leader_kill_and_a_lost_quorum(setup: Setup) 
         for op in ("prepare", "unprepare"):
             call = await kubelet_call(record, kubelet, op, claim)
             assert call.ok, f"{op} without quorum failed twice: {call.errors}"
-    unread = make_claim(node.name, [Dev("gpu", "gpu-6")], name="unread")  # not in the mirror
+    # A claim allocated meanwhile: the claim watcher cannot write the bucket without a
+    # quorum, but the preparer reads claims from the API server, so the claim is
+    # prepared; its events wait for the stream.
+    unread = make_claim(node.name, [Dev("gpu", "gpu-6")], name="unread")
+    await node.put_claim(unread, bucket=False)
     started = time.monotonic()
-    error = await attempt(kubelet, "prepare", unread, timeout=SHORT_KUBELET_TIMEOUT)
-    took = time.monotonic() - started
-    print(f"without quorum, a claim the node cannot read fails in {took:.1f}s: {error}")
-    assert "the claims bucket cannot be read" in error, error
-    assert "lost its quorum" in error, error
-    assert took < SHORT_KUBELET_TIMEOUT
+    call = await kubelet_call(record, kubelet, "prepare", unread)
+    assert call.ok, f"a claim allocated without quorum was not prepared: {call.errors}"
+    print(f"without quorum, a new claim was prepared in {time.monotonic() - started:.1f}s")
     uid = unread.metadata.uid or ""
-    assert uid not in node.checkpoint().claims  # nothing half-done for a retry to trip on
-    assert not [f for f in node.cdi_files() if uid in f.name]
+    assert uid in node.checkpoint().claims
+    assert [f for f in node.cdi_files() if uid in f.name]
 
     # --- 3. both come back: the failed claim is prepared, claims cycle again
     for server in others:
@@ -340,8 +340,8 @@ async def test_the_node_rides_out_a_leader_kill_and_a_lost_quorum(setup: Setup) 
     recovered = time.monotonic()
     for op in ("prepare", "unprepare"):
         call = await kubelet_call(record, kubelet, op, unread)
-        assert call.ok, f"{op} of the claim refused without quorum: {call.errors}"
-    print(f"after the quorum came back, the refused claim was prepared in "
+        assert call.ok, f"{op} of the claim prepared without quorum: {call.errors}"
+    print(f"after the quorum came back, that claim cycled in "
           f"{time.monotonic() - recovered:.1f}s")  # fmt: skip
     for n in range(4):
         await cycle_once(record, kubelet, node, f"after{n}")
