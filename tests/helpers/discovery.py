@@ -74,6 +74,18 @@ async def wait_for(seen: list[T], check: Callable[[list[T]], bool], timeout: flo
         await asyncio.sleep(0.02)
 
 
+async def wait_logged(log: Path, *lines: str, timeout: float = 20.0) -> None:
+    """Wait until a process's log holds every one of ``lines`` (a message it writes)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = await asyncio.to_thread(log.read_text)
+        if all(line in text for line in lines):
+            return
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{log.name} never logged {lines} within {timeout}s:\n{text}")
+        await asyncio.sleep(0.02)
+
+
 async def until_serving(bus: Bus, timeout: float = 30.0) -> None:
     """Wait until a discovery process answers simulated-NVML requests for NODE."""
     probe = SimMigRequest(op="mig-mode", gpu_uuid="GPU-probe", mig_enabled=True)

@@ -37,6 +37,7 @@ from tests.helpers.discovery import (
     until_serving,
     wait_for,
     wait_inventory,
+    wait_logged,
 )
 
 pytestmark = pytest.mark.integration
@@ -158,7 +159,9 @@ async def test_xid_and_lost_gpu_from_the_cli(
     assert rc == 1 and "NVML_ERROR_INVALID_ARGUMENT: no GPU 9" in out
 
 
-async def test_malformed_sim_state_is_skipped(bus: Bus, start_discovery: Start) -> None:
+async def test_malformed_sim_state_is_skipped(
+    bus: Bus, start_discovery: Start, tmp_path: Path
+) -> None:
     proc = await start_discovery("dgx-h100")
     before, revision = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
     store = SimStore(bus)
@@ -167,10 +170,13 @@ async def test_malformed_sim_state_is_skipped(bus: Bus, start_discovery: Start) 
     good_state = found[0]
     kv = await bus.kv(subjects.SIM_BUCKET)
 
+    # One at a time: a watch that starts late sees only the key's last value.
+    log = tmp_path / "discovery-0.log"
     await kv.put(sim_key(NODE), b"\xc1 not msgpack")
+    await wait_logged(log, "skipping malformed message")  # the bus client: not msgpack
     broken = encode_state(good_state).replace(b"H100-SXM5-80GB", b"H999-SXM5-80GB")
     await kv.put(sim_key(NODE), broken)
-    await asyncio.sleep(0.5)
+    await wait_logged(log, "unknown GPU model 'H999-SXM5-80GB'")  # discovery skips the state
     assert proc.returncode is None
     assert await inventory(bus) == (before, revision)  # nothing changed
 
@@ -245,14 +251,16 @@ async def test_restart_keeps_state_and_does_not_churn(
     rc, out = await gpudra("sim", "lose", *sim, "--node", NODE, "--gpu", "1")
     assert rc == 0, out
     await wait_for(changes, lambda s: len(s) >= 1)
-    await asyncio.sleep(0.3)
-    assert len(changes) == 1 and changes[0].revision == revision + 1  # only the loss was written
-    assert changes[0].changes[0] == "gpu-1: lost"
+    assert changes[0].revision == revision + 1 and changes[0].changes[0] == "gpu-1: lost"
 
     # `gpudra sim boot` with another fleet reboots the node into new hardware.
     rc, out = await gpudra("sim", "boot", *sim, "--node", NODE, "--fleet", "mixed")
     assert rc == 0 and '"fleet": "mixed"' in out
-    rebooted, _ = await wait_inventory(bus, lambda i: i.backend == "simulated:mixed")
+    rebooted, booted = await wait_inventory(bus, lambda i: i.backend == "simulated:mixed")
+    await wait_for(changes, lambda s: s[-1].revision == booted)
+    # Between the restart and the reboot only the loss was written.
+    assert [c.revision for c in changes] == [revision + 1, revision + 2]
+    assert changes[1].changes[0] == "backend: simulated:l4x4 -> simulated:mixed"
     assert rebooted.gpus[1].mig_enabled and {g.uuid for g in rebooted.gpus}.isdisjoint(
         g.uuid for g in inv.gpus
     )

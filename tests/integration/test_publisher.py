@@ -34,6 +34,9 @@ from tests.helpers.publisher import (
 
 pytestmark = pytest.mark.integration
 
+#: Syncs done, whatever their outcome (the sync-time histogram counts each).
+SYNCS = "gpudra_publisher_sync_seconds_count"
+
 
 # --------------------------------------------------------------------------- fake API server
 
@@ -59,8 +62,10 @@ async def test_inventory_in_kv_becomes_slices_once_the_plugin_is_registered(
 ) -> None:
     with publisher(nats_server, kube, tmp_path) as proc:
         await put_inventory(bus, node("gpu-node-1"))
-        await asyncio.sleep(1.0)
-        assert proc.alive() and kube.api.writes == []  # no presence record: nothing published
+        # The node synced (the histogram counts every sync) with no presence record:
+        # nothing published.
+        await until(lambda: proc.metric(SYNCS) >= 1, "gpu-node-1 synced", proc)
+        assert kube.api.writes == []
         presence = PluginPresence(node="gpu-node-1", driver="gpu.nvidia.com", endpoint="/x")
         key = subjects.presence_key("gpu-node-1", "gpu.nvidia.com")
         await bus.kv_put(subjects.PRESENCE_BUCKET, key, presence)
@@ -114,8 +119,7 @@ async def test_restart_writes_nothing_and_removal_deletes(
     writes = len(kube.api.writes)
     with publisher(nats_server, kube, tmp_path, *gates) as proc:
         await until(lambda: proc.metric("gpudra_publisher_published_nodes") == 2, "restart", proc)
-        await asyncio.sleep(0.5)
-        assert len(kube.api.writes) == writes  # a restart causes zero writes
+        assert len(kube.api.writes) == writes  # both nodes synced: a restart writes nothing
         await kube.api.remove("n1-gpu.nvidia.com-3")  # the kubelet or an admin deletes one
         await until(lambda: len(kube.api.stored()) == 18, "the deleted slice back", proc)
         await bus.kv_delete(subjects.INVENTORY_BUCKET, subjects.inventory_key("n2"))

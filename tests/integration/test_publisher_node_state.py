@@ -148,10 +148,9 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
             ("gpu-vfio-3", "vfio", 3, "claim-b"),
         )
         await bus.kv_put(subjects.PREPARED_BUCKET, key, more)
-        await asyncio.sleep(1.0)
-        assert len(kube.api.writes) == writes and set(_devices(kube)) == withdrawn
 
-        # A value under another node's key is skipped, counted, and changes nothing.
+        # A value under another node's key is skipped, counted, and changes nothing. Once it
+        # is counted, the two values above have been taken as well (one watch, in order).
         await bus.kv_put(subjects.PREPARED_BUCKET, subjects.prepared_key("other"), held)
         await until(
             lambda: (
@@ -164,7 +163,7 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
             "the misfiled value to be counted",
             proc,
         )
-        assert len(kube.api.writes) == writes
+        assert len(kube.api.writes) == writes and set(_devices(kube)) == withdrawn
 
         # Unprepare of everything: the twins come back.
         await bus.kv_delete(subjects.PREPARED_BUCKET, key)
@@ -175,7 +174,7 @@ async def test_a_prepared_device_withdraws_its_twin_until_unprepare_without_chur
     writes = len(kube.api.writes)
     with publisher(nats_server, kube, tmp_path, *extra) as proc:
         await until(lambda: "gpu-vfio-0" not in _devices(kube), "gpu-vfio-0 withdrawn", proc)
-        await asyncio.sleep(0.5)
+        await until(lambda: proc.metric("gpudra_publisher_published_nodes") == 1, "synced", proc)
         assert len(kube.api.writes) == writes + 1  # one update of the node's one slice
         assert set(_devices(kube)) == everything - {"gpu-vfio-0"}
 
