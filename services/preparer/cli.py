@@ -9,8 +9,6 @@ from services.core import config, runner
 from services.preparer import cdi, faults
 from services.preparer.checkpoint import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES
 
-DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
-
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
@@ -18,11 +16,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="prepare/unprepare claims on this node (configs, sharing, MIG, VFIO, CDI, checkpoint)",
     )
     config.add_common_flags(parser, node=True)
-    parser.add_argument(
-        "--kubelet-root",
-        type=Path,
-        default=Path(config.env("kubelet-root", DEFAULT_KUBELET_ROOT)),
-        help="kubelet root; the checkpoint lives in plugins/gpu.nvidia.com/ under it",
+    config.add_kubelet_root_flag(
+        parser, "kubelet root; the checkpoint lives in plugins/gpu.nvidia.com/ under it"
     )
     parser.add_argument(
         "--cdi-root",
