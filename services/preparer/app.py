@@ -51,6 +51,9 @@ class Settings:
     cdi_root: Path
     simulated: bool
     driver_root: Path = Path("/")
+    host_driver_root: str = ""  # "" : the driver root itself
+    dev_root: str = ""  # "" : the driver root when it has /dev, else /
+    hook_path: str = ""  # "" : /usr/bin/nvidia-cdi-hook under the host driver root
     kubeconfig: str = ""
     trust_claims_bucket: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
@@ -108,10 +111,26 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
     if settings.simulated:
         from services.preparer.devices.simulated import SimulatedOps
 
-        return SimulatedOps(bus, settings.node, inventory, pdir, fsync=settings.fsync)
+        return SimulatedOps(
+            bus,
+            settings.node,
+            inventory,
+            pdir,
+            fsync=settings.fsync,
+            driver_root=None if settings.driver_root == Path("/") else settings.driver_root,
+            host_driver_root=settings.host_driver_root,
+            hook_path=settings.hook_path,
+        )
     from services.preparer.devices.real import RealOps
 
-    return RealOps(pdir, driver_root=settings.driver_root)
+    host_root = settings.host_driver_root or str(settings.driver_root)
+    return RealOps(
+        pdir,
+        driver_root=settings.driver_root,
+        host_driver_root=host_root,
+        dev_root=settings.dev_root,
+        hook_path=settings.hook_path or os.path.join(host_root, "usr/bin/nvidia-cdi-hook"),
+    )
 
 
 async def run(settings: Settings) -> int:

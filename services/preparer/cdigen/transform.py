@@ -1,0 +1,87 @@
+"""The toolkit's spec transforms: simplify (dedupe, drop per-device copies of
+common edits, sort) and the driver-root -> host-root rewrite of host paths.
+
+The preparer sees the driver at ``--driver-root`` (the chart mounts the host's
+driver root at ``/driver-root``); the runtime that reads the spec runs on the
+host, so every host path under the driver root is rewritten to
+``--host-driver-root``, exactly as the reference's ``transformroot`` does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+EDIT_KEYS = ("env", "deviceNodes", "mounts", "hooks")
+
+
+def _key(entity: Any) -> str:
+    return entity if isinstance(entity, str) else json.dumps(entity, sort_keys=True)
+
+
+def dedupe(edits: dict[str, Any]) -> None:
+    for k in EDIT_KEYS:
+        if k in edits:
+            edits[k] = _first_of_each(edits[k])
+
+
+def _first_of_each(entities: list[Any]) -> list[Any]:
+    seen: set[str] = set()
+    out = []
+    for e in entities:
+        k = _key(e)
+        if k not in seen:
+            seen.add(k)
+            out.append(e)
+    return out
+
+
+def _depth(path: str) -> int:
+    return os.path.normpath(path).count("/")
+
+
+def sort_edits(edits: dict[str, Any]) -> None:
+    if "deviceNodes" in edits:
+        edits["deviceNodes"].sort(key=lambda n: (_depth(n["path"]), n["path"]))
+    if "mounts" in edits:
+        edits["mounts"].sort(key=lambda m: (_depth(m["containerPath"]), m["containerPath"]))
+
+
+def simplify(spec: dict[str, Any]) -> None:
+    """Dedupe; remove from each device what the common edits already have; sort."""
+    common = spec.setdefault("containerEdits", {})
+    dedupe(common)
+    ids = {_key(e) for k in EDIT_KEYS for e in common.get(k, [])}
+    for device in spec["devices"]:
+        edits = device["containerEdits"]
+        dedupe(edits)
+        kept = {k: [e for e in edits[k] if _key(e) not in ids] for k in EDIT_KEYS if k in edits}
+        if any(kept.values()):
+            device["containerEdits"] = {k: v for k, v in kept.items() if v}
+    spec["devices"].sort(key=lambda d: d["name"])
+    for edits in [common, *(d["containerEdits"] for d in spec["devices"])]:
+        sort_edits(edits)
+    if not any(common.values()):
+        del spec["containerEdits"]
+
+
+def host_root(spec: dict[str, Any], root: str, target: str) -> None:
+    """Rewrite host paths under ``root`` to ``target`` (transformroot, relative to the host)."""
+    if root == target:
+        return
+    edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
+    for e in edits:
+        for node in e.get("deviceNodes", []):
+            node["hostPath"] = _rewrite(node.get("hostPath") or node["path"], root, target)
+        for hook in e.get("hooks", []):
+            if hook["hookName"] != "startContainer":
+                hook["path"] = _rewrite(hook["path"], root, target)
+        for mount in e.get("mounts", []):
+            mount["hostPath"] = _rewrite(mount["hostPath"], root, target)
+
+
+def _rewrite(path: str, root: str, target: str) -> str:
+    if not path.startswith(root):
+        return path
+    return os.path.normpath(os.path.join(target, path[len(root) :].lstrip("/")))
