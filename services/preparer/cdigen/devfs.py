@@ -23,6 +23,7 @@ class NodeStat:
     minor: int
     mode: int  # permission bits (st_mode without the file type)
     gid: int = 0
+    kind: str = "c"  # c (char), b (block) or p (fifo), as CDI spells the type
 
 
 class DevFs(Protocol):
@@ -67,7 +68,9 @@ class HostDevFs:
             return None
         if not (stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) or stat.S_ISFIFO(st.st_mode)):
             return None
+        kind = "c" if stat.S_ISCHR(st.st_mode) else "b" if stat.S_ISBLK(st.st_mode) else "p"
         return NodeStat(
+            kind=kind,
             major=os.major(st.st_rdev),
             minor=os.minor(st.st_rdev),
             mode=st.st_mode & ~stat.S_IFMT(st.st_mode),
@@ -110,7 +113,11 @@ def devices(fs: DevFs, paths: list[str]) -> list[Device]:
 
 
 def render(device: Device, fs: DevFs) -> dict[str, Any]:
-    """The CDI deviceNode; fields that are zero are left out, as Go's omitempty does."""
+    """The CDI deviceNode; fields that are zero are left out, as Go's omitempty does.
+
+    A node that cannot be read is written with its paths only, as the toolkit
+    does; the runtime then reads it itself.
+    """
     node: dict[str, Any] = {"path": device.path}
     if device.host_path and device.host_path != device.path:
         node["hostPath"] = device.host_path
@@ -121,6 +128,10 @@ def render(device: Device, fs: DevFs) -> dict[str, Any]:
         if value:
             node[key] = value
     node["permissions"] = "rwm"
+    # The toolkit leaves the type out and the runtime stats the node again to
+    # find it; we write what we read, so the runtime need not (and a simulated
+    # node, whose device nodes exist only here, still injects).
+    node["type"] = st.kind
     if st.gid:
         node["gid"] = st.gid
     return node
