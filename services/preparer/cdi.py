@@ -109,7 +109,7 @@ def _device_edits(
             if iommufd
             else f"/dev/vfio/{device.vfio.iommu_group}"
         )
-        return {"deviceNodes": [{"path": path}]}
+        return {"deviceNodes": [gen.node(path)]}
     minor = device.mig.parent_minor if device.mig else device.gpu_minor
     edits = gen.gpu_edits(minor, device.pci_bus_id)
     if device.mig is not None:
@@ -152,10 +152,10 @@ def _common_edits(
     api = any(g.vfio_api_device for g in vfio_groups)
     iommufd = any(g.vfio_iommufd for g in vfio_groups) and gen.iommufd()
     if all(d.kind == "vfio" for d in devices):
-        return vfio_common(api, iommufd)
+        return vfio_common(gen, api, iommufd)
     common = gen.common_edits(nvml_version)
     if api:
-        common = merge([common, vfio_common(api, iommufd)])
+        common = merge([common, vfio_common(gen, api, iommufd)])
     return common
 
 

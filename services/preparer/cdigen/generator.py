@@ -20,7 +20,7 @@ from typing import Any
 
 from services.preparer.cdigen import driver, hooks, lookup, transform
 from services.preparer.cdigen.devfs import DevFs, devices, render
-from services.preparer.cdigen.model import CdiGenError, Found
+from services.preparer.cdigen.model import CdiGenError, Device, Found
 
 CONTROL_NODES = (
     "/dev/nvidia-modeset",
@@ -173,6 +173,14 @@ class Generator:
                 links.append(f"{target}::{link}")
         return links
 
+    def node(self, path: str) -> dict[str, Any]:
+        """A device node outside the toolkit's sets (VFIO), with what stat says of it.
+
+        The reference writes VFIO nodes as a path only and leaves the rest to
+        the runtime; we write the numbers we read, as for every other node.
+        """
+        return render(Device(host_path=lookup.join(self.fs.root, path), path=path), self.fs)
+
     # ------------------------------------------------------------ the claim
 
     def claim_spec(
@@ -193,11 +201,11 @@ class Generator:
         return spec
 
 
-def vfio_common(api_device: bool, iommufd: bool) -> dict[str, Any]:
+def vfio_common(gen: Generator, api_device: bool, iommufd: bool) -> dict[str, Any]:
     """What a VFIO claim shares: no driver files, only the IOMMU API device when asked."""
     edits: dict[str, Any] = {"env": [VISIBLE_DEVICES_VOID]}
     if api_device:
-        edits["deviceNodes"] = [{"path": "/dev/iommu" if iommufd else "/dev/vfio/vfio"}]
+        edits["deviceNodes"] = [gen.node("/dev/iommu" if iommufd else "/dev/vfio/vfio")]
     return edits
 
 

@@ -138,6 +138,9 @@ class SimDevFs:
         number = path.removeprefix("/dev/nvidia")
         if number != path and number.isdigit() and int(number) in minors:
             return NVIDIA_MAJOR, int(number)
+        group = path.removeprefix("/dev/vfio/")
+        if group != path and group.isdigit():
+            return VFIO_MAJOR, int(group)
         return None
 
     def find(self, path: str) -> list[str]:
