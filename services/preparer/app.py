@@ -120,6 +120,7 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
             driver_root=None if settings.driver_root == Path("/") else settings.driver_root,
             host_driver_root=settings.host_driver_root,
             hook_path=settings.hook_path,
+            dev_root=settings.dev_root,
         )
     from services.preparer.devices.real import RealOps
 

@@ -77,17 +77,18 @@ def find(root: str, nvml_version: str = "") -> Installation:
         if version:
             lib_dir = relative(root, os.path.dirname(found[0]))
             return Installation(root=root, version=version, lib_dir=lib_dir, libcuda=found[0])
-    if nvml_version:
-        others = libs.locate("libcuda.so.*.*") or libs.locate("libnvidia-ml.so.*.*")
-        seen = f"; found {', '.join(os.path.basename(p) for p in others)}" if others else ""
+    others = libs.locate("libcuda.so.*.*") or libs.locate("libnvidia-ml.so.*.*")
+    if nvml_version and others:
+        seen = f"; found {', '.join(os.path.basename(p) for p in others)}"
         raise CdiGenError(
             f"driver root {root}: no libcuda.so.{nvml_version} or libnvidia-ml.so.{nvml_version} "
             f"for the running driver {nvml_version} (NVML){seen}: the driver's files and the "
             "loaded driver differ (an upgrade not yet finished or not yet reloaded?)"
         )
     raise CdiGenError(
-        f"driver root {root}: no NVIDIA driver libraries (libcuda.so.<version> or "
-        "libnvidia-ml.so.<version>) in the library folders or the ld.so.cache "
+        f"driver root {root}: no NVIDIA driver libraries (libcuda.so.{nvml_version or '<version>'} "
+        f"or libnvidia-ml.so.{nvml_version or '<version>'}) in the library folders or the "
+        "ld.so.cache "
         "(is --driver-root the driver's root?)"
     )
 

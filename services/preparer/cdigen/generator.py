@@ -197,6 +197,9 @@ class Generator:
             "containerEdits": common,
         }
         transform.simplify(spec)
+        dev_root = self.fs.root
+        if dev_root not in ("/", self.options.driver_root):  # the host's /dev seen elsewhere
+            transform.host_root(spec, os.path.join(dev_root, "dev"), "/dev")
         transform.host_root(spec, self.options.driver_root, self.options.host_driver_root)
         return spec
 

@@ -60,6 +60,7 @@ class SimulatedOps:
         driver_root: Path | None = None,
         host_driver_root: str = "",
         hook_path: str = "",
+        dev_root: str = "",
     ) -> None:
         self.bus = bus
         self.node = node
@@ -73,10 +74,10 @@ class SimulatedOps:
         # No driver root given: a simulated installation under the plugin directory.
         self.sim_root = driver_root is None
         root = str(driver_root or plugin_dir / SIM_DRIVER_ROOT)
+        # Device nodes are simulated unless a real dev root is given (a fake node's, in tests).
+        real_dev = dev_root or ("" if self.sim_root else dev_root_of(root))
         fs: DevFs = (
-            HostDevFs(dev_root_of(root))
-            if not self.sim_root and dev_root_of(root) != "/"
-            else simroot.SimDevFs(self._node_facts)
+            HostDevFs(real_dev) if real_dev not in ("", "/") else simroot.SimDevFs(self._node_facts)
         )
         options = Options(
             driver_root=root,
