@@ -76,7 +76,7 @@ async def test_a_spec_from_the_installation_points_at_the_host(
     good: tuple[Node, DriverRoot],
 ) -> None:
     node, root = good
-    uid, error = await prepare_gpu(node)
+    _, error = await prepare_gpu(node)
     assert error == ""
     [path] = node.cdi_files()
     spec = validate_cdi_file(path)
@@ -99,7 +99,7 @@ async def test_an_upgrade_under_the_running_driver_fails_the_claim_not_the_node(
     good: tuple[Node, DriverRoot],
 ) -> None:
     node, root = good
-    first, error = await prepare_gpu(node, "gpu-0", "before")
+    _, error = await prepare_gpu(node, "gpu-0", "before")
     assert error == ""
     before = node.cdi_files()[0].read_bytes()
     new = "590.10.01"
@@ -126,7 +126,7 @@ async def test_an_upgrade_under_the_running_driver_fails_the_claim_not_the_node(
 async def test_a_broken_installation_is_an_error_on_the_claim(
     short_root: Path, nats_server: NatsServer, bus: Bus, missing: set[str], needle: str
 ) -> None:
-    node, root = await started(short_root, nats_server, bus, missing)
+    node, _ = await started(short_root, nats_server, bus, missing)
     try:
         uid, error = await prepare_gpu(node)
         assert needle in error, error

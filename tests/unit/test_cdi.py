@@ -11,13 +11,13 @@ import pytest
 import yaml
 
 from services.preparer import cdi, cdicheck
+from services.preparer.cdigen.generator import Generator
 from services.preparer.checkpoint import (
     GroupState,
     MpsState,
 )
-from services.preparer.cdigen.generator import Generator
 from services.preparer.devices import simroot
-from tests.helpers.cdistate import VERSION, UID, generator, gpu, mig, vfio
+from tests.helpers.cdistate import UID, VERSION, generator, gpu, mig, vfio
 from tests.helpers.preparer import validate_cdi_file
 
 
