@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 
 from services.preparer.cdigen.caps import mig_cap_minors
-from services.preparer.cdigen.generator import Generator, merge, vfio_common
+from services.preparer.cdigen.generator import Common, Generator, merge, vfio_common, with_vfio
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import GroupState, PreparedDeviceState
 from services.preparer.fsutil import DirSyncer, atomic_write, remove
@@ -145,18 +145,16 @@ def _common_edits(
     groups: Sequence[GroupState],
     gen: Generator,
     nvml_version: str,
-) -> dict[str, Any]:
+) -> Common:
     vfio_groups = [
         groups[g] for g in {d.group for d in devices if d.kind == "vfio"} if g < len(groups)
     ]
     api = any(g.vfio_api_device for g in vfio_groups)
     iommufd = any(g.vfio_iommufd for g in vfio_groups) and gen.iommufd()
     if all(d.kind == "vfio" for d in devices):
-        return vfio_common(gen, api, iommufd)
-    common = gen.common_edits(nvml_version)
-    if api:
-        common = merge([common, vfio_common(gen, api, iommufd)])
-    return common
+        return gen.finish(vfio_common(gen, api, iommufd))
+    common = gen.common(nvml_version)
+    return with_vfio(gen, common, api, iommufd) if api else common
 
 
 def minimum_version(spec: dict[str, Any]) -> str:

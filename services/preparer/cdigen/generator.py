@@ -55,12 +55,23 @@ class Options:
         return host_path
 
 
+@dataclass(frozen=True)
+class Common:
+    """Finished common edits (deduped, sorted, host paths rewritten) and their identities.
+
+    Shared by every spec until the installation changes: never modified.
+    """
+
+    edits: dict[str, Any]
+    ids: frozenset[str]
+
+
 @dataclass
 class _Cached:
     installation: driver.Installation
     nvml_version: str
     fingerprint: tuple[int, ...]
-    edits: dict[str, Any]
+    common: Common
 
 
 class Generator:
@@ -72,13 +83,14 @@ class Generator:
         self.caps = caps
         self.iommufd = iommufd
         self._common: _Cached | None = None
+        self._raw: dict[str, Any] = {}
         self._gpus: dict[tuple[int, str], dict[str, Any]] = {}
         self.discoveries = 0  # how often the common edits were computed (tests, bench)
 
     # ------------------------------------------------------------ common edits
 
-    def common_edits(self, nvml_version: str = "") -> dict[str, Any]:
-        """A copy of the installation's common edits; recomputed when the driver changed."""
+    def common(self, nvml_version: str = "") -> Common:
+        """The installation's common edits; found again when the driver changed."""
         self.check_hook()
         cached = self._common
         if (
@@ -87,7 +99,26 @@ class Generator:
             or cached.fingerprint != _fingerprint(cached.installation)
         ):
             cached = self._discover(nvml_version)
-        return copy.deepcopy(cached.edits)
+        return cached.common
+
+    def common_edits(self, nvml_version: str = "") -> dict[str, Any]:
+        """The common edits as discovered (before the host-root rewrite), a copy."""
+        self.common(nvml_version)
+        return copy.deepcopy(self._raw)
+
+    def finish(self, edits: dict[str, Any]) -> Common:
+        """Dedupe, sort and rewrite host paths of common edits (the spec's own part)."""
+        transform.dedupe(edits)
+        transform.sort_edits(edits)
+        self.host_paths(edits)
+        return Common(edits, transform.keys(edits))
+
+    def host_paths(self, edits: dict[str, Any]) -> None:
+        """Device nodes and files as the host names them (dev root, then driver root)."""
+        dev_root = self.fs.root
+        if dev_root not in ("/", self.options.driver_root):  # the host's /dev seen elsewhere
+            transform.host_root(edits, os.path.join(dev_root, "dev"), "/dev")
+        transform.host_root(edits, self.options.driver_root, self.options.host_driver_root)
 
     def _discover(self, nvml_version: str) -> _Cached:
         self._common = None
@@ -105,7 +136,9 @@ class Generator:
         found.extend(driver.firmware(inst, self.options.sysfs))
         found.extend(driver.binaries(inst.root))
         found.env.append(VISIBLE_DEVICES_VOID)
-        cached = _Cached(inst, nvml_version, _fingerprint(inst), self._edits(found))
+        raw = self._edits(found)
+        self._raw = copy.deepcopy(raw)
+        cached = _Cached(inst, nvml_version, _fingerprint(inst), self.finish(raw))
         self._common = cached
         self.discoveries += 1
         return cached
@@ -142,7 +175,7 @@ class Generator:
         key = (minor, pci_bus_id)
         if key not in self._gpus:
             self._gpus[key] = self._gpu(minor, pci_bus_id)
-        return copy.deepcopy(self._gpus[key])
+        return _copy(self._gpus[key])
 
     def _gpu(self, minor: int, pci_bus_id: str) -> dict[str, Any]:
         bus = sysfs_bus_id(pci_bus_id)
@@ -184,23 +217,23 @@ class Generator:
     # ------------------------------------------------------------ the claim
 
     def claim_spec(
-        self,
-        kind: str,
-        device_edits: Sequence[tuple[str, dict[str, Any]]],
-        common: dict[str, Any],
+        self, kind: str, device_edits: Sequence[tuple[str, dict[str, Any]]], common: Common
     ) -> dict[str, Any]:
-        """The finished spec from named device edits and the common edits."""
-        spec: dict[str, Any] = {
-            "cdiVersion": "",
-            "kind": kind,
-            "devices": [{"name": n, "containerEdits": e} for n, e in device_edits],
-            "containerEdits": common,
-        }
-        transform.simplify(spec)
-        dev_root = self.fs.root
-        if dev_root not in ("/", self.options.driver_root):  # the host's /dev seen elsewhere
-            transform.host_root(spec, os.path.join(dev_root, "dev"), "/dev")
-        transform.host_root(spec, self.options.driver_root, self.options.host_driver_root)
+        """The finished spec from named device edits (modified here) and the common edits.
+
+        The toolkit's simplify and host-root transform, applied to the common
+        edits once (:meth:`finish`) and to each device's own edits here.
+        """
+        devices = []
+        for name, edits in sorted(device_edits, key=lambda d: d[0]):
+            transform.dedupe(edits)
+            self.host_paths(edits)
+            edits = transform.without(edits, common.ids)
+            transform.sort_edits(edits)
+            devices.append({"name": name, "containerEdits": edits})
+        spec: dict[str, Any] = {"cdiVersion": "", "kind": kind, "devices": devices}
+        if any(common.edits.values()):
+            spec["containerEdits"] = common.edits
         return spec
 
 
@@ -212,6 +245,17 @@ def vfio_common(gen: Generator, api_device: bool, iommufd: bool) -> dict[str, An
     return edits
 
 
+def with_vfio(gen: Generator, common: Common, api_device: bool, iommufd: bool) -> Common:
+    """GPU common edits plus a VFIO claim's API device (a claim mixing both)."""
+    node = gen.node("/dev/iommu" if iommufd else "/dev/vfio/vfio")
+    edits = copy.deepcopy(common.edits)
+    gen.host_paths(extra := {"deviceNodes": [node]})
+    edits["deviceNodes"] = edits.get("deviceNodes", []) + extra["deviceNodes"]
+    transform.dedupe(edits)
+    transform.sort_edits(edits)
+    return Common(edits, transform.keys(edits))
+
+
 def sysfs_bus_id(pci_bus_id: str) -> str:
     """NVML's ``00000000:3B:00.0`` as sysfs names it (``0000:3b:00.0``), as go-nvlib does."""
     bus = pci_bus_id.lower()
@@ -219,6 +263,12 @@ def sysfs_bus_id(pci_bus_id: str) -> str:
     if sep and len(domain) == 8 and domain.startswith("0000"):
         return domain[4:] + ":" + rest
     return bus
+
+
+def _copy(edits: dict[str, Any]) -> dict[str, Any]:
+    """A copy the spec steps may change: new lists, new entity dicts (their lists shared,
+    as no step changes them in place)."""
+    return {k: [dict(e) if isinstance(e, dict) else e for e in v] for k, v in edits.items()}
 
 
 def _fingerprint(inst: driver.Installation) -> tuple[int, ...]:

@@ -48,37 +48,29 @@ def sort_edits(edits: dict[str, Any]) -> None:
         edits["mounts"].sort(key=lambda m: (_depth(m["containerPath"]), m["containerPath"]))
 
 
-def simplify(spec: dict[str, Any]) -> None:
-    """Dedupe; remove from each device what the common edits already have; sort."""
-    common = spec.setdefault("containerEdits", {})
-    dedupe(common)
-    ids = {_key(e) for k in EDIT_KEYS for e in common.get(k, [])}
-    for device in spec["devices"]:
-        edits = device["containerEdits"]
-        dedupe(edits)
-        kept = {k: [e for e in edits[k] if _key(e) not in ids] for k in EDIT_KEYS if k in edits}
-        if any(kept.values()):
-            device["containerEdits"] = {k: v for k, v in kept.items() if v}
-    spec["devices"].sort(key=lambda d: d["name"])
-    for edits in [common, *(d["containerEdits"] for d in spec["devices"])]:
-        sort_edits(edits)
-    if not any(common.values()):
-        del spec["containerEdits"]
+def keys(edits: dict[str, Any]) -> frozenset[str]:
+    """Identities of every entity in ``edits`` (the toolkit compares them as JSON)."""
+    return frozenset(_key(e) for k in EDIT_KEYS for e in edits.get(k, []))
 
 
-def host_root(spec: dict[str, Any], root: str, target: str) -> None:
+def without(edits: dict[str, Any], common: frozenset[str]) -> dict[str, Any]:
+    """``edits`` less what ``common`` has; unchanged when nothing would be left (a device
+    must have edits)."""
+    kept = {k: [e for e in edits[k] if _key(e) not in common] for k in EDIT_KEYS if k in edits}
+    return {k: v for k, v in kept.items() if v} if any(kept.values()) else edits
+
+
+def host_root(edits: dict[str, Any], root: str, target: str) -> None:
     """Rewrite host paths under ``root`` to ``target`` (transformroot, relative to the host)."""
     if root == target:
         return
-    edits = [spec.get("containerEdits", {})] + [d["containerEdits"] for d in spec["devices"]]
-    for e in edits:
-        for node in e.get("deviceNodes", []):
-            node["hostPath"] = _rewrite(node.get("hostPath") or node["path"], root, target)
-        for hook in e.get("hooks", []):
-            if hook["hookName"] != "startContainer":
-                hook["path"] = _rewrite(hook["path"], root, target)
-        for mount in e.get("mounts", []):
-            mount["hostPath"] = _rewrite(mount["hostPath"], root, target)
+    for node in edits.get("deviceNodes", []):
+        node["hostPath"] = _rewrite(node.get("hostPath") or node["path"], root, target)
+    for hook in edits.get("hooks", []):
+        if hook["hookName"] != "startContainer":
+            hook["path"] = _rewrite(hook["path"], root, target)
+    for mount in edits.get("mounts", []):
+        mount["hostPath"] = _rewrite(mount["hostPath"], root, target)
 
 
 def _rewrite(path: str, root: str, target: str) -> str:
