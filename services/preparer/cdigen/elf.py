@@ -21,7 +21,10 @@ class ElfError(ValueError):
 
 def soname(path: str) -> str:
     """DT_SONAME of ``path``; its file name when it has none (as the toolkit does)."""
-    names = _dyn_strings(path, _DT_SONAME)
+    try:
+        names = _dyn_strings(path, _DT_SONAME)
+    except struct.error as exc:
+        raise ElfError(f"{path}: truncated ELF file ({exc})") from None
     if len(names) > 1:
         raise ElfError(f"{path}: {len(names)} SONAMEs ({', '.join(names)})")
     return names[0] if names else os.path.basename(path)
