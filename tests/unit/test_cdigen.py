@@ -110,7 +110,7 @@ def test_nvmls_version_picks_the_running_driver_over_a_stale_one(tmp_path: Path)
         m.path for m in driver.libraries(driver.find(str(root.driver_root), root.version)).mounts
     }
     assert not [p for p in paths if "550.54.15" in p]
-    with pytest.raises(CdiGenError, match="found libcuda.so.550.54.15"):
-        os.remove(root.lib_dir / f"libcuda.so.{root.version}")
-        os.remove(root.lib_dir / f"libnvidia-ml.so.{root.version}")
+    os.remove(root.lib_dir / f"libcuda.so.{root.version}")
+    os.remove(root.lib_dir / f"libnvidia-ml.so.{root.version}")
+    with pytest.raises(CdiGenError, match=r"found libcuda\.so\.550\.54\.15"):
         driver.find(str(root.driver_root), root.version)
