@@ -134,6 +134,16 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
     )
 
 
+def _check_cdi(ops: DeviceOps) -> None:
+    """Say at start-up what would fail every claim's CDI spec (each claim says it again)."""
+    from services.preparer.cdigen.model import CdiGenError
+
+    try:
+        ops.cdigen().check_hook()
+    except CdiGenError as exc:
+        log.error("every prepare will fail until this is fixed: %s", exc)
+
+
 async def run(settings: Settings) -> int:
     stop = runner.stop_event()
     pdir = plugin_dir(settings.kubelet_root)
@@ -171,6 +181,7 @@ async def run(settings: Settings) -> int:
     if pods is not None:
         pods.follow()
     ops = _backend(settings, bus, inventory, pdir)
+    _check_cdi(ops)
     engine = Engine(
         EngineSettings(
             node=settings.node,
