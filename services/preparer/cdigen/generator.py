@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import os
+import stat
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -63,7 +64,7 @@ class Common:
     """
 
     edits: dict[str, Any]
-    ids: frozenset[str]
+    ids: frozenset[str | bytes]
 
 
 @dataclass
@@ -79,6 +80,7 @@ class Generator:
         self, options: Options, fs: DevFs, caps: CapsNodes, iommufd: Callable[[], bool]
     ) -> None:
         self.options = options
+        self._hook_local = options.local(options.hook_path)
         self.fs = fs
         self.caps = caps
         self.iommufd = iommufd
@@ -144,8 +146,14 @@ class Generator:
         return cached
 
     def check_hook(self) -> None:
-        local = self.options.local(self.options.hook_path)
-        if not os.access(local, os.X_OK) or os.path.isdir(local):
+        """The hook must be there for every spec to work (one stat per claim)."""
+        local = self._hook_local
+        try:
+            st = os.stat(local)
+            usable = stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
+        except OSError:
+            usable = False
+        if not usable:
             seen = f" (seen here as {local})" if local != self.options.hook_path else ""
             raise CdiGenError(
                 f"the CDI hook {self.options.hook_path}{seen} is missing or not executable: "

@@ -9,15 +9,17 @@ host, so every host path under the driver root is rewritten to
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
+
+import msgspec
 
 EDIT_KEYS = ("env", "deviceNodes", "mounts", "hooks")
 
 
-def _key(entity: Any) -> str:
-    return entity if isinstance(entity, str) else json.dumps(entity, sort_keys=True)
+def _key(entity: Any) -> str | bytes:
+    """An entity's identity: the string itself, or its JSON with sorted keys."""
+    return entity if isinstance(entity, str) else msgspec.json.encode(entity, order="sorted")
 
 
 def dedupe(edits: dict[str, Any]) -> None:
@@ -27,7 +29,7 @@ def dedupe(edits: dict[str, Any]) -> None:
 
 
 def _first_of_each(entities: list[Any]) -> list[Any]:
-    seen: set[str] = set()
+    seen: set[str | bytes] = set()
     out = []
     for e in entities:
         k = _key(e)
@@ -48,12 +50,12 @@ def sort_edits(edits: dict[str, Any]) -> None:
         edits["mounts"].sort(key=lambda m: (_depth(m["containerPath"]), m["containerPath"]))
 
 
-def keys(edits: dict[str, Any]) -> frozenset[str]:
+def keys(edits: dict[str, Any]) -> frozenset[str | bytes]:
     """Identities of every entity in ``edits`` (the toolkit compares them as JSON)."""
     return frozenset(_key(e) for k in EDIT_KEYS for e in edits.get(k, []))
 
 
-def without(edits: dict[str, Any], common: frozenset[str]) -> dict[str, Any]:
+def without(edits: dict[str, Any], common: frozenset[str | bytes]) -> dict[str, Any]:
     """``edits`` less what ``common`` has; unchanged when nothing would be left (a device
     must have edits)."""
     kept = {k: [e for e in edits[k] if _key(e) not in common] for k in EDIT_KEYS if k in edits}
