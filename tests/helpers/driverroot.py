@@ -112,8 +112,10 @@ DRIVER_LIBRARIES: tuple[Library, ...] = (
     _lib("libGLESv1_CM_nvidia.so"),
     _lib("libvdpau_nvidia.so", subdir="vdpau"),
 )
-# Shipped next to the driver but versioned on their own: a generator that
-# takes "every NVIDIA library" instead of the driver version's must not pick them.
+# Shipped next to the driver but versioned on their own. The toolkit finds the
+# EGL platform libraries through its graphics discovery (so it mounts those
+# two); libnvidia-api is only taken with an opt-in feature flag. A generator
+# that takes "every file ending in the driver version" sees none of them.
 OTHER_LIBRARIES: tuple[tuple[str, str], ...] = (
     ("libnvidia-egl-wayland.so.1.1.19", "libnvidia-egl-wayland.so.1"),
     ("libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-gbm.so.1"),
