@@ -9,9 +9,11 @@ driver's gpu-kubelet-plugin calls it, with the toolkit's root transform from
 the container driver root to the host's. gpudra's comes from the preparer's
 code (tests/helpers/cdigen.py). The comparison sorts lists and nothing else.
 
-The node is laid out as under the GPU operator: the host's driver root is
-``/run/nvidia/driver``, the plugin sees it at the fake root's ``driver/``, and
-nvidia-cdi-hook was copied into the kubelet plugin directory.
+Most cases lay the node out as under the GPU operator: the host's driver root
+is ``/run/nvidia/driver``, the plugin sees it at the fake root's ``driver/``,
+/dev is a path both see alike. ``gpu-host-root`` is the chart's default: the
+host's / is the driver root and holds dev/. nvidia-cdi-hook was copied into the
+kubelet plugin directory, as the reference's plugin does.
 
 Run with ``-s`` to see every difference.
 """
@@ -19,6 +21,7 @@ Run with ``-s`` to see every difference.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,16 +54,28 @@ HOOK = "/var/lib/kubelet/plugins/gpu.nvidia.com/nvidia-cdi-hook"
 #:   Kept("deviceNodes", "/dev/vfio/vfio", frozenset({"type"}), "why ...")
 INTENTIONAL: tuple[Kept, ...] = ()
 
-# id -> (case, the host has IOMMUFD)
-CASES: dict[str, tuple[ClaimCase, bool]] = {
-    "gpu": (ClaimCase("gpu", "gpu", gpu=0), False),
-    "mig": (ClaimCase("mig", "mig", gpu=4, mig=1), False),
-    "mps": (ClaimCase("mps", "gpu", gpu=1, mps=Path("mps")), False),
-    "vfio-legacy": (ClaimCase("vfio-legacy", "vfio", gpu=2), False),
-    "vfio-iommufd": (ClaimCase("vfio-iommufd", "vfio", gpu=2, vfio_prefer_iommufd=True), True),
+
+@dataclass(frozen=True)
+class Node:
+    """How the node is laid out for a case."""
+
+    iommufd: bool = False  # the host has /dev/iommu and vfio cdevs
+    host_driver_root: str = HOST_DRIVER_ROOT
+    dev_in_driver_root: bool = False  # the chart's default: the host's / is the driver root
+
+
+OPERATOR, IOMMUFD = Node(), Node(iommufd=True)
+HOST_ROOT = Node(host_driver_root="/", dev_in_driver_root=True)
+CASES: dict[str, tuple[ClaimCase, Node]] = {
+    "gpu": (ClaimCase("gpu", "gpu", gpu=0), OPERATOR),
+    "gpu-host-root": (ClaimCase("gpu-host-root", "gpu", gpu=0), HOST_ROOT),
+    "mig": (ClaimCase("mig", "mig", gpu=4, mig=1), OPERATOR),
+    "mps": (ClaimCase("mps", "gpu", gpu=1, mps=Path("mps")), OPERATOR),
+    "vfio-legacy": (ClaimCase("vfio-legacy", "vfio", gpu=2), OPERATOR),
+    "vfio-iommufd": (ClaimCase("vfio-iommufd", "vfio", gpu=2, vfio_prefer_iommufd=True), IOMMUFD),
     "vfio-prefer-iommufd-without-it": (
         ClaimCase("vfio-prefer-iommufd-without-it", "vfio", gpu=2, vfio_prefer_iommufd=True),
-        False,
+        OPERATOR,
     ),
 }
 
@@ -77,6 +92,7 @@ _COMMON = (
 _VFIO = "cdiVersion 0.5.0 (reference 1.1.0); VFIO nodes carry hostPath/type/major/minor"
 NOT_YET: dict[str, str] = {
     "gpu": _COMMON,
+    "gpu-host-root": _COMMON + "; device node hostPaths are the container's, not /dev",
     "mig": _COMMON + "; MIG capability nodes: permissions rw for the node's fileMode",
     "mps": _COMMON,
     "vfio-legacy": _VFIO + " (reference: bare /dev/vfio/vfio and /dev/vfio/<group>)",
@@ -118,15 +134,19 @@ def _report(case_id: str, diffs: list[Difference]) -> str:
 def test_spec_matches_the_reference(
     case_id: str, controlplane_binary: Path, tmp_path: Path
 ) -> None:
-    case, iommufd = CASES[case_id]
-    root = dr.build(tmp_path / "node", fleet="dgx-a100", iommufd=iommufd)
+    case, node = CASES[case_id]
+    root = dr.build(
+        tmp_path / "node", fleet="dgx-a100", iommufd=node.iommufd,
+        dev_in_driver_root=node.dev_in_driver_root,
+    )  # fmt: skip
     case = _resolve(case, tmp_path)
     reference = reference_spec(
-        controlplane_binary, root, case, uid=UID, host_driver_root=HOST_DRIVER_ROOT, hook_path=HOOK
-    )
+        controlplane_binary, root, case, uid=UID, host_driver_root=node.host_driver_root,
+        hook_path=HOOK,
+    )  # fmt: skip
     ours = gpudra_spec(
         root, case, uid=UID, plugin_dir=tmp_path / "plugin",
-        host_driver_root=HOST_DRIVER_ROOT, hook_path=HOOK,
+        host_driver_root=node.host_driver_root, hook_path=HOOK,
     )  # fmt: skip
     diffs = [d for d in compare(reference, ours) if not any(k.covers(d) for k in INTENTIONAL)]
     print("\n" + _report(case_id, diffs))

@@ -149,8 +149,8 @@ def _hook_key(hook: dict[str, Any]) -> str:
 
 def _sorted_links(args: list[str]) -> list[str]:
     """create-symlinks' ``--link A::B`` pairs in a fixed order (their order means nothing)."""
-    if len(args) < 2 or args[1] != "create-symlinks":
-        return args
+    if len(args) < 2 or args[1] != "create-symlinks" or len(args) % 2:
+        return args  # not a well-formed create-symlinks: compared as it is
     head, rest = args[:2], args[2:]
     pairs = sorted(zip(rest[::2], rest[1::2], strict=True))
     return head + [x for pair in pairs for x in pair]
