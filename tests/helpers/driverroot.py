@@ -13,7 +13,7 @@ describe the same node.
 Layout under ``base``::
 
     driver/   the driver root: usr/lib/<multiarch>, usr/bin, lib/firmware, etc/ld.so.cache, run/
-    host/     the dev root (host/dev/...) and host/sys (PCI devices, IOMMU groups)
+    host/     the dev root (host/dev/..., or driver/dev/...) and host/sys (PCI devices)
     proc/     devices, driver/nvidia/{version,gpus,capabilities}, driver/nvidia-caps/mig-minors
     facts.json
 
@@ -112,8 +112,10 @@ DRIVER_LIBRARIES: tuple[Library, ...] = (
     _lib("libGLESv1_CM_nvidia.so"),
     _lib("libvdpau_nvidia.so", subdir="vdpau"),
 )
-# Shipped next to the driver but versioned on their own: a generator that
-# takes "every NVIDIA library" instead of the driver version's must not pick them.
+# Shipped next to the driver but versioned on their own. The toolkit finds the
+# EGL platform libraries through its graphics discovery (so it mounts those
+# two); libnvidia-api is only taken with an opt-in feature flag. A generator
+# that takes "every file ending in the driver version" sees none of them.
 OTHER_LIBRARIES: tuple[tuple[str, str], ...] = (
     ("libnvidia-egl-wayland.so.1.1.19", "libnvidia-egl-wayland.so.1"),
     ("libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-gbm.so.1"),
@@ -250,6 +252,7 @@ def build(
     fabricmanager: bool = False,
     host_mps: bool = False,
     stale_version: str | None = None,
+    dev_in_driver_root: bool = False,
     missing: Iterable[str] = (),
     node: str = "node-1",
     seed: int = 0,
@@ -259,7 +262,9 @@ def build(
     ``mig`` keeps the fleet's static MIG layouts (off: every GPU whole);
     ``iommufd`` gives the host /dev/iommu and per-device vfio cdevs;
     ``fabricmanager`` and ``host_mps`` add those daemons' IPC files;
-    ``stale_version`` leaves a previous driver's libcuda/libnvidia-ml behind.
+    ``stale_version`` leaves a previous driver's libcuda/libnvidia-ml behind;
+    ``dev_in_driver_root`` puts dev/ inside the driver root (the host's / as the
+    driver root, the chart's default) instead of under ``host/``.
     """
     reason = unavailable()
     if reason:
@@ -270,7 +275,7 @@ def build(
     root = DriverRoot(
         base=base,
         driver_root=base / "driver",
-        dev_root=base / "host",
+        dev_root=base / "driver" if dev_in_driver_root else base / "host",
         proc=base / "proc",
         sysfs=base / "host" / "sys",
         facts_file=base / "facts.json",
