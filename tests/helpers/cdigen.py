@@ -1,15 +1,17 @@
 """gpudra's side of the differential CDI test: the spec the preparer writes for a claim.
 
 ONE function, :func:`gpudra_spec`, so that a change of the generator's API
-changes one place. It goes through the preparer's real code: the node facts
-``RealOps`` gathers from the driver root, ``/proc`` and ``/sys``, and
-``cdi.render``, with the claim's devices and config groups as the engine
-records them.
+changes one place. It goes through the preparer's real code: the CDI
+generator ``RealOps`` builds over the driver root, the dev root, ``/proc``
+and ``/sys`` (with the host driver root and hook path the reference is
+given), and ``cdi.render``, with the claim's devices and config groups as the
+engine records them.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -38,14 +40,34 @@ def gpudra_spec(
     """The claim's spec as the preparer renders it for ``case`` on ``root``.
 
     ``host_driver_root`` (where the driver root is on the host) and
-    ``hook_path`` (nvidia-cdi-hook on the host) are what the reference is
-    given; today's generator has no setting for either, so they are unused.
+    ``hook_path`` (nvidia-cdi-hook on the host) are the preparer's
+    ``--host-driver-root`` and ``--nvidia-cdi-hook-path``.
     """
-    del host_driver_root, hook_path  # no such settings yet
-    ops = RealOps(plugin_dir, driver_root=root.driver_root, sysfs=root.sysfs, proc=root.proc)
-    facts = dataclasses.replace(ops.facts(), dev_root=str(root.dev_root))
+    _install_hook(root, host_driver_root, hook_path)
+    ops = RealOps(
+        plugin_dir,
+        driver_root=root.driver_root,
+        host_driver_root=host_driver_root,
+        dev_root=str(root.dev_root),
+        hook_path=hook_path,
+        sysfs=root.sysfs,
+        proc=root.proc,
+    )
     device, group = _prepared(root, case)
-    return cdi.render(uid, [device], [group], facts)
+    facts = json.loads(root.facts_file.read_text())  # what discovery's NVML reports
+    return cdi.render(uid, [device], [group], ops.cdigen(), facts["driverVersion"])
+
+
+def _install_hook(root: DriverRoot, host_driver_root: str, hook_path: str) -> None:
+    """Put the hook where the host has it: when the host's driver root is its /, a file
+    the host has at ``hook_path`` is in the driver root the preparer sees (the
+    preparer checks it there)."""
+    if host_driver_root != "/":
+        return
+    where = root.driver_root / hook_path.lstrip("/")
+    if not where.exists() and Path(root.hook_path).exists():
+        where.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(root.hook_path, where)
 
 
 def _prepared(root: DriverRoot, case: ClaimCase) -> tuple[PreparedDeviceState, GroupState]:
@@ -55,7 +77,9 @@ def _prepared(root: DriverRoot, case: ClaimCase) -> tuple[PreparedDeviceState, G
         device = PreparedDeviceState(
             name=case.device_name(root), kind="vfio", requests=["r"], pool="node-1",
             gpu_uuid=gpu.uuid, pci_bus_id=gpu.pci_bus_id,
-            vfio=VfioState(pci_bus_id=gpu.pci_bus_id, iommu_group=gpu.iommu_group),
+            vfio=VfioState(
+                pci_bus_id=gpu.pci_bus_id, iommu_group=gpu.iommu_group, iommufd_dev=gpu.vfio_dev
+            ),
         )  # fmt: skip
         # engine.py: the VfioDeviceConfig's iommu settings, as given.
         group = GroupState(
@@ -74,7 +98,8 @@ def _prepared(root: DriverRoot, case: ClaimCase) -> tuple[PreparedDeviceState, G
         )  # fmt: skip
     device = PreparedDeviceState(
         name=case.device_name(root), kind="mig" if mig_state else "gpu", requests=["r"],
-        pool="node-1", gpu_uuid=gpu.uuid, gpu_minor=gpu.minor, mig=mig_state,
+        pool="node-1", gpu_uuid=gpu.uuid, gpu_minor=gpu.minor, pci_bus_id=gpu.pci_bus_id,
+        mig=mig_state,
     )  # fmt: skip
     mps = None
     if case.mps is not None:

@@ -112,16 +112,17 @@ def devices(fs: DevFs, paths: list[str]) -> list[Device]:
     return out
 
 
-def render(device: Device, fs: DevFs) -> dict[str, Any]:
+def render(device: Device, fs: DevFs, stat_at: str = "") -> dict[str, Any]:
     """The CDI deviceNode; fields that are zero are left out, as Go's omitempty does.
 
-    A node that cannot be read is written with its paths only, as the toolkit
-    does; the runtime then reads it itself.
+    The node is read at ``stat_at`` (default: its host path). A node that
+    cannot be read is written with its paths only, as the toolkit does; the
+    runtime then reads it itself.
     """
     node: dict[str, Any] = {"path": device.path}
     if device.host_path and device.host_path != device.path:
         node["hostPath"] = device.host_path
-    st = fs.stat(device.host_path or device.path)
+    st = fs.stat(stat_at or device.host_path or device.path)
     if st is None:
         return node
     for key, value in (("major", st.major), ("minor", st.minor), ("fileMode", st.mode)):

@@ -47,13 +47,14 @@ class Options:
     hook_path: str = hooks.DEFAULT_PATH  # on the host
     sysfs: str = "/sys"
 
-    def local(self, host_path: str) -> str:
-        """A host path as this process sees it (under the driver root when it is the host's)."""
+    def local(self, host_path: str) -> str | None:
+        """A host path under the host driver root as this process sees it (under the
+        driver root); None for a path elsewhere, which this process may not see."""
         root = os.path.normpath(self.host_driver_root)
         if root == "/" or host_path == root or host_path.startswith(root + "/"):
             rest = host_path[len(root) :] if root != "/" else host_path
             return os.path.normpath(os.path.join(self.driver_root, rest.lstrip("/")))
-        return host_path
+        return None
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,11 @@ class Generator:
         return Common(edits, transform.keys(edits))
 
     def host_paths(self, edits: dict[str, Any]) -> None:
-        """Device nodes and files as the host names them (dev root, then driver root)."""
-        dev_root = self.fs.root
-        if dev_root not in ("/", self.options.driver_root):  # the host's /dev seen elsewhere
-            transform.host_root(edits, os.path.join(dev_root, "dev"), "/dev")
+        """Files and device nodes under the driver root as the host names them.
+
+        A dev root elsewhere is taken to be the same path on the host, as the
+        reference does (its dev root is the driver root or /).
+        """
         transform.host_root(edits, self.options.driver_root, self.options.host_driver_root)
 
     def _discover(self, nvml_version: str) -> _Cached:
@@ -146,8 +148,15 @@ class Generator:
         return cached
 
     def check_hook(self) -> None:
-        """The hook must be there for every spec to work (one stat per claim)."""
+        """The hook must be there for every spec to work (one stat per claim).
+
+        Checked where this process can see it: under the host driver root. A hook
+        elsewhere (e.g. the kubelet plugin directory, as the reference puts it)
+        is the operator's to provide.
+        """
         local = self._hook_local
+        if local is None:
+            return
         try:
             st = os.stat(local)
             usable = stat.S_ISREG(st.st_mode) and bool(st.st_mode & 0o111)
@@ -217,10 +226,11 @@ class Generator:
     def node(self, path: str) -> dict[str, Any]:
         """A device node outside the toolkit's sets (VFIO), with what stat says of it.
 
-        The reference writes VFIO nodes as a path only and leaves the rest to
-        the runtime; we write the numbers we read, as for every other node.
+        The reference writes VFIO nodes as the host's ``/dev`` path only and leaves
+        the rest to the runtime; we write the same path with the numbers we read
+        at the dev root, as for every other node.
         """
-        return render(Device(host_path=lookup.join(self.fs.root, path), path=path), self.fs)
+        return render(Device(host_path=path, path=path), self.fs, lookup.join(self.fs.root, path))
 
     # ------------------------------------------------------------ the claim
 
