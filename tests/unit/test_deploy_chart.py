@@ -290,3 +290,16 @@ def test_the_bus_runs_tls_auth_callout_and_monitoring_on_localhost_only() -> Non
     tls_secret = (TEMPLATES / "nats-tls.yaml").read_text()
     assert "kind: Certificate" in tls_secret and "genCA" in tls_secret
     assert 'lookup "v1" "Secret"' in tls_secret  # the chart's CA is kept across upgrades
+
+
+def test_the_preparer_sees_the_driver_where_it_is_mounted_and_writes_host_paths() -> None:
+    """As the reference's nvidiaDriverRoot / container driver root: specs name host paths."""
+    node = _template_texts()["node.yaml"]
+    preparer = node[node.index("- name: preparer") : node.index("- name: kubeletplugin")]
+    env = re.findall(r"- name: (GPUDRA_\w+)\n\s+value: (.+)", preparer)
+    assert ("GPUDRA_DRIVER_ROOT", "{{ .Values.containerDriverRoot | quote }}") in env
+    assert ("GPUDRA_HOST_DRIVER_ROOT", "{{ .Values.nvidiaDriverRoot | quote }}") in env
+    assert "mountPath: {{ .Values.containerDriverRoot }}" in preparer
+    assert "GPUDRA_NVIDIA_CDI_HOOK_PATH" in preparer
+    values = _values()
+    assert (values["nvidiaDriverRoot"], values["containerDriverRoot"]) == ("/", "/driver-root")
