@@ -2,8 +2,8 @@
 
 Each request carries the claims of one kubelet call; every claim gets an entry
 in the reply (a per-claim error never hides another claim's success). Each
-claim operation is a span pair in the claim's own trace (the NATS hop's SERVER
-side, then ``claim.<op>`` with what the claim holds) and emits lifecycle
+claim operation is a span in the claim's own trace (the NATS hop's SERVER side,
+with what the claim holds and the outcome) and emits lifecycle
 events to the ``CLAIMS`` stream after the reply is on its way, so auditing
 never adds to the kubelet's latency.
 """
@@ -288,18 +288,15 @@ class PreparerService:
         requested: ClaimEventName,
         succeeded: ClaimEventName,
     ) -> ClaimResult:
-        """A SERVER span (the NATS hop's other half) and ``claim.<op>`` in the claim's trace."""
+        """One SERVER span in the claim's trace: the NATS hop's other half, parent of
+        the steps, with the claim, what it holds and the outcome (one span, not two:
+        each span costs about 30 us of this process's CPU)."""
         names = self._names[op]
-        identity = tracing.claim_attributes(ref, self.node)
-        hop_attributes = {**names.process_attributes, **identity}
-        parent = tracing.remote_parent(request.traceparents.get(ref.uid, ""))
-        with (
-            tracing.claim_span(
-                self.tracer, names.process, ref.uid, kind=SpanKind.SERVER,
-                attributes=hop_attributes, parent=parent,
-            ) as hop,
-            self.tracer.start_as_current_span(f"claim.{op}", attributes=identity) as span,
-        ):  # fmt: skip
+        with tracing.claim_span(
+            self.tracer, names.process, ref.uid, kind=SpanKind.SERVER,
+            attributes={**names.process_attributes, **tracing.claim_attributes(ref, self.node)},
+            parent=tracing.remote_parent(request.traceparents.get(ref.uid, "")),
+        ) as span:  # fmt: skip
             trace_id = tracing.current_trace_id()
             headers = tracing.inject()
             self._emit(requested, ref, trace_id=trace_id, headers=headers)
@@ -313,7 +310,6 @@ class PreparerService:
             if facts:
                 span.set_attributes(facts)
             tracing.finish(span, outcome.error)
-            tracing.finish(hop, outcome.error)
             _log(op, ref, outcome, elapsed, facts)
             failed: ClaimEventName = "prepare.failed" if op == "prepare" else "unprepare.failed"
             self._emit(
