@@ -1,7 +1,7 @@
 """Claim-path benchmark: kubelet socket -> front -> NATS -> preparer, and back.
 
     python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--repeat 3] [--fleet dgx-h100]
-    python bench/prepare.py --jaeger --pairs 6 --cycles 1000   # tracing overhead, on/off
+    python bench/prepare.py --sink --pairs 6 --cycles 1000   # tracing overhead, on/off
 
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
@@ -317,16 +317,18 @@ async def main(args: argparse.Namespace) -> int:
     """One set of runs, or ``--pairs`` back-to-back pairs of tracing off and on."""
     jaeger: Jaeger | None = None
     otlp = args.otlp_endpoint
-    if args.jaeger:
-        jaeger = Jaeger(Path(tempfile.mkdtemp(prefix="gpudra-bench-jaeger-", dir="/tmp")))
+    if args.jaeger or args.sink:
+        workdir = Path(tempfile.mkdtemp(prefix="gpudra-bench-jaeger-", dir="/tmp"))
+        jaeger = Jaeger(workdir, store=not args.sink)
         otlp = jaeger.start().otlp_grpc
-        print(f"tracing sink: Jaeger (in-memory storage), OTLP/gRPC {otlp}")
+        kind = "receives and drops spans" if args.sink else "in-memory storage"
+        print(f"tracing sink: Jaeger ({kind}), OTLP/gRPC {otlp}")
     try:
         if not args.pairs:
             failed, _ = await run_set(args, otlp)
             return 1 if failed else 0
         if not otlp:
-            raise SystemExit("--pairs needs a sink: --otlp-endpoint URL or --jaeger")
+            raise SystemExit("--pairs needs a sink: --otlp-endpoint URL, --jaeger or --sink")
         pairs: list[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]] = []
         for i in range(args.pairs):
             print(f"== pair {i + 1}/{args.pairs}: tracing off")
@@ -483,6 +485,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--jaeger",
         action="store_true",
         help="tracing on, into a Jaeger started here (services/local/jaeger, built and cached)",
+    )
+    parser.add_argument(
+        "--sink",
+        action="store_true",
+        help="like --jaeger, but Jaeger only receives and drops the spans (what the sender "
+        "pays, without a collector's storage competing for this machine's CPUs)",
     )
     parser.add_argument(
         "--pairs",

@@ -34,8 +34,8 @@ service:
   pipelines:
     traces:
       receivers: [otlp]
-      processors: [batch]
-      exporters: [jaeger_storage_exporter]
+      processors: [{processors}]
+      exporters: [{exporter}]
   telemetry:
     metrics:
       level: none
@@ -68,6 +68,7 @@ receivers:
 processors:
   batch:
 exporters:
+  nop:
   jaeger_storage_exporter:
     trace_storage: memory
 """
@@ -88,11 +89,16 @@ def build_jaeger(*, force: bool = False) -> Path:
 
 
 class Jaeger:
-    """One Jaeger all-in-one process with in-memory storage, on free 127.0.0.1 ports."""
+    """One Jaeger all-in-one process with in-memory storage, on free 127.0.0.1 ports.
 
-    def __init__(self, workdir: Path, binary: Path | None = None) -> None:
+    ``store=False`` makes it a sink: spans are received (decoded) and dropped, the
+    cheapest receiver there is, for measuring what tracing costs the sender.
+    """
+
+    def __init__(self, workdir: Path, binary: Path | None = None, *, store: bool = True) -> None:
         self.workdir = workdir
         self.binary = binary
+        self.store = store
         self.ports = {
             name: free_port() for name in ("grpc", "http", "query", "query_grpc", "health")
         }
@@ -121,7 +127,12 @@ class Jaeger:
             self.binary = build_jaeger()
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "jaeger.yaml"
-        config.write_text(_CONFIG.format(**self.ports))
+        pipeline = (
+            {"processors": "batch", "exporter": "jaeger_storage_exporter"}
+            if self.store
+            else {"processors": "", "exporter": "nop"}
+        )
+        config.write_text(_CONFIG.format(**self.ports, **pipeline))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.binary), "--config", f"file:{config}"],
