@@ -62,7 +62,7 @@ receivers:
   otlp:
     protocols:
       grpc:
-        endpoint: 127.0.0.1:{grpc}
+        endpoint: 127.0.0.1:{grpc}{grpc_tls}
       http:
         endpoint: 127.0.0.1:{http}
 processors:
@@ -95,10 +95,19 @@ class Jaeger:
     cheapest receiver there is, for measuring what tracing costs the sender.
     """
 
-    def __init__(self, workdir: Path, binary: Path | None = None, *, store: bool = True) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        binary: Path | None = None,
+        *,
+        store: bool = True,
+        tls: tuple[Path, Path] | None = None,
+    ) -> None:
+        """``tls``: (certificate, key) for the OTLP/gRPC receiver (then ``https://``)."""
         self.workdir = workdir
         self.binary = binary
         self.store = store
+        self.tls = tls
         self.ports = {
             name: free_port() for name in ("grpc", "http", "query", "query_grpc", "health")
         }
@@ -108,7 +117,8 @@ class Jaeger:
     @property
     def otlp_grpc(self) -> str:
         """The OTLP/gRPC endpoint (``OTEL_EXPORTER_OTLP_ENDPOINT`` with protocol grpc)."""
-        return f"http://127.0.0.1:{self.ports['grpc']}"
+        scheme = "https" if self.tls else "http"
+        return f"{scheme}://127.0.0.1:{self.ports['grpc']}"
 
     @property
     def otlp_http(self) -> str:
@@ -132,7 +142,11 @@ class Jaeger:
             if self.store
             else {"processors": "", "exporter": "nop"}
         )
-        config.write_text(_CONFIG.format(**self.ports, **pipeline))
+        grpc_tls = ""
+        if self.tls is not None:
+            cert, key = self.tls
+            grpc_tls = f"\n        tls:\n          cert_file: {cert}\n          key_file: {key}"
+        config.write_text(_CONFIG.format(**self.ports, **pipeline, grpc_tls=grpc_tls))
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(
                 [str(self.binary), "--config", f"file:{config}"],

@@ -14,7 +14,10 @@ to a span that is not in it; a failed prepare found by ``gpudra.outcome=error``.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +25,8 @@ from typing import Any
 import pytest
 
 from services.core import tracing
-from services.local import demo
+from services.local import REPO, demo
+from services.local.cluster import make_pki
 from services.local.jaeger import Jaeger, JaegerError, build_jaeger, wait_for_trace
 from services.local.stack import NodeSpec, Stack
 
@@ -238,3 +242,62 @@ def test_one_trace_per_claim_life_in_jaeger(stack: Stack) -> None:
         if line.startswith("{") and '"claim event"' in line
     ]
     assert lines and all(line["trace_id"] == tracing.claim_trace_hex(line["uid"]) for line in lines)
+
+
+SEND_ONE_SPAN = """
+from services.core import tracing
+assert tracing.setup("envcheck")
+with tracing.claim_span(tracing.tracer("t"), "envcheck", "uid-of-{case}"):
+    pass
+tracing.shutdown()
+"""
+
+
+@pytest.mark.parametrize("case", ["grpc", "http/protobuf", "grpc-tls"])
+def test_standard_otel_variables_reach_a_real_jaeger(tmp_path: Path, case: str) -> None:
+    """A process configured only by OTEL_* variables (protocol, endpoint, headers, a TLS
+    CA) exports to Jaeger; the span is found in the claim's trace."""
+    try:
+        build_jaeger()
+    except JaegerError as exc:
+        pytest.skip(f"no Jaeger binary: {exc}")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    tls = None
+    if case == "grpc-tls":
+        make_pki(tmp_path / "pki")
+        tls = (tmp_path / "pki" / "apiserver.crt", tmp_path / "pki" / "apiserver.key")
+        env["OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE"] = str(tmp_path / "pki" / "ca.crt")
+    with Jaeger(tmp_path / "jaeger", tls=tls) as jaeger:
+        http = case == "http/protobuf"
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = jaeger.otlp_http if http else jaeger.otlp_grpc
+        env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "http/protobuf" if http else "grpc"
+        env["OTEL_EXPORTER_OTLP_HEADERS"] = "x-gpudra-test=1"
+        code = SEND_ONE_SPAN.format(case=case)
+        done = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60
+        )
+        assert done.returncode == 0, done.stderr
+        trace = wait_for_trace(
+            jaeger, tracing.claim_trace_hex(f"uid-of-{case}"), lambda t: True, timeout=30
+        )
+        assert operations(trace) == ["envcheck"]
+        assert trace["processes"][trace["spans"][0]["processID"]]["serviceName"] == (
+            "gpudra-envcheck"
+        )
+
+
+def test_an_unknown_otlp_protocol_stops_a_service_with_the_variable_named(
+    tmp_path: Path,
+) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env |= {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://127.0.0.1:9",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "udp",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "services.cli", "discovery", "--node-name", "n1",
+         "--fleet", "dgx-h100"],
+        env=env, capture_output=True, text=True, timeout=60, cwd=REPO,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert "OTEL_EXPORTER_OTLP_PROTOCOL" in done.stderr and "'udp'" in done.stderr
