@@ -27,6 +27,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
 
@@ -68,6 +69,7 @@ OK, ERROR, PENDING = "ok", "error", "pending"
 
 PROTOCOLS = ("grpc", "http/protobuf")
 EXPORT_BATCH = 64
+STEPS_SETTING = "GPUDRA_TRACE_STEPS"
 
 _provider: TracerProvider | None = None
 _ROOT = Context()  # no parent: a span started in it is the root of a (claim) trace
@@ -253,6 +255,59 @@ def claim_attributes(claim: ClaimRef, node: str) -> dict[str, AttributeValue]:
     }
 
 
+# ------------------------------------------------------------ steps of an operation
+
+
+class Steps:
+    """The steps of a claim operation (checkpoint, CDI write, MPS start, ...).
+
+    By default each step is an event on the operation's span (its name, start
+    time, ``duration_ms`` and, if it raised, ``error``): about a tenth of what a
+    span costs, which keeps tracing's overhead within 10% of a prepare. With
+    ``spans`` (``GPUDRA_TRACE_STEPS=spans``) each step is a child span instead,
+    for a waterfall of every step.
+    """
+
+    def __init__(self, tracer: trace.Tracer, spans: bool | None = None) -> None:
+        self.tracer = tracer
+        self.spans = step_spans() if spans is None else spans
+
+    @contextlib.contextmanager
+    def step(
+        self,
+        name: str,
+        attributes: Mapping[str, AttributeValue] | None = None,
+        context: Context | None = None,
+    ) -> Iterator[None]:
+        """``context``: where the operation's span is current (another thread's step)."""
+        if self.spans:
+            with self.tracer.start_as_current_span(name, context, attributes=attributes):
+                yield
+            return
+        span = trace.get_current_span(context)
+        if not span.is_recording():
+            yield
+            return
+        started = time.time_ns()
+        error = ""
+        try:
+            yield
+        except BaseException as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            event: dict[str, AttributeValue] = dict(attributes or {})
+            event["duration_ms"] = round((time.time_ns() - started) / 1e6, 3)
+            if error:
+                event["error"] = error
+            span.add_event(name, event, started)
+
+
+def step_spans() -> bool:
+    """``GPUDRA_TRACE_STEPS=spans``: steps as child spans rather than span events."""
+    return os.environ.get(STEPS_SETTING, "events").strip().lower() == "spans"
+
+
 # ------------------------------------------------------------ the NATS hop
 
 
@@ -291,10 +346,17 @@ def extract(headers: Mapping[str, str] | None) -> Context:
 
 
 def traceparent(span: Span) -> str:
-    """``span``'s W3C traceparent ('' when it is not recording)."""
-    carrier: dict[str, str] = {}
-    _W3C.inject(carrier, trace.set_span_in_context(span, _ROOT))
-    return carrier.get("traceparent", "")
+    """``span``'s W3C traceparent ('' when tracing is off), formatted without a Context."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return ""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{ctx.trace_flags:02x}"
+
+
+def headers_of(span: Span) -> dict[str, str]:
+    """NATS headers carrying ``span``'s context (none when tracing is off)."""
+    value = traceparent(span)
+    return {"traceparent": value} if value else {}
 
 
 def remote_parent(value: str) -> Context:

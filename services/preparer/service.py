@@ -298,7 +298,7 @@ class PreparerService:
             parent=tracing.remote_parent(request.traceparents.get(ref.uid, "")),
         ) as span:  # fmt: skip
             trace_id = tracing.current_trace_id()
-            headers = tracing.inject()
+            headers = tracing.headers_of(span)
             self._emit(requested, ref, trace_id=trace_id, headers=headers)
             before = self.engine.store.claims.get(ref.uid)  # what an unprepare undoes
             started = time.perf_counter()

@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -38,11 +39,15 @@ pytestmark = pytest.mark.integration
 
 NODE = "n1"
 SEND_SPAN = "b7ad6b7169203331"
+STEPS = ["claim.fetch", "config.resolve", "checkpoint.started", "cdi.write", "checkpoint.completed"]
 FOREIGN = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # another trace
 
 
 @pytest.fixture
-async def preparer(tmp_path: Path, bus: Bus) -> AsyncIterator[InMemorySpanExporter]:
+async def preparer(
+    tmp_path: Path, bus: Bus, request: pytest.FixtureRequest
+) -> AsyncIterator[InMemorySpanExporter]:
+    """``request.param``: steps as child spans (True) or as events (the default)."""
     sim = SimNvml.boot(NODE, fleet.get_fleet("dgx-h100"), seed=0)
     await bus.kv_put(
         subjects.INVENTORY_BUCKET, subjects.inventory_key(NODE), inventory.scan(sim, NODE).inventory
@@ -56,8 +61,9 @@ async def preparer(tmp_path: Path, bus: Bus) -> AsyncIterator[InMemorySpanExport
     settings = Settings(NODE, featuregates.parse(""), tmp_path / "cdi", plugin_dir)
     ops = SimulatedOps(bus, NODE, view, plugin_dir)
     engine = Engine(
-        settings, store, ClaimSource(bus, NODE, trust_bucket=True), view, ops, tracer=tracer
-    )
+        settings, store, ClaimSource(bus, NODE, trust_bucket=True), view, ops, tracer=tracer,
+        step_spans=getattr(request, "param", False),
+    )  # fmt: skip
     service = PreparerService(bus, engine, NODE, tracer=tracer)
     await service.start()
     try:
@@ -128,13 +134,10 @@ async def test_each_claim_in_its_own_trace_under_the_fronts_send_span(
     }
     assert attr(bad_span, tracing.ATTR_OUTCOME) == "error"
     assert bad_span.status.status_code == StatusCode.ERROR
-    assert [s.name for s in children(spans, good_span)] == [
-        "claim.fetch",
-        "config.resolve",
-        "checkpoint.started",
-        "cdi.write",
-        "checkpoint.completed",
-    ]
+    assert children(spans, good_span) == []  # the steps are its events: a tenth of a span's cost
+    assert [e.name for e in good_span.events] == STEPS
+    assert all(isinstance(attr_of(e, "duration_ms"), float) for e in good_span.events)
+    assert [e.name for e in bad_span.events] == ["claim.fetch"]  # then its GPU was not found
 
     events = await collect_events(bus, 4)
     assert set(events) == {
@@ -183,6 +186,26 @@ async def test_hostile_trace_contexts_are_ignored(
     assert len(hops) == 4
     assert all(h.parent is None for h in hops)
     assert {h.context.trace_id for h in hops} == {tracing.claim_trace_id(ref(claim).uid)}
+
+
+@pytest.mark.parametrize("preparer", [True], indirect=True)
+async def test_steps_as_child_spans_when_asked(
+    preparer: InMemorySpanExporter, bus: Bus, nats_server: NatsServer
+) -> None:
+    """``GPUDRA_TRACE_STEPS=spans``: the waterfall of every step, at a span's cost each."""
+    claim = make_claim(NODE, [Dev("gpu", "gpu-3")], name="c")
+    await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, ref(claim).uid), claim)
+    request_ = NodeRequest(node=NODE, claims=[ref(claim)], deadline=time.time() + 10)
+    reply = await request(nats_server, "prepare", request_)
+    assert reply.claims[ref(claim).uid].error == ""
+    spans = preparer.get_finished_spans()
+    [hop] = named(spans, "process dra.node.{node}.prepare")
+    assert [s.name for s in children(spans, hop)] == STEPS
+    assert hop.events == () or list(hop.events) == []
+
+
+def attr_of(event: Event, key: str) -> object:
+    return (event.attributes or {}).get(key)
 
 
 def inventory_gpu(minor: int) -> str:
