@@ -100,37 +100,35 @@ class Forwarder:
     async def _traced(
         self, op: Operation, send: list[ClaimRef], remaining: float | None, parent: Context | None
     ) -> dict[str, ClaimResult]:
-        """A SERVER span per claim in the claim's own trace, each with its CLIENT span of
-        the one NATS request (whose context goes to the preparer in ``traceparents``).
+        """One CLIENT span per claim, in the claim's own trace: the claim's half of the
+        NATS request (the preparer's SERVER span is the other), named and attributed
+        as OpenTelemetry's messaging conventions say, with the kubelet's call
+        (``rpc.method``) and what it got. Its context goes to the preparer in
+        ``traceparents``. One span, not a gRPC server span around a client span:
+        each costs this process about 100 us of CPU.
 
         The kubelet's own context (``parent``) becomes a link: its call may carry
         several claims, and each claim's spans belong to that claim's trace.
         """
         names = self._names[op]
         links = tracing.link_to(parent, "kubelet") if parent is not None else []
-        calls = [
+        spans = [
             tracing.start_claim_span(
-                self.tracer, names.call, c.uid, kind=SpanKind.SERVER,
-                attributes=tracing.claim_attributes(c, self.node), links=links,
+                self.tracer, names.send, c.uid, kind=SpanKind.CLIENT,
+                attributes={**names.send_attributes, **tracing.claim_attributes(c, self.node)},
+                links=links,
             )
             for c in send
         ]  # fmt: skip
-        sends = [
-            self.tracer.start_span(
-                names.send, trace.set_span_in_context(call), SpanKind.CLIENT, names.send_attributes
-            )
-            for call in calls
-        ]
         traceparents = {
-            c.uid: tp for c, s in zip(send, sends, strict=True) if (tp := tracing.traceparent(s))
+            c.uid: tp for c, s in zip(send, spans, strict=True) if (tp := tracing.traceparent(s))
         }
         replies: dict[str, ClaimResult] = {}
         try:
             replies = await self._request(op, send, self.timing.budget(remaining), traceparents)
         finally:
-            for claim, call, sent in zip(send, calls, sends, strict=True):
-                sent.end()
-                _finish(call, replies.get(claim.uid))
+            for claim, span in zip(send, spans, strict=True):
+                _finish(span, replies.get(claim.uid))
         return replies
 
     async def _request(
@@ -238,9 +236,8 @@ def _finish(span: Span, result: ClaimResult | None) -> None:
 
 @dataclass(frozen=True)
 class _Names:
-    """Span names, subject and messaging attributes of one operation, built once."""
+    """Span name, subject and messaging attributes of one operation, built once."""
 
-    call: str
     subject: str
     send: str
     send_attributes: dict[str, AttributeValue]
@@ -249,9 +246,10 @@ class _Names:
     def of(cls, op: Operation, node: str) -> _Names:
         subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(node)
         template = f"{subjects.NODE_ROOT}.{{node}}.{op}"
+        attributes = tracing.messaging_attributes("send", subject, template)
+        attributes.update({"rpc.system": "grpc", "rpc.method": f"Node{op.capitalize()}Resources"})
         return cls(
-            call=f"kubeletplugin.Node{op.capitalize()}Resources",
             subject=subject,
             send=tracing.messaging_span_name("send", template),
-            send_attributes=tracing.messaging_attributes("send", subject, template),
+            send_attributes=attributes,
         )

@@ -38,13 +38,12 @@ PENDING_EXAMPLE = "11-unsatisfiable.yaml"
 SERVICES = ("gpudra-allocator", "gpudra-kubeletplugin", "gpudra-preparer")
 PREPARE = "process dra.node.{node}.prepare"
 UNPREPARE = "process dra.node.{node}.unprepare"
+SEND = "send dra.node.{node}.prepare"
 LIFE = (
     "allocator.claim.allocated",
     "allocator.claim.reserved",
-    "kubeletplugin.NodePrepareResources",
-    "send dra.node.{node}.prepare",
+    SEND,
     PREPARE,
-    "kubeletplugin.NodeUnprepareResources",
     "send dra.node.{node}.unprepare",
     UNPREPARE,
     "allocator.claim.released",
@@ -213,7 +212,7 @@ def test_one_trace_per_claim_life_in_jaeger(stack: Stack) -> None:
         services = {trace["processes"][s["processID"]]["serviceName"] for s in trace["spans"]}
         assert set(SERVICES) <= services, example
         for span in trace["spans"]:
-            if span["operationName"] in LIFE and not span["operationName"].startswith("send"):
+            if span["operationName"] in LIFE:
                 t = tags(span)
                 assert t[tracing.ATTR_UID] == uid, span["operationName"]
                 assert t[tracing.ATTR_NAMESPACE] == example, span["operationName"]
@@ -228,9 +227,8 @@ def test_one_trace_per_claim_life_in_jaeger(stack: Stack) -> None:
         assert t[tracing.ATTR_SHARING] == sharing[example]
         allocated = tags(spans_named(trace, "allocator.claim.allocated")[0])
         assert listed(allocated[tracing.ATTR_GPU_UUIDS]) == listed(t[tracing.ATTR_GPU_UUIDS])
-        front = tags(spans_named(trace, "kubeletplugin.NodePrepareResources")[0])
-        assert listed(front[tracing.ATTR_CDI_IDS]) == listed(t[tracing.ATTR_CDI_IDS])
-        [send] = spans_named(trace, "send dra.node.{node}.prepare")
+        [send] = spans_named(trace, SEND)
+        assert listed(tags(send)[tracing.ATTR_CDI_IDS]) == listed(t[tracing.ATTR_CDI_IDS])
         assert prepared["references"][0]["spanID"] == send["spanID"]  # client -> server
         assert tags(send)["messaging.system"] == "nats"
         assert tags(send)["span.kind"] == "client" and tags(prepared)["span.kind"] == "server"

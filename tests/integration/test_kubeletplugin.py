@@ -436,7 +436,6 @@ async def test_each_claim_of_a_traced_call_gets_its_own_trace_and_links_the_kube
             await kubelet.register()
             kubelet.metadata = (("traceparent", TRACEPARENT),)
             await kubelet.prepare([Claim("uid-1"), Claim("uid-2")])
-            calls = await receiver.wait_for("kubeletplugin.NodePrepareResources", 2)
             sends = await receiver.wait_for("send dra.node.{node}.prepare", 2)
     finally:
         front.terminate()
@@ -445,11 +444,10 @@ async def test_each_claim_of_a_traced_call_gets_its_own_trace_and_links_the_kube
     kubelet_span = tuple(TRACEPARENT.split("-")[1:3])
     for uid in ("uid-1", "uid-2"):
         trace_id = tracing.claim_trace_hex(uid)
-        [call] = [c for c in calls if c.attributes[tracing.ATTR_UID] == uid]
-        [send] = [s for s in sends if s.trace_id == trace_id]
-        assert call.trace_id == trace_id and call.parent_span_id == ""  # a root: no dead link
-        assert call.links == [kubelet_span]  # the kubelet's trace, linked
-        assert send.parent_span_id == call.span_id
+        [send] = [s for s in sends if s.attributes[tracing.ATTR_UID] == uid]
+        assert send.trace_id == trace_id and send.parent_span_id == ""  # a root: no dead link
+        assert send.links == [kubelet_span]  # the kubelet's trace, linked
+        assert send.attributes[tracing.ATTR_OUTCOME] == "ok"
         version, parent_trace, parent_span, flags = request.traceparents[uid].split("-")
         assert (version, parent_trace, parent_span) == ("00", trace_id, send.span_id)
         assert int(flags, 16) & 1  # sampled

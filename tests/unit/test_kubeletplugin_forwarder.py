@@ -15,8 +15,9 @@ from services.core import tracing
 from services.core.bus import Bus, RequestFailed, RequestTimeout
 from services.core.schemas import ClaimRef, ClaimResult, NodeReply, PreparedDevice, SchemaError
 from services.kubeletplugin.forwarder import Forwarder, Timing, screen_claims
-from tests.helpers.tracing import attr, children, named, recording
+from tests.helpers.tracing import attr, named, recording
 
+SEND = "send dra.node.{node}.prepare"
 KUBELET_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 DEVICE = PreparedDevice(
     request_names=["gpu"],
@@ -169,9 +170,9 @@ async def test_nothing_valid_to_send_means_no_request() -> None:
 
 
 async def test_one_span_per_claim_in_its_trace_with_the_kubelet_linked() -> None:
-    """A kubelet call with two claims: each claim gets its own SERVER span in its own
-    trace, a CLIENT span for the NATS request under it, and that span's context goes
-    to the preparer under the claim's UID; the kubelet's context is a link, not a parent."""
+    """A kubelet call with two claims: each claim gets its own CLIENT span of the NATS
+    request in its own trace, whose context goes to the preparer under the claim's UID;
+    the kubelet's context is a link, not a parent."""
     tracer, exporter = recording()
     bus = RecordingBus(reply=NodeReply(claims={"u1": ClaimResult(devices=[DEVICE])}))
     fwd = Forwarder(cast(Bus, bus), "node-a", tracer=tracer)
@@ -179,28 +180,26 @@ async def test_one_span_per_claim_in_its_trace_with_the_kubelet_linked() -> None
     await fwd.prepare([ref("u1", name="one"), ref("u2", name="two")], 10.0, kubelet)
 
     spans = exporter.get_finished_spans()
-    calls = {
-        attr(s, tracing.ATTR_UID): s for s in named(spans, "kubeletplugin.NodePrepareResources")
-    }
-    assert set(calls) == {"u1", "u2"}
+    assert len(spans) == 2  # one per claim, nothing else
+    sends = {attr(s, tracing.ATTR_UID): s for s in named(spans, SEND)}
+    assert set(sends) == {"u1", "u2"}
     sent = bus.calls[0]["value"].traceparents
     for uid, name in (("u1", "one"), ("u2", "two")):
-        call = calls[uid]
-        assert call.kind == SpanKind.SERVER and call.parent is None  # a root: no dead link
-        assert call.context.trace_id == tracing.claim_trace_id(uid)
-        assert attr(call, tracing.ATTR_NAME) == name and attr(call, tracing.ATTR_NODE) == "node-a"
-        [link] = call.links
+        span = sends[uid]
+        assert span.kind == SpanKind.CLIENT and span.parent is None  # a root: no dead link
+        assert span.context.trace_id == tracing.claim_trace_id(uid)
+        assert attr(span, tracing.ATTR_NAME) == name and attr(span, tracing.ATTR_NODE) == "node-a"
+        assert attr(span, "messaging.system") == "nats"
+        assert attr(span, "messaging.destination.name") == "dra.node.node-a.prepare"
+        assert attr(span, "rpc.method") == "NodePrepareResources"
+        [link] = span.links
         assert f"{link.context.trace_id:032x}" == KUBELET_TRACEPARENT.split("-")[1]
-        [send] = children(spans, call)
-        assert send.name == "send dra.node.{node}.prepare" and send.kind == SpanKind.CLIENT
-        assert attr(send, "messaging.system") == "nats"
-        assert attr(send, "messaging.destination.name") == "dra.node.node-a.prepare"
         _, trace_id, span_id, _ = sent[uid].split("-")
         assert (int(trace_id, 16), int(span_id, 16)) == (
-            send.context.trace_id,
-            send.context.span_id,
+            span.context.trace_id,
+            span.context.span_id,
         )
-    ok, failed = calls["u1"], calls["u2"]
+    ok, failed = sends["u1"], sends["u2"]
     assert attr(ok, tracing.ATTR_OUTCOME) == "ok"
     assert attr(ok, tracing.ATTR_DEVICES) == ("gpu-0",)
     assert attr(ok, tracing.ATTR_CDI_IDS) == ("k8s.gpu.nvidia.com/claim=u1-gpu-0",)
@@ -213,7 +212,7 @@ async def test_a_claim_without_kubelet_context_has_no_link_and_spans_stay_off_wi
     tracer, exporter = recording()
     bus = RecordingBus()
     await Forwarder(cast(Bus, bus), "node-a", tracer=tracer).unprepare([ref("u1")], 10.0)
-    [call] = named(exporter.get_finished_spans(), "kubeletplugin.NodeUnprepareResources")
+    [call] = named(exporter.get_finished_spans(), "send dra.node.{node}.unprepare")
     assert call.links == () or list(call.links) == []
     assert attr(call, tracing.ATTR_OUTCOME) == "ok"
     plain = RecordingBus()  # the global no-op tracer: nothing recorded, nothing sent
