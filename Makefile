@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane bench clean proto pciids
+.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane jaeger bench clean proto pciids
 
 venv: $(STAMP)
 
@@ -35,14 +35,18 @@ unit: venv
 integration: venv
 	$(BIN)/pytest tests/integration
 
-e2e: venv controlplane
+e2e: venv controlplane jaeger
 	$(BIN)/pytest tests/e2e
 
 # The Go control plane for e2e (cached outside the repo, keyed by its inputs).
 controlplane:
 	services/local/controlplane/build.sh
 
-test: lint typecheck controlplane pciids
+# Jaeger v2 for the traced e2e test and `gpudra up --jaeger` (cached the same way).
+jaeger:
+	services/local/jaeger/build.sh
+
+test: lint typecheck controlplane jaeger pciids
 	$(BIN)/pytest tests
 
 # Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset

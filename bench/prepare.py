@@ -1,6 +1,8 @@
 """Claim-path benchmark: kubelet socket -> front -> NATS -> preparer, and back.
 
     python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--repeat 3] [--fleet dgx-h100]
+    python bench/prepare.py --sink --pairs 6 --cycles 1000   # tracing overhead, on/off
+
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
 ``gpudra preparer`` (checkpoint and CDI writes fsynced, as in production) and
@@ -21,6 +23,12 @@ to the node: the preparer checks every claim and its pod against it, as in a
 cluster. Timing starts once the preparer has read the claims of the new pods
 ahead (its pod watch), as it would while the kubelet starts a pod; with
 ``--trust-claims-bucket`` it reads the bucket alone (no checks against the API).
+Tracing is off unless ``--otlp-endpoint`` or ``--jaeger`` gives a sink; with
+``--pairs N`` every pair runs the phases once with tracing off and once with it
+on (fresh processes each), back to back, and prints the on/off ratio of each
+figure per pair and the median over the pairs: the figure to judge tracing's
+cost by on a shared machine.
+
 A node has as many GPUs as its fleet (8 for dgx-h100); when more workers than
 GPUs run at once, claims carry adminAccess so that two in-flight claims may
 hold the same GPU (the preparer does the same work either way).
@@ -64,6 +72,7 @@ from services.core.resource import (  # noqa: E402
 )
 from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest  # noqa: E402
 from services.local.apiserver import MemoryApiServer, Obj, pod_object  # noqa: E402
+from services.local.jaeger import Jaeger  # noqa: E402
 from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
 
 NODE = "bench-node"
@@ -105,13 +114,17 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def spawn(root: Path, name: str, *args: str) -> Proc:
+def spawn(root: Path, name: str, *args: str, otlp: str = "") -> Proc:
+    """``otlp``: tracing on, spans exported there (tracing off without it)."""
     log = root / f"{name}.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    if otlp:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
     with open(log, "wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", "services.cli", name, "--node-name", NODE,
              "--log-level", "warning", *args],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     return Proc(name, popen, log)
 
@@ -301,7 +314,66 @@ async def timed_phase(
 
 
 async def main(args: argparse.Namespace) -> int:
+    """One set of runs, or ``--pairs`` back-to-back pairs of tracing off and on."""
+    jaeger: Jaeger | None = None
+    otlp = args.otlp_endpoint
+    if args.jaeger or args.sink:
+        workdir = Path(tempfile.mkdtemp(prefix="gpudra-bench-jaeger-", dir="/tmp"))
+        jaeger = Jaeger(workdir, store=not args.sink)
+        otlp = jaeger.start().otlp_grpc
+        kind = "receives and drops spans" if args.sink else "in-memory storage"
+        print(f"tracing sink: Jaeger ({kind}), OTLP/gRPC {otlp}")
+    try:
+        if not args.pairs:
+            failed, _ = await run_set(args, otlp)
+            return 1 if failed else 0
+        if not otlp:
+            raise SystemExit("--pairs needs a sink: --otlp-endpoint URL, --jaeger or --sink")
+        pairs: list[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]] = []
+        for i in range(args.pairs):
+            print(f"== pair {i + 1}/{args.pairs}: tracing off")
+            failed_off, off = await run_set(args, "")
+            print(f"== pair {i + 1}/{args.pairs}: tracing on ({otlp})")
+            failed_on, on = await run_set(args, otlp)
+            if failed_off or failed_on:
+                return 1
+            pairs.append((off, on))
+            report_ratios(pairs[-1:], f"pair {i + 1}")
+        report_ratios(pairs, f"median of {len(pairs)} pairs")
+        return 0
+    finally:
+        if jaeger is not None:
+            jaeger.stop()
+            shutil.rmtree(jaeger.workdir, ignore_errors=True)
+
+
+def report_ratios(
+    pairs: Sequence[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]], label: str
+) -> None:
+    """Tracing on / off per figure: each pair's ratio, then the median over pairs."""
+    figures: dict[str, Callable[[Phase], float]] = {
+        "prepare p50": lambda r: pct(r.prepare_ms, 50),
+        "prepare p99": lambda r: pct(r.prepare_ms, 99),
+        "unprepare p50": lambda r: pct(r.unprepare_ms, 50),
+        "unprepare p99": lambda r: pct(r.unprepare_ms, 99),
+        "CPU/cycle": lambda r: sum(r.cpu_ms_per_cycle.values()),
+    }
+    for concurrency in pairs[0][0]:
+        parts = []
+        for name, figure in figures.items():
+            ratios = [
+                statistics.median(figure(r) for r in on[concurrency])
+                / statistics.median(figure(r) for r in off[concurrency])
+                for off, on in pairs
+            ]
+            parts.append(f"{name} {statistics.median(ratios):.2f}x")
+        print(f"tracing on/off, {label}, concurrency {concurrency}: {', '.join(parts)}")
+
+
+async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, list[Phase]]]:
+    """Start the node's processes (tracing on when ``otlp``), run every phase, stop them."""
     root = Path(tempfile.mkdtemp(prefix="gpudra-bench-", dir="/tmp"))
+    runs: dict[int, list[Phase]] = {}
     nats = NatsServer(root / "nats", log_file=root / "nats.log")
     procs: list[Proc] = []
     failed = False
@@ -318,7 +390,8 @@ async def main(args: argparse.Namespace) -> int:
         boot_id = root / "boot_id"
         boot_id.write_text(f"{uuid.uuid4()}\n")
         discovery = spawn(root, "discovery", *nats.client_argv(Role.DISCOVERY, NODE),
-                          "--fleet", args.fleet, "--rescan-interval", "3600")  # fmt: skip
+                          "--fleet", args.fleet, "--rescan-interval", "3600",
+                          otlp=otlp)  # fmt: skip
         procs.append(discovery)
         inventory = await wait_for_inventory(bus, discovery)
         gpus = [gpu_device_name(g.minor) for g in inventory.gpus if not g.mig_enabled]
@@ -331,9 +404,9 @@ async def main(args: argparse.Namespace) -> int:
         preparer = spawn(root, "preparer", *nats.client_argv(Role.PREPARER, NODE),
                          "--fleet", args.fleet,
                          "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
-                         "--boot-id-file", str(boot_id), *claims)  # fmt: skip
+                         "--boot-id-file", str(boot_id), *claims, otlp=otlp)  # fmt: skip
         front = spawn(root, "kubeletplugin", *nats.client_argv(Role.FRONT, NODE),
-                      "--kubelet-root", str(kubelet_root))  # fmt: skip
+                      "--kubelet-root", str(kubelet_root), otlp=otlp)  # fmt: skip
         procs += [preparer, front]
         async with FakeKubelet(kubelet_root) as kubelet:
             await kubelet.wait_for_registration_socket(timeout=30)
@@ -364,7 +437,6 @@ async def main(args: argparse.Namespace) -> int:
             pids = {"front": front.popen.pid, "preparer": preparer.popen.pid}
             pids["nats-server"] = nats.proc.pid
             print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-            runs: dict[int, list[Phase]] = {}
             for _ in range(args.repeat):
                 for concurrency in args.concurrency:
                     phase = await timed_phase(
@@ -387,7 +459,7 @@ async def main(args: argparse.Namespace) -> int:
         nats.stop()
         await api.stop()
         shutil.rmtree(root, ignore_errors=True)
-    return 1 if failed else 0
+    return failed, runs
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -403,6 +475,29 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--trust-claims-bucket",
         action="store_true",
         help="run the preparer without an API server (claims from the bucket, no pod checks)",
+    )
+    parser.add_argument(
+        "--otlp-endpoint",
+        default="",
+        help="tracing on: every process exports its spans to this OTLP/gRPC endpoint",
+    )
+    parser.add_argument(
+        "--jaeger",
+        action="store_true",
+        help="tracing on, into a Jaeger started here (services/local/jaeger, built and cached)",
+    )
+    parser.add_argument(
+        "--sink",
+        action="store_true",
+        help="like --jaeger, but Jaeger only receives and drops the spans (what the sender "
+        "pays, without a collector's storage competing for this machine's CPUs)",
+    )
+    parser.add_argument(
+        "--pairs",
+        type=int,
+        default=0,
+        help="run N back-to-back pairs (tracing off, then on against the sink; each with "
+        "fresh processes) and print the on/off ratio of each figure, per pair and median",
     )
     parser.add_argument(
         "--direct",

@@ -82,7 +82,8 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
     parser.add_argument(
         "--otlp-endpoint",
         default=env("otlp-endpoint", os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT", "")),
-        help="OTLP/gRPC endpoint for traces (empty: tracing off)",
+        help="OTLP endpoint for traces (empty: tracing off); the other OTEL_EXPORTER_OTLP_* "
+        "and OTEL_TRACES_SAMPLER* variables apply as the OpenTelemetry SDK reads them",
     )
     parser.add_argument(
         "--feature-gates",

@@ -8,6 +8,10 @@ import sys
 import time
 from typing import Any
 
+from opentelemetry import trace
+
+from services.core import tracing
+
 _STD = set(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {"message", "asctime"}
 
 
@@ -25,7 +29,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
-        out.update(_trace_ids())
+        out.update(_trace_ids(record))
         for key, value in record.__dict__.items():
             if key not in _STD and not key.startswith("_"):
                 out[key] = value
@@ -34,15 +38,16 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(out, default=str)
 
 
-def _trace_ids() -> dict[str, str]:
-    try:
-        from opentelemetry import trace
-    except ImportError:  # pragma: no cover - the SDK is a dependency
-        return {}
+def _trace_ids(record: logging.LogRecord) -> dict[str, str]:
+    """The current span's ids; outside a span, a line about a claim (``uid``) gets the
+    claim's trace id (services/core/tracing.py), so every claim line leads to its trace."""
     ctx = trace.get_current_span().get_span_context()
-    if not ctx.is_valid:
-        return {}
-    return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+    if ctx.is_valid:
+        return {"trace_id": f"{ctx.trace_id:032x}", "span_id": f"{ctx.span_id:016x}"}
+    uid = getattr(record, "uid", None)
+    if isinstance(uid, str) and uid:
+        return {"trace_id": tracing.claim_trace_hex(uid)}
+    return {}
 
 
 def _not_tls_eof_noise(record: logging.LogRecord) -> bool:

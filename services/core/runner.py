@@ -24,7 +24,11 @@ log = logging.getLogger(__name__)
 def run(service: str, args: argparse.Namespace, main: Coroutine[Any, Any, int | None]) -> int:
     """JSON logs, tracing, metrics and bus settings from the common flags, then ``main``."""
     logs.setup(service, args.log_level)
-    tracing.setup(service, args.otlp_endpoint)
+    try:
+        tracing.setup(service, args.otlp_endpoint)
+    except tracing.TracingConfigError as exc:
+        log.error("bad tracing settings", extra={"error": str(exc)})
+        return 2
     metrics.serve(args.metrics_port)
     Bus.default_replicas = args.nats_replicas
     Bus.default_credentials = config.nats_credentials(args)

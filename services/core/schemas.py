@@ -307,6 +307,9 @@ class NodeRequest(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     claims: list[ClaimRef]
     deadline: float  # unix time by which the kubelet stops waiting
+    # claim UID -> W3C traceparent of the front's send span for that claim: one
+    # request carries several claims, each in its own trace (a header holds one).
+    traceparents: dict[str, str] = {}
 
 
 class NodeReply(msgspec.Struct, frozen=True, kw_only=True):

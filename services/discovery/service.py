@@ -19,7 +19,9 @@ import logging
 import threading
 import time
 
-from services.core import subjects, supervisor
+from opentelemetry import trace
+
+from services.core import subjects, supervisor, tracing
 from services.core.bus import Bus
 from services.core.schemas import HealthEvent, InventoryChanged, NodeInventory, SchemaError
 from services.discovery import inventory, metrics
@@ -30,6 +32,7 @@ from services.discovery.simstate import SimNodeState
 from services.discovery.simstore import sim_key
 
 log = logging.getLogger(__name__)
+_tracer = tracing.tracer("gpudra.discovery")
 EVENT_WAIT_S = 0.5  # how long one NVML wait blocks the event thread
 RETRY_S = 1.0  # pause before retrying a failed inventory write
 
@@ -49,6 +52,7 @@ class Discovery:
         self._events: asyncio.Queue[NvmlEvent] = asyncio.Queue()
         self._pending_state: SimNodeState | None = None
         self._stop_thread = threading.Event()
+        self._span_attributes = {tracing.ATTR_NODE: node}
 
     @property
     def simulated(self) -> SimNvml | None:
@@ -88,6 +92,11 @@ class Discovery:
     # ------------------------------------------------------------ scanning
 
     async def _rescan(self) -> None:
+        """One scan cycle, one trace (``discovery.scan``): scan, health events, KV write."""
+        with _tracer.start_as_current_span("discovery.scan", attributes=self._span_attributes):
+            await self._scan_cycle()
+
+    async def _scan_cycle(self) -> None:
         self._wake.clear()
         if self._pending_state is not None and self.simulated is not None:
             self.simulated.load(self._pending_state)
@@ -101,10 +110,14 @@ class Discovery:
         except Exception as exc:  # keep the last inventory; the next scan retries
             metrics.SCANS.labels(outcome="error").inc()
             log.error("scan failed", extra={"node": self.node, "error": str(exc)})
+            tracing.finish(trace.get_current_span(), f"scan failed: {exc}")
             return
         metrics.SCANS.labels(outcome="ok").inc()
         metrics.SCAN_SECONDS.observe(time.perf_counter() - started)
         self.inventory, events = self.health.on_scan(result)
+        trace.get_current_span().set_attributes(
+            {"gpudra.gpus": len(self.inventory.gpus), "gpudra.health_events": len(events)}
+        )
         for event in events:
             await self._publish_health(event)
         await self._store(self.inventory)

@@ -86,7 +86,7 @@ async def _guarded(
     """Run the forwarder; a bug in it still answers every claim instead of failing the RPC.
 
     The kubelet's own trace context (W3C ``traceparent`` in the gRPC metadata,
-    sent when kubelet tracing is on) becomes the parent of our span.
+    sent when kubelet tracing is on) is linked from each claim's span.
     """
     claims = [ClaimRef(uid=c.uid, namespace=c.namespace, name=c.name) for c in request.claims]
     metadata = {k: v for k, v in context.invocation_metadata() or () if isinstance(v, str)}

@@ -16,7 +16,7 @@ from typing import Literal
 
 from opentelemetry import trace
 from opentelemetry.context import Context
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from services.core import subjects, tracing
@@ -67,6 +67,7 @@ class Forwarder:
         self.node = node
         self.timing = timing or Timing()
         self.tracer = tracer or _tracer
+        self._names = {op: _Names.of(op, node) for op in ("prepare", "unprepare")}
 
     async def prepare(
         self, claims: Sequence[ClaimRef], remaining: float | None, parent: Context | None = None
@@ -99,28 +100,47 @@ class Forwarder:
     async def _traced(
         self, op: Operation, send: list[ClaimRef], remaining: float | None, parent: Context | None
     ) -> dict[str, ClaimResult]:
-        """One span per call, linked to each claim's anchor, its context sent in the headers."""
-        with self.tracer.start_as_current_span(
-            f"kubeletplugin.Node{op.capitalize()}Resources",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes=_span_attributes(send, self.node),
-            links=tracing.claim_links([c.uid for c in send]),
-        ) as span:
-            replies = await self._request(op, send, self.timing.budget(remaining))
-            failed = [uid for uid, r in replies.items() if r.error]
-            if failed:
-                span.set_status(Status(StatusCode.ERROR, f"{len(failed)} claim(s) failed"))
+        """One CLIENT span per claim, in the claim's own trace: the claim's half of the
+        NATS request (the preparer's SERVER span is the other), named and attributed
+        as OpenTelemetry's messaging conventions say, with the kubelet's call
+        (``rpc.method``) and what it got. Its context goes to the preparer in
+        ``traceparents``. One span, not a gRPC server span around a client span:
+        each costs this process about 100 us of CPU.
+
+        The kubelet's own context (``parent``) becomes a link: its call may carry
+        several claims, and each claim's spans belong to that claim's trace.
+        """
+        names = self._names[op]
+        links = tracing.link_to(parent, "kubelet") if parent is not None else []
+        spans = [
+            tracing.start_claim_span(
+                self.tracer, names.send, c.uid, kind=SpanKind.CLIENT,
+                attributes={**names.send_attributes, **tracing.claim_attributes(c, self.node)},
+                links=links,
+            )
+            for c in send
+        ]  # fmt: skip
+        traceparents = {
+            c.uid: tp for c, s in zip(send, spans, strict=True) if (tp := tracing.traceparent(s))
+        }
+        replies: dict[str, ClaimResult] = {}
+        try:
+            replies = await self._request(op, send, self.timing.budget(remaining), traceparents)
+        finally:
+            for claim, span in zip(send, spans, strict=True):
+                _finish(span, replies.get(claim.uid))
         return replies
 
     async def _request(
-        self, op: Operation, claims: list[ClaimRef], budget: float
+        self, op: Operation, claims: list[ClaimRef], budget: float, traceparents: dict[str, str]
     ) -> dict[str, ClaimResult]:
         """Send one request; map every failure to an error on each claim."""
         if budget <= 0:
             return _each(claims, f"{op} not attempted: the kubelet's deadline leaves no time")
-        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(self.node)
-        request = NodeRequest(node=self.node, claims=claims, deadline=time.time() + budget)
+        subject = self._names[op].subject
+        request = NodeRequest(
+            node=self.node, claims=claims, deadline=time.time() + budget, traceparents=traceparents
+        )
         try:
             reply = await self._send(op, subject, request, budget)
         except RequestTimeout:
@@ -147,9 +167,7 @@ class Forwarder:
         left = budget
         while True:
             try:
-                return await self.bus.request(
-                    subject, request, NodeReply, timeout=left, headers=tracing.inject()
-                )
+                return await self.bus.request(subject, request, NodeReply, timeout=left)
             except RequestTimeout:
                 raise  # the preparer may still be working on it: never sent twice
             except RequestFailed:
@@ -200,12 +218,38 @@ def _each(claims: list[ClaimRef], error: str) -> dict[str, ClaimResult]:
     return {c.uid: ClaimResult(error=error) for c in claims}
 
 
-def _span_attributes(claims: list[ClaimRef], node: str) -> dict[str, AttributeValue]:
-    if len(claims) == 1:
-        return dict(tracing.claim_attributes(claims[0], node))
-    return {
-        tracing.ATTR_UID: [c.uid for c in claims],
-        tracing.ATTR_NAMESPACE: [c.namespace for c in claims],
-        tracing.ATTR_NAME: [c.name for c in claims],
-        tracing.ATTR_NODE: node,
-    }
+def _finish(span: Span, result: ClaimResult | None) -> None:
+    """What the kubelet gets for this claim, on its span; then end it."""
+    if result is None:
+        tracing.finish(span, "no result (the call was cancelled)")
+    else:
+        if result.devices:
+            span.set_attributes(
+                {
+                    tracing.ATTR_DEVICES: [d.device_name for d in result.devices],
+                    tracing.ATTR_CDI_IDS: [i for d in result.devices for i in d.cdi_device_ids],
+                }
+            )
+        tracing.finish(span, result.error)
+    span.end()
+
+
+@dataclass(frozen=True)
+class _Names:
+    """Span name, subject and messaging attributes of one operation, built once."""
+
+    subject: str
+    send: str
+    send_attributes: dict[str, AttributeValue]
+
+    @classmethod
+    def of(cls, op: Operation, node: str) -> _Names:
+        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(node)
+        template = f"{subjects.NODE_ROOT}.{{node}}.{op}"
+        attributes = tracing.messaging_attributes("send", subject, template)
+        attributes.update({"rpc.system": "grpc", "rpc.method": f"Node{op.capitalize()}Resources"})
+        return cls(
+            subject=subject,
+            send=tracing.messaging_span_name("send", template),
+            send_attributes=attributes,
+        )

@@ -1,7 +1,7 @@
 """``gpudra up``: the whole driver on this machine, with a demo.
 
     gpudra up [--workdir DIR] [--no-examples] [--examples DIR] [--timeout 180]
-              [--exit-after-demo] [--feature-gates G=true,...]
+              [--exit-after-demo] [--feature-gates G=true,...] [--jaeger]
 
 Starts embedded NATS, a real Kubernetes control plane (built by
 services/local/controlplane/build.sh, so it runs from a source checkout), two
@@ -10,6 +10,11 @@ dgx-a100 with its static MIG layout) each with discovery, preparer, kubelet
 plugin and the kubelet's DRA manager, the publisher and the allocator's claim
 watcher; applies examples/ and prints the slices, claims, pods and CDI ids.
 Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
+
+``--jaeger`` also starts Jaeger v2 (built by services/local/jaeger/build.sh,
+in-memory storage) first, every gpudra process exports its spans to it, and
+each claim of the demo is printed with the URL of its trace (one trace per
+claim: its id is derived from the claim UID).
 
 ``--exit-after-demo`` stops right after the demo: exit 0 only if every pod
 ended as its example expects (Running, or Pending with gpudra's explanation).
@@ -68,6 +73,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="driver gates (default: MPSSupport, PassthroughSupport, TimeSlicingSettings on)",
     )
+    parser.add_argument(
+        "--jaeger",
+        action="store_true",
+        help="start Jaeger v2 and export every process's traces to it; print each demo "
+        "claim's trace URL",
+    )
     parser.set_defaults(func=run)
 
 
@@ -98,7 +109,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
     try:
-        stack = stacks.Stack(workdir=args.workdir, gates=gates)
+        stack = stacks.Stack(workdir=args.workdir, gates=gates, jaeger=args.jaeger)
     except stacks.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
         return 2
@@ -145,6 +156,8 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
             "kubelet-dra"
         )
     _say("  cluster-wide    publisher, allocator (claim watcher)")
+    if stack.jaeger is not None:
+        _say(f"  jaeger          query API and UI {stack.jaeger.ui}, OTLP {stack.jaeger.otlp_grpc}")
     _say()
     for line in demo.describe_slices(stack):
         _say(line)
@@ -155,7 +168,8 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
         demo.apply_examples(stack, examples)
         result = demo.wait_for_examples(stack, examples, args.timeout)
         _say()
-        for line in demo.describe_result(result, examples):
+        trace_url = None if stack.jaeger is None else stack.jaeger.trace_url
+        for line in demo.describe_result(result, examples, trace_url):
             _say(line)
         ok = result.ok
     _say()

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from typing import Any
 import yaml
 
 from services.allocator.watcher.events import COMPONENT as ALLOCATOR_COMPONENT
+from services.core import tracing
 from services.local import REPO
 from services.local.stack import Stack
 from services.preparer import cdi
@@ -289,7 +290,13 @@ def describe_slices(stack: Stack) -> list[str]:
     return lines
 
 
-def describe_result(result: DemoResult, examples: Sequence[Example]) -> list[str]:
+def describe_result(
+    result: DemoResult,
+    examples: Sequence[Example],
+    trace_url: Callable[[str], str] | None = None,
+) -> list[str]:
+    """``trace_url``: where a trace id is shown (``gpudra up --jaeger``); each claim gets
+    the URL of its trace."""
     lines: list[str] = []
     by_example: dict[str, list[PodView]] = {}
     for view in result.pods:
@@ -304,6 +311,8 @@ def describe_result(result: DemoResult, examples: Sequence[Example]) -> list[str
                     continue
                 shown.add(key)
                 lines.extend(_claim_lines(claim))
+                if trace_url is not None:
+                    lines.append(f"      trace: {trace_url(tracing.claim_trace_hex(claim.uid))}")
             lines.extend(_pod_lines(view))
     good, total = result.counts()
     running = sum(v.phase == RUNNING for v in result.pods)

@@ -2,6 +2,7 @@
 
 Start order (stopped by PID in the reverse order)::
 
+    jaeger (with ``jaeger=True``: every gpudra process exports its spans to it)
     nats-server (JetStream)
     etcd -> kube-apiserver -> kube-scheduler -> kube-controller-manager, Nodes
     DeviceClasses (deploy/deviceclasses.yaml)
@@ -23,6 +24,7 @@ Everything listens on 127.0.0.1. The work directory holds::
                                      seed per component (users/<identity>.nk)
     nodes/<node>/kubelet/            kubelet root: plugins_registry/, plugins/gpu.nvidia.com/
     nodes/<node>/cdi/                the CDI specs the preparer writes
+    jaeger/jaeger.yaml               Jaeger's config (with ``jaeger=True``)
     logs/<component>.log             one log per process
     processes.json                   {name: pid} of every process started
 """
@@ -56,6 +58,7 @@ from services.local.cluster import (
     Process,
     build_controlplane,
 )
+from services.local.jaeger import Jaeger
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
 
@@ -132,6 +135,7 @@ class Stack:
         binary: Path | None = None,
         startup_timeout: float = 120.0,
         log_level: str = "info",
+        jaeger: bool = False,
     ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -155,6 +159,9 @@ class Stack:
             feature_gates=kube_feature_gates,
             startup_timeout=startup_timeout,
         )
+        # With ``jaeger``, every gpudra process exports its spans to a Jaeger started first.
+        self.jaeger = Jaeger(self.workdir / "jaeger") if jaeger else None
+        self.service_env: dict[str, str] = {}
         self.processes: dict[str, Process] = {}
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
@@ -180,6 +187,12 @@ class Stack:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         if self.cp.binary is None:
             self.cp.binary = build_controlplane()
+        if self.jaeger is not None:
+            self.jaeger.log_path = self.logs_dir / "jaeger.log"
+            self._started.append("jaeger")
+            self.jaeger.start()
+            self.service_env["OTEL_EXPORTER_OTLP_ENDPOINT"] = self.jaeger.otlp_grpc
+            self.service_env["OTEL_EXPORTER_OTLP_PROTOCOL"] = "grpc"
         self.nats.start()
         self._started.append("nats")
         self.nats.provision()
@@ -205,6 +218,8 @@ class Stack:
             name = self._started.pop()
             if name == "nats":
                 self.nats.stop()
+            elif name == "jaeger" and self.jaeger is not None:
+                self.jaeger.stop()
             elif name == "controlplane":
                 self.cp.stop()
             elif name.startswith("kubelet-dra-"):
@@ -280,7 +295,7 @@ class Stack:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env={**os.environ, **self.service_env, **(env or {})},
                 start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
             )
         process = Process(name=name, proc=proc, log_path=log_path, args=argv)
@@ -362,6 +377,8 @@ class Stack:
         pids: dict[str, int] = {}
         if self.nats.proc is not None:
             pids["nats"] = self.nats.proc.pid
+        if self.jaeger is not None and self.jaeger.proc is not None:
+            pids["jaeger"] = self.jaeger.proc.pid
         pids.update({p.name: p.pid for p in self.cp.processes})
         pids.update({name: p.pid for name, p in self.processes.items()})
         (self.workdir / "processes.json").write_text(json.dumps(pids, indent=2) + "\n")

@@ -124,9 +124,11 @@ class Engine:
         ops: DeviceOps,
         faults: Faults | None = None,
         tracer: trace.Tracer | None = None,
+        step_spans: bool | None = None,
         dirs: DirSyncer | None = None,
     ) -> None:
         self.tracer = tracer or tracing.tracer("gpudra.preparer")
+        self.steps = tracing.Steps(self.tracer, step_spans)  # events or child spans
         self.dirs = dirs  # batches directory fsyncs of claim specs (None: each one inline)
         self.s = settings
         self.store = store
@@ -169,14 +171,14 @@ class Engine:
         entry = self.store.claims.get(ref.uid)
         if entry is not None and entry.state == PREPARE_COMPLETED:
             return reply_devices(ref.uid, entry)
-        with self.tracer.start_as_current_span("claim.fetch"):
+        with self.steps.step("claim.fetch"):
             claim = await self.claims.get(ref, deadline)
         results = self._our_results(claim)
         allocation = claim.status.allocation if claim.status else None
         assert allocation is not None  # checked by _our_results
         inv = self.inventory.require()
         targets = {r.device: locate(inv, r.device) for r in results}
-        with self.tracer.start_as_current_span("config.resolve"):
+        with self.steps.step("config.resolve"):
             kinds = {name: t.kind for name, t in targets.items()}
             config_list = allocation.devices.config if allocation.devices else None
             groups = configs.resolve(config_list, results, kinds, self.s.gates)
@@ -184,9 +186,9 @@ class Engine:
         self._reserve(ref.uid, f"{ref.namespace}/{ref.name}", results, targets)
         try:
             if entry is not None:  # PrepareStarted: a previous attempt died half-way
-                with self.tracer.start_as_current_span("rollback.partial"):
+                with self.steps.step("rollback.partial"):
                     await self._rollback_started(ref.uid, entry)
-            with self.tracer.start_as_current_span("checkpoint.started"):
+            with self.steps.step("checkpoint.started"):
                 await self.store.put(
                     ref.uid,
                     ClaimEntry(
@@ -300,13 +302,13 @@ class Engine:
 
         def put_spec_in_place() -> None:
             """Runs in the checkpoint writer's thread, right before PrepareCompleted is written."""
-            with self.tracer.start_as_current_span("cdi.write", context=parent):
+            with self.steps.step("cdi.write", context=parent):
                 cdi.write(self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync, dirs=self.dirs)
             self.faults.hit("after-cdi-write")
             self.faults.hit("before-prepare-completed")
 
         done.files = True
-        with self.tracer.start_as_current_span("checkpoint.completed"):
+        with self.steps.step("checkpoint.completed"):
             await self.store.put(ref.uid, entry, before=put_spec_in_place)
         return entry
 
@@ -332,7 +334,7 @@ class Engine:
         )
         if target.kind == nvidia.VFIO_TYPE:
             where = {"device": target.name}
-            with self.tracer.start_as_current_span("vfio.bind", attributes=where):
+            with self.steps.step("vfio.bind", attributes=where):
                 vfio = await self.ops.bind_vfio(target.gpu)
             done.vfio.append(vfio)
             return msgspec.structs.replace(state, vfio=vfio)
@@ -350,7 +352,7 @@ class Engine:
                     f"(static MIG; enable {fg.DYNAMIC_MIG} to have it created)"
                 )
             return MigState.of(target.gpu, live)
-        with self.tracer.start_as_current_span("mig.create", attributes={"device": target.name}):
+        with self.steps.step("mig.create", attributes={"device": target.name}):
             mig = await self.ops.create_mig(target.gpu, target.profile, target.placement)
         done.migs.append(mig)
         self.faults.hit("after-mig-create")
@@ -382,9 +384,7 @@ class Engine:
             interval = (sharing.time_slicing_config or configs.TimeSlicingConfig()).interval
             gpus = sorted({m.gpu_uuid for m in members if m.kind == nvidia.GPU_TYPE})
             if interval and gpus:
-                with self.tracer.start_as_current_span(
-                    "timeslice.set", attributes={"interval": interval}
-                ):
+                with self.steps.step("timeslice.set", attributes={"interval": interval}):
                     await self.ops.set_time_slice(gpus, interval)
                 done.time_sliced.extend(gpus)
                 state = msgspec.structs.replace(state, time_slice=interval, time_slice_gpus=gpus)
@@ -403,7 +403,7 @@ class Engine:
                 ),
                 multi_user=bool(mps_config.multi_user),
             )
-            with self.tracer.start_as_current_span("mps.start"):
+            with self.steps.step("mps.start"):
                 mps = await self.ops.start_mps(request)
             done.mps.append(mps)
             state = msgspec.structs.replace(state, mps=mps)
@@ -491,9 +491,9 @@ class Engine:
         if entry.state == PREPARE_STARTED:
             await self._rollback_started(ref.uid, entry)
         else:
-            with self.tracer.start_as_current_span("devices.undo"):
+            with self.steps.step("devices.undo"):
                 await self._undo_completed(ref.uid, entry)
-        with self.tracer.start_as_current_span("checkpoint.remove"):
+        with self.steps.step("checkpoint.remove"):
             await self.store.remove(ref.uid, before=lambda: self._delete_files(ref.uid))
         self.claims.forget(ref)
 

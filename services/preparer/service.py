@@ -2,7 +2,8 @@
 
 Each request carries the claims of one kubelet call; every claim gets an entry
 in the reply (a per-claim error never hides another claim's success). Each
-claim operation is a span linked to the claim's anchor and emits lifecycle
+claim operation is a span in the claim's own trace (the NATS hop's SERVER side,
+with what the claim holds and the outcome) and emits lifecycle
 events to the ``CLAIMS`` stream after the reply is on its way, so auditing
 never adds to the kubelet's latency.
 """
@@ -14,11 +15,13 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from opentelemetry import trace
-from opentelemetry.trace import Status, StatusCode
+from opentelemetry.trace import SpanKind
+from opentelemetry.util.types import AttributeValue
 from prometheus_client import Counter, Histogram
 
 from services.core import limits, subjects, tracing
@@ -35,6 +38,7 @@ from services.core.schemas import (
 )
 from services.preparer.engine import Engine, Outcome
 from services.preparer.holdings import HoldingsPublisher
+from services.preparer.spanfacts import claim_facts
 
 log = logging.getLogger(__name__)
 ACTOR = "preparer"
@@ -96,9 +100,12 @@ class EventSink:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
-    def emit(self, subject: str, event: ClaimEvent) -> None:
+    def emit(
+        self, subject: str, event: ClaimEvent, headers: Mapping[str, str] | None = None
+    ) -> None:
+        """``headers``: the trace context (``traceparent``) the event goes out with."""
         msg_id = f"{event.claim.uid}/{event.event}/{self.instance}-{next(self._seq)}"
-        self._queue.put_nowait(_Pending(subject, event, msg_id))
+        self._queue.put_nowait(_Pending(subject, event, {**(headers or {}), "Nats-Msg-Id": msg_id}))
         self.unsent += 1
         EVENTS.labels("emitted").inc()
 
@@ -120,7 +127,7 @@ class EventSink:
         backoff = Backoff(first=0.05, limit=RETRY_LIMIT_S)
         while items:
             results = await asyncio.gather(
-                *(self.bus.publish(p.subject, p.event, {"Nats-Msg-Id": p.msg_id}) for p in items),
+                *(self.bus.publish(p.subject, p.event, p.headers) for p in items),
                 return_exceptions=True,
             )
             again: list[_Pending] = []
@@ -169,7 +176,11 @@ class EventSink:
 class _Pending:
     subject: str
     event: ClaimEvent
-    msg_id: str  # Nats-Msg-Id: the stream stores one copy however often it is sent
+    headers: dict[str, str]  # Nats-Msg-Id: the stream stores one copy however often it is sent
+
+    @property
+    def msg_id(self) -> str:
+        return self.headers["Nats-Msg-Id"]
 
 
 class PreparerService:
@@ -182,6 +193,7 @@ class PreparerService:
         self.node = node
         self.events = EventSink(bus)
         self.holdings = HoldingsPublisher(bus, node, engine.store)
+        self._names = {op: _Names.of(op, node) for op in ("prepare", "unprepare")}
         self._holdings_due: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
@@ -232,16 +244,9 @@ class PreparerService:
     ) -> NodeReply:
         if len(request.claims) > limits.MAX_CLAIMS_PER_REQUEST:
             return self._refuse_oversized(op, request)
-        uids = [c.uid for c in request.claims]
-        with self.tracer.start_as_current_span(
-            f"preparer.{op}",
-            context=tracing.extract(headers),
-            links=tracing.claim_links(uids),
-            attributes={tracing.ATTR_NODE: self.node, "claims": len(uids)},
-        ):
-            outcomes = await asyncio.gather(
-                *(self._one(op, request, ref, run, requested, succeeded) for ref in request.claims)
-            )
+        outcomes = await asyncio.gather(
+            *(self._one(op, request, ref, run, requested, succeeded) for ref in request.claims)
+        )
         if any(not o.error for o in outcomes):
             self._holdings_changed()
         return NodeReply(
@@ -283,32 +288,29 @@ class PreparerService:
         requested: ClaimEventName,
         succeeded: ClaimEventName,
     ) -> ClaimResult:
-        with self.tracer.start_as_current_span(
-            f"claim.{op}",
-            links=tracing.claim_links([ref.uid]),
-            attributes=tracing.claim_attributes(ref, self.node),
-        ) as span:
+        """One SERVER span in the claim's trace: the NATS hop's other half, parent of
+        the steps, with the claim, what it holds and the outcome (one span, not two:
+        each span costs about 30 us of this process's CPU)."""
+        names = self._names[op]
+        with tracing.claim_span(
+            self.tracer, names.process, ref.uid, kind=SpanKind.SERVER,
+            attributes={**names.process_attributes, **tracing.claim_attributes(ref, self.node)},
+            parent=tracing.remote_parent(request.traceparents.get(ref.uid, "")),
+        ) as span:  # fmt: skip
             trace_id = tracing.current_trace_id()
-            self._emit(requested, ref, trace_id=trace_id)
+            headers = tracing.headers_of(span)
+            self._emit(requested, ref, trace_id=trace_id, headers=headers)
+            before = self.engine.store.claims.get(ref.uid)  # what an unprepare undoes
             started = time.perf_counter()
-            if request.node != self.node:
-                outcome = Outcome(
-                    error=f"request for node {request.node!r} reached the preparer of {self.node!r}"
-                )
-            else:
-                try:
-                    outcome = await run(ref)
-                except Exception as exc:  # a bug must fail one claim, never the service
-                    log.exception("claim operation failed unexpectedly", extra={"uid": ref.uid})
-                    outcome = Outcome(
-                        error=f"claim {ref.namespace}/{ref.name}: internal error: {exc}"
-                    )
+            outcome = await self._run(request, ref, run)
             elapsed = time.perf_counter() - started
             DURATION.labels(op).observe(elapsed)
             OPERATIONS.labels(op, "error" if outcome.error else "ok").inc()
-            if outcome.error:
-                span.set_status(Status(StatusCode.ERROR, outcome.error))
-                log.info(f"{op} failed", extra={"uid": ref.uid, "error": outcome.error})
+            facts = claim_facts(self.engine.store.claims.get(ref.uid) or before)
+            if facts:
+                span.set_attributes(facts)
+            tracing.finish(span, outcome.error)
+            _log(op, ref, outcome, elapsed, facts)
             failed: ClaimEventName = "prepare.failed" if op == "prepare" else "unprepare.failed"
             self._emit(
                 failed if outcome.error else succeeded,
@@ -316,8 +318,22 @@ class PreparerService:
                 outcome=outcome,
                 duration_ms=elapsed * 1000,
                 trace_id=trace_id,
+                headers=headers,
             )
             return ClaimResult(devices=outcome.devices, error=outcome.error)
+
+    async def _run(
+        self, request: NodeRequest, ref: ClaimRef, run: Callable[[ClaimRef], Awaitable[Outcome]]
+    ) -> Outcome:
+        if request.node != self.node:
+            return Outcome(
+                error=f"request for node {request.node!r} reached the preparer of {self.node!r}"
+            )
+        try:
+            return await run(ref)
+        except Exception as exc:  # a bug must fail one claim, never the service
+            log.exception("claim operation failed unexpectedly", extra={"uid": ref.uid})
+            return Outcome(error=f"claim {ref.namespace}/{ref.name}: internal error: {exc}")
 
     def _emit(
         self,
@@ -327,6 +343,7 @@ class PreparerService:
         outcome: Outcome | None = None,
         duration_ms: float | None = None,
         trace_id: str = "",
+        headers: dict[str, str] | None = None,
     ) -> None:
         self.events.emit(
             subjects.claim_event(self.node, event),
@@ -341,4 +358,34 @@ class PreparerService:
                 duration_ms=duration_ms,
                 trace_id=trace_id,
             ),
+            headers,
+        )
+
+
+def _log(
+    op: str, ref: ClaimRef, outcome: Outcome, elapsed: float, facts: Mapping[str, Any]
+) -> None:
+    """One line per claim operation, in the claim's trace (the log carries its id)."""
+    where = {"uid": ref.uid, "claim": f"{ref.namespace}/{ref.name}", "ms": round(elapsed * 1000, 2)}
+    if outcome.error:
+        log.info(f"{op} failed", extra={**where, "error": outcome.error})
+    else:
+        devices = facts.get(tracing.ATTR_DEVICES, [])
+        log.info(f"{op} done", extra={**where, "devices": devices})
+
+
+@dataclass(frozen=True)
+class _Names:
+    """Span name and messaging attributes of one operation on one node, built once."""
+
+    process: str
+    process_attributes: dict[str, AttributeValue]
+
+    @classmethod
+    def of(cls, op: str, node: str) -> _Names:
+        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(node)
+        template = f"{subjects.NODE_ROOT}.{{node}}.{op}"
+        return cls(
+            process=tracing.messaging_span_name("process", template),
+            process_attributes=tracing.messaging_attributes("process", subject, template),
         )

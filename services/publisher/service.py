@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 import msgspec
+from opentelemetry import trace
 
-from services.core import nvidia, subjects
+from services.core import nvidia, subjects, tracing
 from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
 from services.core.informer import watch_forever
@@ -50,6 +51,7 @@ from services.publisher.render import (
 from services.publisher.sliceapi import SliceApi, WatchEvent
 
 log = logging.getLogger(__name__)
+_tracer = tracing.tracer("gpudra.publisher")
 T = TypeVar("T")
 _DRIVER_TOKEN = subjects.escape_token(nvidia.DRIVER_NAME)
 _ENCODER = msgspec.msgpack.Encoder()
@@ -178,6 +180,10 @@ class Publisher:
         else:
             self.published.add(node)
         metrics.PUBLISHED_NODES.set(len(self.published))
+        trace.get_current_span().set_attributes(
+            {"gpudra.slices.created": result.created, "gpudra.slices.updated": result.updated,
+             "gpudra.slices.deleted": result.deleted, "gpudra.pool.generation": result.generation}
+        )  # fmt: skip
         if result.writes:
             log.info(
                 "slices synced",
@@ -201,7 +207,10 @@ class Publisher:
             since = self._dirty.pop(node)
             self._busy.add(node)
             try:
-                await self.sync_node(node)
+                with _tracer.start_as_current_span(
+                    "publisher.reconcile", attributes={tracing.ATTR_NODE: node}
+                ):  # a trace per node sync: render, compare, API writes
+                    await self.sync_node(node)
             except Exception:  # a bug must cost one node a retry, never the service
                 metrics.SYNC_FAILURES.labels(reason="internal").inc()
                 log.exception("sync crashed; retrying later", extra={"node": node})

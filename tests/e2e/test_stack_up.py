@@ -71,7 +71,7 @@ def read_until(proc: subprocess.Popen[str], marker: str, timeout: float) -> str:
 
 
 def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) -> None:
-    proc = gpudra_up("--exit-after-demo", "--timeout", "60", "--workdir", str(workdir))
+    proc = gpudra_up("--exit-after-demo", "--timeout", "60", "--workdir", str(workdir), "--jaeger")
     try:
         out, _ = proc.communicate(timeout=400)
     finally:
@@ -96,7 +96,15 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
     assert "claim unsatisfiable/two-big-gpus: pending; gpudra explains:" in out
     assert "pod unsatisfiable/too-big: Pending (as expected)" in out
     assert f"kubeconfig: {workdir}/kubeconfig" in out
+    # --jaeger: Jaeger listed, and every claim shown with the URL of its own trace.
+    [ui] = re.findall(r"jaeger          query API and UI (http://127\.0\.0\.1:\d+),", out)
+    claims = re.findall(r"^  claim (\S+):", out, re.MULTILINE)
+    traces = re.findall(
+        rf"^      trace: {re.escape(ui)}/trace/([0-9a-f]{{32}})$", out, re.MULTILINE
+    )
+    assert len(traces) == len(claims) == len(set(traces)), out
     pids = recorded_pids(workdir)
+    assert "jaeger" in pids
     assert len(pids) >= 1 + 4 + 4 * len(NODES) + 2, pids  # nats, control plane, nodes, cluster
     assert still_running(pids) == {}
 

@@ -26,7 +26,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.core import subjects
+from services.core import subjects, tracing
 from services.core.access import Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
@@ -43,6 +43,7 @@ from services.core.schemas import (
 )
 from services.local.kubelet import Claim, FakeKubelet
 from tests.helpers.bus import connect
+from tests.helpers.otlp import OtlpReceiver
 
 pytestmark = pytest.mark.integration
 
@@ -74,7 +75,9 @@ class Front:
         return self.log.read_text(errors="replace")
 
 
-def start_front(root: Path, nats: NatsServer, *extra: str) -> Front:
+def start_front(
+    root: Path, nats: NatsServer, *extra: str, env: dict[str, str] | None = None
+) -> Front:
     log = root.parent / f"{root.name}.log"
     args = [
         sys.executable, "-m", "services.cli", "kubeletplugin",
@@ -84,7 +87,9 @@ def start_front(root: Path, nats: NatsServer, *extra: str) -> Front:
         *extra,
     ]  # fmt: skip
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            args, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}
+        )
     return Front(root, proc, log)
 
 
@@ -414,15 +419,38 @@ async def test_a_late_preparer_yields_errors_before_the_kubelet_deadline(
         assert re.search(r"preparer of node 'node-a' did not answer within 1\.\ds", result.error)
 
 
-async def test_trace_context_reaches_the_preparer(kubelet: FakeKubelet, bus: Bus) -> None:
-    preparer = FakePreparer()
-    await preparer.serve(bus)
-    await kubelet.register()
-    # A kubelet with tracing on sends its span context in the gRPC metadata.
-    kubelet.metadata = (("traceparent", TRACEPARENT),)
-    await kubelet.prepare([Claim("uid-1")])
-    [(_, _, headers)] = preparer.requests
-    assert headers["traceparent"].split("-")[1] == TRACEPARENT.split("-")[1]
+async def test_each_claim_of_a_traced_call_gets_its_own_trace_and_links_the_kubelet(
+    short_dir: Path, nats_server: NatsServer, bus: Bus
+) -> None:
+    """A kubelet with tracing on sends its span context in the gRPC metadata; the
+    front (exporting to a real OTLP receiver) answers each claim in the claim's
+    trace, links the kubelet's span, and hands the preparer each claim's context."""
+    receiver = await OtlpReceiver().start()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": receiver.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    front = start_front(short_dir / "kubelet", nats_server, env=env)
+    try:
+        async with FakeKubelet(front.root) as kubelet:
+            await kubelet.wait_for_registration_socket(timeout=20)
+            preparer = FakePreparer()
+            await preparer.serve(bus)
+            await kubelet.register()
+            kubelet.metadata = (("traceparent", TRACEPARENT),)
+            await kubelet.prepare([Claim("uid-1"), Claim("uid-2")])
+            sends = await receiver.wait_for("send dra.node.{node}.prepare", 2)
+    finally:
+        front.terminate()
+        await receiver.stop()
+    [(_, request, _)] = preparer.requests
+    kubelet_span = tuple(TRACEPARENT.split("-")[1:3])
+    for uid in ("uid-1", "uid-2"):
+        trace_id = tracing.claim_trace_hex(uid)
+        [send] = [s for s in sends if s.attributes[tracing.ATTR_UID] == uid]
+        assert send.trace_id == trace_id and send.parent_span_id == ""  # a root: no dead link
+        assert send.links == [kubelet_span]  # the kubelet's trace, linked
+        assert send.attributes[tracing.ATTR_OUTCOME] == "ok"
+        version, parent_trace, parent_span, flags = request.traceparents[uid].split("-")
+        assert (version, parent_trace, parent_span) == ("00", trace_id, send.span_id)
+        assert int(flags, 16) & 1  # sampled
 
 
 # ---------------------------------------------------------------- health

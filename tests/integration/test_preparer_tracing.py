@@ -1,4 +1,5 @@
-"""One trace per kubelet call: the preparer continues the caller's trace, span per step.
+"""One trace per claim: the preparer answers each claim in the claim's own trace,
+under the front's send span (a client/server pair), with a span per step.
 
 The preparer runs in-process here (with an in-memory span exporter) against a
 real nats-server; the node's inventory is what discovery would write for a
@@ -13,10 +14,9 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from services.core import featuregates, subjects, tracing
 from services.core.access import Role
@@ -33,24 +33,33 @@ from services.preparer.inventory import InventoryView
 from services.preparer.service import PreparerService
 from tests.helpers.bus import connect
 from tests.helpers.preparer import Dev, make_claim, ref
+from tests.helpers.tracing import attr, children, named, recording
 
 pytestmark = pytest.mark.integration
 
 NODE = "n1"
-TRACE_ID = "0af7651916cd43dd8448eb211c80319c"
-TRACEPARENT = f"00-{TRACE_ID}-b7ad6b7169203331-01"
+SEND_SPAN = "b7ad6b7169203331"
+STEPS = [
+    "claim.fetch",
+    "config.resolve",
+    "checkpoint.started",
+    "cdi.render",
+    "cdi.write",
+    "checkpoint.completed",
+]
+FOREIGN = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"  # another trace
 
 
 @pytest.fixture
-async def preparer(tmp_path: Path, bus: Bus) -> AsyncIterator[InMemorySpanExporter]:
+async def preparer(
+    tmp_path: Path, bus: Bus, request: pytest.FixtureRequest
+) -> AsyncIterator[InMemorySpanExporter]:
+    """``request.param``: steps as child spans (True) or as events (the default)."""
     sim = SimNvml.boot(NODE, fleet.get_fleet("dgx-h100"), seed=0)
     await bus.kv_put(
         subjects.INVENTORY_BUCKET, subjects.inventory_key(NODE), inventory.scan(sim, NODE).inventory
     )
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    tracer = provider.get_tracer("test")
+    tracer, exporter = recording()
     store = CheckpointStore(tmp_path / "checkpoint.json", "boot")
     store.load()
     view = InventoryView(bus, NODE)
@@ -59,8 +68,9 @@ async def preparer(tmp_path: Path, bus: Bus) -> AsyncIterator[InMemorySpanExport
     settings = Settings(NODE, featuregates.parse(""), tmp_path / "cdi", plugin_dir)
     ops = SimulatedOps(bus, NODE, view, plugin_dir)
     engine = Engine(
-        settings, store, ClaimSource(bus, NODE, trust_bucket=True), view, ops, tracer=tracer
-    )
+        settings, store, ClaimSource(bus, NODE, trust_bucket=True), view, ops, tracer=tracer,
+        step_spans=getattr(request, "param", False),
+    )  # fmt: skip
     service = PreparerService(bus, engine, NODE, tracer=tracer)
     await service.start()
     try:
@@ -70,76 +80,159 @@ async def preparer(tmp_path: Path, bus: Bus) -> AsyncIterator[InMemorySpanExport
         await view.stop()
 
 
-def by_name(spans: tuple[ReadableSpan, ...], name: str) -> list[ReadableSpan]:
-    return [s for s in spans if s.name == name]
+async def request(nats_server: NatsServer, op: str, request: NodeRequest) -> NodeReply:
+    front = await connect(nats_server, Role.FRONT, NODE, name="front")  # whom it answers
+    try:
+        subject = subjects.node_prepare(NODE) if op == "prepare" else subjects.node_unprepare(NODE)
+        return await front.request(subject, request, NodeReply, 10)
+    finally:
+        await front.close()
 
 
-async def test_spans_continue_the_callers_trace_and_carry_the_claim(
+async def test_each_claim_in_its_own_trace_under_the_fronts_send_span(
     preparer: InMemorySpanExporter, bus: Bus, nats_server: NatsServer
 ) -> None:
     good = make_claim(NODE, [Dev("gpu", "gpu-1")], name="good")
     bad = make_claim(NODE, [Dev("gpu", "gpu-99")], name="bad")
     for claim in (good, bad):
         await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, ref(claim).uid), claim)
-    request = NodeRequest(node=NODE, claims=[ref(good), ref(bad)], deadline=time.time() + 10)
-    front = await connect(nats_server, Role.FRONT, NODE, name="front")  # whom it answers
-    try:
-        reply = await front.request(
-            subjects.node_prepare(NODE),
-            request,
-            NodeReply,
-            10,
-            headers={"traceparent": TRACEPARENT},
-        )
-    finally:
-        await front.close()
+    good_trace = tracing.claim_trace_hex(ref(good).uid)
+    contexts = {
+        ref(good).uid: f"00-{good_trace}-{SEND_SPAN}-01",
+        ref(bad).uid: FOREIGN,  # a context of another trace is not followed
+    }
+    reply = await request(
+        nats_server,
+        "prepare",
+        NodeRequest(
+            node=NODE, claims=[ref(good), ref(bad)], deadline=time.time() + 10,
+            traceparents=contexts,
+        ),
+    )  # fmt: skip
     assert reply.claims[ref(good).uid].error == ""
     assert "no GPU with minor 99" in reply.claims[ref(bad).uid].error
 
     spans = preparer.get_finished_spans()
-    [root] = by_name(spans, "preparer.prepare")
-    assert f"{root.context.trace_id:032x}" == TRACE_ID  # the kubelet plugin's trace goes on
-    assert root.parent is not None and f"{root.parent.span_id:016x}" == "b7ad6b7169203331"
-    assert [link.context for link in root.links] == [
-        tracing.claim_anchor(ref(good).uid),
-        tracing.claim_anchor(ref(bad).uid),
-    ]
-    claims = {
-        s.attributes[tracing.ATTR_NAME]: s for s in by_name(spans, "claim.prepare") if s.attributes
+    hops = {attr(s, tracing.ATTR_NAME): s for s in named(spans, "process dra.node.{node}.prepare")}
+    assert set(hops) == {"good", "bad"}
+    for name, claim in (("good", good), ("bad", bad)):
+        hop = hops[name]
+        assert hop.kind == SpanKind.SERVER
+        assert hop.context.trace_id == tracing.claim_trace_id(ref(claim).uid)
+        assert attr(hop, "messaging.system") == "nats"
+        assert attr(hop, "messaging.operation.type") == "process"
+        assert attr(hop, "messaging.destination.name") == subjects.node_prepare(NODE)
+    assert hops["good"].parent is not None
+    assert f"{hops['good'].parent.span_id:016x}" == SEND_SPAN  # the front's client span
+    assert hops["bad"].parent is None  # a root of its own claim's trace instead
+
+    good_span, bad_span = hops["good"], hops["bad"]
+    gpu = inventory_gpu(1)
+    assert dict(good_span.attributes or {}) == {
+        **tracing.messaging_attributes(
+            "process", subjects.node_prepare(NODE), "dra.node.{node}.prepare"
+        ),
+        **tracing.claim_attributes(ref(good), NODE),
+        tracing.ATTR_DEVICES: ("gpu-1",),
+        tracing.ATTR_GPU_UUIDS: (gpu,),
+        tracing.ATTR_CDI_IDS: (f"k8s.gpu.nvidia.com/claim={ref(good).uid}-gpu-1",),
+        tracing.ATTR_SHARING: "Exclusive",
+        tracing.ATTR_OUTCOME: "ok",
     }
-    assert set(claims) == {"good", "bad"}
-    good_span = claims["good"]
-    assert good_span.parent is not None and good_span.parent.span_id == root.context.span_id
-    assert dict(good_span.attributes or {}) == tracing.claim_attributes(ref(good), NODE)
-    assert claims["bad"].status.status_code == StatusCode.ERROR
-    steps = [s.name for s in spans if s.parent and s.parent.span_id == good_span.context.span_id]
-    assert steps == [
-        "claim.fetch",
-        "config.resolve",
-        "checkpoint.started",
-        "cdi.render",
-        "cdi.write",
-        "checkpoint.completed",
-    ]
+    assert attr(bad_span, tracing.ATTR_OUTCOME) == "error"
+    assert bad_span.status.status_code == StatusCode.ERROR
+    assert children(spans, good_span) == []  # the steps are its events: a tenth of a span's cost
+    assert [e.name for e in good_span.events] == STEPS
+    assert all(isinstance(attr_of(e, "duration_ms"), float) for e in good_span.events)
+    assert [e.name for e in bad_span.events] == ["claim.fetch"]  # then its GPU was not found
 
-    events: dict[str, ClaimEvent] = {}
-
-    async def collect() -> None:
-        async for delivery in bus.pull(
-            subjects.CLAIMS_STREAM, "tracing", subjects.claim_events_all(), ClaimEvent
-        ):
-            await delivery.ack()
-            events[f"{delivery.value.claim.name}:{delivery.value.event}"] = delivery.value
-            if len(events) == 4:
-                return
-
-    await asyncio.wait_for(collect(), 10)
+    events = await collect_events(bus, 4)
     assert set(events) == {
         "good:prepare.requested",
         "good:prepared",
         "bad:prepare.requested",
         "bad:prepare.failed",
     }
-    assert {e.trace_id for e in events.values()} == {TRACE_ID}
-    failed = events["bad:prepare.failed"]
+    for key, (event, headers) in events.items():
+        trace_id = tracing.claim_trace_hex(event.claim.uid)
+        assert event.trace_id == trace_id, key
+        assert headers["traceparent"].split("-")[1] == trace_id, key  # the stream has it too
+    failed = events["bad:prepare.failed"][0]
     assert failed.outcome == "error" and "gpu-99" in failed.error
+
+    # The unprepare: its span says what it undid, in the same trace.
+    unprepared = await request(
+        nats_server,
+        "unprepare",
+        NodeRequest(node=NODE, claims=[ref(good)], deadline=time.time() + 10),
+    )
+    assert unprepared.claims[ref(good).uid].error == ""
+    [undo] = named(preparer.get_finished_spans(), "process dra.node.{node}.unprepare")
+    assert undo.context.trace_id == tracing.claim_trace_id(ref(good).uid)
+    assert attr(undo, tracing.ATTR_GPU_UUIDS) == (gpu,)
+    assert attr(undo, tracing.ATTR_OUTCOME) == "ok"
+
+
+async def test_hostile_trace_contexts_are_ignored(
+    preparer: InMemorySpanExporter, bus: Bus, nats_server: NatsServer
+) -> None:
+    """Malformed, oversized or foreign values never fail the claim nor leave its trace."""
+    claim = make_claim(NODE, [Dev("gpu", "gpu-2")], name="c")
+    await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, ref(claim).uid), claim)
+    for value in ("garbage", "00-" + "f" * 32 + "-" + "0" * 16 + "-01", "x" * 100_000, FOREIGN):
+        reply = await request(
+            nats_server,
+            "unprepare",
+            NodeRequest(
+                node=NODE, claims=[ref(claim)], deadline=time.time() + 10,
+                traceparents={ref(claim).uid: value, "other-uid": value},
+            ),
+        )  # fmt: skip
+        assert reply.claims[ref(claim).uid].error == "", value[:40]
+    hops = named(preparer.get_finished_spans(), "process dra.node.{node}.unprepare")
+    assert len(hops) == 4
+    assert all(h.parent is None for h in hops)
+    assert {h.context.trace_id for h in hops} == {tracing.claim_trace_id(ref(claim).uid)}
+
+
+@pytest.mark.parametrize("preparer", [True], indirect=True)
+async def test_steps_as_child_spans_when_asked(
+    preparer: InMemorySpanExporter, bus: Bus, nats_server: NatsServer
+) -> None:
+    """``GPUDRA_TRACE_STEPS=spans``: the waterfall of every step, at a span's cost each."""
+    claim = make_claim(NODE, [Dev("gpu", "gpu-3")], name="c")
+    await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, ref(claim).uid), claim)
+    request_ = NodeRequest(node=NODE, claims=[ref(claim)], deadline=time.time() + 10)
+    reply = await request(nats_server, "prepare", request_)
+    assert reply.claims[ref(claim).uid].error == ""
+    spans = preparer.get_finished_spans()
+    [hop] = named(spans, "process dra.node.{node}.prepare")
+    assert [s.name for s in children(spans, hop)] == STEPS
+    assert hop.events == () or list(hop.events) == []
+
+
+def attr_of(event: Event, key: str) -> object:
+    return (event.attributes or {}).get(key)
+
+
+def inventory_gpu(minor: int) -> str:
+    sim = SimNvml.boot(NODE, fleet.get_fleet("dgx-h100"), seed=0)
+    [gpu] = [g for g in inventory.scan(sim, NODE).inventory.gpus if g.minor == minor]
+    return gpu.uuid
+
+
+async def collect_events(bus: Bus, count: int) -> dict[str, tuple[ClaimEvent, dict[str, str]]]:
+    events: dict[str, tuple[ClaimEvent, dict[str, str]]] = {}
+
+    async def collect() -> None:
+        async for delivery in bus.pull(
+            subjects.CLAIMS_STREAM, "tracing", subjects.claim_events_all(), ClaimEvent
+        ):
+            await delivery.ack()
+            key = f"{delivery.value.claim.name}:{delivery.value.event}"
+            events[key] = (delivery.value, delivery.headers)
+            if len(events) == count:
+                return
+
+    await asyncio.wait_for(collect(), 10)
+    return events

@@ -9,15 +9,22 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.trace import StatusCode
+from opentelemetry.trace import SpanKind, StatusCode
 
 from services.core import tracing
 from services.core.bus import Bus, RequestFailed, RequestTimeout
-from services.core.schemas import ClaimRef, ClaimResult, NodeReply, SchemaError
+from services.core.schemas import ClaimRef, ClaimResult, NodeReply, PreparedDevice, SchemaError
 from services.kubeletplugin.forwarder import Forwarder, Timing, screen_claims
+from tests.helpers.tracing import attr, named, recording
+
+SEND = "send dra.node.{node}.prepare"
+KUBELET_TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+DEVICE = PreparedDevice(
+    request_names=["gpu"],
+    pool_name="node-a",
+    device_name="gpu-0",
+    cdi_device_ids=["k8s.gpu.nvidia.com/claim=u1-gpu-0"],
+)
 
 
 def ref(uid: str, namespace: str = "ns", name: str = "c") -> ClaimRef:
@@ -162,26 +169,52 @@ async def test_nothing_valid_to_send_means_no_request() -> None:
     assert bus.calls == [] and "empty uid" in results[""].error
 
 
-async def test_one_span_per_call_with_claim_identity_links_and_headers() -> None:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    bus = RecordingBus(reply=NodeReply(claims={}))
-    fwd = Forwarder(cast(Bus, bus), "node-a", tracer=provider.get_tracer("test"))
-    await fwd.prepare([ref("u1", name="one"), ref("u2", name="two")], 10.0)
+async def test_one_span_per_claim_in_its_trace_with_the_kubelet_linked() -> None:
+    """A kubelet call with two claims: each claim gets its own CLIENT span of the NATS
+    request in its own trace, whose context goes to the preparer under the claim's UID;
+    the kubelet's context is a link, not a parent."""
+    tracer, exporter = recording()
+    bus = RecordingBus(reply=NodeReply(claims={"u1": ClaimResult(devices=[DEVICE])}))
+    fwd = Forwarder(cast(Bus, bus), "node-a", tracer=tracer)
+    kubelet = tracing.extract({"traceparent": KUBELET_TRACEPARENT})
+    await fwd.prepare([ref("u1", name="one"), ref("u2", name="two")], 10.0, kubelet)
 
-    [span] = exporter.get_finished_spans()
-    assert span.name == "kubeletplugin.NodePrepareResources"
-    assert span.attributes is not None
-    assert span.attributes[tracing.ATTR_UID] == ("u1", "u2")
-    assert span.attributes[tracing.ATTR_NAME] == ("one", "two")
-    assert span.attributes[tracing.ATTR_NODE] == "node-a"
-    assert [link.context for link in span.links] == [
-        tracing.claim_anchor("u1"),
-        tracing.claim_anchor("u2"),
-    ]
-    assert span.status.status_code == StatusCode.ERROR  # the reply had no result for them
-    context = span.get_span_context()
-    assert context is not None
-    _, trace_id, span_id, _ = bus.calls[0]["headers"]["traceparent"].split("-")
-    assert (trace_id, span_id) == (f"{context.trace_id:032x}", f"{context.span_id:016x}")
+    spans = exporter.get_finished_spans()
+    assert len(spans) == 2  # one per claim, nothing else
+    sends = {attr(s, tracing.ATTR_UID): s for s in named(spans, SEND)}
+    assert set(sends) == {"u1", "u2"}
+    sent = bus.calls[0]["value"].traceparents
+    for uid, name in (("u1", "one"), ("u2", "two")):
+        span = sends[uid]
+        assert span.kind == SpanKind.CLIENT and span.parent is None  # a root: no dead link
+        assert span.context.trace_id == tracing.claim_trace_id(uid)
+        assert attr(span, tracing.ATTR_NAME) == name and attr(span, tracing.ATTR_NODE) == "node-a"
+        assert attr(span, "messaging.system") == "nats"
+        assert attr(span, "messaging.destination.name") == "dra.node.node-a.prepare"
+        assert attr(span, "rpc.method") == "NodePrepareResources"
+        [link] = span.links
+        assert f"{link.context.trace_id:032x}" == KUBELET_TRACEPARENT.split("-")[1]
+        _, trace_id, span_id, _ = sent[uid].split("-")
+        assert (int(trace_id, 16), int(span_id, 16)) == (
+            span.context.trace_id,
+            span.context.span_id,
+        )
+    ok, failed = sends["u1"], sends["u2"]
+    assert attr(ok, tracing.ATTR_OUTCOME) == "ok"
+    assert attr(ok, tracing.ATTR_DEVICES) == ("gpu-0",)
+    assert attr(ok, tracing.ATTR_CDI_IDS) == ("k8s.gpu.nvidia.com/claim=u1-gpu-0",)
+    assert attr(failed, tracing.ATTR_OUTCOME) == "error"  # the reply had no result for it
+    assert failed.status.status_code == StatusCode.ERROR
+    assert bus.calls[0]["headers"] is None  # contexts travel per claim, in the request
+
+
+async def test_a_claim_without_kubelet_context_has_no_link_and_spans_stay_off_without_sdk() -> None:
+    tracer, exporter = recording()
+    bus = RecordingBus()
+    await Forwarder(cast(Bus, bus), "node-a", tracer=tracer).unprepare([ref("u1")], 10.0)
+    [call] = named(exporter.get_finished_spans(), "send dra.node.{node}.unprepare")
+    assert call.links == () or list(call.links) == []
+    assert attr(call, tracing.ATTR_OUTCOME) == "ok"
+    plain = RecordingBus()  # the global no-op tracer: nothing recorded, nothing sent
+    await forwarder(plain).unprepare([ref("u1")], 10.0)
+    assert plain.calls[0]["value"].traceparents == {}

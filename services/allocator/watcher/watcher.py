@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from services.allocator.structured.features import Features
-from services.allocator.watcher import lifecycle, metrics
+from services.allocator.watcher import lifecycle, metrics, spans
 from services.allocator.watcher.events import ClaimEventRecorder
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import Step, Tracked
@@ -98,7 +98,7 @@ class ClaimWatcher:
         self.clock = PodClock()
         self.explained: dict[str, float] = {}  # claim uid -> when last explained
         self.allocations_version = 0  # bumped when any claim's allocation appears or goes
-        self._tracer = tracing.tracer("gpudra.allocator")
+        self.gpus = spans.GpuIndex()  # for the spans: which GPUs a claim's devices are
 
     # ------------------------------------------------------------ run
 
@@ -225,11 +225,8 @@ class ClaimWatcher:
         outcome: str = "ok",
         error: str = "",
     ) -> None:
-        with self._tracer.start_as_current_span(
-            f"allocator.claim.{event}",
-            links=tracing.claim_links([ref.uid]),
-            attributes={**tracing.claim_attributes(ref, node), "gpudra.claim.event": event},
-        ):
+        gpus = self.gpus.lookup(self.slices.version, self.slices.items.values(), devices)
+        with spans.event_span(event, ref, node, devices, gpus) as span:
             message = ClaimEvent(
                 event=event,  # type: ignore[arg-type]
                 claim=ref,
@@ -244,16 +241,17 @@ class ClaimWatcher:
             await self.bus.publish(
                 subjects.claim_event(node, event), message, tracing.inject(headers)
             )
-        metrics.CLAIM_EVENTS.labels(event=event).inc()
-        log.info(
-            "claim event",
-            extra={
-                "event": event,
-                "claim": f"{ref.namespace}/{ref.name}",
-                "uid": ref.uid,
-                "node": node,
-            },
-        )
+            tracing.finish(span, error, tracing.PENDING if event == "pending" else "")
+            metrics.CLAIM_EVENTS.labels(event=event).inc()
+            log.info(
+                "claim event",
+                extra={
+                    "event": event,
+                    "claim": f"{ref.namespace}/{ref.name}",
+                    "uid": ref.uid,
+                    "node": node,
+                },
+            )
 
     # ------------------------------------------------------------ pending claims
 
@@ -295,11 +293,7 @@ class ClaimWatcher:
 
     async def explain(self, claim: ResourceClaim, waited: float) -> None:
         ref = lifecycle.claim_ref(claim)
-        with self._tracer.start_as_current_span(
-            "allocator.explain",
-            links=tracing.claim_links([ref.uid]),
-            attributes={**tracing.claim_attributes(ref, ""), "gpudra.claim.waited_s": waited},
-        ):
+        with spans.explain_span(ref, waited) as span:
             version = (
                 self.classes.version,
                 self.slices.version,
@@ -315,6 +309,7 @@ class ClaimWatcher:
             )
             outcome = await asyncio.to_thread(self.cluster.explain, claim)
             result = verdict(outcome)
+            spans.pending(span, result.reason, result.status, result.message)
             metrics.EXPLANATIONS.labels(status=result.status).inc()
             await self.publish(
                 "pending", ref, "", [], f"{claim.metadata.resource_version}/{time.time():.0f}",
