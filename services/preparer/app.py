@@ -134,12 +134,15 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
     )
 
 
-def _check_cdi(ops: DeviceOps) -> None:
-    """Say at start-up what would fail every claim's CDI spec (each claim says it again)."""
+def _check_cdi(ops: DeviceOps, inventory: InventoryView) -> None:
+    """Find the driver installation at start-up, so the first prepare need not (the
+    reference warms its spec cache too), and say what would fail every claim's CDI
+    spec (each claim says it again)."""
     from services.preparer.cdigen.model import CdiGenError
 
+    version = inventory.current.driver_version if inventory.current else ""
     try:
-        ops.cdigen().check_hook()
+        ops.cdigen().common(version)
     except CdiGenError as exc:
         log.error("every prepare will fail until this is fixed: %s", exc)
 
@@ -181,7 +184,7 @@ async def run(settings: Settings) -> int:
     if pods is not None:
         pods.follow()
     ops = _backend(settings, bus, inventory, pdir)
-    _check_cdi(ops)
+    _check_cdi(ops, inventory)
     engine = Engine(
         EngineSettings(
             node=settings.node,

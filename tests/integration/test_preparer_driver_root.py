@@ -133,7 +133,12 @@ async def test_a_broken_installation_is_an_error_on_the_claim(
         uid, error = await prepare_gpu(node)
         assert needle in error, error
         assert_nothing_for(node, uid)
-        assert node.procs[-1].alive()
+        preparer = node.procs[-1]
+        assert preparer.alive()
+        said = [
+            line for line in preparer.output().splitlines() if "every prepare will fail" in line
+        ]
+        assert said and needle in said[0], preparer.output()  # said at start-up already
     finally:
         await node.close()
 

@@ -11,6 +11,7 @@ import os
 import shutil
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -114,3 +115,28 @@ def test_nvmls_version_picks_the_running_driver_over_a_stale_one(tmp_path: Path)
     os.remove(root.lib_dir / f"libnvidia-ml.so.{root.version}")
     with pytest.raises(CdiGenError, match=r"found libcuda\.so\.550\.54\.15"):
         driver.find(str(root.driver_root), root.version)
+
+
+def test_the_host_root_rewrite_is_the_toolkits() -> None:
+    from services.preparer.cdigen import transform
+
+    edits: dict[str, Any] = {
+        "deviceNodes": [{"path": "/dev/nvidia0"}, {"path": "/dev/x", "hostPath": "/d/dev/x"}],
+        "mounts": [{"hostPath": "/d/usr/lib/libcuda.so.1", "containerPath": "/usr/lib/a"}],
+        "hooks": [
+            {"hookName": "createContainer", "path": "/d/usr/bin/nvidia-cdi-hook",
+             "args": ["nvidia-cdi-hook", "create-symlinks", "--link", "/d/a::/d/b"]},
+        ],
+    }  # fmt: skip
+    transform.host_root(edits, "/d", "/run/nvidia/driver")
+    # Every node names its host path; paths outside the root stay.
+    assert [n["hostPath"] for n in edits["deviceNodes"]] == [
+        "/dev/nvidia0", "/run/nvidia/driver/dev/x",
+    ]  # fmt: skip
+    assert edits["mounts"][0]["hostPath"] == "/run/nvidia/driver/usr/lib/libcuda.so.1"
+    # The hook runs on the host; its arguments are container paths (createContainer).
+    assert edits["hooks"][0]["path"] == "/run/nvidia/driver/usr/bin/nvidia-cdi-hook"
+    assert edits["hooks"][0]["args"][-1] == "/d/a::/d/b"
+    same = {"deviceNodes": [{"path": "/dev/nvidia0"}]}
+    transform.host_root(same, "/", "/")
+    assert same == {"deviceNodes": [{"path": "/dev/nvidia0"}]}  # no rewrite, no hostPath

@@ -76,6 +76,10 @@ def host_root(edits: dict[str, Any], root: str, target: str) -> None:
 
 
 def _rewrite(path: str, root: str, target: str) -> str:
-    if not path.startswith(root):
+    """``path`` under ``root`` moved to ``target``. Whole path components only: the
+    toolkit compares plain string prefixes, so for it a root ``/d`` would also take
+    ``/dev/...``; no real driver root is a prefix of another path that way."""
+    base = root.rstrip("/")
+    if base and path != base and not path.startswith(base + "/"):
         return path
-    return os.path.normpath(os.path.join(target, path[len(root) :].lstrip("/")))
+    return os.path.normpath(os.path.join(target, path[len(base) :].lstrip("/")))
