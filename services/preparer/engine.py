@@ -288,7 +288,7 @@ class Engine:
         mounts = self._write_metadata(ref, annotations, devices, targets, done)
         inv = self.inventory.current
         version = inv.driver_version if inv is not None else ""
-        with self.tracer.start_as_current_span("cdi.render"):
+        with self.steps.step("cdi.render"):
             spec = cdi.render(ref.uid, devices, group_states, self.ops.cdigen(), version, mounts)
         entry = msgspec.structs.replace(
             self.store.claims[ref.uid],
