@@ -124,11 +124,11 @@ class Engine:
         ops: DeviceOps,
         faults: Faults | None = None,
         tracer: trace.Tracer | None = None,
-        step_spans: bool | None = None,
+        step_mode: str | None = None,
         dirs: DirSyncer | None = None,
     ) -> None:
         self.tracer = tracer or tracing.tracer("gpudra.preparer")
-        self.steps = tracing.Steps(self.tracer, step_spans)  # events or child spans
+        self.steps = tracing.Steps(self.tracer, step_mode)  # a summary, events or spans
         self.dirs = dirs  # batches directory fsyncs of claim specs (None: each one inline)
         self.s = settings
         self.store = store

@@ -296,7 +296,7 @@ class PreparerService:
             self.tracer, names.process, ref.uid, kind=SpanKind.SERVER,
             attributes={**names.process_attributes, **tracing.claim_attributes(ref, self.node)},
             parent=tracing.remote_parent(request.traceparents.get(ref.uid, "")),
-        ) as span:  # fmt: skip
+        ) as span, tracing.operation(span):  # fmt: skip
             trace_id = tracing.current_trace_id()
             headers = tracing.headers_of(span)
             self._emit(requested, ref, trace_id=trace_id, headers=headers)

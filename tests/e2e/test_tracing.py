@@ -233,6 +233,18 @@ def test_one_trace_per_claim_life_in_jaeger(stack: Stack) -> None:
         assert tags(send)["messaging.system"] == "nats"
         assert tags(send)["span.kind"] == "client" and tags(prepared)["span.kind"] == "server"
 
+    # Discovery's scans and the publisher's syncs are traces of their own.
+    [scan] = [
+        s for t in jaeger.find("gpudra-discovery") for s in t["spans"]
+        if s["operationName"] == "discovery.scan"
+    ][:1]  # fmt: skip
+    assert tags(scan)[tracing.ATTR_NODE] == NODE and tags(scan)["gpudra.gpus"] == 8
+    synced = [
+        tags(s) for t in jaeger.find("gpudra-publisher") for s in t["spans"]
+        if s["operationName"] == "publisher.reconcile"
+    ]  # fmt: skip
+    assert any(t.get("gpudra.slices.created", 0) > 0 for t in synced), synced
+
     # The allocator's lifecycle log lines carry the claim's trace id.
     lines = [
         json.loads(line)
