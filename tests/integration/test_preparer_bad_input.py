@@ -301,7 +301,8 @@ async def test_hostile_claim_identities_never_reach_a_path_or_subject(
         used = {s for s in seen if not s.startswith(("_I.", "$JS.", "_R_."))}
         assert used <= allowed, used - allowed
         if not needle.startswith("empty"):
-            assert subjects.node_prepare(node.name) in used  # it did reach the preparer
+            # it did reach the preparer
+            assert subjects.node_prepare(node.name) in used, (uid, name, seen)
 
 
 async def test_the_preparer_itself_refuses_an_empty_claim_reference(setup: Setup) -> None:
