@@ -245,7 +245,14 @@ async def test_a_nodes_front_and_preparer_talk_through_the_callouts_permissions(
 
     await answering.nc.subscribe(subjects.node_prepare(N1), cb=answer)
     await answering.nc.flush()
-    reply = await asking.nc.request(subjects.node_prepare(N1), b"{}", timeout=10)
+    deadline = time.monotonic() + 30
+    while True:  # a loaded run once saw no responder right after the flush: ask again
+        try:
+            reply = await asking.nc.request(subjects.node_prepare(N1), b"{}", timeout=10)
+            break
+        except nats.errors.NoRespondersError:
+            assert time.monotonic() < deadline, "the preparer's subscription never took"
+            await asyncio.sleep(0.2)
     assert reply.data == b"prepared"
     assert not answering.errors and not asking.errors
 
