@@ -150,7 +150,10 @@ class _Grant:
 
 
 def _events(node_token: str, names: Iterable[str]) -> list[str]:
-    return [f"{subjects.CLAIM_ROOT}.{node_token}.{name}" for name in names]
+    """Publishing ``names`` about any claim on one node, and reading a claim's last
+    event (each event is numbered after it, see services.core.claimtrail)."""
+    numbering = f"{JS_API}.STREAM.MSG.GET.{subjects.CLAIMS_STREAM}"
+    return [numbering, *(subjects.claim_event_publishers(node_token, n) for n in names)]
 
 
 def _admin(who: Identity) -> Permissions:

@@ -25,3 +25,8 @@ K8S_EVENTS = Counter(
 TRACKED_CLAIMS = Gauge(
     "gpudra_allocator_allocated_claims", "Claims allocated for our driver, as last seen."
 )
+BUS_RETRIES = Counter(
+    "gpudra_allocator_bus_retries_total",
+    "Bus writes tried again because the bus did not answer (server restart, leader election).",
+    ["write"],
+)
