@@ -25,7 +25,7 @@ def run(service: str, args: argparse.Namespace, main: Coroutine[Any, Any, int | 
     """JSON logs, tracing, metrics and bus settings from the common flags, then ``main``."""
     logs.setup(service, args.log_level)
     tracing.setup(service, args.otlp_endpoint)
-    metrics.serve(args.metrics_port)
+    metrics.serve(args.metrics_port, service, args.metrics_address)
     Bus.default_replicas = args.nats_replicas
     Bus.default_credentials = config.nats_credentials(args)
     Bus.max_inflight = args.max_inflight

@@ -11,8 +11,10 @@ plugin and the kubelet's DRA manager, the publisher and the allocator's claim
 watcher; applies examples/ and prints the slices, claims, pods and CDI ids.
 Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
 
-``--exit-after-demo`` stops right after the demo: exit 0 only if every pod
-ended as its example expects (Running, or Pending with gpudra's explanation).
+``--exit-after-demo`` stops after the demo: it deletes the examples and runs
+``gpudra audit --verify``; exit 0 only if every pod ended as its example
+expects (Running, or Pending with gpudra's explanation) and every claim's
+event trail is complete (the pending claim's closed by its deletion).
 """
 
 from __future__ import annotations
@@ -163,7 +165,11 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     _say(f"kubeconfig: {stack.cp.kubeconfig}")
     _say(f"  {kubectl} --kubeconfig {stack.cp.kubeconfig} get resourceslices,resourceclaims -A")
     _say(f"logs: {stack.logs_dir}")
+    _say("audit trail (read-only auditor):")
+    _say(f"  {' '.join(demo.audit_argv(stack, '-o', 'table'))}")
     if args.exit_after_demo:
+        if examples:
+            ok = _close_examples(stack, examples, args) and ok
         return 0 if ok else 1
     _say("up; Ctrl-C stops everything")
     while True:
@@ -173,6 +179,20 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
                 print(f"gpudra up: {p.name} exited ({p.proc.returncode}); log {p.log_path}")
             return 1
         time.sleep(1)
+
+
+def _close_examples(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) -> bool:
+    """Delete the examples, then verify every claim's trail ends (``gpudra audit --verify``)."""
+    from services.local import demo
+
+    _say()
+    _say("deleting the examples ...")
+    demo.delete_examples(stack, examples, args.timeout)
+    complete, said = demo.verify_trail(stack, wait=30.0)
+    _say("gpudra audit --verify: " + ("every claim's trail is complete" if complete else "FAILED"))
+    for line in said:
+        _say(f"  {line}")
+    return complete
 
 
 def _stop(stack: Stack, keep: bool) -> None:

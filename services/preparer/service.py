@@ -21,7 +21,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
 from prometheus_client import Counter, Histogram
 
-from services.core import limits, subjects, tracing
+from services.core import limits, metrics, subjects, tracing
 from services.core.access import Identity, Role
 from services.core.backoff import Backoff
 from services.core.bus import Bus, unavailable
@@ -48,7 +48,7 @@ OPERATIONS = Counter(
 )
 DURATION = Histogram(
     "gpudra_preparer_claim_seconds",
-    "Time to prepare or unprepare one claim.",
+    "Time to prepare or unprepare one claim (exemplars: the operation's trace id).",
     ["op"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
@@ -307,7 +307,7 @@ class PreparerService:
                         error=f"claim {ref.namespace}/{ref.name}: internal error: {exc}"
                     )
             elapsed = time.perf_counter() - started
-            DURATION.labels(op).observe(elapsed)
+            DURATION.labels(op).observe(elapsed, metrics.trace_exemplar(trace_id))
             OPERATIONS.labels(op, "error" if outcome.error else "ok").inc()
             if outcome.error:
                 span.set_status(Status(StatusCode.ERROR, outcome.error))

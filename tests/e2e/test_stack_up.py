@@ -96,6 +96,10 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
     assert "claim unsatisfiable/two-big-gpus: pending; gpudra explains:" in out
     assert "pod unsatisfiable/too-big: Pending (as expected)" in out
     assert f"kubeconfig: {workdir}/kubeconfig" in out
+    # The examples deleted, every claim's trail ends, the pending claim's with 'deleted'.
+    assert "gpudra audit --verify: every claim's trail is complete" in out, out
+    claims = len(examples)  # one claim per example (the shared one is one for two pods)
+    assert re.search(rf"events, {claims} claims complete, 0 incomplete, 0 unreadable", out), out
     pids = recorded_pids(workdir)
     assert len(pids) >= 1 + 4 + 4 * len(NODES) + 2, pids  # nats, control plane, nodes, cluster
     assert still_running(pids) == {}

@@ -50,6 +50,7 @@ from services.allocator.watcher.pending import (
     verdict,
     waiting_claims,
 )
+from services.core import metrics as core_metrics
 from services.core import subjects, tracing
 from services.core.backoff import Backoff
 from services.core.bus import Bus, unavailable
@@ -290,8 +291,12 @@ class ClaimWatcher:
                 traceparent=headers.get("traceparent", ""),
             )
             msg_id = f"{ref.uid}/{event}/{version or time.time()}"
+            started = time.perf_counter()
             stored = await self._until_taken(
                 f"claim event {event}", lambda: self.trail.append(message, msg_id, headers)
+            )
+            metrics.CLAIM_EVENT_SECONDS.labels(event=event).observe(
+                time.perf_counter() - started, core_metrics.trace_exemplar(message.trace_id)
             )
         metrics.CLAIM_EVENTS.labels(event=event).inc()
         log.info(
