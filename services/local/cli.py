@@ -147,6 +147,9 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
             "kubelet-dra"
         )
     _say("  cluster-wide    publisher, allocator (claim watcher)")
+    _say("metrics (Prometheus, OpenMetrics with exemplars), one port per process:")
+    for name, port in stack.metrics_ports.items():
+        _say(f"  {name:36} http://127.0.0.1:{port}/metrics")
     _say()
     for line in demo.describe_slices(stack):
         _say(line)

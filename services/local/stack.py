@@ -24,6 +24,9 @@ Everything listens on 127.0.0.1. The work directory holds::
     nodes/<node>/kubelet/            kubelet root: plugins_registry/, plugins/gpu.nvidia.com/
     nodes/<node>/cdi/                the CDI specs the preparer writes
     logs/<component>.log             one log per process
+
+Every gpudra process serves its own metrics on a port of its own
+(``metrics_ports``, on 127.0.0.1).
     processes.json                   {name: pid} of every process started
 """
 
@@ -48,7 +51,7 @@ from typing import Any
 
 from services.core import featuregates, nvidia
 from services.core.access import Role
-from services.core.natsserver import NatsServer
+from services.core.natsserver import NatsServer, free_port
 from services.local import REPO
 from services.local.cluster import (
     ControlPlane,
@@ -156,6 +159,7 @@ class Stack:
             startup_timeout=startup_timeout,
         )
         self.processes: dict[str, Process] = {}
+        self.metrics_ports: dict[str, int] = {}  # gpudra process name -> its /metrics port
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
         self._paused: set[str] = set()  # stopped on purpose, to be started again
@@ -228,7 +232,10 @@ class Stack:
 
     def _service_argv(self, service: str, node: str | None) -> list[str]:
         role = Role(service)
-        common = [*self.nats.client_argv(role, node or ""), "--log-level", self.log_level]
+        name = service if node is None else f"{service}-{node}"
+        port = self.metrics_ports.setdefault(name, free_port())
+        common = [*self.nats.client_argv(role, node or ""), "--log-level", self.log_level,
+                  "--metrics-port", str(port)]  # fmt: skip
         kubeconfig = ["--kubeconfig", str(self.cp.kubeconfig)]
         if node is None:
             if service == "publisher":
