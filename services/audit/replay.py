@@ -57,15 +57,17 @@ class Unreadable:
 
 
 def consumer_config(
-    name: str, filters: Filters, since: datetime.datetime | None
+    name: str, filters: Filters, since: datetime.datetime | None, *, keep: bool = False
 ) -> api.ConsumerConfig:
+    """``keep``: a named consumer stays until deleted; an unnamed one goes after an hour
+    without a reader."""
     return api.ConsumerConfig(
         durable_name=name,
         deliver_policy=api.DeliverPolicy.BY_START_TIME if since else api.DeliverPolicy.ALL,
         opt_start_time=since,
         ack_policy=api.AckPolicy.EXPLICIT,
         filter_subjects=filters.subjects(),
-        inactive_threshold=INACTIVE_S,
+        inactive_threshold=None if keep else INACTIVE_S,
         max_ack_pending=BATCH * 4,
     )
 
@@ -83,12 +85,16 @@ async def replay(
     follow: bool = False,
     idle_wait: float = 1.0,
 ) -> AsyncIterator[Stored | Unreadable]:
-    """Every matching event, oldest first; without ``follow``, stops at the end of the stream."""
+    """Every matching event, oldest first; without ``follow``, stops at the end of the stream.
+
+    A named consumer that exists is resumed where its reader stopped, with the
+    filters it was created with."""
     name = durable or new_name()
     try:
         await bus.js.consumer_info(subjects.CLAIMS_STREAM, name)  # resume a named one
     except Exception:
-        await bus.js.add_consumer(subjects.CLAIMS_STREAM, consumer_config(name, filters, since))
+        config = consumer_config(name, filters, since, keep=durable is not None)
+        await bus.js.add_consumer(subjects.CLAIMS_STREAM, config)
     sub = await bus.js.pull_subscribe_bind(name, stream=subjects.CLAIMS_STREAM)
     try:
         while True:

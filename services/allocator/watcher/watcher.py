@@ -193,9 +193,8 @@ class ClaimWatcher:
                 await self._apply(
                     previous.ref, previous.node, lifecycle.deleted(previous), old, previous
                 )
-            pending = self.pending.pop(uid, None)
-            if pending is not None and previous is None:  # explained, never allocated: closed
-                await self.publish("deleted", pending[0], subjects.NO_NODE, [], None)
+            if previous is None:
+                await self._close_unallocated(old)
         if new is None:
             return
         if lifecycle.our_results(new):
@@ -379,6 +378,23 @@ class ClaimWatcher:
                 )  # fmt: skip
                 self.pending[ref.uid] = (ref, result.message)
             await self.recorder.record(claim, result.reason, result.type, result.message)
+
+    async def _close_unallocated(self, claim: ResourceClaim) -> None:
+        """A deleted claim that was never allocated: if its trail is open (it was
+        explained as pending, by this process or before a restart), close it."""
+        uid = claim.metadata.uid or ""
+        pending = self.pending.pop(uid, None)
+        ref = pending[0] if pending is not None else lifecycle.claim_ref(claim)
+        if pending is None:
+            if not concerns_driver(claim, self.classes_by_name()):
+                return
+            last = await self._until_taken(
+                "claim trail read", lambda: self.trail.last_event(ref.namespace, ref.name, uid)
+            )
+            if last is None or last.event == "deleted":
+                return
+        await self.publish("deleted", ref, subjects.NO_NODE, [], claim.metadata.resource_version)
+        self.trail.forget(uid)
 
     async def _reason_changed(self, ref: ClaimRef, reason: str) -> bool:
         """Whether ``reason`` is news for the claim's trail (after a restart, the trail
