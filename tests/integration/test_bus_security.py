@@ -305,3 +305,25 @@ async def test_no_message_over_one_mebibyte(attacker) -> None:
         await mallory.nc.publish(
             subjects.claim_event("ns", "c", "u", VICTIM, "prepared"), b"x" * (1 << 20 | 1)
         )
+
+
+async def test_the_auditor_ends_no_services_watch_but_may_end_its_own_replay(
+    attacker, bus: Bus
+) -> None:
+    """An auditor deletes consumers only on CLAIMS (its replays), never a service's KV
+    watch (here the admin's, standing in for the preparer's on KV ``claims``)."""
+    watched = await bus.js.add_consumer(
+        f"KV_{subjects.CLAIMS_BUCKET}", api.ConsumerConfig(durable_name="a-watch")
+    )
+    auditor = await attacker(Role.AUDITOR)
+    manager = auditor.nc.jetstream(timeout=1)
+    with pytest.raises(nats.errors.TimeoutError):
+        await asyncio.wait_for(manager.delete_consumer(f"KV_{subjects.CLAIMS_BUCKET}",
+                                                       watched.name), 10)  # fmt: skip
+    await auditor.denied(f"$JS.API.CONSUMER.DELETE.KV_{subjects.CLAIMS_BUCKET}")
+    assert (await bus.js.consumer_info(f"KV_{subjects.CLAIMS_BUCKET}", watched.name)).name
+
+    mine = await manager.add_consumer(
+        subjects.CLAIMS_STREAM, api.ConsumerConfig(durable_name="audit-mine")
+    )
+    assert await manager.delete_consumer(subjects.CLAIMS_STREAM, mine.name)
