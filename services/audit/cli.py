@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import datetime
 import re
+import sys
 from typing import TYPE_CHECKING
 
 from services.core import config
@@ -106,10 +107,26 @@ def durable_arg(value: str) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    problem = _run_checked(args)
+    if problem:
+        print(f"gpudra audit: {problem}", file=sys.stderr)
+        return 2
     try:
         return asyncio.run(_audit(args))
     except KeyboardInterrupt:
         return 0
+
+
+def _run_checked(args: argparse.Namespace) -> str:
+    """Why these arguments cannot go together ("" when they can)."""
+    if args.verify and (args.event or args.node):
+        return (
+            "--verify judges whole trails: --event and --node would cut them "
+            "(use --namespace or --claim to verify fewer claims)"
+        )
+    if args.wait and not args.verify:
+        return "--wait goes with --verify"
+    return ""
 
 
 async def _audit(args: argparse.Namespace) -> int:

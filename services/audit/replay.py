@@ -105,7 +105,9 @@ async def replay(
                     return
                 continue
             for msg in msgs:
-                yield _read(msg.metadata.sequence.stream, msg.subject, msg.data, msg.headers)
+                # The server starts a start time past the stream's end at its first message.
+                if since is None or msg.metadata.timestamp >= since:
+                    yield _read(msg.metadata.sequence.stream, msg.subject, msg.data, msg.headers)
                 await msg.ack()
             if not follow and msgs and msgs[-1].metadata.num_pending == 0:
                 return

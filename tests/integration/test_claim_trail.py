@@ -5,6 +5,7 @@ verifying it."""
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 import subprocess
 import sys
@@ -163,6 +164,9 @@ async def test_verify_waits_for_the_events_still_on_their_way(
         (("--event", "prepare"), "--event: expected one of"),
         (("--since", "yesterday"), "--since: expected 'start'"),
         (("--durable", "a.b"), "--durable: expected 1 to 64"),
+        (("--verify", "--event", "prepared"), "--verify judges whole trails"),
+        (("--verify", "--node", "n1"), "--verify judges whole trails"),
+        (("--wait", "5"), "--wait goes with --verify"),
     ],
 )
 async def test_audit_refuses_bad_arguments_by_name(
@@ -182,3 +186,47 @@ async def test_the_auditor_cannot_write_the_trail(nats_server: NatsServer, bus: 
     finally:
         await auditor.close()
     assert await stored_events(bus) == []
+
+
+async def test_a_named_consumer_resumes_where_it_stopped_and_since_starts_at_a_time(
+    nats_server: NatsServer, bus: Bus
+) -> None:
+    await life(bus, ClaimRef(uid="first", namespace="ns", name="a"), "n1")
+    got = await audit(nats_server, "--durable", "nightly")
+    assert len(got.stdout.splitlines()) == 8, got.stderr
+    await life(bus, ClaimRef(uid="second", namespace="ns", name="b"), "n1")
+    again = await audit(nats_server, "--durable", "nightly")
+    assert {json.loads(line)["claim"]["uid"] for line in again.stdout.splitlines()} == {"second"}
+
+    recent = await audit(nats_server, "--since", "1h")
+    assert len(recent.stdout.splitlines()) == 16
+    later = await audit(nats_server, "--since", "2999-01-01T00:00:00Z")
+    assert later.returncode == 0 and later.stdout == ""
+    # A trail cut by --since is judged from its first event on, not as missing 1..k.
+    await ClaimTrail(bus).append(ev(ClaimRef(uid="first", namespace="ns", name="a"),
+                                    "pending", "", "allocator"), "late")  # fmt: skip
+    newest = (await stored_claim_messages(bus))[-1][0].timestamp
+    since = datetime.datetime.fromtimestamp(newest - 0.001, datetime.UTC).isoformat()
+    tail = await audit(nats_server, "--verify", "--since", since)
+    assert tail.returncode == 1, tail.stdout
+    assert "ns/a (first):\n  - not closed: no 'deleted' event (last: 'pending')" in tail.stdout
+    assert "missing" not in tail.stdout  # events 1-8 are before --since, not lost
+
+
+async def test_follow_prints_events_as_they_are_stored(nats_server: NatsServer, bus: Bus) -> None:
+    argv = [sys.executable, "-m", "services.cli", "audit", "--follow",
+            *nats_server.client_argv(Role.AUDITOR)]  # fmt: skip
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.PIPE, text=True)  # noqa: ASYNC220
+    try:
+        ref = ClaimRef(uid="live", namespace="ns", name="live")
+        await ClaimTrail(bus).append(ev(ref, "allocated", "n1", "allocator"), "live/1")
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert json.loads(line)["claim"]["uid"] == "live"
+        await ClaimTrail(bus).append(ev(ref, "deleted", "n1", "allocator"), "live/2")
+        line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 30)
+        assert (json.loads(line)["event"], json.loads(line)["seq"]) == ("deleted", 2)
+        assert proc.poll() is None  # still following
+    finally:
+        proc.terminate()
+        proc.wait(10)
