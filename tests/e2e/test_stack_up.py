@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -130,6 +131,20 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
         for node in NODES:
             assert f"{node}-gpu.nvidia.com" in kubectl.stdout, kubectl.stdout
         assert "resourceclaim.resource.k8s.io/cuda-gpu-" in kubectl.stdout
+        # One metrics port per gpudra process, each serving its own service's families.
+        ports = dict(re.findall(r"^  (\S+) +http://127\.0\.0\.1:(\d+)/metrics$", out, re.M))
+        assert set(ports) == {"publisher", "allocator"} | {
+            f"{s}-{n}" for s in ("discovery", "preparer", "kubeletplugin") for n in NODES
+        }, out
+        for name, port in ports.items():
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                families = set(re.findall(r"^# TYPE gpudra_([a-z]+)_", r.read().decode(), re.M))
+            service = name.split("-")[0]
+            assert service in families and families <= {service, "bus", "kube", "task"}, name
+        audit = next(line for line in out.splitlines() if " audit " in line).split()
+        trail = subprocess.run([sys.executable, "-m", "services.cli", *audit[1:]], cwd=REPO,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert trail.returncode == 0 and "cuda-gpu-" in trail.stdout, trail.stderr
         pids = recorded_pids(workdir)
         assert still_running(pids, timeout=0) == pids  # everything is up
     finally:
