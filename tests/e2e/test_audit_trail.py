@@ -70,3 +70,33 @@ def test_no_event_is_lost_when_the_nats_server_restarts_mid_demo(stack: Stack) -
     assert [e["event"] for e in events][-1] == "deleted"
     pending = [e for e in events if e["event"] == "pending"]
     assert pending and len({e["error"] for e in pending}) == len(pending)  # each one news
+
+
+def test_events_name_who_which_hardware_and_for_whom(stack: Stack) -> None:
+    wanted = {
+        "01-single-gpu-template.yaml",
+        "07-mig-four-slices-one-gpu.yaml",
+        "08-vfio-kubevirt.yaml",
+    }
+    examples = [e for e in demo.load_examples() if e.name in wanted]
+    assert len(examples) == len(wanted)
+    demo.apply_examples(stack, examples)
+    assert demo.wait_for_examples(stack, examples, timeout=240).ok
+    argv = [sys.executable, "-m", "services.cli", *demo.audit_argv(stack)[1:]]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
+    events = [json.loads(line) for line in out.stdout.splitlines()]
+    assert {e["event"] for e in events} >= {"allocated", "reserved", "prepared"}
+    for event in events:
+        assert event["instance"] and event["seq"] >= 1, event
+        if event["event"] in ("allocated", "prepared"):
+            assert event["devices"], event
+            for device in event["devices"]:
+                assert device["gpu_uuid"].startswith("GPU-"), event
+                assert device["pci_bus_id"] or event["event"] == "allocated", event
+                if "-mig-" in device["device"]:
+                    assert device["uuid"].startswith("MIG-"), event
+        if event["event"] == "prepared":
+            assert all(d["cdi_device_ids"] for d in event["devices"]), event
+        if event["event"] == "reserved":
+            assert [p["resource"] for p in event["pods"]] == ["pods"], event
+            assert event["pods"][0]["name"] and event["pods"][0]["uid"], event

@@ -28,11 +28,18 @@ class DeviceIndex:
         if version == self._version:
             return
         found: dict[tuple[str, str], _Hardware] = {}
+        gpus: dict[tuple[str, str], str] = {}  # (pool, PCI address) -> the GPU's uuid
         for item in slices:
             if item.spec.driver != nvidia.DRIVER_NAME:
                 continue
             for device in item.spec.devices or []:
-                found[(item.spec.pool.name, device.name)] = _hardware(device)
+                hardware = _hardware(device)
+                found[(item.spec.pool.name, device.name)] = hardware
+                if _attr(device, nvidia.ATTR_TYPE) == nvidia.GPU_TYPE and hardware[1]:
+                    gpus[(item.spec.pool.name, hardware[1])] = hardware[0]
+        for (pool, name), (gpu_uuid, pci, own) in found.items():
+            if not gpu_uuid and pci:  # a VFIO device: the GPU it passes through
+                found[(pool, name)] = (gpus.get((pool, pci), ""), pci, own)
         self._found, self._version = found, version
 
     def ref(self, request: str, pool: str, device: str) -> DeviceRef:
@@ -54,5 +61,5 @@ def _hardware(device: Device) -> _Hardware:
     if kind == nvidia.MIG_TYPE:
         return _attr(device, nvidia.ATTR_PARENT_UUID), pci, uuid
     if kind == nvidia.VFIO_TYPE:
-        return "", pci, uuid  # the VFIO device's uuid is derived from its PCI address
+        return "", pci, uuid  # its GPU's uuid: the GPU device at the same PCI address
     return uuid, pci, ""
