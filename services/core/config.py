@@ -15,6 +15,7 @@ from services.core import featuregates
 from services.core.natsauth import Credentials
 
 DEFAULT_NATS_URL = "tls://127.0.0.1:4222"
+DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
 
 def env(name: str, default: str = "") -> str:
@@ -96,6 +97,16 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
     )
     if node:
         parser.add_argument("--node-name", default=default_node_name())
+
+
+def add_kubelet_root_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--kubelet-root``: the node processes that find their files under the kubelet's root."""
+    parser.add_argument(
+        "--kubelet-root",
+        type=Path,
+        default=Path(env("kubelet-root", DEFAULT_KUBELET_ROOT)),
+        help=help,
+    )
 
 
 def _positive_int(value: str) -> int:

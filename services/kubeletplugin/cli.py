@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from services.core import config, runner
-
-DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -16,11 +13,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="serve the kubelet DRA plugin sockets and forward prepare calls to the preparer",
     )
     config.add_common_flags(parser, node=True)
-    parser.add_argument(
-        "--kubelet-root",
-        type=Path,
-        default=Path(config.env("kubelet-root", DEFAULT_KUBELET_ROOT)),
-        help="kubelet root directory (sockets go under plugins/ and plugins_registry/)",
+    config.add_kubelet_root_flag(
+        parser, "kubelet root directory (sockets go under plugins/ and plugins_registry/)"
     )
     parser.add_argument(
         "--rolling-update-uid",

@@ -51,6 +51,9 @@ class Settings:
     cdi_root: Path
     simulated: bool
     driver_root: Path = Path("/")
+    host_driver_root: str = ""  # "" : the driver root itself
+    dev_root: str = ""  # "" : the driver root when it has /dev, else /
+    hook_path: str = ""  # "" : /usr/bin/nvidia-cdi-hook under the host driver root
     kubeconfig: str = ""
     trust_claims_bucket: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
@@ -108,10 +111,40 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
     if settings.simulated:
         from services.preparer.devices.simulated import SimulatedOps
 
-        return SimulatedOps(bus, settings.node, inventory, pdir, fsync=settings.fsync)
+        return SimulatedOps(
+            bus,
+            settings.node,
+            inventory,
+            pdir,
+            fsync=settings.fsync,
+            driver_root=None if settings.driver_root == Path("/") else settings.driver_root,
+            host_driver_root=settings.host_driver_root,
+            hook_path=settings.hook_path,
+            dev_root=settings.dev_root,
+        )
     from services.preparer.devices.real import RealOps
 
-    return RealOps(pdir, driver_root=settings.driver_root)
+    host_root = settings.host_driver_root or str(settings.driver_root)
+    return RealOps(
+        pdir,
+        driver_root=settings.driver_root,
+        host_driver_root=host_root,
+        dev_root=settings.dev_root,
+        hook_path=settings.hook_path or os.path.join(host_root, "usr/bin/nvidia-cdi-hook"),
+    )
+
+
+def _check_cdi(ops: DeviceOps, inventory: InventoryView) -> None:
+    """Find the driver installation at start-up, so the first prepare need not (the
+    reference warms its spec cache too), and say what would fail every claim's CDI
+    spec (each claim says it again)."""
+    from services.preparer.cdigen.model import CdiGenError
+
+    version = inventory.current.driver_version if inventory.current else ""
+    try:
+        ops.cdigen().common(version)
+    except CdiGenError as exc:
+        log.error("every prepare will fail until this is fixed: %s", exc)
 
 
 async def run(settings: Settings) -> int:
@@ -151,6 +184,7 @@ async def run(settings: Settings) -> int:
     if pods is not None:
         pods.follow()
     ops = _backend(settings, bus, inventory, pdir)
+    _check_cdi(ops, inventory)
     engine = Engine(
         EngineSettings(
             node=settings.node,

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import os
 import re
-import stat
-from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
+from services.preparer.cdigen.caps import mig_cap_minors
+from services.preparer.cdigen.generator import Common, Generator, merge, vfio_common, with_vfio
+from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import GroupState, PreparedDeviceState
 from services.preparer.fsutil import DirSyncer, atomic_write, remove
 
@@ -34,55 +36,8 @@ METADATA_IN_CONTAINER = "/var/run/kubernetes.io/dra-device-attributes"
 
 _JSON = msgspec.json.Encoder()
 _SPEC_FILE = re.compile(rf"^{re.escape(VENDOR)}-{CLASS}_(?P<uid>.+)\.yaml$")
+__all__ = ["mig_cap_minors"]
 _CDI_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_.:-]*[A-Za-z0-9])?$")
-
-# The nvidia kernel module numbers its capability device nodes from one static
-# table (nv-caps.c): nvlink fabric-mgmt (0), mig config (1), mig monitor (2),
-# then for each GPU minor 0..31: per GPU instance 0..14 its "access" node
-# followed by compute instances 0..7. So the minors are a pure function of
-# (GPU minor, GI id, CI id), the same numbers /proc/driver/nvidia-caps/mig-minors lists.
-_CAPS_FIRST_GPU_MINOR = 3
-_CAPS_PER_GI = 1 + 8
-_CAPS_PER_GPU = 15 * _CAPS_PER_GI
-
-
-def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
-    """Minors of ``/dev/nvidia-caps/nvidia-cap<N>`` for a MIG device's GI and its CI."""
-    if not (0 <= gpu_minor < 32 and 0 <= gi_id < 15 and 0 <= ci_id < 8):
-        raise ValueError(f"no MIG capability for gpu{gpu_minor}/gi{gi_id}/ci{ci_id}")
-    gi_minor = _CAPS_FIRST_GPU_MINOR + gpu_minor * _CAPS_PER_GPU + gi_id * _CAPS_PER_GI
-    return gi_minor, gi_minor + 1 + ci_id
-
-
-@dataclass(frozen=True)
-class DriverFile:
-    """A driver library or binary to bind-mount read-only into the container."""
-
-    host_path: str
-    container_path: str
-
-
-@dataclass(frozen=True)
-class NodeFacts:
-    """What the spec needs to know about this node besides the claim."""
-
-    driver_files: Sequence[DriverFile] = ()
-    caps_major: int | None = None  # char major of nvidia-caps (from /proc/devices)
-    dev_root: str = "/"  # where the host's /dev lives, as seen by the runtime
-    # (major, minor) of a char device node, by its path on the host; None when unknown.
-    # Known numbers go into the spec, so the runtime need not stat the node itself.
-    char_device: Callable[[str], tuple[int, int] | None] = lambda _path: None
-
-
-def stat_char_device(path: str) -> tuple[int, int] | None:
-    """The numbers of the char device node at ``path``; None when it is missing or not one."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    if not stat.S_ISCHR(st.st_mode):
-        return None
-    return os.major(st.st_rdev), os.minor(st.st_rdev)
 
 
 @dataclass(frozen=True)
@@ -92,23 +47,6 @@ class MetadataMount:
     host_path: str
     container_path: str
     device: str
-
-
-@dataclass
-class _Edits:
-    env: list[str] = field(default_factory=list)
-    device_nodes: list[dict[str, Any]] = field(default_factory=list)
-    mounts: list[dict[str, Any]] = field(default_factory=list)
-
-    def render(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        if self.env:
-            out["env"] = self.env
-        if self.device_nodes:
-            out["deviceNodes"] = self.device_nodes
-        if self.mounts:
-            out["mounts"] = self.mounts
-        return out
 
 
 def spec_path(root: Path, uid: str) -> Path:
@@ -135,100 +73,88 @@ def render(
     uid: str,
     devices: Sequence[PreparedDeviceState],
     groups: Sequence[GroupState],
-    facts: NodeFacts,
+    gen: Generator,
+    nvml_version: str = "",
     metadata: Iterable[MetadataMount] = (),
 ) -> dict[str, Any]:
-    """The spec as plain data (what is written as YAML)."""
+    """The spec as plain data (what is written); CdiGenError when the node cannot give one."""
     metadata_by_device: dict[str, list[MetadataMount]] = {}
     for mount in metadata:
         metadata_by_device.setdefault(mount.device, []).append(mount)
-    specs = []
+    named = []
     for device in devices:
-        edits = _device_edits(device, facts)
         group = groups[device.group] if device.group < len(groups) else None
-        if group is not None and group.mps is not None:
-            _add_mps(edits, group)
-        for mount in metadata_by_device.get(device.name, []):
-            edits.mounts.append(
-                {
-                    "hostPath": mount.host_path,
-                    "containerPath": mount.container_path,
-                    "options": ["ro", "nosuid", "nodev", "bind"],
-                }
-            )
-        specs.append({"name": device_name(uid, device.name), "containerEdits": edits.render()})
-    spec: dict[str, Any] = {"cdiVersion": "", "kind": KIND, "devices": specs}
-    common = _common_edits(devices, groups, facts).render()
-    if common:
-        spec["containerEdits"] = common
+        edits = _device_edits(device, group, gen)
+        for m in metadata_by_device.get(device.name, []):
+            edits.setdefault("mounts", []).append(
+                {"hostPath": m.host_path, "containerPath": m.container_path,
+                 "options": ["ro", "nosuid", "nodev", "bind"]}
+            )  # fmt: skip
+        named.append((device_name(uid, device.name), edits))
+    spec = gen.claim_spec(KIND, named, _common_edits(devices, groups, gen, nvml_version))
     spec["cdiVersion"] = minimum_version(spec)
     return spec
 
 
-def _dev(facts: NodeFacts, path: str) -> str:
-    return path if facts.dev_root in ("", "/") else os.path.join(facts.dev_root, path.lstrip("/"))
-
-
-def _node(facts: NodeFacts, path: str) -> dict[str, Any]:
-    host = _dev(facts, path)
-    node: dict[str, Any] = {"path": path} if host == path else {"path": path, "hostPath": host}
-    numbers = facts.char_device(host)
-    if numbers is not None:
-        node.update(type="c", major=numbers[0], minor=numbers[1])
-    return node
-
-
-def _device_edits(device: PreparedDeviceState, facts: NodeFacts) -> _Edits:
-    edits = _Edits()
+def _device_edits(
+    device: PreparedDeviceState, group: GroupState | None, gen: Generator
+) -> dict[str, Any]:
     if device.kind == "vfio":
         assert device.vfio is not None
-        edits.device_nodes.append(_node(facts, f"/dev/vfio/{device.vfio.iommu_group}"))
-        return edits
-    edits.device_nodes.append(_node(facts, f"/dev/nvidia{device.gpu_minor}"))
-    if device.kind == "mig":
-        assert device.mig is not None
-        for minor in mig_cap_minors(device.mig.parent_minor, device.mig.gi_id, device.mig.ci_id):
-            node: dict[str, Any] = {"path": f"/dev/nvidia-caps/nvidia-cap{minor}"}
-            if facts.caps_major is not None:  # the node may exist only in the container
-                node.update(type="c", major=facts.caps_major, minor=minor, permissions="rw")
-            edits.device_nodes.append(node)
+        iommufd = group is not None and group.vfio_iommufd and gen.iommufd()
+        if iommufd and not device.vfio.iommufd_dev.startswith("vfio"):
+            raise CdiGenError(f"missing iommufd cdev for GPU {device.vfio.pci_bus_id}")
+        path = (
+            f"/dev/vfio/devices/{device.vfio.iommufd_dev}"
+            if iommufd
+            else f"/dev/vfio/{device.vfio.iommu_group}"
+        )
+        return {"deviceNodes": [gen.node(path)]}
+    minor = device.mig.parent_minor if device.mig else device.gpu_minor
+    edits = gen.gpu_edits(minor, device.pci_bus_id)
+    if device.mig is not None:
+        caps = gen.caps(device.mig.parent_minor, device.mig.gi_id, device.mig.ci_id)
+        edits.setdefault("deviceNodes", []).extend(caps)
+    if group is not None and group.mps is not None:
+        edits = merge([edits, _mps_edits(group)])
     return edits
 
 
-def _add_mps(edits: _Edits, group: GroupState) -> None:
+def _mps_edits(group: GroupState) -> dict[str, Any]:
     assert group.mps is not None
-    edits.env.append(f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}")
     options = ["rw", "nosuid", "nodev", "bind"]
-    edits.mounts.append(
-        {"hostPath": group.mps.shm_dir, "containerPath": MPS_SHM_IN_CONTAINER, "options": options}
-    )
-    edits.mounts.append(
-        {"hostPath": group.mps.pipe_dir, "containerPath": MPS_PIPE_IN_CONTAINER, "options": options}
-    )
+    return {
+        "env": [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"],
+        "mounts": [
+            {
+                "hostPath": group.mps.shm_dir,
+                "containerPath": MPS_SHM_IN_CONTAINER,
+                "options": options,
+            },
+            {
+                "hostPath": group.mps.pipe_dir,
+                "containerPath": MPS_PIPE_IN_CONTAINER,
+                "options": options,
+            },
+        ],
+    }
 
 
 def _common_edits(
-    devices: Sequence[PreparedDeviceState], groups: Sequence[GroupState], facts: NodeFacts
-) -> _Edits:
-    # NVIDIA_VISIBLE_DEVICES=void keeps nvidia-container-runtime from injecting
-    # devices of its own on top of what CDI injects.
-    edits = _Edits(env=["NVIDIA_VISIBLE_DEVICES=void"])
-    if any(d.kind != "vfio" for d in devices):
-        for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"):
-            edits.device_nodes.append(_node(facts, path))
-        for f in facts.driver_files:
-            edits.mounts.append(
-                {
-                    "hostPath": f.host_path,
-                    "containerPath": f.container_path,
-                    "options": ["ro", "nosuid", "nodev", "bind"],
-                }
-            )
-    vfio_groups = {d.group for d in devices if d.kind == "vfio"}
-    if any(groups[g].vfio_api_device for g in vfio_groups if g < len(groups)):
-        iommufd = any(groups[g].vfio_iommufd for g in vfio_groups if g < len(groups))
-        edits.device_nodes.append(_node(facts, "/dev/iommu" if iommufd else "/dev/vfio/vfio"))
-    return edits
+    devices: Sequence[PreparedDeviceState],
+    groups: Sequence[GroupState],
+    gen: Generator,
+    nvml_version: str,
+) -> Common:
+    vfio_groups = [
+        groups[g] for g in {d.group for d in devices if d.kind == "vfio"} if g < len(groups)
+    ]
+    api = any(g.vfio_api_device for g in vfio_groups)
+    iommufd = any(g.vfio_iommufd for g in vfio_groups) and gen.iommufd()
+    if all(d.kind == "vfio" for d in devices):
+        return gen.finish(vfio_common(gen, api, iommufd))
+    common = gen.common(nvml_version)
+    return with_vfio(gen, common, api, iommufd) if api else common
 
 
 def minimum_version(spec: dict[str, Any]) -> str:

@@ -96,6 +96,7 @@ class VfioState(_Rec, frozen=True, kw_only=True):
     pci_bus_id: str
     iommu_group: int
     previous_driver: str = "nvidia"
+    iommufd_dev: str = ""  # vfioN under /dev/vfio/devices (its IOMMUFD cdev), once bound
 
 
 class PreparedDeviceState(_Rec, frozen=True, kw_only=True):

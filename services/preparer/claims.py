@@ -36,10 +36,11 @@ from prometheus_client import Counter
 from services.core import limits, subjects, supervisor
 from services.core.backoff import Backoff
 from services.core.bus import Bus, unavailable
+from services.core.pods import Pod
 from services.core.resource import ResourceClaim, ResourceClaimConsumerReference
 from services.core.schemas import ClaimRef, SchemaError
 from services.preparer import verify
-from services.preparer.pods import Pod, PodLookupError
+from services.preparer.pods import PodLookupError
 
 if TYPE_CHECKING:
     from services.core.kube import KubeApi

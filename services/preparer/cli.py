@@ -7,9 +7,8 @@ from pathlib import Path
 
 from services.core import config, runner
 from services.preparer import cdi, faults
+from services.preparer.cdigen import hooks
 from services.preparer.checkpoint import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES
-
-DEFAULT_KUBELET_ROOT = "/var/lib/kubelet"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -18,11 +17,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="prepare/unprepare claims on this node (configs, sharing, MIG, VFIO, CDI, checkpoint)",
     )
     config.add_common_flags(parser, node=True)
-    parser.add_argument(
-        "--kubelet-root",
-        type=Path,
-        default=Path(config.env("kubelet-root", DEFAULT_KUBELET_ROOT)),
-        help="kubelet root; the checkpoint lives in plugins/gpu.nvidia.com/ under it",
+    config.add_kubelet_root_flag(
+        parser, "kubelet root; the checkpoint lives in plugins/gpu.nvidia.com/ under it"
     )
     parser.add_argument(
         "--cdi-root",
@@ -43,7 +39,28 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--driver-root",
         type=Path,
         default=Path(config.env("driver-root", "/")),
-        help="where the NVIDIA driver's files are, as this process sees them",
+        help="where the NVIDIA driver's root is mounted, as this process sees it (the chart "
+        "mounts the host's nvidiaDriverRoot at /driver-root); with --fleet, '/' means a "
+        "simulated installation under the plugin directory",
+    )
+    parser.add_argument(
+        "--host-driver-root",
+        default=config.env("host-driver-root", ""),
+        help="the same driver root as the host (the container runtime) sees it, e.g. / or "
+        "/run/nvidia/driver: every host path in a CDI spec is rewritten from --driver-root "
+        "to it (default: --driver-root)",
+    )
+    parser.add_argument(
+        "--dev-root",
+        default=config.env("dev-root", ""),
+        help="where the host's /dev is, as this process sees it (default: --driver-root "
+        "when it has a dev folder, else /)",
+    )
+    parser.add_argument(
+        "--nvidia-cdi-hook-path",
+        default=config.env("nvidia-cdi-hook-path", ""),
+        help="the NVIDIA Container Toolkit's nvidia-cdi-hook on the host, which CDI specs "
+        f"call (default: {hooks.DEFAULT_PATH} under --host-driver-root)",
     )
     parser.add_argument(
         "--kubeconfig",
@@ -99,6 +116,9 @@ def _run(args: argparse.Namespace) -> int:
         cdi_root=args.cdi_root,
         simulated=bool(args.fleet),
         driver_root=args.driver_root,
+        host_driver_root=args.host_driver_root,
+        dev_root=args.dev_root,
+        hook_path=args.nvidia_cdi_hook_path,
         kubeconfig=args.kubeconfig,
         trust_claims_bucket=args.trust_claims_bucket,
         boot_id_file=args.boot_id_file,

@@ -41,6 +41,7 @@ from services.core import nvidia, tracing
 from services.core.resource import DeviceRequestAllocationResult, ResourceClaim
 from services.core.schemas import ClaimRef, DeviceRef, PreparedDevice
 from services.preparer import cdi, configs, metadata, verify
+from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
@@ -67,7 +68,7 @@ UNPREPARES_OF_LIVE_PODS = Counter(
 )
 
 DRIVER = nvidia.DRIVER_NAME
-EXPECTED = (ClaimError, configs.ConfigError, DeviceNotFound, DeviceOpError)
+EXPECTED = (ClaimError, configs.ConfigError, DeviceNotFound, DeviceOpError, CdiGenError)
 
 
 class PrepareError(ValueError):
@@ -283,7 +284,10 @@ class Engine:
             devices.extend(members)
             group_states.append(await self._apply_sharing(ref.uid, group, members, done))
         mounts = self._write_metadata(ref, annotations, devices, targets, done)
-        spec = cdi.render(ref.uid, devices, group_states, self.ops.facts(), mounts)
+        inv = self.inventory.current
+        version = inv.driver_version if inv is not None else ""
+        with self.tracer.start_as_current_span("cdi.render"):
+            spec = cdi.render(ref.uid, devices, group_states, self.ops.cdigen(), version, mounts)
         entry = msgspec.structs.replace(
             self.store.claims[ref.uid],
             state=PREPARE_COMPLETED,

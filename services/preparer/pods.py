@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import msgspec
 
 from services.core import limits, supervisor
-from services.core.resource import ObjectMeta
+from services.core.pods import Pod
 
 if TYPE_CHECKING:
     from services.core.kube import KubeApi
@@ -26,55 +26,6 @@ log = logging.getLogger(__name__)
 
 PODS_PATH = "/api/v1/pods"
 TASK = "pod-watch"
-TERMINAL = ("Succeeded", "Failed")
-
-
-class _Obj(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
-    pass
-
-
-class PodResourceClaim(_Obj):
-    name: str
-    resource_claim_name: str | None = None
-    resource_claim_template_name: str | None = None
-
-
-class PodResourceClaimStatus(_Obj):
-    name: str
-    resource_claim_name: str | None = None
-
-
-class PodSpec(_Obj):
-    node_name: str | None = None
-    resource_claims: list[PodResourceClaim] | None = None
-
-
-class PodStatus(_Obj):
-    phase: str | None = None
-    resource_claim_statuses: list[PodResourceClaimStatus] | None = None
-
-
-class Pod(_Obj):
-    """The part of a Pod the preparer reads (the rest of the object is skipped)."""
-
-    metadata: ObjectMeta
-    spec: PodSpec = msgspec.field(default_factory=PodSpec)
-    status: PodStatus | None = None
-
-    @property
-    def key(self) -> str:
-        return f"{self.metadata.namespace}/{self.metadata.name}"
-
-    def claim_names(self) -> list[str]:
-        """Its ResourceClaims: named in the spec, or generated from a template (status)."""
-        names = [c.resource_claim_name for c in self.spec.resource_claims or []]
-        statuses = (self.status.resource_claim_statuses if self.status else None) or []
-        names += [s.resource_claim_name for s in statuses]
-        return sorted({n for n in names if n})
-
-    def terminal(self) -> bool:
-        """Succeeded or Failed: its containers will never run again."""
-        return self.status is not None and self.status.phase in TERMINAL
 
 
 class PodLookupError(Exception):

@@ -18,6 +18,7 @@ reason names what was expected and what was found.
 from __future__ import annotations
 
 from services.core import nvidia
+from services.core.pods import Pod
 from services.core.resource import (
     DeviceRequestAllocationResult,
     NodeSelector,
@@ -26,7 +27,6 @@ from services.core.resource import (
     ResourceClaimConsumerReference,
 )
 from services.core.schemas import ClaimRef
-from services.preparer.pods import Pod
 
 DRIVER = nvidia.DRIVER_NAME
 

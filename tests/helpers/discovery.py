@@ -43,7 +43,7 @@ async def inventory(bus: Bus, node: str = NODE) -> tuple[NodeInventory, int] | N
 
 
 async def wait_inventory(
-    bus: Bus, check: Callable[[NodeInventory], bool], timeout: float = 20.0
+    bus: Bus, check: Callable[[NodeInventory], bool], timeout: float = 60.0
 ) -> tuple[NodeInventory, int]:
     deadline = time.monotonic() + timeout
     while True:
@@ -66,7 +66,7 @@ async def collect(bus: Bus, subject: str, kind: type[T]) -> list[T]:
     return seen
 
 
-async def wait_for(seen: list[T], check: Callable[[list[T]], bool], timeout: float = 10.0) -> None:
+async def wait_for(seen: list[T], check: Callable[[list[T]], bool], timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not check(seen):
         if time.monotonic() > deadline:
@@ -74,7 +74,7 @@ async def wait_for(seen: list[T], check: Callable[[list[T]], bool], timeout: flo
         await asyncio.sleep(0.02)
 
 
-async def wait_logged(log: Path, *lines: str, timeout: float = 20.0) -> None:
+async def wait_logged(log: Path, *lines: str, timeout: float = 60.0) -> None:
     """Wait until a process's log holds every one of ``lines`` (a message it writes)."""
     deadline = time.monotonic() + timeout
     while True:

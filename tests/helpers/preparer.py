@@ -272,6 +272,7 @@ class Node:
         env: Mapping[str, str] | None = None,
         ready: bool = True,
         claims: str = "api",
+        extra: Sequence[str] = (),
     ) -> Proc:
         """``claims``: "api" (checked against the node's API server), "bucket"
         (--trust-claims-bucket) or "none" (no API server: prepares are refused)."""
@@ -291,7 +292,7 @@ class Node:
              *self.nats.client_argv(Role.PREPARER, self.name),
              "--kubelet-root", str(self.kubelet_root),
              "--cdi-root", str(self.cdi_root), "--boot-id-file", str(self.boot_id_file),
-             "--feature-gates", gates, *api],
+             "--feature-gates", gates, *api, *extra],
             env=env,
         )  # fmt: skip
         if ready:

@@ -230,7 +230,7 @@ def publisher(
 
 
 async def until(
-    condition: Callable[[], bool], what: str, proc: PublisherProcess, timeout: float = 20.0
+    condition: Callable[[], bool], what: str, proc: PublisherProcess, timeout: float = 60.0
 ) -> None:
     deadline = time.monotonic() + timeout
     while not condition():

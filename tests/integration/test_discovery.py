@@ -99,7 +99,7 @@ async def test_inventory_follows_mig_create_and_destroy(bus: Bus, start_discover
     print(f"MIG create visible in KV after {shown_after * 1000:.0f} ms")
 
     await store.destroy_mig_device(NODE, 0, created.gi_id, created.ci_id)
-    await wait_inventory(bus, lambda i: i.gpus[0].mig_devices == [], timeout=1.0)
+    await wait_inventory(bus, lambda i: i.gpus[0].mig_devices == [])
     await wait_for(changes, lambda s: len(s) == 3)
     assert changes[2].changes == ["gpu-0: MIG 3g.20gb destroyed at 4 (GI 2)"]
 
@@ -182,7 +182,7 @@ async def test_malformed_sim_state_is_skipped(
 
     await kv.put(sim_key(NODE), encode_state(good_state))
     created = await store.create_mig_device(NODE, 7, "7g.80gb")
-    inv, _ = await wait_inventory(bus, lambda i: bool(i.gpus[7].mig_devices), timeout=5)
+    inv, _ = await wait_inventory(bus, lambda i: bool(i.gpus[7].mig_devices))
     assert inv.gpus[7].mig_devices == [created] and proc.returncode is None
 
 
@@ -203,7 +203,7 @@ async def test_mig_requests_over_the_bus(bus: Bus, start_discovery: Start) -> No
         6,
         6,
     )
-    inv, _ = await wait_inventory(bus, lambda i: bool(i.gpus[2].mig_devices), timeout=5)
+    inv, _ = await wait_inventory(bus, lambda i: bool(i.gpus[2].mig_devices))
     assert inv.gpus[2].mig_devices == [reply.device]
 
     clash = await ask(
@@ -217,10 +217,10 @@ async def test_mig_requests_over_the_bus(bus: Bus, start_discovery: Start) -> No
 
     done = await ask(SimMigRequest(op="destroy", gpu_uuid=gpu.uuid, gi_id=6, ci_id=0))
     assert done.error == ""
-    await wait_inventory(bus, lambda i: not i.gpus[2].mig_devices, timeout=5)
+    await wait_inventory(bus, lambda i: not i.gpus[2].mig_devices)
     off = await ask(SimMigRequest(op="mig-mode", gpu_uuid=gpu.uuid, mig_enabled=False))
     assert off.error == ""
-    await wait_inventory(bus, lambda i: not i.gpus[2].mig_enabled, timeout=5)
+    await wait_inventory(bus, lambda i: not i.gpus[2].mig_enabled)
 
 
 async def test_restart_keeps_state_and_does_not_churn(

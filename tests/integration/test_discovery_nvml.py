@@ -54,7 +54,7 @@ async def test_service_over_pynvml(
         assert (after.gpus[1].health.xids[0].gi_id, after.gpus[1].health.xids[0].ci_id) == (1, 0)
 
         created = mig.create(sim, 0, "7g.80gb", 0)  # found by the periodic re-scan
-        await wait_inventory(bus, lambda i: i.gpus[0].mig_devices == [created], timeout=5)
+        await wait_inventory(bus, lambda i: i.gpus[0].mig_devices == [created])
         await wait_for(
             changes, lambda s: any("MIG 7g.80gb created" in c for e in s for c in e.changes)
         )

@@ -112,8 +112,9 @@ async def test_a_full_gpu_is_prepared_once_and_undone_completely(h100: Node, bus
     assert spec_file.name == f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
     spec = validate_cdi_file(spec_file)
     assert spec["devices"][0]["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3}
-    ]
+        {"path": "/dev/nvidia3", "type": "c", "major": 195, "minor": 3, "fileMode": 0o666,
+         "permissions": "rwm"}
+    ]  # fmt: skip
     entry = h100.checkpoint().claims[uid]
     assert entry.state == "PrepareCompleted" and entry.devices[0].gpu_minor == 3
 
@@ -268,11 +269,13 @@ async def test_vfio_binds_withdraws_the_gpu_twin_and_writes_kep5304_metadata(h10
     spec = validate_cdi_file(h100.cdi_files()[0])
     edits = spec["devices"][0]["containerEdits"]
     assert edits["deviceNodes"] == [
-        {"path": "/dev/vfio/28", "type": "c", "major": 509, "minor": 28}
-    ]
+        {"path": "/dev/vfio/28", "type": "c", "major": 509, "minor": 28, "fileMode": 0o666,
+         "permissions": "rwm"}
+    ]  # fmt: skip
     assert spec["containerEdits"]["deviceNodes"] == [
-        {"path": "/dev/vfio/vfio", "type": "c", "major": 10, "minor": 196}
-    ]
+        {"path": "/dev/vfio/vfio", "type": "c", "major": 10, "minor": 196, "fileMode": 0o666,
+         "permissions": "rwm"}
+    ]  # fmt: skip
     [mount] = edits["mounts"]
     assert mount["containerPath"] == (
         "/var/run/kubernetes.io/dra-device-attributes/resourceclaims/vm/vm-gpu/gpu.nvidia.com-metadata.json"

@@ -117,6 +117,7 @@ async def test_spans_continue_the_callers_trace_and_carry_the_claim(
         "claim.fetch",
         "config.resolve",
         "checkpoint.started",
+        "cdi.render",
         "cdi.write",
         "checkpoint.completed",
     ]

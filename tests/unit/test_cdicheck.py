@@ -9,6 +9,7 @@ has nothing beside it).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,7 +17,7 @@ import pytest
 from services.preparer import cdi, cdicheck
 from services.preparer.checkpoint import GroupState
 from tests.helpers.cdicases import CASES, broken, good
-from tests.helpers.cdistate import FACTS, UID, gpu, mig, vfio
+from tests.helpers.cdistate import UID, VERSION, generator, gpu, mig, vfio
 
 
 def test_a_good_spec_has_no_problems() -> None:
@@ -33,15 +34,18 @@ def test_hostile_documents_are_reported_not_raised(hostile: Any) -> None:
     assert cdicheck.problems(hostile) != []
 
 
-def rendered() -> list[dict[str, Any]]:
-    default = GroupState(kind="GpuConfig", origin="default")
+def rendered(root: Path) -> list[dict[str, Any]]:
+    gen = generator(root)
     return [
-        cdi.render(UID, [gpu()], [default], FACTS),
-        cdi.render(UID, [mig()], [GroupState(kind="MigDeviceConfig", origin="default")], FACTS),
-        cdi.render(UID, [vfio()], [GroupState(kind="VfioDeviceConfig", origin="default")], FACTS),
+        cdi.render(UID, [device], [GroupState(kind=kind, origin="default")], gen, VERSION)
+        for device, kind in (
+            (gpu(), "GpuConfig"),
+            (mig(), "MigDeviceConfig"),
+            (vfio(), "VfioDeviceConfig"),
+        )
     ]
 
 
-def test_every_rendered_kind_passes() -> None:
-    for spec in rendered():
+def test_every_rendered_kind_passes(tmp_path: Path) -> None:
+    for spec in rendered(tmp_path / "driver"):
         assert cdicheck.problems(spec) == []

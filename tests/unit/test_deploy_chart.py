@@ -322,3 +322,16 @@ def test_tracing_settings_are_the_standard_otel_variables() -> None:
     assert "- name: OTEL_TRACES_SAMPLER\n" in env and "OTEL_TRACES_SAMPLER_ARG" in env
     assert "secretKeyRef" in env  # headers (credentials) come from a Secret, not values
     assert "fieldPath: metadata.name" in env  # POD_NAME: the instance in claim events
+
+
+def test_the_preparer_sees_the_driver_where_it_is_mounted_and_writes_host_paths() -> None:
+    """As the reference's nvidiaDriverRoot / container driver root: specs name host paths."""
+    node = _template_texts()["node.yaml"]
+    preparer = node[node.index("- name: preparer") : node.index("- name: kubeletplugin")]
+    env = re.findall(r"- name: (GPUDRA_\w+)\n\s+value: (.+)", preparer)
+    assert ("GPUDRA_DRIVER_ROOT", "{{ .Values.containerDriverRoot | quote }}") in env
+    assert ("GPUDRA_HOST_DRIVER_ROOT", "{{ .Values.nvidiaDriverRoot | quote }}") in env
+    assert "mountPath: {{ .Values.containerDriverRoot }}" in preparer
+    assert "GPUDRA_NVIDIA_CDI_HOOK_PATH" in preparer
+    values = _values()
+    assert (values["nvidiaDriverRoot"], values["containerDriverRoot"]) == ("/", "/driver-root")

@@ -15,11 +15,13 @@ from pathlib import Path
 import pytest
 
 from services.core.schemas import Gpu
+from services.preparer.cdigen import caps
 from services.preparer.checkpoint import VfioState
 from services.preparer.devices import real
 from services.preparer.devices.base import DeviceOpError, MpsRequest
 from services.preparer.devices.mps import MpsDaemons, _alive
 from services.preparer.devices.vfio import VfioSysfs
+from tests.helpers import driverroot
 
 BDF = "0000:3b:00.0"
 
@@ -71,36 +73,42 @@ def calls(tmp_path: Path) -> list[str]:
 # ------------------------------------------------------------------ driver files and caps
 
 
-def test_driver_files_are_the_real_libraries_and_tools_under_the_driver_root(
-    tmp_path: Path,
-) -> None:
-    root = tmp_path / "run" / "nvidia" / "driver"
-    lib = root / "usr/lib/x86_64-linux-gnu"
-    lib.mkdir(parents=True)
-    (lib / "libcuda.so.570.124.06").write_text("elf")
-    (lib / "libcuda.so.1").symlink_to("libcuda.so.570.124.06")  # links are the runtime's job
-    (lib / "libnvidia-ml.so.570.124.06").write_text("elf")
-    (lib / "libGL.so.1").write_text("not compute")
-    script(root / "usr/bin/nvidia-smi", "#!/bin/sh\n")
-    files = real.driver_files(root)
-    assert [(f.host_path, f.container_path) for f in files] == [
-        (str(lib / "libcuda.so.570.124.06"), "/usr/lib/x86_64-linux-gnu/libcuda.so.570.124.06"),
-        (
-            str(lib / "libnvidia-ml.so.570.124.06"),
-            "/usr/lib/x86_64-linux-gnu/libnvidia-ml.so.570.124.06",
-        ),
-        (str(root / "usr/bin/nvidia-smi"), "/usr/bin/nvidia-smi"),
-    ]
+def test_the_real_backend_generates_from_its_driver_root(tmp_path: Path) -> None:
+    """RealOps wires the generator to the driver root, the dev root and /proc."""
+    reason = driverroot.unavailable()
+    if reason:
+        pytest.skip(reason)
+    root = driverroot.build(tmp_path / "node", fleet="dgx-a100")
+    ops = real.RealOps(
+        tmp_path / "plugin",
+        driver_root=root.driver_root,
+        host_driver_root="/",
+        dev_root=str(root.dev_root),
+        hook_path="/usr/bin/nvidia-cdi-hook",
+        sysfs=root.sysfs,
+        proc=root.proc,
+    )
+    gen = ops.cdigen()
+    common = gen.common_edits(root.version)
+    mounted = {m["containerPath"] for m in common["mounts"]}
+    inside = {"/" + str(p.relative_to(root.driver_root)) for p in root.libraries()}
+    assert inside <= mounted  # every library of the version, not a fixed list
+    assert all(m["hostPath"].startswith(str(root.driver_root)) for m in common["mounts"])
+    mig = root.migs()[0]
+    caps = gen.caps(mig.parent_minor, mig.gi_id, mig.ci_id)
+    assert [c["minor"] for c in caps] == [mig.gi_cap_minor, mig.ci_cap_minor]
+    assert {c["major"] for c in caps} == {driverroot.CAPS_MAJOR}
 
 
 def test_the_nvidia_caps_major_comes_from_proc_devices(tmp_path: Path) -> None:
     (tmp_path / "devices").write_text(
         "Character devices:\n  1 mem\n195 nvidia-frontend\n508 nvidia-caps\n510 nvidia-uvm\n"
+        "\nBlock devices:\n  8 sd\n"
     )
-    assert real.caps_major(tmp_path) == 508
-    (tmp_path / "devices").write_text("Character devices:\n  1 mem\n")
-    assert real.caps_major(tmp_path) is None
-    assert real.caps_major(tmp_path / "missing") is None
+    assert caps.caps_major(str(tmp_path)) == 508
+    (tmp_path / "devices").write_text("Character devices:\n  1 mem\n\nBlock devices:\n")
+    assert caps.caps_major(str(tmp_path)) is None
+    assert caps.caps_major(str(tmp_path / "missing")) is None
 
 
 # ------------------------------------------------------------------ nvidia-smi

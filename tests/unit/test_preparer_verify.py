@@ -14,6 +14,7 @@ import msgspec
 import pytest
 
 from services.core.bus import Bus
+from services.core.pods import Pod
 from services.core.resource import (
     NodeSelector,
     NodeSelectorRequirement,
@@ -24,7 +25,7 @@ from services.local.apiserver import Obj, pod_object
 from services.preparer import claims as claims_module
 from services.preparer import verify
 from services.preparer.claims import ClaimError, ClaimSource
-from services.preparer.pods import NodePods, Pod, PodChange
+from services.preparer.pods import NodePods, PodChange
 from tests.helpers.preparer import Dev, make_claim, pod_for, ref, reserved
 
 NODE = "n1"

@@ -6,18 +6,23 @@
 # Prints progress on stderr and the absolute path of the binary as the last
 # line of stdout. Next to the binary there is one symlink per component
 # (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
-# kubelet-dra, reference-allocator).
+# kubelet-dra, reference-allocator, cdi) and reference-cdi, a binary of its own
+# (module referencecdi/: NVIDIA's CDI library needs go-nvml, which needs cgo,
+# so it is built with CGO_ENABLED=1 and a C compiler; the control plane
+# without). `controlplane reference-cdi ARGS` runs it.
 #
 # Everything is cached outside the repository, under
 # ${GPUDRA_CACHE:-$HOME/.cache/gpudra}:
 #   go/mod                       GOMODCACHE (module downloads)
 #   go/build                     GOCACHE (compiled packages)
-#   controlplane/<sha256>/       the binary, keyed by the sha256 of go.mod,
-#                                go.sum, build.sh and every *.go file here
+#   controlplane/<sha256>/       the binaries, keyed by the sha256 of go.mod,
+#                                go.sum, build.sh and every *.go file here and
+#                                in referencecdi/
 # A warm call only hashes those files; it does not run the Go toolchain.
 #
 # Environment: GO (go binary; default: go on PATH, else /usr/local/go/bin/go),
-# GPUDRA_CACHE, GPUDRA_BUILD_JOBS (go build -p; default: number of CPUs),
+# CC (C compiler for reference-cdi; default: cc), GPUDRA_CACHE,
+# GPUDRA_BUILD_JOBS (go build -p; default: number of CPUs),
 # GOPROXY and friends are passed through.
 set -euo pipefail
 
@@ -29,17 +34,18 @@ force=0
 case "${1:-}" in
 --force) force=1 ;;
 "") ;;
--h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
 esac
 
 cd "$HERE"
-KEY=$(LC_ALL=C sha256sum go.mod go.sum build.sh $(LC_ALL=C ls -- *.go) | sha256sum | cut -c1-64)
+inputs() { LC_ALL=C ls -- go.mod go.sum build.sh *.go referencecdi/go.mod referencecdi/go.sum referencecdi/*.go; }
+KEY=$(LC_ALL=C sha256sum $(inputs) | sha256sum | cut -c1-64)
 OUTDIR="$CACHE/controlplane/$KEY"
 BIN="$OUTDIR/controlplane"
 
 complete() {
-	[ -x "$BIN" ] || return 1
+	[ -x "$BIN" ] && [ -x "$OUTDIR/reference-cdi" ] || return 1
 	local c
 	for c in "${COMPONENTS[@]}"; do [ -L "$OUTDIR/$c" ] || return 1; done
 }
@@ -63,6 +69,9 @@ fi
 GO=${GO:-$(command -v go || true)}
 GO=${GO:-/usr/local/go/bin/go}
 [ -x "$GO" ] || { echo "build.sh: no Go toolchain (set GO=/path/to/go)" >&2; exit 1; }
+CC=${CC:-cc}
+command -v "$CC" >/dev/null 2>&1 || { echo "build.sh: reference-cdi needs a C compiler (cgo); none at CC=$CC" >&2; exit 1; }
+export CC
 
 export GOMODCACHE="$CACHE/go/mod"
 export GOCACHE="$CACHE/go/build"
@@ -87,9 +96,10 @@ trap 'rm -rf "$TMP"' EXIT
 
 # Build from a snapshot, so that edits made while the compiler runs cannot
 # end up in a binary cached under the hash of other sources.
-mkdir "$TMP/src" "$TMP/out"
+mkdir "$TMP/src" "$TMP/out" "$TMP/src/referencecdi"
 cp go.mod go.sum build.sh -- *.go "$TMP/src/"
-SNAPSHOT_KEY=$(cd "$TMP/src" && LC_ALL=C sha256sum go.mod go.sum build.sh $(LC_ALL=C ls -- *.go) | sha256sum | cut -c1-64)
+cp referencecdi/go.mod referencecdi/go.sum -- referencecdi/*.go "$TMP/src/referencecdi/"
+SNAPSHOT_KEY=$(cd "$TMP/src" && LC_ALL=C sha256sum $(inputs) | sha256sum | cut -c1-64)
 if [ "$SNAPSHOT_KEY" != "$KEY" ]; then
 	KEY=$SNAPSHOT_KEY
 	OUTDIR="$CACHE/controlplane/$KEY"
@@ -100,6 +110,9 @@ echo "build.sh: building control plane ($K8S_VERSION, $("$GO" env GOVERSION), -p
 start=$(date +%s)
 (cd "$TMP/src" && nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "$LDFLAGS" -o "$TMP/out/controlplane" .) >&2
 echo "build.sh: built in $(($(date +%s) - start)) s" >&2
+start=$(date +%s)
+(cd "$TMP/src/referencecdi" && CGO_ENABLED=1 nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "-s -w" -o "$TMP/out/reference-cdi" .) >&2
+echo "build.sh: reference-cdi built in $(($(date +%s) - start)) s" >&2
 
 for c in "${COMPONENTS[@]}"; do
 	ln -s controlplane "$TMP/out/$c"

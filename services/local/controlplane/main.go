@@ -10,6 +10,7 @@
 //	kubelet-dra              the kubelet's DRA manager and plugin manager for one node
 //	reference-allocator      the structured allocator of k8s.io/dynamic-resource-allocation
 //	cdi                      a container runtime's CDI loader (tags.cncf.io/container-device-interface)
+//	reference-cdi            the reference driver's CDI spec generation (runs the reference-cdi binary)
 //
 // The component is chosen by the base name of argv[0] (build.sh creates one
 // symlink per component next to the binary) or, failing that, by the first
@@ -38,6 +39,7 @@ var components = map[string]component{
 	"kubelet-dra":             {runKubeletDRA, "the kubelet's DRA manager + plugin manager for one node"},
 	"reference-allocator":     {runReferenceAllocator, "offline structured allocation with the upstream allocator"},
 	"cdi":                     {runCDI, "load CDI spec dirs as a container runtime does and inject devices"},
+	"reference-cdi":           {runReferenceCDI, "a claim's CDI spec as the reference driver generates it (NVIDIA's nvcdi; separate binary)"},
 }
 
 // ComponentNames lists the dispatch names in a stable order.

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from services.core.schemas import Gpu, MigPlacement, MigProfile
-from services.preparer.cdi import NodeFacts
+from services.preparer.cdigen.generator import Generator
 from services.preparer.checkpoint import MigState, MpsState, VfioState
 
 
@@ -37,8 +37,8 @@ class MpsRequest:
 class DeviceOps(Protocol):
     """Side effects on this node's GPUs."""
 
-    def facts(self) -> NodeFacts:
-        """Node facts the CDI spec needs (driver files, nvidia-caps major)."""
+    def cdigen(self) -> Generator:
+        """The CDI generator over this node's driver installation and device nodes."""
         ...
 
     async def set_time_slice(self, gpu_uuids: list[str], interval: str) -> None:

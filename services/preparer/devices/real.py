@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 from services.core.schemas import Gpu, MigPlacement, MigProfile
-from services.preparer.cdi import DriverFile, NodeFacts, stat_char_device
+from services.preparer.cdigen import hooks
+from services.preparer.cdigen.caps import ProcCaps
+from services.preparer.cdigen.devfs import HostDevFs, dev_root_of
+from services.preparer.cdigen.generator import Generator, Options
 from services.preparer.checkpoint import MigState, MpsState, VfioState
 from services.preparer.devices import commands
 from services.preparer.devices.base import MpsRequest
@@ -20,70 +24,10 @@ log = logging.getLogger(__name__)
 # nvidia-smi compute-policy --set-timeslice takes the interval's index.
 TIME_SLICES = {"Default": 0, "Short": 1, "Medium": 2, "Long": 3}
 
-LIBRARY_DIRS = (
-    "usr/lib/x86_64-linux-gnu",
-    "usr/lib/aarch64-linux-gnu",
-    "usr/lib64",
-    "usr/lib",
-    "lib64",
-)
-# Compute libraries the CUDA user-mode stack loads (what nvcdi mounts for compute).
-LIBRARIES = (
-    "libcuda.so.*",
-    "libcudadebugger.so.*",
-    "libnvidia-ml.so.*",
-    "libnvidia-ptxjitcompiler.so.*",
-    "libnvidia-nvvm.so.*",
-    "libnvidia-gpucomp.so.*",
-    "libnvidia-allocator.so.*",
-    "libnvidia-cfg.so.*",
-    "libnvidia-opencl.so.*",
-)
-BINARIES = (
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-)
 
-
-def driver_files(driver_root: Path) -> list[DriverFile]:
-    """The driver's compute libraries and tools under ``driver_root`` (mounted where found)."""
-    found: list[DriverFile] = []
-    for sub in LIBRARY_DIRS:
-        directory = driver_root / sub
-        if not directory.is_dir():
-            continue
-        for pattern in LIBRARIES:
-            for path in sorted(directory.glob(pattern)):
-                if path.is_file() and not path.is_symlink():
-                    found.append(_mount(driver_root, path))
-    for name in BINARIES:
-        for sub in ("usr/bin", "bin"):
-            path = driver_root / sub / name
-            if path.is_file():
-                found.append(_mount(driver_root, path))
-                break
-    return found
-
-
-def _mount(driver_root: Path, path: Path) -> DriverFile:
-    inside = "/" + str(path.relative_to(driver_root))
-    return DriverFile(host_path=str(path), container_path=inside)
-
-
-def caps_major(proc: Path = Path("/proc")) -> int | None:
-    """The char major of nvidia-caps from /proc/devices (None when the driver has none)."""
-    try:
-        lines = (proc / "devices").read_text().splitlines()
-    except OSError:
-        return None
-    for line in lines:
-        parts = line.split()
-        if len(parts) == 2 and parts[1] == "nvidia-caps" and parts[0].isdigit():
-            return int(parts[0])
-    return None
+def _iommufd(dev_root: str) -> bool:
+    """IOMMUFD is on when the host has /dev/iommu (the reference's check)."""
+    return os.path.exists(os.path.join(dev_root, "dev/iommu"))
 
 
 class RealOps:
@@ -92,6 +36,9 @@ class RealOps:
         plugin_dir: Path,
         *,
         driver_root: Path = Path("/"),
+        host_driver_root: str = "/",
+        dev_root: str = "",
+        hook_path: str = hooks.DEFAULT_PATH,
         sysfs: Path = Path("/sys"),
         proc: Path = Path("/proc"),
         mount_shm: bool = True,
@@ -104,11 +51,14 @@ class RealOps:
         )
         self.vfio = VfioSysfs(sysfs)
         self._nvml: NvmlMig | None = None
-        self._facts = NodeFacts(
-            driver_files=driver_files(driver_root),
-            caps_major=caps_major(proc),
-            char_device=stat_char_device,
+        devs = HostDevFs(dev_root or dev_root_of(str(driver_root)), str(sysfs))
+        options = Options(
+            driver_root=str(driver_root),
+            host_driver_root=host_driver_root,
+            hook_path=hook_path,
+            sysfs=str(sysfs),
         )
+        self._cdigen = Generator(options, devs, ProcCaps(str(proc)), lambda: _iommufd(devs.root))
 
     @property
     def nvml(self) -> NvmlMig:
@@ -116,8 +66,8 @@ class RealOps:
             self._nvml = NvmlMig()
         return self._nvml
 
-    def facts(self) -> NodeFacts:
-        return self._facts
+    def cdigen(self) -> Generator:
+        return self._cdigen
 
     async def _compute_mode(self, gpu_uuids: list[str], mode: str) -> None:
         for uuid in gpu_uuids:

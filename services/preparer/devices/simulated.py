@@ -13,6 +13,7 @@ it would survive on a real host.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -23,51 +24,17 @@ import msgspec
 from services.core import subjects
 from services.core.bus import Bus, RequestFailed
 from services.core.schemas import Gpu, MigPlacement, MigProfile, SimMigReply, SimMigRequest
-from services.preparer.cdi import DriverFile, NodeFacts
+from services.preparer.cdigen.caps import TableCaps
+from services.preparer.cdigen.devfs import DevFs, HostDevFs, dev_root_of
+from services.preparer.cdigen.generator import Generator, Options
 from services.preparer.checkpoint import MigState, MpsState, VfioState
+from services.preparer.devices import simroot
 from services.preparer.devices.base import DeviceOpError, MpsRequest
 from services.preparer.fsutil import atomic_write
 from services.preparer.inventory import InventoryView
 
 STATE_FILE = "simulated-host.json"
-CAPS_MAJOR = 511  # a plausible dynamic char major for nvidia-caps
-UVM_MAJOR = 510  # likewise for nvidia-uvm
-VFIO_MAJOR = 509  # likewise for vfio groups
-NVIDIA_MAJOR = 195  # the nvidia driver's registered major (nvidiaN, nvidiactl = 255)
-MISC_MAJOR = 10  # /dev/vfio/vfio is misc 196; /dev/iommu a dynamic misc minor
-
-
-def sim_char_device(path: str) -> tuple[int, int] | None:
-    """The numbers a node with the NVIDIA driver (and vfio) gives its device nodes."""
-    fixed = {
-        "/dev/nvidiactl": (NVIDIA_MAJOR, 255),
-        "/dev/nvidia-uvm": (UVM_MAJOR, 0),
-        "/dev/nvidia-uvm-tools": (UVM_MAJOR, 1),
-        "/dev/vfio/vfio": (MISC_MAJOR, 196),
-        "/dev/iommu": (MISC_MAJOR, 123),
-    }
-    if path in fixed:
-        return fixed[path]
-    for prefix, major in (("/dev/nvidia", NVIDIA_MAJOR), ("/dev/vfio/", VFIO_MAJOR)):
-        number = path.removeprefix(prefix)
-        if number != path and number.isdigit():
-            return major, int(number)
-    return None
-
-
-SIM_LIBRARIES = (
-    "libcuda.so",
-    "libnvidia-ml.so",
-    "libnvidia-ptxjitcompiler.so",
-    "libnvidia-nvvm.so",
-    "libcudadebugger.so",
-)
-SIM_BINARIES = (
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-)
+SIM_DRIVER_ROOT = "simulated-driver-root"
 
 
 class SimHost(msgspec.Struct, kw_only=True):
@@ -90,6 +57,10 @@ class SimulatedOps:
         fsync: bool = True,
         request_timeout: float = 10.0,
         settle_timeout: float = 5.0,
+        driver_root: Path | None = None,
+        host_driver_root: str = "",
+        hook_path: str = "",
+        dev_root: str = "",
     ) -> None:
         self.bus = bus
         self.node = node
@@ -100,6 +71,22 @@ class SimulatedOps:
         self.request_timeout = request_timeout
         self.settle_timeout = settle_timeout
         self._lock = asyncio.Lock()
+        # No driver root given: a simulated installation under the plugin directory.
+        self.sim_root = driver_root is None
+        root = str(driver_root or plugin_dir / SIM_DRIVER_ROOT)
+        # Device nodes are simulated unless a real dev root is given (a fake node's, in tests).
+        real_dev = dev_root or ("" if self.sim_root else dev_root_of(root))
+        fs: DevFs = (
+            HostDevFs(real_dev) if real_dev not in ("", "/") else simroot.SimDevFs(self._node_facts)
+        )
+        options = Options(
+            driver_root=root,
+            host_driver_root=host_driver_root or root,
+            hook_path=hook_path
+            or os.path.join(host_driver_root or root, "usr/bin/nvidia-cdi-hook"),
+        )
+        self._cdigen = Generator(options, fs, TableCaps(simroot.CAPS_MAJOR), self._iommufd)
+        self._built = ""
         self.host = (
             msgspec.json.decode(self.path.read_bytes(), type=SimHost)
             if self.path.exists()
@@ -108,16 +95,25 @@ class SimulatedOps:
 
     # ------------------------------------------------------------ facts
 
-    def facts(self) -> NodeFacts:
-        """A fixed driver file list, versioned like the simulated driver."""
-        version = self.inventory.current.driver_version if self.inventory.current else "0"
-        files = [f"/usr/lib/x86_64-linux-gnu/{lib}.{version}" for lib in SIM_LIBRARIES] + [
-            f"/usr/bin/{binary}" for binary in SIM_BINARIES
-        ]
-        return NodeFacts(
-            driver_files=[DriverFile(f, f) for f in files],
-            caps_major=CAPS_MAJOR,
-            char_device=sim_char_device,
+    def cdigen(self) -> Generator:
+        """The CDI generator over this node's (simulated) driver installation."""
+        inv = self.inventory.current
+        version = inv.driver_version if inv else ""
+        if self.sim_root and version and version != self._built:
+            simroot.build(Path(self._cdigen.options.driver_root), version)
+            self._built = version
+        return self._cdigen
+
+    def _node_facts(self) -> tuple[set[int], bool]:
+        inv = self.inventory.current
+        if inv is None:
+            return set(), False
+        return {g.minor for g in inv.gpus}, self._iommufd()
+
+    def _iommufd(self) -> bool:
+        inv = self.inventory.current
+        return inv is not None and any(
+            g.vfio is not None and g.vfio.iommu_fd_enabled for g in inv.gpus
         )
 
     # ------------------------------------------------------------ host state
@@ -250,6 +246,7 @@ class SimulatedOps:
             pci_bus_id=gpu.pci_bus_id,
             iommu_group=gpu.vfio.iommu_group,
             previous_driver=previous if previous != "vfio-pci" else "nvidia",
+            iommufd_dev=f"vfio{gpu.minor}",  # the cdev number vfio-pci would give it
         )
 
     async def unbind_vfio(self, state: VfioState) -> None:

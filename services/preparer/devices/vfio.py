@@ -42,7 +42,12 @@ class VfioSysfs:
         group = self.iommu_group(bdf)
         current = self.driver(bdf)
         if current == VFIO_DRIVER:
-            return VfioState(pci_bus_id=bdf, iommu_group=group, previous_driver=NVIDIA_DRIVER)
+            return VfioState(
+                pci_bus_id=bdf,
+                iommu_group=group,
+                previous_driver=NVIDIA_DRIVER,
+                iommufd_dev=self.iommufd_dev(bdf),
+            )
         if current not in ("", NVIDIA_DRIVER):
             raise DeviceOpError(
                 f"GPU {bdf} is bound to {current!r}; expected {NVIDIA_DRIVER} or {VFIO_DRIVER}"
@@ -52,8 +57,19 @@ class VfioSysfs:
             self._write(self._device(bdf) / "driver" / "unbind", bdf, bdf)
         self._write(self.sysfs / "bus" / "pci" / "drivers" / VFIO_DRIVER / "bind", bdf, bdf)
         return VfioState(
-            pci_bus_id=bdf, iommu_group=group, previous_driver=current or NVIDIA_DRIVER
+            pci_bus_id=bdf,
+            iommu_group=group,
+            previous_driver=current or NVIDIA_DRIVER,
+            iommufd_dev=self.iommufd_dev(bdf),
         )
+
+    def iommufd_dev(self, bdf: str) -> str:
+        """The device's IOMMUFD cdev (``vfioN``) once vfio-pci has it ("" when none)."""
+        try:
+            names = sorted(os.listdir(self._device(bdf) / "vfio-dev"))
+        except OSError:
+            return ""
+        return next((n for n in names if n.startswith("vfio")), "")
 
     def unbind(self, state: VfioState) -> None:
         """Back to the previous driver (nvidia); already there is fine."""
