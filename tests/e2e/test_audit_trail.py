@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -82,10 +83,19 @@ def test_events_name_who_which_hardware_and_for_whom(stack: Stack) -> None:
     assert len(examples) == len(wanted)
     demo.apply_examples(stack, examples)
     assert demo.wait_for_examples(stack, examples, timeout=240).ok
-    argv = [sys.executable, "-m", "services.cli", *demo.audit_argv(stack)[1:]]
-    out = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO, check=True)
-    events = [json.loads(line) for line in out.stdout.splitlines()]
-    assert {e["event"] for e in events} >= {"allocated", "reserved", "prepared"}
+
+    def trail() -> list[dict[str, Any]] | None:
+        """Every event, once each reserved claim's prepared event is stored (the preparer
+        sends it after the kubelet's answer)."""
+        argv = [sys.executable, "-m", "services.cli", *demo.audit_argv(stack)[1:]]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=REPO)
+        events = [json.loads(line) for line in done.stdout.splitlines()]
+        reserved = {e["claim"]["uid"] for e in events if e["event"] == "reserved"}
+        prepared = {e["claim"]["uid"] for e in events if e["event"] == "prepared"}
+        return events if reserved and reserved == prepared else None
+
+    events: list[dict[str, Any]] = stack.wait_for(trail, "every claim's prepared event", timeout=60)
+    assert len({e["claim"]["uid"] for e in events}) == len(examples)
     for event in events:
         assert event["instance"] and event["seq"] >= 1, event
         if event["event"] in ("allocated", "prepared"):

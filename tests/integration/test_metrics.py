@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import time
 import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -14,6 +15,7 @@ import pytest
 
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer, free_port
+from services.core.schemas import ClaimEvent
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim
 
@@ -30,6 +32,17 @@ async def h100(tmp_path: Path, nats_server: NatsServer, bus: Bus) -> AsyncIterat
         yield node
     finally:
         await node.close()
+
+
+async def prepared_event(bus: Bus, timeout: float = 30.0) -> ClaimEvent:
+    """The ``prepared`` event, once stored (it is sent after the kubelet's answer)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [e for e in await stored_claim_events(bus) if e.event == "prepared"]
+        if found:
+            return found[-1]
+        assert time.monotonic() < deadline, "the prepared event was never stored"
+        await asyncio.sleep(0.05)
 
 
 def scrape(port: int, accept: str = "", host: str = "127.0.0.1") -> str:
@@ -57,8 +70,7 @@ async def test_the_preparer_exposes_its_own_metrics_with_trace_exemplars(h100: N
     foreign = {f for f in families if f.startswith("gpudra_") and not f.startswith(mine)}
     assert foreign == set()  # e.g. no discovery or allocator families, zero-valued or not
 
-    prepared = [e for e in await stored_claim_events(h100.bus) if e.event == "prepared"]
-    trace_id = prepared[-1].trace_id
+    trace_id = (await prepared_event(h100.bus)).trace_id
     assert len(trace_id) == 32 and set(trace_id) != {"0"}
     exemplar = re.search(
         r'^gpudra_preparer_claim_seconds_bucket\{[^}]*op="prepare"[^}]*\} 1\.0 '
