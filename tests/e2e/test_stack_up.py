@@ -142,9 +142,15 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
             service = name.split("-")[0]
             assert service in families and families <= {service, "bus", "kube", "task"}, name
         audit = next(line for line in out.splitlines() if " audit " in line).split()
-        trail = subprocess.run([sys.executable, "-m", "services.cli", *audit[1:]], cwd=REPO,
-                               capture_output=True, text=True, timeout=60)  # fmt: skip
-        assert trail.returncode == 0 and "cuda-gpu-" in trail.stdout, trail.stderr
+        deadline = time.monotonic() + 60
+        while True:  # the running claim's events, as the printed command line shows them
+            trail = subprocess.run([sys.executable, "-m", "services.cli", *audit[1:]], cwd=REPO,
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert trail.returncode == 0, trail.stderr
+            if re.search(r" prepared +single-gpu/cuda-gpu-", trail.stdout):
+                break
+            assert time.monotonic() < deadline, trail.stdout
+            time.sleep(0.5)
         pids = recorded_pids(workdir)
         assert still_running(pids, timeout=0) == pids  # everything is up
     finally:
