@@ -63,6 +63,7 @@ bench: venv
 	$(BIN)/python bench/publish.py
 	$(BIN)/python bench/allocate.py
 	$(BIN)/python bench/prepare.py
+	$(BIN)/python bench/trail.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

@@ -29,6 +29,7 @@ COMMANDS: dict[str, str] = {
     "up": "services.local.cli",
     "slices": "services.offline.cli",
     "allocate": "services.offline.cli",
+    "audit": "services.audit.cli",
     "explain": "services.offline.cli",
     "preparer": "services.preparer.cli",
     "publisher": "services.publisher.cli",

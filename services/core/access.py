@@ -124,9 +124,12 @@ class _Grant:
         self.publish.append(f"$KV.{bucket}.{keys}")
         return self
 
-    def stream_read(self, stream: str) -> _Grant:
-        """Info, direct and stored gets, ephemeral and durable consumers, acks."""
+    def stream_read(self, stream: str, *, delete_consumers: bool = True) -> _Grant:
+        """Info, direct and stored gets, ephemeral and durable consumers, acks; and,
+        with ``delete_consumers``, deleting consumers (a KV watch deletes its own)."""
         api = JS_API
+        if delete_consumers:
+            self.publish.append(f"{api}.CONSUMER.DELETE.{stream}.>")
         self.publish += [
             f"{api}.STREAM.INFO.{stream}",
             f"{api}.STREAM.MSG.GET.{stream}",
@@ -136,7 +139,6 @@ class _Grant:
             f"{api}.CONSUMER.CREATE.{stream}.>",
             f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>",
             f"{api}.CONSUMER.INFO.{stream}.>",
-            f"{api}.CONSUMER.DELETE.{stream}.>",
             f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
             f"$JS.ACK.{stream}.>",
             f"$JS.FC.{stream}.>",
@@ -150,7 +152,10 @@ class _Grant:
 
 
 def _events(node_token: str, names: Iterable[str]) -> list[str]:
-    return [f"{subjects.CLAIM_ROOT}.{node_token}.{name}" for name in names]
+    """Publishing ``names`` about any claim on one node, and reading a claim's last
+    event (each event is numbered after it, see services.core.claimtrail)."""
+    numbering = f"{JS_API}.STREAM.MSG.GET.{subjects.CLAIMS_STREAM}"
+    return [numbering, *(subjects.claim_event_publishers(node_token, n) for n in names)]
 
 
 def _admin(who: Identity) -> Permissions:
@@ -202,12 +207,14 @@ def _front(who: Identity) -> Permissions:
 
 
 def _auditor(who: Identity) -> Permissions:
-    grant = _Grant()
-    for stream in (subjects.CLAIMS_STREAM, subjects.HEALTH_STREAM,
-                   subjects.INVENTORY_EVENTS_STREAM):  # fmt: skip
-        grant.stream_read(stream)
-    grant.kv_read(subjects.CLAIMS_BUCKET, subjects.INVENTORY_BUCKET, subjects.PRESENCE_BUCKET,
-                  subjects.PREPARED_BUCKET)  # fmt: skip
+    """Reads only. It may delete consumers on ``CLAIMS`` alone, where only auditors have
+    them (``gpudra audit``'s replays); a service's KV watch is never its to end."""
+    grant = _Grant().stream_read(subjects.CLAIMS_STREAM)
+    for stream in (subjects.HEALTH_STREAM, subjects.INVENTORY_EVENTS_STREAM,
+                   *(f"KV_{bucket}" for bucket in (subjects.CLAIMS_BUCKET,
+                     subjects.INVENTORY_BUCKET, subjects.PRESENCE_BUCKET,
+                     subjects.PREPARED_BUCKET))):  # fmt: skip
+        grant.stream_read(stream, delete_consumers=False)
     return grant.done(who)
 
 

@@ -269,6 +269,12 @@ class Bus:
         else:
             await self.nc.publish(subject, data, headers=headers or None)
 
+    async def js_publish(
+        self, subject: str, value: msgspec.Struct, headers: dict[str, str]
+    ) -> js_api.PubAck:
+        """Publish to JetStream and return its acknowledgement (stream sequence, duplicate)."""
+        return await self.js.publish(subject, encode(value), headers=headers)
+
     async def request(
         self,
         subject: str,

@@ -77,7 +77,12 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
         "--metrics-port",
         type=int,
         default=int(env("metrics-port", "0")),
-        help="serve Prometheus metrics on 127.0.0.1:PORT (0: off)",
+        help="serve this process's Prometheus metrics on PORT (0: off)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default=env("metrics-address", "127.0.0.1"),
+        help="address the metrics port listens on (0.0.0.0 in a cluster, for Prometheus)",
     )
     parser.add_argument(
         "--otlp-endpoint",

@@ -29,7 +29,7 @@ def run(service: str, args: argparse.Namespace, main: Coroutine[Any, Any, int | 
     except tracing.TracingConfigError as exc:
         log.error("bad tracing settings", extra={"error": str(exc)})
         return 2
-    metrics.serve(args.metrics_port)
+    metrics.serve(args.metrics_port, service, args.metrics_address)
     Bus.default_replicas = args.nats_replicas
     Bus.default_credentials = config.nats_credentials(args)
     Bus.max_inflight = args.max_inflight

@@ -224,10 +224,29 @@ class ClaimRef(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class DeviceRef(msgspec.Struct, frozen=True, kw_only=True):
+    """One allocated or prepared device, named so that an auditor can find the hardware.
+
+    ``gpu_uuid`` and ``pci_bus_id`` are the physical GPU's (for a MIG device
+    its parent's, for a VFIO device the GPU it passes through); ``uuid`` is
+    the device's own when it has one of its own (a MIG device's ``MIG-...``).
+    Empty when the emitter could not see the device (e.g. gone from the node).
+    """
+
     request: str
     pool: str
     device: str
     cdi_device_ids: list[str] = []
+    gpu_uuid: str = ""
+    pci_bus_id: str = ""
+    uuid: str = ""
+
+
+class PodRef(msgspec.Struct, frozen=True, kw_only=True):
+    """A consumer the claim is reserved for (``status.reservedFor``), usually a pod."""
+
+    resource: str = "pods"
+    name: str
+    uid: str = ""
 
 
 ClaimEventName = Literal[
@@ -246,18 +265,30 @@ ClaimEventName = Literal[
 
 
 class ClaimEvent(msgspec.Struct, frozen=True, kw_only=True):
-    """One step of a claim's life, as auditors replay it from the CLAIMS stream."""
+    """One step of a claim's life, as auditors replay it from the CLAIMS stream.
+
+    ``seq`` numbers the claim's events 1, 2, 3, ... in the order the stream
+    stored them, whoever emitted them (see :mod:`services.core.claimtrail`): a
+    missing number is a lost event. ``actor`` is the service, ``instance`` the
+    process (pod or host, and pid); ``pods`` the consumers a ``reserved``
+    event reserves the claim for. ``traceparent`` is the W3C trace context of
+    the operation that emitted it (also in the message's headers).
+    """
 
     schema_version: int = SCHEMA_VERSION
     event: ClaimEventName
     claim: ClaimRef
     node: str
     actor: str  # which service said it
+    instance: str = ""  # which process of it: "<pod or host>/<pid>"
+    seq: int = 0  # the claim's own event number, from 1 (0: emitted before numbering)
     devices: list[DeviceRef] = []
+    pods: list[PodRef] = []
     outcome: Literal["ok", "error"] = "ok"
     error: str = ""
     duration_ms: float | None = None
     trace_id: str = ""
+    traceparent: str = ""
     timestamp: float = msgspec.field(default_factory=now)
 
 

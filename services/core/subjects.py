@@ -94,13 +94,47 @@ def presence_key(node: str, driver: str) -> str:
 
 
 # Claim path.
-def claim_event(node: str, event: str) -> str:
-    """``dra.claim.<node>.<event>``; ``event`` is one of our fixed names."""
-    return f"{CLAIM_ROOT}.{escape_token(node)}.{event}"
+#: Tokens after ``dra.claim``: namespace, claim name, claim UID, node, then the
+#: event (one or two tokens, e.g. ``prepared``, ``prepare.requested``).
+CLAIM_EVENT_TOKENS = ("namespace", "claim", "uid", "node")
+NO_NODE = ""  # a claim event about no node (``pending``): its node token is ``=``
+
+
+def claim_event(namespace: str, name: str, uid: str, node: str, event: str) -> str:
+    """``dra.claim.<namespace>.<claim>.<uid>.<node>.<event>``; ``event`` is one of our
+    fixed names, every other token is escaped, so an auditor's filter on any of
+    them is done by the server and matches that claim or node only."""
+    names = (namespace, name, uid, node)
+    return ".".join((CLAIM_ROOT, *(escape_token(n) for n in names), event))
+
+
+def claim_trail(namespace: str, name: str, uid: str) -> str:
+    """Every event of one claim: the filter its per-claim sequence is kept under."""
+    return ".".join((CLAIM_ROOT, *(escape_token(n) for n in (namespace, name, uid)), ">"))
 
 
 def claim_events_all() -> str:
     return f"{CLAIM_ROOT}.>"
+
+
+def claim_events(
+    namespace: str | None = None,
+    name: str | None = None,
+    node: str | None = None,
+    event: str | None = None,
+) -> str:
+    """A filter on claim events: each given name matches exactly, the rest match any."""
+    tokens = [escape_token(v) if v is not None else "*" for v in (namespace, name)]
+    tokens.append("*")  # uid
+    tokens.append(escape_token(node) if node is not None else "*")
+    tokens.append(event if event is not None else ">")
+    return ".".join((CLAIM_ROOT, *tokens))
+
+
+def claim_event_publishers(node_token: str, event: str) -> str:
+    """The permission pattern for publishing ``event`` about any claim on one node
+    (``node_token`` is an escaped node name, or ``*``)."""
+    return f"{CLAIM_ROOT}.*.*.*.{node_token}.{event}"
 
 
 def claim_key(node: str, uid: str) -> str:

@@ -16,8 +16,10 @@ in-memory storage) first, every gpudra process exports its spans to it, and
 each claim of the demo is printed with the URL of its trace (one trace per
 claim: its id is derived from the claim UID).
 
-``--exit-after-demo`` stops right after the demo: exit 0 only if every pod
-ended as its example expects (Running, or Pending with gpudra's explanation).
+``--exit-after-demo`` stops after the demo: it deletes the examples and runs
+``gpudra audit --verify``; exit 0 only if every pod ended as its example
+expects (Running, or Pending with gpudra's explanation) and every claim's
+event trail is complete (the pending claim's closed by its deletion).
 """
 
 from __future__ import annotations
@@ -158,6 +160,9 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     _say("  cluster-wide    publisher, allocator (claim watcher)")
     if stack.jaeger is not None:
         _say(f"  jaeger          query API and UI {stack.jaeger.ui}, OTLP {stack.jaeger.otlp_grpc}")
+    _say("metrics (Prometheus, OpenMetrics with exemplars), one port per process:")
+    for name, port in stack.metrics_ports.items():
+        _say(f"  {name:36} http://127.0.0.1:{port}/metrics")
     _say()
     for line in demo.describe_slices(stack):
         _say(line)
@@ -177,7 +182,11 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     _say(f"kubeconfig: {stack.cp.kubeconfig}")
     _say(f"  {kubectl} --kubeconfig {stack.cp.kubeconfig} get resourceslices,resourceclaims -A")
     _say(f"logs: {stack.logs_dir}")
+    _say("audit trail (read-only auditor):")
+    _say(f"  {' '.join(demo.audit_argv(stack, '-o', 'table'))}")
     if args.exit_after_demo:
+        if examples:
+            ok = _close_examples(stack, examples, args) and ok
         return 0 if ok else 1
     _say("up; Ctrl-C stops everything")
     while True:
@@ -187,6 +196,20 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
                 print(f"gpudra up: {p.name} exited ({p.proc.returncode}); log {p.log_path}")
             return 1
         time.sleep(1)
+
+
+def _close_examples(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) -> bool:
+    """Delete the examples, then verify every claim's trail ends (``gpudra audit --verify``)."""
+    from services.local import demo
+
+    _say()
+    _say("deleting the examples ...")
+    demo.delete_examples(stack, examples, args.timeout)
+    complete, said = demo.verify_trail(stack, wait=30.0)
+    _say("gpudra audit --verify: " + ("every claim's trail is complete" if complete else "FAILED"))
+    for line in said:
+        _say(f"  {line}")
+    return complete
 
 
 def _stop(stack: Stack, keep: bool) -> None:

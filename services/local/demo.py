@@ -9,11 +9,17 @@ For a Running pod the CDI device ids that kubelet-dra recorded (annotation
 ``gpudra.dev/cdi-devices``) are checked against the node's CDI root: each id
 must name a claim of the pod and a device of the spec file the preparer wrote
 for that claim.
+
+After the demo (``--exit-after-demo``) the examples are deleted and
+``gpudra audit --verify`` checks that every claim's event trail is complete,
+from ``allocated`` (or ``pending``) to ``deleted``.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,6 +30,7 @@ import yaml
 
 from services.allocator.watcher.events import COMPONENT as ALLOCATOR_COMPONENT
 from services.core import tracing
+from services.core.access import Role
 from services.local import REPO
 from services.local.stack import Stack
 from services.preparer import cdi
@@ -164,6 +171,38 @@ class DemoResult:
 def apply_examples(stack: Stack, examples: Sequence[Example]) -> None:
     for example in examples:
         stack.cp.apply(example.text)
+
+
+def delete_examples(stack: Stack, examples: Sequence[Example], timeout: float) -> None:
+    """Delete the examples' namespaces and wait until their claims and pods are gone
+    (each claim's trail then ends: unprepared, released, deleted)."""
+    namespaces = sorted({p.namespace for e in examples for p in e.pods})
+    stack.cp.kubectl("delete", "namespace", *namespaces, "--wait=false", "--ignore-not-found")
+
+    def gone() -> bool:
+        for ns in namespaces:
+            for kind in ("/api/v1/namespaces/{}/pods",
+                         "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims"):  # fmt: skip
+                listing = stack.api_get(kind.format(ns))
+                if listing is not None and listing["items"]:
+                    return False
+        return True
+
+    stack.wait_for(gone, "the examples' pods and claims to be deleted", timeout=timeout)
+
+
+def audit_argv(stack: Stack, *args: str) -> list[str]:
+    """``gpudra audit`` against the stack's bus, as the read-only auditor."""
+    return ["gpudra", "audit", *stack.nats.client_argv(Role.AUDITOR), *args]
+
+
+def verify_trail(stack: Stack, wait: float) -> tuple[bool, list[str]]:
+    """``gpudra audit --verify`` (its own process): whether every claim's trail is
+    complete, and what it said."""
+    argv = [sys.executable, "-m", "services.cli", *audit_argv(stack, "--verify", "--wait",
+                                                              str(wait))[1:]]  # fmt: skip
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=wait + 60, cwd=REPO)
+    return done.returncode == 0, done.stdout.splitlines() + done.stderr.splitlines()[-5:]
 
 
 def wait_for_examples(stack: Stack, examples: Sequence[Example], timeout: float) -> DemoResult:

@@ -27,6 +27,9 @@ Everything listens on 127.0.0.1. The work directory holds::
     jaeger/jaeger.yaml               Jaeger's config (with ``jaeger=True``)
     logs/<component>.log             one log per process
     processes.json                   {name: pid} of every process started
+
+Every gpudra process serves its own metrics on a port of its own
+(``metrics_ports``, on 127.0.0.1).
 """
 
 from __future__ import annotations
@@ -50,7 +53,7 @@ from typing import Any
 
 from services.core import featuregates, nvidia
 from services.core.access import Role
-from services.core.natsserver import NatsServer
+from services.core.natsserver import NatsServer, free_port
 from services.local import REPO
 from services.local.cluster import (
     ControlPlane,
@@ -163,6 +166,7 @@ class Stack:
         self.jaeger = Jaeger(self.workdir / "jaeger") if jaeger else None
         self.service_env: dict[str, str] = {}
         self.processes: dict[str, Process] = {}
+        self.metrics_ports: dict[str, int] = {}  # gpudra process name -> its /metrics port
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
         self._paused: set[str] = set()  # stopped on purpose, to be started again
@@ -243,7 +247,10 @@ class Stack:
 
     def _service_argv(self, service: str, node: str | None) -> list[str]:
         role = Role(service)
-        common = [*self.nats.client_argv(role, node or ""), "--log-level", self.log_level]
+        name = service if node is None else f"{service}-{node}"
+        port = self.metrics_ports.setdefault(name, free_port())
+        common = [*self.nats.client_argv(role, node or ""), "--log-level", self.log_level,
+                  "--metrics-port", str(port)]  # fmt: skip
         kubeconfig = ["--kubeconfig", str(self.cp.kubeconfig)]
         if node is None:
             if service == "publisher":

@@ -24,31 +24,35 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import Counter, Histogram
 
-from services.core import limits, subjects, tracing
+from services.core import limits, metrics, subjects, tracing
 from services.core.access import Identity, Role
 from services.core.backoff import Backoff
 from services.core.bus import Bus, unavailable
+from services.core.claimtrail import ClaimTrail, instance_name
 from services.core.schemas import (
     ClaimEvent,
     ClaimEventName,
     ClaimRef,
     ClaimResult,
+    DeviceRef,
     NodeReply,
     NodeRequest,
 )
+from services.preparer.checkpoint import ClaimEntry
 from services.preparer.engine import Engine, Outcome
 from services.preparer.holdings import HoldingsPublisher
 from services.preparer.spanfacts import claim_facts
 
 log = logging.getLogger(__name__)
 ACTOR = "preparer"
+INSTANCE = instance_name()
 
 OPERATIONS = Counter(
     "gpudra_preparer_claims_total", "Claim operations by kind and outcome.", ["op", "outcome"]
 )
 DURATION = Histogram(
     "gpudra_preparer_claim_seconds",
-    "Time to prepare or unprepare one claim.",
+    "Time to prepare or unprepare one claim (exemplars: the operation's trace id).",
     ["op"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
 )
@@ -68,27 +72,26 @@ RETRY_LIMIT_S = 2.0  # longest wait between two attempts to store claim events
 class EventSink:
     """Publishes claim events in order from one background task, each until it is stored.
 
-    Events wait ``linger`` seconds, then go out together, pipelined: one
-    socket write and one wake-up for the acks of the whole batch instead of a
-    round trip per event. The batch keeps the order of :meth:`emit` (one
-    connection's messages reach the stream in the order they were sent).
+    Events wait ``linger`` seconds, then go out together: the events of
+    different claims concurrently, those of one claim one after the other,
+    because each is numbered after the claim's previous one
+    (:class:`~services.core.claimtrail.ClaimTrail`). The order of :meth:`emit`
+    is kept per claim.
 
     A publish that JetStream does not acknowledge (the stream's leader died
-    and the cluster is electing another, quorum is lost, the connection is
-    reconnecting) is sent again, with backoff, until it is: the audit trail
-    loses no event of a claim operation the preparer answered, however long
-    the outage (while the process lives). Every event carries a
+    and the cluster is electing another, quorum is lost, the server restarts,
+    the connection is reconnecting) is sent again, with backoff, until it is:
+    the audit trail loses no event of a claim operation the preparer answered,
+    however long the outage (while the process lives). Every event carries a
     ``Nats-Msg-Id`` unique to this emission (claim uid, event, this process's
     instance id, a counter), so that sending one again after an ack that was
-    lost on the way (the event was stored but the answer never came) stores
-    nothing: the stream drops the copy within its duplicate window (2 min).
-    Events after a failed one wait: a later batch never overtakes an earlier
-    one (within a batch, an event sent again is stored after those that went
-    through the first time).
+    lost on the way stores nothing twice. Events after a failed one wait: a
+    later batch never overtakes an earlier one.
     """
 
     def __init__(self, bus: Bus, linger: float = 0.02, batch: int = 256) -> None:
         self.bus = bus
+        self.trail = ClaimTrail(bus)
         self.linger = linger
         self.batch = batch
         self.instance = uuid.uuid4().hex[:16]  # a restarted preparer's ids never collide
@@ -100,12 +103,9 @@ class EventSink:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run())
 
-    def emit(
-        self, subject: str, event: ClaimEvent, headers: Mapping[str, str] | None = None
-    ) -> None:
-        """``headers``: the trace context (``traceparent``) the event goes out with."""
+    def emit(self, event: ClaimEvent, headers: dict[str, str] | None = None) -> None:
         msg_id = f"{event.claim.uid}/{event.event}/{self.instance}-{next(self._seq)}"
-        self._queue.put_nowait(_Pending(subject, event, {**(headers or {}), "Nats-Msg-Id": msg_id}))
+        self._queue.put_nowait(_Pending(event, msg_id, headers or {}))
         self.unsent += 1
         EVENTS.labels("emitted").inc()
 
@@ -122,40 +122,39 @@ class EventSink:
             await self._publish([item for item in items if item is not None])
 
     async def _publish(self, items: list[_Pending]) -> None:
-        """Until every one of ``items`` is stored, or refused for good (an event the stream
-        will never take, e.g. one over its size limit, is dropped and logged)."""
+        """Every one of ``items`` stored (or refused for good), claims side by side."""
+        by_claim: dict[str, list[_Pending]] = {}
+        for item in items:
+            by_claim.setdefault(item.event.claim.uid, []).append(item)
+        await asyncio.gather(*(self._publish_claim(events) for events in by_claim.values()))
+
+    async def _publish_claim(self, items: list[_Pending]) -> None:
+        """One claim's events in order, each until it is stored. An event the stream
+        will never take (e.g. one over its size limit) is dropped and logged."""
         backoff = Backoff(first=0.05, limit=RETRY_LIMIT_S)
-        while items:
-            results = await asyncio.gather(
-                *(self.bus.publish(p.subject, p.event, p.headers) for p in items),
-                return_exceptions=True,
-            )
-            again: list[_Pending] = []
-            error: BaseException | None = None
-            for item, result in zip(items, results, strict=True):
-                if not isinstance(result, BaseException):
-                    self.unsent -= 1
-                    EVENTS.labels("published").inc()
-                elif unavailable(result):
-                    again.append(item)
-                    error = result
-                else:
-                    self.unsent -= 1
+        for item in items:
+            while True:
+                try:
+                    await self.trail.append(item.event, item.msg_id, item.headers)
+                except Exception as exc:
+                    if unavailable(exc):
+                        EVENTS.labels("retried").inc()
+                        log.warning(
+                            "claim event not stored yet; sending it again",
+                            extra={"event": item.msg_id, "error": f"{type(exc).__name__}: {exc}"},
+                        )
+                        await backoff.sleep()
+                        continue
                     EVENTS.labels("dropped").inc()
                     log.error(
                         "claim event refused by the stream; dropped",
-                        extra={"subject": item.subject, "uid": item.event.claim.uid,
-                               "error": f"{type(result).__name__}: {result}"},
+                        extra={"event": item.msg_id, "uid": item.event.claim.uid,
+                               "error": f"{type(exc).__name__}: {exc}"},
                     )  # fmt: skip
-            if again:
-                EVENTS.labels("retried").inc(len(again))
-                log.warning(
-                    "claim events not stored yet; sending them again",
-                    extra={"events": len(again), "first": again[0].msg_id,
-                           "error": f"{type(error).__name__}: {error}"},
-                )  # fmt: skip
-                await backoff.sleep()
-            items = again
+                else:
+                    EVENTS.labels("published").inc()
+                self.unsent -= 1
+                break
 
     async def close(self, timeout: float = 5.0) -> None:
         """Flush what is queued; past ``timeout`` what is left is dropped (and counted)."""
@@ -174,13 +173,9 @@ class EventSink:
 
 @dataclass(frozen=True)
 class _Pending:
-    subject: str
     event: ClaimEvent
-    headers: dict[str, str]  # Nats-Msg-Id: the stream stores one copy however often it is sent
-
-    @property
-    def msg_id(self) -> str:
-        return self.headers["Nats-Msg-Id"]
+    msg_id: str  # Nats-Msg-Id: the stream stores one copy however often it is sent
+    headers: dict[str, str]  # trace context
 
 
 class PreparerService:
@@ -301,10 +296,11 @@ class PreparerService:
             headers = tracing.headers_of(span)
             self._emit(requested, ref, trace_id=trace_id, headers=headers)
             before = self.engine.store.claims.get(ref.uid)  # what an unprepare undoes
+            held = held_devices(before) if before is not None else []  # gone after unprepare
             started = time.perf_counter()
             outcome = await self._run(request, ref, run)
             elapsed = time.perf_counter() - started
-            DURATION.labels(op).observe(elapsed)
+            DURATION.labels(op).observe(elapsed, metrics.trace_exemplar(trace_id))
             OPERATIONS.labels(op, "error" if outcome.error else "ok").inc()
             facts = claim_facts(self.engine.store.claims.get(ref.uid) or before)
             if facts:
@@ -316,6 +312,7 @@ class PreparerService:
                 failed if outcome.error else succeeded,
                 ref,
                 outcome=outcome,
+                devices=held if op == "unprepare" else self._held(ref.uid) or outcome.refs(),
                 duration_ms=elapsed * 1000,
                 trace_id=trace_id,
                 headers=headers,
@@ -335,28 +332,36 @@ class PreparerService:
             log.exception("claim operation failed unexpectedly", extra={"uid": ref.uid})
             return Outcome(error=f"claim {ref.namespace}/{ref.name}: internal error: {exc}")
 
+    def _held(self, uid: str) -> list[DeviceRef]:
+        """The devices the checkpoint says the claim holds, with their hardware."""
+        entry = self.engine.store.claims.get(uid)
+        return held_devices(entry) if entry is not None else []
+
     def _emit(
         self,
         event: ClaimEventName,
         ref: ClaimRef,
         *,
         outcome: Outcome | None = None,
+        devices: list[DeviceRef] | None = None,
         duration_ms: float | None = None,
         trace_id: str = "",
         headers: dict[str, str] | None = None,
     ) -> None:
+        headers = headers or {}  # the claim span's trace context
         self.events.emit(
-            subjects.claim_event(self.node, event),
             ClaimEvent(
                 event=event,
                 claim=ref,
                 node=self.node,
                 actor=ACTOR,
-                devices=outcome.refs() if outcome else [],
+                instance=INSTANCE,
+                devices=devices or [],
                 outcome="error" if outcome is not None and outcome.error else "ok",
                 error=outcome.error if outcome else "",
                 duration_ms=duration_ms,
                 trace_id=trace_id,
+                traceparent=headers.get("traceparent", ""),
             ),
             headers,
         )
@@ -389,3 +394,19 @@ class _Names:
             process=tracing.messaging_span_name("process", template),
             process_attributes=tracing.messaging_attributes("process", subject, template),
         )
+
+
+def held_devices(entry: ClaimEntry) -> list[DeviceRef]:
+    """A checkpoint entry's devices as an event names them: CDI ids, GPU UUID, PCI address."""
+    return [
+        DeviceRef(
+            request=",".join(d.requests),
+            pool=d.pool,
+            device=d.name,
+            cdi_device_ids=d.cdi_device_ids,
+            gpu_uuid=d.gpu_uuid,
+            pci_bus_id=d.pci_bus_id or (d.vfio.pci_bus_id if d.vfio else ""),
+            uuid=d.mig.uuid if d.mig is not None else "",
+        )
+        for d in entry.devices
+    ]

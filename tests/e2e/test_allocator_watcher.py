@@ -354,11 +354,20 @@ async def test_unsatisfiable_claim_gets_one_explanation_event(
         assert later[0]["count"] >= 2, later[0]
         assert later[0]["lastTimestamp"] >= event["lastTimestamp"]
 
+        # On the bus: one pending event, however many checks found the same reason.
         pending = [e for n, e in recorder.events if n == "pending" and e.claim.uid == uid]
-        assert pending, watcher.output()
-        assert pending[0].outcome == "error"
+        assert len(pending) == 1, watcher.output()
+        assert pending[0].outcome == "error" and pending[0].seq == 1
         assert "needs 3" in pending[0].error
         assert not [n for n in recorder.names(uid) if n != "pending"]
+
+        # Deleted while pending: its trail is closed.
+        cp.kubectl("delete", "pod", "workload", "-n", namespace, "--wait=false")
+        cp.kubectl("delete", "resourceclaim", "gpu", "-n", namespace, "--wait=false")
+        await eventually(lambda: "deleted" in recorder.names(uid), 60, "the closing event")
+        assert await stored_names(bus, uid) == ["pending", "deleted"]
+        closing = [e for n, e in recorder.events if n == "deleted" and e.claim.uid == uid]
+        assert closing[0].seq == 2 and closing[0].instance
     finally:
         watcher.stop()
 

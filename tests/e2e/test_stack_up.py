@@ -17,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -103,6 +104,10 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
         rf"^      trace: {re.escape(ui)}/trace/([0-9a-f]{{32}})$", out, re.MULTILINE
     )
     assert len(traces) == len(claims) == len(set(traces)), out
+    # The examples deleted, every claim's trail ends, the pending claim's with 'deleted'.
+    assert "gpudra audit --verify: every claim's trail is complete" in out, out
+    n_claims = len(examples)  # one claim per example (the shared one is one for two pods)
+    assert re.search(rf"events, {n_claims} claims complete, 0 incomplete, 0 unreadable", out), out
     pids = recorded_pids(workdir)
     assert "jaeger" in pids
     assert len(pids) >= 1 + 4 + 4 * len(NODES) + 2, pids  # nats, control plane, nodes, cluster
@@ -134,6 +139,26 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
         for node in NODES:
             assert f"{node}-gpu.nvidia.com" in kubectl.stdout, kubectl.stdout
         assert "resourceclaim.resource.k8s.io/cuda-gpu-" in kubectl.stdout
+        # One metrics port per gpudra process, each serving its own service's families.
+        ports = dict(re.findall(r"^  (\S+) +http://127\.0\.0\.1:(\d+)/metrics$", out, re.M))
+        assert set(ports) == {"publisher", "allocator"} | {
+            f"{s}-{n}" for s in ("discovery", "preparer", "kubeletplugin") for n in NODES
+        }, out
+        for name, port in ports.items():
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+                families = set(re.findall(r"^# TYPE gpudra_([a-z]+)_", r.read().decode(), re.M))
+            service = name.split("-")[0]
+            assert service in families and families <= {service, "bus", "kube", "task"}, name
+        audit = next(line for line in out.splitlines() if " audit " in line).split()
+        deadline = time.monotonic() + 60
+        while True:  # the running claim's events, as the printed command line shows them
+            trail = subprocess.run([sys.executable, "-m", "services.cli", *audit[1:]], cwd=REPO,
+                                   capture_output=True, text=True, timeout=60)  # fmt: skip
+            assert trail.returncode == 0, trail.stderr
+            if re.search(r" prepared +single-gpu/cuda-gpu-", trail.stdout):
+                break
+            assert time.monotonic() < deadline, trail.stdout
+            time.sleep(0.5)
         pids = recorded_pids(workdir)
         assert still_running(pids, timeout=0) == pids  # everything is up
     finally:

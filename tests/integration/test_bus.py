@@ -58,7 +58,7 @@ async def test_durable_pull_replays_claim_events(bus: Bus) -> None:
     ref = ClaimRef(uid="u1", namespace="ns", name="c")
     for event in ("prepare.requested", "prepared"):
         await bus.publish(
-            subjects.claim_event("node.a", event.split(".")[0]),
+            subjects.claim_event("ns", "c", "u1", "node.a", event),
             ClaimEvent(event=event, claim=ref, node="node.a", actor="test"),
             headers={"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"},
         )

@@ -26,6 +26,7 @@ from nats.js import api
 from services.core import subjects
 from services.core.access import Identity, Role
 from services.core.bus import Bus, RequestTimeout
+from services.core.claimtrail import ClaimTrail
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceClaim
 from services.core.schemas import (
@@ -170,7 +171,7 @@ async def test_nobody_forges_another_services_claim_events(
     attacker, bus: Bus, role: Role, node: str, event: str
 ) -> None:
     mallory = await attacker(role, node)
-    subject = subjects.claim_event(VICTIM, event)
+    subject = subjects.claim_event("ns", "c", "u", VICTIM, event)
     forged = ClaimEvent(
         event=event,  # type: ignore[arg-type]
         claim=ClaimRef(uid="u", namespace="ns", name="c"),
@@ -192,7 +193,7 @@ async def test_nobody_purges_or_deletes_the_audit_trail_or_a_bucket(
     )  # fmt: skip
     preparer = await connect(nats_server, Role.PREPARER, VICTIM)
     try:
-        await preparer.publish(subjects.claim_event(VICTIM, "prepared"), event)
+        await ClaimTrail(preparer).append(event, "u/prepared/1")
     finally:
         await preparer.close()
     mallory = await attacker(role)
@@ -272,14 +273,15 @@ async def test_stored_messages_pushed_at_the_preparer_by_a_consumer_are_refused(
     files = victim.files()
     request = NodeRequest(node=victim.name, claims=[ref(claim)], deadline=time.time() + 60)
     other = await attacker(Role.PREPARER, OTHER)
-    await other.nc.jetstream().publish(subjects.claim_event(OTHER, "prepared"), encode(request))
+    stored_at = subjects.claim_event("ns", "c", "u", OTHER, "prepared")
+    await other.nc.jetstream().publish(stored_at, encode(request))
     auditor = await attacker(Role.AUDITOR)
     seen_before = victim_log_refusals(victim)
     await auditor.nc.jetstream().add_consumer(
         subjects.CLAIMS_STREAM,
         api.ConsumerConfig(
             deliver_subject=subjects.node_unprepare(victim.name),
-            filter_subject=subjects.claim_event(OTHER, "prepared"),
+            filter_subject=stored_at,
             ack_policy=api.AckPolicy.NONE,
         ),
     )
@@ -300,4 +302,28 @@ async def test_no_message_over_one_mebibyte(attacker) -> None:
     mallory = await attacker(Role.ADMIN)
     assert mallory.nc.max_payload == 1024 * 1024  # what the server announced it enforces
     with pytest.raises(nats.errors.MaxPayloadError):
-        await mallory.nc.publish(subjects.claim_event(VICTIM, "prepared"), b"x" * (1 << 20 | 1))
+        await mallory.nc.publish(
+            subjects.claim_event("ns", "c", "u", VICTIM, "prepared"), b"x" * (1 << 20 | 1)
+        )
+
+
+async def test_the_auditor_ends_no_services_watch_but_may_end_its_own_replay(
+    attacker, bus: Bus
+) -> None:
+    """An auditor deletes consumers only on CLAIMS (its replays), never a service's KV
+    watch (here the admin's, standing in for the preparer's on KV ``claims``)."""
+    watched = await bus.js.add_consumer(
+        f"KV_{subjects.CLAIMS_BUCKET}", api.ConsumerConfig(durable_name="a-watch")
+    )
+    auditor = await attacker(Role.AUDITOR)
+    manager = auditor.nc.jetstream(timeout=1)
+    with pytest.raises(nats.errors.TimeoutError):
+        await asyncio.wait_for(manager.delete_consumer(f"KV_{subjects.CLAIMS_BUCKET}",
+                                                       watched.name), 10)  # fmt: skip
+    await auditor.denied(f"$JS.API.CONSUMER.DELETE.KV_{subjects.CLAIMS_BUCKET}")
+    assert (await bus.js.consumer_info(f"KV_{subjects.CLAIMS_BUCKET}", watched.name)).name
+
+    mine = await manager.add_consumer(
+        subjects.CLAIMS_STREAM, api.ConsumerConfig(durable_name="audit-mine")
+    )
+    assert await manager.delete_consumer(subjects.CLAIMS_STREAM, mine.name)

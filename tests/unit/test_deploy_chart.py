@@ -191,6 +191,9 @@ def test_containers_run_real_subcommands_with_real_flags(template: str) -> None:
         block = text[start:end]
         assert 'include "gpudra.commonEnv"' in block
         assert common | _env_flags(block) <= flags, command
+        assert f'include "gpudra.observabilityEnv" (list . "{command}")' in block, command
+        assert _env_flags(_helper("gpudra.observabilityEnv")) <= flags, command
+        assert f'include "gpudra.metricsPort" (list . "{command}")' in block, command
         if 'include "gpudra.nodeNameEnv"' in block:
             assert "--node-name" in flags, command
 
@@ -290,6 +293,35 @@ def test_the_bus_runs_tls_auth_callout_and_monitoring_on_localhost_only() -> Non
     tls_secret = (TEMPLATES / "nats-tls.yaml").read_text()
     assert "kind: Certificate" in tls_secret and "genCA" in tls_secret
     assert 'lookup "v1" "Secret"' in tls_secret  # the chart's CA is kept across upgrades
+
+
+def test_every_component_has_its_own_metrics_port_and_scrapers_find_them() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    ports = values["metrics"]["ports"]
+    assert set(ports) == {"discovery", "preparer", "kubeletplugin", "publisher", "allocator"}
+    assert len(set(ports.values())) == len(ports)  # the node pod's three share a network
+    names = {f"metrics-{c}"[:15] for c in ports}
+    assert len(names) == len(ports) and all(len(n) <= 15 for n in names)  # IANA port names
+    assert values["metrics"]["address"] == "0.0.0.0"  # Prometheus scrapes from elsewhere
+    monitoring = (TEMPLATES / "monitoring.yaml").read_text()
+    assert "kind: PodMonitor" in monitoring and "podMetricsEndpoints" in monitoring
+    assert 'printf "metrics-%s" $component | trunc 15' in monitoring
+    assert 'printf "metrics-%s" $component | trunc 15' in _helper("gpudra.metricsPort")
+    controllers = (TEMPLATES / "controllers.yaml").read_text()
+    for component in ("publisher", "allocator"):
+        assert f'include "gpudra.scrapeAnnotations" (list . "{component}")' in controllers
+    assert "prometheus.io/scrape" in _helper("gpudra.scrapeAnnotations")
+
+
+def test_tracing_settings_are_the_standard_otel_variables() -> None:
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert values["otlp"]["endpoint"] == ""  # off unless asked for
+    env = _helper("gpudra.observabilityEnv")
+    for variable in ("ENDPOINT", "PROTOCOL", "INSECURE", "CERTIFICATE", "HEADERS"):
+        assert f"- name: OTEL_EXPORTER_OTLP_{variable}" in env
+    assert "- name: OTEL_TRACES_SAMPLER\n" in env and "OTEL_TRACES_SAMPLER_ARG" in env
+    assert "secretKeyRef" in env  # headers (credentials) come from a Secret, not values
+    assert "fieldPath: metadata.name" in env  # POD_NAME: the instance in claim events
 
 
 def test_the_preparer_sees_the_driver_where_it_is_mounted_and_writes_host_paths() -> None:

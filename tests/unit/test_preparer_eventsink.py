@@ -1,17 +1,19 @@
 """The preparer's claim event sink: every event is sent until the stream stores it, under
-one ``Nats-Msg-Id`` however often it is sent. The bus is replaced by a recorder here;
-tests/integration/test_bus_cluster.py kills the stream's servers under the real one."""
+one ``Nats-Msg-Id`` however often it is sent. The claim trail (what numbers and stores
+events) is replaced by a recorder here; tests/integration/test_bus_cluster.py kills the
+stream's servers under the real one, tests/integration/test_claim_trail.py numbers events
+on a real one."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import cast
 
-import msgspec
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavailableError
 
 from services.core.bus import Bus
+from services.core.claimtrail import ClaimTrail
 from services.core.schemas import ClaimEvent, ClaimRef
 from services.preparer.service import EventSink
 
@@ -24,16 +26,22 @@ class FlakyStream:
     sent: list[str] = field(default_factory=list)  # every attempt's message id
     stored: list[str] = field(default_factory=list)
 
-    async def publish(
-        self, subject: str, value: msgspec.Struct, headers: dict[str, str] | None = None
-    ) -> None:
-        msg_id = (headers or {})["Nats-Msg-Id"]
+    async def append(
+        self, value: ClaimEvent, msg_id: str, headers: dict[str, str] | None = None
+    ) -> ClaimEvent:
         self.sent.append(msg_id)
-        pending = self.failures.get(value.claim.uid, [])  # type: ignore[attr-defined]
+        pending = self.failures.get(value.claim.uid, [])
         if pending:
             raise pending.pop(0)
         if msg_id not in self.stored:  # the stream's duplicate window
             self.stored.append(msg_id)
+        return value
+
+
+def sink_on(stream: FlakyStream) -> EventSink:
+    sink = EventSink(cast(Bus, None), linger=0)
+    sink.trail = cast(ClaimTrail, stream)
+    return sink
 
 
 def event(uid: str, name: str = "prepared") -> ClaimEvent:
@@ -52,10 +60,10 @@ async def test_events_not_stored_are_sent_again_under_the_same_id() -> None:
             "b": [ServiceUnavailableError(code=503, description="electing")],
         }
     )
-    sink = EventSink(cast(Bus, stream), linger=0)
+    sink = sink_on(stream)
     sink.start()
     for uid in ("a", "b", "c"):
-        sink.emit(f"dra.claim.n1.{uid}", event(uid))
+        sink.emit(event(uid))
     await sink.close(timeout=30)
 
     assert len(stream.stored) == 3 and sink.unsent == 0
@@ -67,10 +75,10 @@ async def test_events_not_stored_are_sent_again_under_the_same_id() -> None:
 
 async def test_an_event_the_stream_refuses_for_good_is_dropped_not_retried() -> None:
     stream = FlakyStream(failures={"big": [BadRequestError(code=400, description="too large")]})
-    sink = EventSink(cast(Bus, stream), linger=0)
+    sink = sink_on(stream)
     sink.start()
-    sink.emit("dra.claim.n1.prepared", event("big"))
-    sink.emit("dra.claim.n1.prepared", event("next"))
+    sink.emit(event("big"))
+    sink.emit(event("next"))
     await sink.close(timeout=30)
     assert [i.split("/")[0] for i in stream.stored] == ["next"]
     assert len(stream.sent) == 2 and sink.unsent == 0
@@ -79,9 +87,9 @@ async def test_an_event_the_stream_refuses_for_good_is_dropped_not_retried() -> 
 async def test_ids_differ_between_emissions_and_between_processes() -> None:
     first, second = FlakyStream(), FlakyStream()
     for stream in (first, second):
-        sink = EventSink(cast(Bus, stream), linger=0)
+        sink = sink_on(stream)
         sink.start()
-        sink.emit("dra.claim.n1.prepared", event("u"))
-        sink.emit("dra.claim.n1.prepared", event("u"))  # the kubelet prepared it again
+        sink.emit(event("u"))
+        sink.emit(event("u"))  # the kubelet prepared it again
         await sink.close(timeout=30)
     assert len(set(first.stored + second.stored)) == 4

@@ -23,9 +23,15 @@ def test_escape_is_injective_on_lookalikes() -> None:
 
 
 def test_subjects_keep_user_names_in_one_token() -> None:
-    subject = subjects.claim_event("evil.node.>", "prepared")
+    subject = subjects.claim_event("ns.*", "c >", "u.1", "evil.node.>", "prepared")
     assert subject.split(".")[:2] == ["dra", "claim"]
-    assert len(subject.split(".")) == 4
+    assert len(subject.split(".")) == 7
+    assert [subjects.unescape_token(t) for t in subject.split(".")[2:6]] == [
+        "ns.*",
+        "c >",
+        "u.1",
+        "evil.node.>",
+    ]
     assert subjects.node_prepare("n*1") == "dra.node.n=2A1.prepare"
 
 
@@ -43,3 +49,23 @@ def test_subjects_keep_user_names_in_one_token() -> None:
 )
 def test_matches_follows_nats_wildcards(pattern: str, subject: str, expected: bool) -> None:
     assert subjects.matches(pattern, subject) is expected
+
+
+def test_claim_event_filters_match_exactly_the_names_given() -> None:
+    one = subjects.claim_event("ns", "c.1", "u", "n1", "prepare.requested")
+    pending = subjects.claim_event("ns", "c.1", "u", subjects.NO_NODE, "pending")
+    other = subjects.claim_event("ns2", "c", "u2", "n2", "prepared")
+    assert subjects.matches(subjects.claim_events(), one)
+    assert subjects.matches(subjects.claim_events(namespace="ns"), one)
+    assert not subjects.matches(subjects.claim_events(namespace="ns"), other)
+    assert subjects.matches(subjects.claim_events(name="c.1"), one)
+    assert not subjects.matches(subjects.claim_events(name="c"), one)  # no prefix match
+    assert subjects.matches(subjects.claim_events(node="n1"), one)
+    assert not subjects.matches(subjects.claim_events(node="n1"), pending)
+    assert subjects.matches(subjects.claim_events(event="prepare.requested"), one)
+    assert not subjects.matches(subjects.claim_events(event="prepare"), one)
+    assert subjects.matches(subjects.claim_events(event="pending"), pending)
+    assert subjects.matches(subjects.claim_trail("ns", "c.1", "u"), pending)
+    assert not subjects.matches(subjects.claim_trail("ns", "c.1", "u"), other)
+    assert subjects.matches(subjects.claim_event_publishers("n1", "prepare.requested"), one)
+    assert not subjects.matches(subjects.claim_event_publishers("n2", "prepare.requested"), one)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from prometheus_client import Counter, Gauge, Histogram
 
 MALFORMED_OBJECTS = Counter(
     "gpudra_allocator_malformed_bucket_entries_total",
@@ -24,4 +24,16 @@ K8S_EVENTS = Counter(
 )
 TRACKED_CLAIMS = Gauge(
     "gpudra_allocator_allocated_claims", "Claims allocated for our driver, as last seen."
+)
+BUS_RETRIES = Counter(
+    "gpudra_allocator_bus_retries_total",
+    "Bus writes tried again because the bus did not answer (server restart, leader election).",
+    ["write"],
+)
+CLAIM_EVENT_SECONDS = Histogram(
+    "gpudra_allocator_claim_event_seconds",
+    "Time to number and store one claim event, by event (exemplars: its trace id); "
+    "includes waiting out a bus that does not answer.",
+    ["event"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )

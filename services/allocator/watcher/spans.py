@@ -1,66 +1,42 @@
 """The allocator's spans: each lifecycle event and each explanation, in the claim's trace.
 
 Every span is a root of the claim's trace (``tracing.claim_span``) with the
-claim's identity, its node and devices, the GPUs behind them (looked up in the
-ResourceSlices the watcher caches: the ``uuid`` and ``parentUUID`` device
-attributes) and ``gpudra.outcome``. An explanation is ``pending``; its reason
-is a span event, so a trace shows why the pod waits where it waited.
+claim's identity, its node and devices, the GPUs behind them (as the event
+names them: ``DeviceRef.gpu_uuid`` and a MIG device's own ``uuid``, which the
+watcher's ``DeviceIndex`` reads from the ResourceSlices) and
+``gpudra.outcome``. An explanation is ``pending``; its reason is a span
+event, so a trace shows why the pod waits where it waited.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from opentelemetry import context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
-from services.core import nvidia, tracing
-from services.core.resource import ResourceSlice
+from services.core import tracing
 from services.core.schemas import ClaimRef, DeviceRef
 
 _tracer = tracing.tracer("gpudra.allocator")
 
 
-class GpuIndex:
-    """(pool, device) -> GPU UUIDs, rebuilt only when the slice cache changed."""
-
-    def __init__(self) -> None:
-        self._version = -1
-        self._uuids: dict[tuple[str, str], list[str]] = {}
-
-    def lookup(
-        self, version: int, slices: Iterable[ResourceSlice], devices: Sequence[DeviceRef]
-    ) -> list[str]:
-        if version != self._version:
-            self._uuids = dict(_index(slices))
-            self._version = version
-        found: list[str] = []
-        for d in devices:
-            for uuid in self._uuids.get((d.pool, d.device), []):
-                if uuid not in found:
-                    found.append(uuid)
-        return found
-
-
-def _index(slices: Iterable[ResourceSlice]) -> Iterator[tuple[tuple[str, str], list[str]]]:
-    for s in slices:
-        if s.spec.driver != nvidia.DRIVER_NAME:
-            continue
-        for device in s.spec.devices or []:
-            attrs = device.attributes or {}
-            uuids = [
-                str(a.value())
-                for key in (nvidia.ATTR_PARENT_UUID, nvidia.ATTR_UUID)
-                if (a := attrs.get(key)) is not None and a.string
-            ]
-            yield (s.spec.pool.name, device.name), uuids
+def gpu_uuids(devices: Sequence[DeviceRef]) -> list[str]:
+    """The physical GPUs behind ``devices`` (a MIG device adds its own UUID), as the
+    events name them (:class:`~services.allocator.watcher.hardware.DeviceIndex`)."""
+    found: list[str] = []
+    for d in devices:
+        for uuid in (d.gpu_uuid, d.uuid):
+            if uuid and uuid not in found:
+                found.append(uuid)
+    return found
 
 
 @contextmanager
 def event_span(
-    event: str, ref: ClaimRef, node: str, devices: Sequence[DeviceRef], gpus: list[str]
+    event: str, ref: ClaimRef, node: str, devices: Sequence[DeviceRef]
 ) -> Iterator[Span]:
     """``allocator.claim.<event>``: publishing one lifecycle event (a PRODUCER span)."""
     attributes: dict[str, AttributeValue] = {
@@ -69,7 +45,7 @@ def event_span(
     }
     if devices:
         attributes[tracing.ATTR_DEVICES] = [d.device for d in devices]
-    if gpus:
+    if gpus := gpu_uuids(devices):
         attributes[tracing.ATTR_GPU_UUIDS] = gpus
     with tracing.claim_span(
         _tracer, f"allocator.claim.{event}", ref.uid, kind=SpanKind.PRODUCER,

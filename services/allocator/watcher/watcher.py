@@ -4,7 +4,7 @@ and explanations for claims stuck pending.
 It keeps informers (list + watch) on ResourceClaims, unscheduled Pods,
 DeviceClasses, ResourceSlices and Nodes. For every claim with devices of our
 driver it publishes ``allocated`` / ``reserved`` / ``released`` / ``deleted``
-ClaimEvents to the CLAIMS stream (subject ``dra.claim.<node>.<event>``) and
+ClaimEvents to the CLAIMS stream (``dra.claim.<ns>.<claim>.<uid>.<node>.<event>``) and
 keeps the claim, as the API server returned it (a msgpack
 ``services.core.resource.ResourceClaim``, what the preparer reads), under
 ``<node>.<uid>`` in the ``claims`` bucket until it is deallocated or deleted.
@@ -15,23 +15,32 @@ deleted meanwhile. Each event carries ``Nats-Msg-Id`` = uid/event/resourceVersio
 so JetStream drops a republished duplicate.
 
 Every ``check_interval`` it looks for claims whose pod has waited longer than
-``pending_threshold``, runs our allocator over the caches, publishes a
-``pending`` event and writes the explanation on the claim's Kubernetes Event
-(at most once per threshold per claim).
+``pending_threshold``, runs our allocator over the caches and writes the
+explanation on the claim's Kubernetes Event (at most once per threshold per
+claim). It publishes a ``pending`` event only when the explanation differs
+from the claim's last one (so a claim pending for a week adds one event, not
+one per check), and a ``deleted`` event when a claim it explained goes.
+
+Events go through :class:`~services.core.claimtrail.ClaimTrail` (numbered per
+claim). A bus that does not answer (a server restarting, a cluster electing a
+leader) is waited for: every write is tried again, with backoff, until it is
+taken, and the claims' changes wait meanwhile, so none is lost or reordered.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from services.allocator.structured.features import Features
 from services.allocator.watcher import lifecycle, metrics, spans
 from services.allocator.watcher.events import ClaimEventRecorder
+from services.allocator.watcher.hardware import DeviceIndex
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import Step, Tracked
 from services.allocator.watcher.pending import (
@@ -41,16 +50,21 @@ from services.allocator.watcher.pending import (
     verdict,
     waiting_claims,
 )
+from services.core import metrics as core_metrics
 from services.core import subjects, tracing
-from services.core.bus import Bus
+from services.core.backoff import Backoff
+from services.core.bus import Bus, unavailable
+from services.core.claimtrail import ClaimTrail, instance_name
 from services.core.informer import Informer
 from services.core.kube import KubeApi
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
-from services.core.schemas import ClaimEvent, ClaimRef, DeviceRef, SchemaError
+from services.core.schemas import ClaimEvent, ClaimRef, DeviceRef, PodRef, SchemaError
 
 log = logging.getLogger(__name__)
 
 ACTOR = "allocator"
+INSTANCE = instance_name()
+T = TypeVar("T")
 CLAIMS_PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 CLASSES_PATH = "/apis/resource.k8s.io/v1/deviceclasses"
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"
@@ -97,8 +111,10 @@ class ClaimWatcher:
         self.cluster = ClusterAllocator(self.config.features)
         self.clock = PodClock()
         self.explained: dict[str, float] = {}  # claim uid -> when last explained
+        self.pending: dict[str, tuple[ClaimRef, str]] = {}  # uid -> (claim, last reason published)
+        self.trail = ClaimTrail(bus)
+        self.hardware = DeviceIndex()
         self.allocations_version = 0  # bumped when any claim's allocation appears or goes
-        self.gpus = spans.GpuIndex()  # for the spans: which GPUs a claim's devices are
 
     # ------------------------------------------------------------ run
 
@@ -176,8 +192,12 @@ class ClaimWatcher:
                 await self._apply(
                     previous.ref, previous.node, lifecycle.deleted(previous), old, previous
                 )
+            if previous is None:
+                await self._close_unallocated(old)
         if new is None:
             return
+        if lifecycle.our_results(new):
+            self.pending.pop(new.metadata.uid or "", None)  # allocated: no longer pending
         previous = self.tracked.get(new.metadata.uid or "")
         step = lifecycle.observe(previous, new)
         tracked = step.tracked or previous
@@ -198,21 +218,44 @@ class ClaimWatcher:
         if previous is not None and (
             step.forget or (step.tracked and step.tracked.node != previous.node)
         ):
-            await self.bus.kv_delete(bucket, subjects.claim_key(previous.node, ref.uid))
+            key = subjects.claim_key(previous.node, ref.uid)
+            await self._until_taken("claims bucket delete", lambda: self.bus.kv_delete(bucket, key))
         if step.store and claim is not None:
-            await self.bus.kv_put(bucket, subjects.claim_key(node, ref.uid), claim)
+            key, stored = subjects.claim_key(node, ref.uid), claim
+            await self._until_taken(
+                "claims bucket put", lambda: self.bus.kv_put(bucket, key, stored)
+            )
         version = claim.metadata.resource_version if claim is not None else None
+        self.hardware.update(self.slices.version, self.slices.items.values())
         for event in step.events:
             ending = event in ("released", "deleted") and previous is not None
             source = previous if ending else (step.tracked or previous)
             assert source is not None
-            devices = [DeviceRef(request=r, pool=p, device=d) for r, p, d in source.devices]
-            await self.publish(event, ref, source.node, devices, version)
+            devices = [self.hardware.ref(r, p, d) for r, p, d in source.devices]
+            pods = _new_consumers(claim, previous) if event == "reserved" else []
+            await self.publish(event, ref, source.node, devices, version, pods=pods)
         if step.tracked is not None:
             self.tracked[ref.uid] = step.tracked
         elif step.forget:
             self.tracked.pop(ref.uid, None)
+            self.trail.forget(ref.uid)
         metrics.TRACKED_CLAIMS.set(sum(1 for t in self.tracked.values() if t.devices))
+
+    async def _until_taken(self, what: str, write: Callable[[], Awaitable[T]]) -> T:
+        """``write``, tried again (with backoff) for as long as the bus is unavailable."""
+        backoff = Backoff(first=0.05, limit=2.0)
+        while True:
+            try:
+                return await write()
+            except Exception as exc:
+                if not unavailable(exc):
+                    raise
+                metrics.BUS_RETRIES.labels(write=what).inc()
+                log.warning(
+                    "the bus did not take a write; trying again",
+                    extra={"write": what, "error": f"{type(exc).__name__}: {exc}"},
+                )
+                await backoff.sleep()
 
     async def publish(
         self,
@@ -224,22 +267,30 @@ class ClaimWatcher:
         *,
         outcome: str = "ok",
         error: str = "",
+        pods: list[PodRef] | None = None,
     ) -> None:
-        gpus = self.gpus.lookup(self.slices.version, self.slices.items.values(), devices)
-        with spans.event_span(event, ref, node, devices, gpus) as span:
+        with spans.event_span(event, ref, node, devices) as span:
+            headers = tracing.inject({})  # the span's context: the stored event's traceparent
             message = ClaimEvent(
                 event=event,  # type: ignore[arg-type]
                 claim=ref,
                 node=node,
                 actor=ACTOR,
+                instance=INSTANCE,
                 devices=devices,
+                pods=pods or [],
                 outcome=outcome,  # type: ignore[arg-type]
                 error=error,
                 trace_id=tracing.current_trace_id(),
+                traceparent=headers.get("traceparent", ""),
             )
-            headers = {"Nats-Msg-Id": f"{ref.uid}/{event}/{version or time.time()}"}
-            await self.bus.publish(
-                subjects.claim_event(node, event), message, tracing.inject(headers)
+            msg_id = f"{ref.uid}/{event}/{version or time.time()}"
+            started = time.perf_counter()
+            stored = await self._until_taken(
+                f"claim event {event}", lambda: self.trail.append(message, msg_id, headers)
+            )
+            metrics.CLAIM_EVENT_SECONDS.labels(event=event).observe(
+                time.perf_counter() - started, core_metrics.trace_exemplar(message.trace_id)
             )
             tracing.finish(span, error, tracing.PENDING if event == "pending" else "")
             metrics.CLAIM_EVENTS.labels(event=event).inc()
@@ -250,6 +301,7 @@ class ClaimWatcher:
                     "claim": f"{ref.namespace}/{ref.name}",
                     "uid": ref.uid,
                     "node": node,
+                    "seq": stored.seq,
                 },
             )
 
@@ -311,11 +363,55 @@ class ClaimWatcher:
             result = verdict(outcome)
             spans.pending(span, result.reason, result.status, result.message)
             metrics.EXPLANATIONS.labels(status=result.status).inc()
-            await self.publish(
-                "pending", ref, "", [], f"{claim.metadata.resource_version}/{time.time():.0f}",
-                outcome="error", error=result.message,
-            )  # fmt: skip
+            if await self._reason_changed(ref, result.message):
+                await self.publish(
+                    "pending", ref, subjects.NO_NODE, [], hashlib.sha256(
+                        result.message.encode()).hexdigest()[:16] + f"/{time.time():.3f}",
+                    outcome="error", error=result.message,
+                )  # fmt: skip
+                self.pending[ref.uid] = (ref, result.message)
             await self.recorder.record(claim, result.reason, result.type, result.message)
+
+    async def _close_unallocated(self, claim: ResourceClaim) -> None:
+        """A deleted claim that was never allocated: if its trail is open (it was
+        explained as pending, by this process or before a restart), close it."""
+        uid = claim.metadata.uid or ""
+        pending = self.pending.pop(uid, None)
+        ref = pending[0] if pending is not None else lifecycle.claim_ref(claim)
+        if pending is None:
+            if not concerns_driver(claim, self.classes_by_name()):
+                return
+            last = await self._until_taken(
+                "claim trail read", lambda: self.trail.last_event(ref.namespace, ref.name, uid)
+            )
+            if last is None or last.event == "deleted":
+                return
+        await self.publish("deleted", ref, subjects.NO_NODE, [], claim.metadata.resource_version)
+        self.trail.forget(uid)
+
+    async def _reason_changed(self, ref: ClaimRef, reason: str) -> bool:
+        """Whether ``reason`` is news for the claim's trail (after a restart, the trail
+        itself says what was published last)."""
+        known = self.pending.get(ref.uid)
+        if known is None:
+            last = await self._until_taken(
+                "claim trail read", lambda: self.trail.last_event(ref.namespace, ref.name, ref.uid)
+            )
+            if last is not None and last.event == "pending":
+                known = (ref, last.error)
+                self.pending[ref.uid] = known
+        return known is None or known[1] != reason
+
+
+def _new_consumers(claim: ResourceClaim | None, previous: Tracked | None) -> list[PodRef]:
+    """Who a ``reserved`` event reserves the claim for: consumers not there before."""
+    before = previous.consumers if previous is not None else frozenset()
+    reserved = (claim.status.reserved_for if claim is not None and claim.status else None) or []
+    return [
+        PodRef(resource=c.resource, name=c.name, uid=c.uid)
+        for c in reserved
+        if (c.uid or f"{c.resource}/{c.name}") not in before
+    ]
 
 
 def _allocation(claim: ResourceClaim | None) -> tuple[str | None, bool]:

@@ -115,3 +115,68 @@ signed the NATS servers' certificate, nothing else of the TLS Secret. */}}
 {{- end -}}
 {{- join "," $grants -}}
 {{- end -}}
+
+{{/* Metrics and tracing of one component: (list . "<component>"). POD_NAME names the
+process in claim events (its "instance"). */}}
+{{- define "gpudra.observabilityEnv" -}}
+{{- $root := index . 0 }}{{ $component := index . 1 -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+{{- if $root.Values.metrics.enabled }}
+- name: GPUDRA_METRICS_PORT
+  value: {{ index $root.Values.metrics.ports $component | quote }}
+- name: GPUDRA_METRICS_ADDRESS
+  value: {{ $root.Values.metrics.address | quote }}
+{{- end }}
+{{- with $root.Values.otlp }}
+{{- if .endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .endpoint | quote }}
+- name: OTEL_EXPORTER_OTLP_PROTOCOL
+  value: {{ .protocol | quote }}
+- name: OTEL_EXPORTER_OTLP_INSECURE
+  value: {{ .insecure | quote }}
+{{- if .certificate }}
+- name: OTEL_EXPORTER_OTLP_CERTIFICATE
+  value: {{ .certificate | quote }}
+{{- end }}
+{{- if .headersSecret }}
+- name: OTEL_EXPORTER_OTLP_HEADERS
+  valueFrom:
+    secretKeyRef:
+      name: {{ .headersSecret }}
+      key: headers
+{{- end }}
+- name: OTEL_TRACES_SAMPLER
+  value: {{ .sampler | quote }}
+- name: OTEL_TRACES_SAMPLER_ARG
+  value: {{ .samplerArg | quote }}
+- name: OTEL_SERVICE_NAME
+  value: {{ printf "gpudra-%s" $component | quote }}
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The metrics port of one component: (list . "<component>"). */}}
+{{- define "gpudra.metricsPort" -}}
+{{- $root := index . 0 }}{{ $component := index . 1 -}}
+{{- if $root.Values.metrics.enabled -}}
+ports:
+  - name: {{ printf "metrics-%s" $component | trunc 15 }}
+    containerPort: {{ index $root.Values.metrics.ports $component }}
+    protocol: TCP
+{{- end }}
+{{- end -}}
+
+{{/* prometheus.io annotations for a pod with one metrics port: (list . "<component>"). */}}
+{{- define "gpudra.scrapeAnnotations" -}}
+{{- $root := index . 0 }}{{ $component := index . 1 -}}
+{{- if and $root.Values.metrics.enabled $root.Values.metrics.annotations -}}
+annotations:
+  prometheus.io/scrape: "true"
+  prometheus.io/port: {{ index $root.Values.metrics.ports $component | quote }}
+  prometheus.io/path: /metrics
+{{- end }}
+{{- end -}}

@@ -1,0 +1,1 @@
+"""``gpudra audit``: replay, filter and verify the claim event trail (the CLAIMS stream)."""
