@@ -321,6 +321,8 @@ async def main(args: argparse.Namespace) -> int:
         workdir = Path(tempfile.mkdtemp(prefix="gpudra-bench-jaeger-", dir="/tmp"))
         jaeger = Jaeger(workdir, store=not args.sink)
         otlp = jaeger.start().otlp_grpc
+        assert jaeger.proc is not None
+        args.sink_pid = jaeger.proc.pid
         kind = "receives and drops spans" if args.sink else "in-memory storage"
         print(f"tracing sink: Jaeger ({kind}), OTLP/gRPC {otlp}")
     try:
@@ -347,6 +349,9 @@ async def main(args: argparse.Namespace) -> int:
             shutil.rmtree(jaeger.workdir, ignore_errors=True)
 
 
+GPUDRA_PROCS = ("front", "preparer", "nats-server")  # what "CPU/cycle" ratios add up
+
+
 def report_ratios(
     pairs: Sequence[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]], label: str
 ) -> None:
@@ -356,7 +361,7 @@ def report_ratios(
         "prepare p99": lambda r: pct(r.prepare_ms, 99),
         "unprepare p50": lambda r: pct(r.unprepare_ms, 50),
         "unprepare p99": lambda r: pct(r.unprepare_ms, 99),
-        "CPU/cycle": lambda r: sum(r.cpu_ms_per_cycle.values()),
+        "CPU/cycle": lambda r: sum(r.cpu_ms_per_cycle.get(p, 0.0) for p in GPUDRA_PROCS),
     }
     for concurrency in pairs[0][0]:
         parts = []
@@ -367,6 +372,10 @@ def report_ratios(
                 for off, on in pairs
             ]
             parts.append(f"{name} {statistics.median(ratios):.2f}x")
+        sink = [statistics.median(r.cpu_ms_per_cycle.get("sink", 0.0) for r in on[concurrency])
+                for _, on in pairs]  # fmt: skip
+        if any(sink):
+            parts.append(f"sink CPU {statistics.median(sink):.2f} ms/cycle")
         print(f"tracing on/off, {label}, concurrency {concurrency}: {', '.join(parts)}")
 
 
@@ -436,6 +445,9 @@ async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, 
             assert nats.proc is not None
             pids = {"front": front.popen.pid, "preparer": preparer.popen.pid}
             pids["nats-server"] = nats.proc.pid
+            pids["bench"] = os.getpid()  # the kubelet's client and the API server
+            if otlp and args.sink_pid:
+                pids["sink"] = args.sink_pid
             print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
             for _ in range(args.repeat):
                 for concurrency in args.concurrency:
@@ -504,6 +516,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         action="store_true",
         help="bypass the front: time the preparer alone (to see what the front adds)",
     )
+    parser.set_defaults(sink_pid=0)  # the Jaeger process, when one runs here
     return parser.parse_args(argv)
 
 

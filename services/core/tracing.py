@@ -27,6 +27,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import re
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextvars import ContextVar
@@ -45,10 +46,10 @@ from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.id_generator import RandomIdGenerator
-from opentelemetry.trace import Link, Span, SpanContext, SpanKind
-from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+from opentelemetry.trace import Link, NonRecordingSpan, Span, SpanContext, SpanKind, TraceFlags
 from opentelemetry.util.types import AttributeValue
 
+from services.core import claimspan
 from services.core.schemas import ClaimRef
 
 # The claim's identity (OpenTelemetry k8s resource conventions where they exist).
@@ -74,7 +75,6 @@ STEPS_SETTING = "GPUDRA_TRACE_STEPS"
 
 _provider: TracerProvider | None = None
 _ROOT = Context()  # no parent: a span started in it is the root of a (claim) trace
-_W3C = TraceContextTextMapPropagator()
 _next_trace_id: ContextVar[int] = ContextVar("gpudra_next_trace_id", default=0)
 
 
@@ -150,16 +150,12 @@ def otlp_exporter() -> SpanExporter:
         or os.environ.get(OTEL_EXPORTER_OTLP_PROTOCOL)
         or "grpc"
     ).strip()
+    from services.core import otlp  # grpc and HTTP clients: only when exporting
+
     if protocol == "grpc":
-        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-        return OTLPSpanExporter()
+        return otlp.GrpcSpanExporter()
     if protocol == "http/protobuf":
-        from opentelemetry.exporter.otlp.proto.http.trace_exporter import (
-            OTLPSpanExporter as HttpSpanExporter,
-        )
-
-        return HttpSpanExporter()
+        return otlp.HttpSpanExporter()
     raise TracingConfigError(
         f"{OTEL_EXPORTER_OTLP_TRACES_PROTOCOL} / {OTEL_EXPORTER_OTLP_PROTOCOL}: "
         f"want one of {', '.join(PROTOCOLS)}, got {protocol!r}"
@@ -207,8 +203,18 @@ def start_claim_span(
     """
     trace_id = claim_trace_id(uid)
     context = _ROOT
-    if parent is not None and span_context_of(parent).trace_id == trace_id:
-        context = parent
+    parent_span = None
+    if parent is not None:
+        parent_span = span_context_of(parent)
+        if parent_span.trace_id == trace_id and parent_span.is_valid:
+            context = parent
+        else:
+            parent_span = None
+    sdk = claimspan.sdk_tracer(tracer)
+    if sdk is not None:
+        return claimspan.start(
+            sdk, name, trace_id, parent_span, context, kind, attributes, links or ()
+        )
     token = _next_trace_id.set(trace_id)
     try:
         return tracer.start_span(name, context, kind, attributes, links)
@@ -397,10 +403,23 @@ def headers_of(span: Span) -> dict[str, str]:
 
 
 def remote_parent(value: str) -> Context:
-    """A context whose parent is the W3C ``traceparent`` ``value`` (empty if malformed)."""
-    if not value:
+    """A context whose parent is the W3C ``traceparent`` ``value`` (empty if malformed).
+
+    Parsed here rather than by the SDK's propagator (a third of a claim span's
+    cost in the preparer): the version-00 form, as the propagator accepts it.
+    """
+    match = _TRACEPARENT.fullmatch(value) if value else None
+    if match is None:
         return _ROOT
-    return _W3C.extract({"traceparent": value}, _ROOT)
+    trace_id, span_id = int(match[2], 16), int(match[3], 16)
+    if match[1] == "ff" or not trace_id or not span_id or (match[1] == "00" and match[5]):
+        return _ROOT
+    flags = TraceFlags(int(match[4], 16))
+    remote = SpanContext(trace_id, span_id, is_remote=True, trace_flags=flags)
+    return trace.set_span_in_context(NonRecordingSpan(remote), _ROOT)
+
+
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
 
 
 def link_to(context: Context, why: str) -> list[Link]:
