@@ -162,7 +162,9 @@ class Forwarder:
     ) -> NodeReply:
         """The request, sent again while nobody listens (up to ``Timing.no_preparer``)."""
         started = time.monotonic()
-        patience = min(self.timing.no_preparer, budget)
+        # Half the budget at most: the last try must have time to hear "nobody
+        # listens" rather than time out and blame a preparer that is not there.
+        patience = min(self.timing.no_preparer, budget / 2)
         backoff = Backoff(first=0.05, limit=0.5)
         left = budget
         while True:

@@ -394,9 +394,9 @@ async def test_without_a_preparer_every_claim_gets_an_error(kubelet: FakeKubelet
         assert set(results) == {"uid-1", "uid-2"}
         for result in results.values():
             assert result.devices == []
-            assert "no preparer is serving node 'node-a'" in result.error
+            assert "no preparer is serving node 'node-a'" in result.error, result.error
         errors = await kubelet.unprepare(claims, version=version, timeout=2)
-        assert all("unprepare failed: no preparer" in e for e in errors.values())
+        assert all("unprepare failed: no preparer" in e for e in errors.values()), errors
 
 
 async def test_a_late_preparer_yields_errors_before_the_kubelet_deadline(
