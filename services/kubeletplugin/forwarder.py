@@ -228,8 +228,10 @@ def _finish(span: Span, result: ClaimResult | None) -> None:
         if result.devices:
             span.set_attributes(
                 {
-                    tracing.ATTR_DEVICES: [d.device_name for d in result.devices],
-                    tracing.ATTR_CDI_IDS: [i for d in result.devices for i in d.cdi_device_ids],
+                    tracing.ATTR_DEVICES: tuple(d.device_name for d in result.devices),
+                    tracing.ATTR_CDI_IDS: tuple(
+                        i for d in result.devices for i in d.cdi_device_ids
+                    ),
                 }
             )
         tracing.finish(span, result.error)
