@@ -1,7 +1,7 @@
 """Claim-path benchmark: kubelet socket -> front -> NATS -> preparer, and back.
 
     python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--repeat 3] [--fleet dgx-h100]
-    python bench/prepare.py --sink --pairs 6 --cycles 1000   # tracing overhead, on/off
+    python bench/prepare.py --sink --pairs 10 --cycles 500   # tracing overhead, on/off
 
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
@@ -24,10 +24,12 @@ cluster. Timing starts once the preparer has read the claims of the new pods
 ahead (its pod watch), as it would while the kubelet starts a pod; with
 ``--trust-claims-bucket`` it reads the bucket alone (no checks against the API).
 Tracing is off unless ``--otlp-endpoint`` or ``--jaeger`` gives a sink; with
-``--pairs N`` every pair runs the phases once with tracing off and once with it
-on (fresh processes each), back to back, and prints the on/off ratio of each
-figure per pair and the median over the pairs: the figure to judge tracing's
-cost by on a shared machine.
+``--pairs N`` two nodes run side by side, one with tracing off and one with it
+on (each its own nats-server and processes), and every pair is one phase on each,
+back to back (the order alternating), so that the machine's load, which swings
+over minutes on a shared machine, weighs on both halves of a pair alike. It
+prints the on/off ratio of each figure per pair and the median over the pairs:
+the figure to judge tracing's cost by.
 
 A node has as many GPUs as its fleet (8 for dgx-h100); when more workers than
 GPUs run at once, claims carry adminAccess so that two in-flight claims may
@@ -38,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import shutil
 import signal
@@ -47,7 +50,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -327,22 +330,10 @@ async def main(args: argparse.Namespace) -> int:
         print(f"tracing sink: Jaeger ({kind}), OTLP/gRPC {otlp}")
     try:
         if not args.pairs:
-            failed, _ = await run_set(args, otlp)
-            return 1 if failed else 0
+            return 1 if await run_set(args, otlp) else 0
         if not otlp:
             raise SystemExit("--pairs needs a sink: --otlp-endpoint URL, --jaeger or --sink")
-        pairs: list[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]] = []
-        for i in range(args.pairs):
-            print(f"== pair {i + 1}/{args.pairs}: tracing off")
-            failed_off, off = await run_set(args, "")
-            print(f"== pair {i + 1}/{args.pairs}: tracing on ({otlp})")
-            failed_on, on = await run_set(args, otlp)
-            if failed_off or failed_on:
-                return 1
-            pairs.append((off, on))
-            report_ratios(pairs[-1:], f"pair {i + 1}")
-        report_ratios(pairs, f"median of {len(pairs)} pairs")
-        return 0
+        return 1 if await run_pairs(args, otlp) else 0
     finally:
         if jaeger is not None:
             jaeger.stop()
@@ -379,13 +370,34 @@ def report_ratios(
         print(f"tracing on/off, {label}, concurrency {concurrency}: {', '.join(parts)}")
 
 
-async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, list[Phase]]]:
-    """Start the node's processes (tracing on when ``otlp``), run every phase, stop them."""
+@dataclass
+class NodeStack:
+    """One simulated node's processes, its bus and API server, ready for phases."""
+
+    caller: Caller
+    bus: Bus
+    api: MemoryApiServer
+    gpus: list[str]
+    pids: dict[str, int]
+    front: Proc
+    preparer: Proc
+
+    async def phase(self, cycles: int, concurrency: int) -> Phase:
+        return await timed_phase(
+            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids
+        )
+
+    def peak_rss(self) -> str:
+        front, preparer = self.front.peak_rss_mb(), self.preparer.peak_rss_mb()
+        return f"peak RSS: front {front:.1f} MB, preparer {preparer:.1f} MB"
+
+
+@contextlib.asynccontextmanager
+async def node_stack(args: argparse.Namespace, otlp: str) -> AsyncIterator[NodeStack]:
+    """Start a node's processes (tracing on when ``otlp``), warm them up; stop them after."""
     root = Path(tempfile.mkdtemp(prefix="gpudra-bench-", dir="/tmp"))
-    runs: dict[int, list[Phase]] = {}
     nats = NatsServer(root / "nats", log_file=root / "nats.log")
     procs: list[Proc] = []
-    failed = False
     api = MemoryApiServer()
     try:
         nats.start()
@@ -422,9 +434,10 @@ async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, 
             await kubelet.register()
             front.check_alive()
             checks = "bucket trusted" if args.trust_claims_bucket else "claims checked via API"
+            tracing = f"tracing on ({otlp})" if otlp else "tracing off"
             print(
                 f"fleet {args.fleet}: {len(gpus)} GPUs; checkpoint fsync on; {checks}; "
-                f"front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
+                f"{tracing}; front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
             )
             await wait_for_preparer(kubelet, preparer)
             warm = await run_phase(kubelet, bus, api, gpus, args.warmup, 1)
@@ -440,7 +453,6 @@ async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, 
                         credentials=nats.credentials(Role.FRONT, NODE),
                     )
                 )
-            if args.direct:
                 print("--direct: NATS requests straight to the preparer, no front, no socket")
             assert nats.proc is not None
             pids = {"front": front.popen.pid, "preparer": preparer.popen.pid}
@@ -448,22 +460,7 @@ async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, 
             pids["bench"] = os.getpid()  # the kubelet's client and the API server
             if otlp and args.sink_pid:
                 pids["sink"] = args.sink_pid
-            print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
-            for _ in range(args.repeat):
-                for concurrency in args.concurrency:
-                    phase = await timed_phase(
-                        caller, bus, api, gpus, args.cycles, concurrency, pids
-                    )
-                    report(phase, args.cycles, concurrency > len(gpus))
-                    runs.setdefault(concurrency, []).append(phase)
-                    failed = failed or bool(phase.errors)
-            if args.repeat > 1:
-                for phases in runs.values():
-                    report_median(phases)
-            print(
-                f"peak RSS: front {front.peak_rss_mb():.1f} MB, "
-                f"preparer {preparer.peak_rss_mb():.1f} MB"
-            )
+            yield NodeStack(caller, bus, api, gpus, pids, front, preparer)
         await bus.close()
     finally:
         for proc in reversed(procs):
@@ -471,7 +468,53 @@ async def run_set(args: argparse.Namespace, otlp: str) -> tuple[bool, dict[int, 
         nats.stop()
         await api.stop()
         shutil.rmtree(root, ignore_errors=True)
-    return failed, runs
+
+
+async def run_set(args: argparse.Namespace, otlp: str) -> bool:
+    """One node (tracing on when ``otlp``): every phase, ``--repeat`` times. True if any failed."""
+    runs: dict[int, list[Phase]] = {}
+    failed = False
+    async with node_stack(args, otlp) as node:
+        print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+        for _ in range(args.repeat):
+            for concurrency in args.concurrency:
+                phase = await node.phase(args.cycles, concurrency)
+                report(phase, args.cycles, concurrency > len(node.gpus))
+                runs.setdefault(concurrency, []).append(phase)
+                failed = failed or bool(phase.errors)
+        if args.repeat > 1:
+            for phases in runs.values():
+                report_median(phases)
+        print(node.peak_rss())
+    return failed
+
+
+async def run_pairs(args: argparse.Namespace, otlp: str) -> bool:
+    """Two nodes side by side, tracing off and on, phases interleaved.
+
+    Each pair is one phase on each node, run one right after the other (the
+    order alternates from pair to pair), so a change in the machine's load
+    between pairs moves both halves of a pair alike. True if any phase failed.
+    """
+    pairs: list[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]] = []
+    async with node_stack(args, "") as off_node, node_stack(args, otlp) as on_node:
+        for i in range(args.pairs):
+            off: dict[int, list[Phase]] = {}
+            on: dict[int, list[Phase]] = {}
+            for concurrency in args.concurrency:
+                order = [(off_node, off), (on_node, on)]
+                for node, into in order if i % 2 == 0 else reversed(order):
+                    phase = await node.phase(args.cycles, concurrency)
+                    if phase.errors:
+                        report(phase, args.cycles, concurrency > len(node.gpus))
+                        return True
+                    into[concurrency] = [phase]
+            pairs.append((off, on))
+            report_ratios(pairs[-1:], f"pair {i + 1}")
+        report_ratios(pairs, f"median of {len(pairs)} pairs")
+        for label, node in (("off", off_node), ("on", on_node)):
+            print(f"tracing {label}: {node.peak_rss()}")
+    return False
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
