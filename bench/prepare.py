@@ -123,6 +123,7 @@ def spawn(root: Path, name: str, *args: str, otlp: str = "") -> Proc:
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     if otlp:
         env["OTEL_EXPORTER_OTLP_ENDPOINT"] = otlp
+        env["OTEL_EXPORTER_OTLP_PROTOCOL"] = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
     with open(log, "wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", "services.cli", name, "--node-name", NODE,
@@ -323,11 +324,13 @@ async def main(args: argparse.Namespace) -> int:
     if args.jaeger or args.sink:
         workdir = Path(tempfile.mkdtemp(prefix="gpudra-bench-jaeger-", dir="/tmp"))
         jaeger = Jaeger(workdir, store=not args.sink)
-        otlp = jaeger.start().otlp_grpc
+        jaeger.start()
+        http = os.environ.get("OTEL_EXPORTER_OTLP_PROTOCOL") == "http/protobuf"
+        otlp = jaeger.otlp_http if http else jaeger.otlp_grpc
         assert jaeger.proc is not None
         args.sink_pid = jaeger.proc.pid
         kind = "receives and drops spans" if args.sink else "in-memory storage"
-        print(f"tracing sink: Jaeger ({kind}), OTLP/gRPC {otlp}")
+        print(f"tracing sink: Jaeger ({kind}), OTLP/{'HTTP' if http else 'gRPC'} {otlp}")
     try:
         if not args.pairs:
             return 1 if await run_set(args, otlp) else 0
