@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
@@ -108,7 +108,9 @@ class Encoder:
 
     def __init__(self) -> None:
         self._pairs: dict[tuple[str, Any], bytes] = {}
-        self._headers: dict[tuple[int, int], bytes] = {}  # (resource, scope) ids -> bytes
+        # Resources and scopes by value (both hash their contents): an id() could be
+        # reused by a later provider's resource once the first is gone.
+        self._headers: dict[Any, bytes] = {}
 
     def request(self, spans: Sequence[ReadableSpan]) -> bytes:
         groups: dict[int, tuple[Any, dict[int, tuple[Any, list[bytes]]]]] = {}
@@ -188,7 +190,7 @@ class Encoder:
                 encoded = pairs[(key, value)]
             except KeyError:
                 encoded = self._encode_pair(tag, key, value)
-                if encoded and _hashable(value):
+                if encoded:
                     if len(pairs) >= CACHE_LIMIT:
                         pairs.clear()
                     pairs[(key, value)] = encoded
@@ -207,38 +209,35 @@ class Encoder:
 
     def _resource(self, resource: Any) -> bytes:
         """ResourceSpans.resource, field and all."""
-        return self._cached(id(resource), 0, lambda: self._attributes(0x0A, resource.attributes))
+        attributes = resource.attributes
+        return self._cached(
+            ("resource", resource), lambda: _field(0x0A, self._attributes(0x0A, attributes))
+        )
 
     def _scope(self, scope: Any) -> bytes:
-        """ScopeSpans.scope (and schema_url), field and all."""
+        """ScopeSpans.scope (and schema_url), fields and all."""
 
         def encode() -> bytes:
             if scope is None:
-                return b""
+                return _field(0x0A, b"")
             body = _text(0x0A, scope.name) if scope.name else b""
             if scope.version:
                 body += _text(0x12, scope.version)
             if scope.attributes:
                 body += self._attributes(0x1A, scope.attributes)
-            return body
+            schema = _text(0x1A, scope.schema_url) if scope.schema_url else b""
+            return _field(0x0A, body) + schema
 
-        return self._cached(0, id(scope), encode, scope)
+        return self._cached(("scope", scope), encode)
 
-    def _cached(self, resource: int, scope: int, encode: Any, scope_obj: Any = None) -> bytes:
-        key = (resource, scope)
+    def _cached(self, key: Any, encode: Callable[[], bytes]) -> bytes:
         encoded = self._headers.get(key)
         if encoded is None:
-            encoded = _field(0x0A, encode())
-            if scope and scope_obj is not None and scope_obj.schema_url:
-                encoded += _text(0x1A, scope_obj.schema_url)
+            encoded = encode()
             if len(self._headers) >= 64:  # a few providers per process; never grows
                 self._headers.clear()
             self._headers[key] = encoded
         return encoded
-
-
-def _hashable(value: Any) -> bool:
-    return not isinstance(value, list | dict)
 
 
 def _flags(context: SpanContext | None) -> int:
