@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane jaeger bench clean proto pciids
+.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane jaeger helm bench clean proto pciids
 
 venv: $(STAMP)
 
@@ -29,10 +29,10 @@ fmt: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv helm
 	$(BIN)/pytest tests/unit
 
-integration: venv
+integration: venv helm
 	$(BIN)/pytest tests/integration
 
 e2e: venv controlplane jaeger
@@ -46,7 +46,11 @@ controlplane:
 jaeger:
 	services/local/jaeger/build.sh
 
-test: lint typecheck controlplane jaeger pciids
+# helm v3, which the chart tests lint, render and install the chart with (cached the same way).
+helm:
+	services/local/helm/build.sh
+
+test: lint typecheck controlplane jaeger helm pciids
 	$(BIN)/pytest tests
 
 # Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset
