@@ -44,9 +44,11 @@ tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
 {{- join "," $gates -}}
 {{- end -}}
 
-{{/* The common flags every service takes (services/core/config.py add_common_flags).
-The bus token and CA are files of the container's own volume (gpudra.natsVolume). */}}
-{{- define "gpudra.commonEnv" -}}
+{{/* Where the bus is and what its streams keep: every bus client, the provision Job
+included (services/core/config.py add_nats_flags, --nats-replicas; the retention
+variables of services/core/retention.py). The bus token and CA are files of the
+container's own volume (gpudra.natsVolume). */}}
+{{- define "gpudra.busEnv" -}}
 - name: GPUDRA_NATS_URL
   value: {{ include "gpudra.natsUrl" . | quote }}
 - name: GPUDRA_NATS_TOKEN_FILE
@@ -55,18 +57,23 @@ The bus token and CA are files of the container's own volume (gpudra.natsVolume)
   value: /var/run/gpudra/nats/ca.crt
 - name: GPUDRA_NATS_REPLICAS
   value: {{ ternary .Values.nats.replicas .Values.nats.streamReplicas .Values.nats.enabled | quote }}
-- name: GPUDRA_LOG_LEVEL
-  value: {{ .Values.logLevel | quote }}
-- name: GPUDRA_FEATURE_GATES
-  value: {{ include "gpudra.featureGates" . | quote }}
-- name: GPUDRA_MAX_INFLIGHT
-  value: {{ .Values.maxInflight | quote }}
 {{- range $name, $limits := .Values.retention }}
 {{- range $setting, $value := $limits }}
 - name: {{ printf "GPUDRA_%s_%s" ($name | upper) ($setting | snakecase | upper) }}
   value: {{ $value | quote }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The common flags every service takes (services/core/config.py add_common_flags). */}}
+{{- define "gpudra.commonEnv" -}}
+{{ include "gpudra.busEnv" . }}
+- name: GPUDRA_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: GPUDRA_FEATURE_GATES
+  value: {{ include "gpudra.featureGates" . | quote }}
+- name: GPUDRA_MAX_INFLIGHT
+  value: {{ .Values.maxInflight | quote }}
 {{- end -}}
 
 {{/* The node's name for the node services (config.default_node_name reads NODE_NAME). */}}
