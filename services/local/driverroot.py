@@ -1,7 +1,8 @@
 """A fake NVIDIA driver installation on disk, real enough for NVIDIA's own CDI generator.
 
-CDI tests need what a GPU node has, not what our generator expects: the
-driver's whole library set as real ELF shared objects with versioned sonames
+CDI tests and the real nodes (:mod:`services.local.node`) need what a GPU node
+has, not what our generator expects: the driver's whole library set as real ELF
+shared objects with versioned sonames
 (compiled here with ``cc``), the symlinks an install has and lacks, an
 ``etc/ld.so.cache`` written by the real ``ldconfig -r``, the driver's binaries,
 GSP firmware, IPC sockets, a ``/proc`` stand-in, a sysfs for the PCI devices
