@@ -167,6 +167,9 @@ def kubelet_config(s: KubeletSettings) -> dict[str, Any]:
         "protectKernelDefaults": False,
         "hairpinMode": "none",
         "resolvConf": "",
+        # No DNS runs; a cluster DNS address keeps the kubelet from warning on every pod.
+        "clusterDNS": ["10.96.0.10"],
+        "clusterDomain": "cluster.local",
         "staticPodPath": "",
         "volumePluginDir": str(s.volume_plugin_dir),
         "imageGCHighThresholdPercent": 100,
