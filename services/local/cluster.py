@@ -59,6 +59,10 @@ DEFAULT_CONTROLLERS = (
     "garbage-collector-controller",
     "namespace-controller",
 )
+#: With real kubelets (services/local/node.py): the controller that lifts the
+#: not-ready taint a registering Node gets and watches the kubelets' heartbeats.
+#: Not with kubelet-dra, whose Nodes are made Ready once and never heartbeat.
+REAL_NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "node-lifecycle-controller")
 
 T = TypeVar("T")
 
@@ -430,6 +434,8 @@ class ControlPlane:
             "--service-account-key-file", str(self.pki / "sa.pub"),
             "--service-account-signing-key-file", str(self.pki / "sa.key"),
             "--service-cluster-ip-range", "10.96.0.0/16",
+            # Real nodes' kubelets serve on 127.0.0.1, their Node's only address.
+            "--kubelet-preferred-address-types", "InternalIP",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             f"--v={self.verbosity}",
