@@ -63,6 +63,20 @@ DEFAULT_CONTROLLERS = (
 #: not-ready taint a registering Node gets and watches the kubelets' heartbeats.
 #: Not with kubelet-dra, whose Nodes are made Ready once and never heartbeat.
 REAL_NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "node-lifecycle-controller")
+#: With workloads installed as users install them (the Helm chart on real nodes,
+#: tests/e2e/test_chart_install.py): DaemonSets, Deployments, StatefulSets and Jobs,
+#: each namespace's default ServiceAccount and its kube-root-ca.crt (the CA pods
+#: trust the API server by). Use with ``service_accounts=True``.
+WORKLOAD_CONTROLLERS = (
+    *REAL_NODE_CONTROLLERS,
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+)
 
 T = TypeVar("T")
 
@@ -240,6 +254,10 @@ class ControlPlane:
     ``feature_gates`` go to the API server, the scheduler, the controller
     manager and every kubelet-dra (e.g. ``{"DRADeviceTaints": True}``);
     ``runtime_config`` adds API groups/versions to ``--runtime-config``.
+    ``service_accounts``: the API server's ServiceAccount admission plugin stays on
+    (pods get their account's token volume and must name an account that exists)
+    and the controller manager publishes the CA as each namespace's kube-root-ca.crt
+    (with :data:`WORKLOAD_CONTROLLERS`); off, pods need no ServiceAccount at all.
     """
 
     def __init__(
@@ -252,10 +270,12 @@ class ControlPlane:
         runtime_config: Mapping[str, bool] | None = None,
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         extra_args: Mapping[str, Sequence[str]] | None = None,
+        service_accounts: bool = False,
         startup_timeout: float = 120.0,
         verbosity: int = 2,
     ) -> None:
         self.binary = binary
+        self.service_accounts = service_accounts
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpudra-e2e-")).resolve()
         self.logs_dir = self.workdir / "logs"
@@ -427,7 +447,6 @@ class ControlPlane:
             "--tls-private-key-file", str(self.pki / "apiserver.key"),
             "--token-auth-file", str(self.workdir / "tokens.csv"),
             "--authorization-mode", "RBAC",
-            "--disable-admission-plugins", "ServiceAccount",
             "--endpoint-reconciler-type", "none",
             "--runtime-config", runtime_config,
             "--service-account-issuer", "https://kubernetes.default.svc",
@@ -442,6 +461,8 @@ class ControlPlane:
         ]  # fmt: skip
         if self.feature_gates:
             args += ["--feature-gates", _format_gates(self.feature_gates)]
+        if not self.service_accounts:
+            args += ["--disable-admission-plugins", "ServiceAccount"]
         process = self._spawn("kube-apiserver", args)
         self.processes.append(process)
         self._wait(process, lambda: self._get("/readyz") == "ok", "kube-apiserver /readyz")
@@ -492,6 +513,8 @@ class ControlPlane:
             ",".join(self.controllers),
             "--use-service-account-credentials=false",
         ]
+        if self.service_accounts:
+            args += ["--root-ca-file", str(self.pki / "ca.crt")]
         process = self._spawn("kube-controller-manager", args)
         self.processes.append(process)
         self._wait(process, lambda: self._healthz(port), "kube-controller-manager /healthz")

@@ -283,8 +283,9 @@ def test_the_grants_give_each_role_to_the_account_its_pod_runs_as() -> None:
 def test_the_bus_runs_tls_auth_callout_and_monitoring_on_localhost_only() -> None:
     nats = (TEMPLATES / "nats.yaml").read_text()
     conf = nats[nats.index("nats.conf: |") : nats.index("nats-auth.conf: |")]
-    assert "http: 127.0.0.1:8222" in conf and "0.0.0.0:8222" not in nats
-    assert "httpGet" not in nats and nats.count("http://127.0.0.1:8222/healthz") == 2
+    assert "http: 127.0.0.1:{{ int $ports.monitor }}" in conf  # never another address
+    assert "httpGet" not in nats
+    assert nats.count('printf "http://127.0.0.1:%d/healthz?js-enabled-only=true"') == 2
     tls = "cert_file: {{ $tls }}/tls.crt\n"
     assert conf.count(tls) == 2  # the client port and the routes
     cluster = conf[conf.index("cluster {") :]
@@ -367,6 +368,14 @@ VARIANTS: dict[str, dict[str, object]] = {
     },
     "quiet": {"metrics.enabled": False, "networkPolicy.enabled": False},
     "preparer-without-api": {"rbac.rules.preparer": [], "node.preparer.trustClaimsBucket": True},
+    # One node whose pods have only a loopback (tests/e2e/test_chart_install.py).
+    "host-network": {
+        "hostNetwork": True, "apiServer": {"host": "127.0.0.1", "port": "16443"},
+        "nats.url": "tls://127.0.0.1:14222", "nats.listenAddress": "127.0.0.1",
+        "nats.ports": {"client": 14222, "cluster": 16222, "monitor": 18222},
+        "nats.replicas": 1, "nats.command": ["nats-server"],
+        "nats.persistence.enabled": False, "metrics.enabled": False,
+    },
 }  # fmt: skip
 NAMESPACE = "gpu-system"
 # Read from the environment by services/core/retention.py, not flags.
@@ -504,8 +513,9 @@ def test_rendered_network_policies_admit_exactly_gpudra_clients_to_the_bus(
     peers = {n for n, labels in pods.items() if _matches(routes["from"][0]["podSelector"], labels)}
     assert peers == {"gpudra-nats"}
     (container,) = pod_specs(docs)["gpudra-nats"]["spec"]["containers"]
+    ports = {"client": 4222, "cluster": 6222, **VARIANTS[variant].get("nats.ports", {})}  # type: ignore[dict-item]
     assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
-        "client": 4222, "cluster": 6222}  # fmt: skip
+        "client": ports["client"], "cluster": ports["cluster"]}  # fmt: skip
     auth = policies["gpudra-nats-auth"]["spec"]
     assert auth["ingress"] == []
     assert {n for n, labels in pods.items() if _matches(auth["podSelector"], labels)} == {
@@ -596,6 +606,28 @@ def test_rendered_settings_follow_the_values(rendered: dict[str, list[dict[str, 
     assert external["publisher"]["GPUDRA_NATS_URL"] == "tls://nats.example:4222"
     assert external["publisher"]["GPUDRA_NATS_REPLICAS"] == "3"
     assert not [d for d in rendered["external-bus"] if "nats" in d["metadata"]["name"]]
+    host = rendered["host-network"]
+    for name, template in pod_specs(host).items():
+        assert template["spec"]["hostNetwork"] is True, name
+        assert template["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet", name
+    for name, template in pod_specs(rendered["defaults"]).items():
+        assert "hostNetwork" not in template["spec"], name
+    api_users = {"preparer", "publisher", "allocator", "nats-auth", "nats-keygen"}
+    for name, got in envs(host).items():
+        assert (got.get("KUBERNETES_SERVICE_HOST"), got.get("KUBERNETES_SERVICE_PORT")) == (
+            ("127.0.0.1", "16443") if name in api_users else (None, None)), name  # fmt: skip
+        if "GPUDRA_NATS_URL" in got:
+            assert got["GPUDRA_NATS_URL"] == "tls://127.0.0.1:14222", name
+    nats_spec = pod_specs(host)["gpudra-nats"]["spec"]
+    (server,) = nats_spec["containers"]
+    assert server["command"] == ["nats-server"]
+    assert {"name": "data", "emptyDir": {}} in nats_spec["volumes"]
+    assert "volumeClaimTemplates" not in one(host, "StatefulSet", "gpudra-nats")["spec"]
+    conf = one(host, "ConfigMap", "gpudra-nats")["data"]["nats.conf"]
+    assert "listen: 127.0.0.1:14222" in conf and "http: 127.0.0.1:18222" in conf
+    assert "http://127.0.0.1:18222/healthz" in server["readinessProbe"]["exec"]["command"][-1]
+    assert "command" not in one(rendered["defaults"], "StatefulSet", "gpudra-nats")["spec"][
+        "template"]["spec"]["containers"][0]  # fmt: skip
     one_server = rendered["one-server-cert-manager"]
     assert "cluster {" not in one(one_server, "ConfigMap", "gpudra-nats")["data"]["nats.conf"]
     assert not objects_by_kind(one_server, "Secret")

@@ -27,11 +27,34 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* What clients connect to: nats.url, else the chart's NATS Service. */}}
 {{- define "gpudra.natsUrl" -}}
-{{- if .Values.nats.enabled -}}
-tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
+{{- if .Values.nats.url -}}
+{{- .Values.nats.url -}}
+{{- else if .Values.nats.enabled -}}
+tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:{{ int .Values.nats.ports.client }}
 {{- else -}}
 {{- required "nats.url is required when nats.enabled is false" .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every pod of the chart on the node's network (hostNetwork), resolving cluster
+names all the same; nothing otherwise. Include with: with include ... | nindent 6. */}}
+{{- define "gpudra.podNetwork" -}}
+{{- if .Values.hostNetwork -}}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end -}}
+{{- end -}}
+
+{{/* Where a container that calls the API server finds it, when not at the in-cluster
+Service the kubelet names (KUBERNETES_SERVICE_HOST/PORT): apiServer.host and .port. */}}
+{{- define "gpudra.apiServerEnv" -}}
+{{- with .Values.apiServer.host -}}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ required "apiServer.port is required with apiServer.host" $.Values.apiServer.port | quote }}
 {{- end -}}
 {{- end -}}
 
