@@ -42,7 +42,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from services.core import config, retention, subjects
+from services.core import config, retention, subjects, supervisor
 from services.core.access import Identity, Role
 from services.core.metrics import FOREIGN_MESSAGES, MALFORMED_MESSAGES
 from services.core.natsauth import Credentials
@@ -115,6 +115,7 @@ class Bus:
         self._served: list[Subscription] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(self.max_inflight)
+        self._closing: list[bool] = []
 
     @classmethod
     async def connect(
@@ -136,6 +137,7 @@ class Bus:
         permissions let it read.
         """
         creds = credentials or cls.default_credentials
+        closing: list[bool] = []  # set by close(): a close we asked for
         nc = await nats.connect(
             servers=server_urls(url),
             name=name,
@@ -150,15 +152,18 @@ class Bus:
             error_cb=_log_error,
             disconnected_cb=_log_event("disconnected"),
             reconnected_cb=_log_event("reconnected"),
+            closed_cb=_closed_for_good(closing, name),
         )
         if replicas is None:
             replicas = cls.default_replicas or int(config.env("nats-replicas", "1"))
         bus = cls(nc, replicas=replicas, identity=identity)
+        bus._closing = closing
         if identity.role is Role.ADMIN:
             await bus.provision()
         return bus
 
     async def close(self) -> None:
+        self._closing.append(True)
         with contextlib.suppress(Exception):
             await self.nc.drain()
 
@@ -482,6 +487,23 @@ def _malformed(source: str, reason: str) -> None:
 
 async def _log_error(exc: Exception) -> None:
     log.warning("nats error", extra={"error": str(exc)})
+
+
+def _closed_for_good(closing: list[bool], name: str) -> Callable[[], Awaitable[None]]:
+    """The client gave up on its own: nats-py closes for good on any server error while
+    connected (an auth callout that did not answer in time, an expired token, ...) and
+    never reconnects. A process left with that connection would serve nothing while
+    looking alive, so it stops as a fatal task's failure stops it (exit 1): its
+    orchestrator starts it again, with a fresh connection."""
+
+    async def cb() -> None:
+        if closing:
+            return
+        reason = f"the bus connection {name!r} closed for good"
+        log.error(reason, extra={"error": "connection closed by the client after a server error"})
+        supervisor.current().fail(reason)
+
+    return cb
 
 
 def _log_event(what: str) -> Callable[[], Awaitable[None]]:
