@@ -447,6 +447,7 @@ class ControlPlane:
             "--tls-private-key-file", str(self.pki / "apiserver.key"),
             "--token-auth-file", str(self.workdir / "tokens.csv"),
             "--authorization-mode", "RBAC",
+            "--allow-privileged=true",  # the chart's node pod, as on a real cluster
             "--endpoint-reconciler-type", "none",
             "--runtime-config", runtime_config,
             "--service-account-issuer", "https://kubernetes.default.svc",

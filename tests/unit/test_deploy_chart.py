@@ -509,7 +509,7 @@ def test_rendered_network_policies_admit_exactly_gpudra_clients_to_the_bus(
     admitted = {n for n, labels in pods.items()
                 if any(_matches(p["podSelector"], labels) for p in clients["from"])}  # fmt: skip
     assert admitted == {"gpudra-node", "gpudra-publisher", "gpudra-allocator",
-                        "gpudra-nats-auth", "gpudra-provision"}  # fmt: skip
+                        "gpudra-nats-auth", "gpudra-provision-1"}  # fmt: skip
     peers = {n for n, labels in pods.items() if _matches(routes["from"][0]["podSelector"], labels)}
     assert peers == {"gpudra-nats"}
     (container,) = pod_specs(docs)["gpudra-nats"]["spec"]["containers"]
@@ -717,3 +717,18 @@ def test_every_value_is_used_and_every_used_value_exists() -> None:
     unused = [leaf for leaf in leaves
               if not any(leaf == u or leaf.startswith(u + ".") for u in used)]  # fmt: skip
     assert not unused, f"values no template reads: {unused}"
+
+
+def test_no_hook_runs_after_the_workloads_so_helm_install_wait_cannot_deadlock(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """`helm install --wait` runs post-install hooks only once every workload is ready;
+    the components are ready only once the bus is provisioned, so provisioning is a plain
+    Job (one per revision) and the only hooks are the keygen's, before anything starts."""
+    docs = rendered["defaults"]
+    hooks = {d["metadata"]["name"]: d["metadata"]["annotations"]["helm.sh/hook"] for d in docs
+             if "helm.sh/hook" in (d["metadata"].get("annotations") or {})}  # fmt: skip
+    assert hooks and set(hooks.values()) == {"pre-install,pre-upgrade"}
+    assert {name for name in hooks if not name.startswith("gpudra-nats-keygen")} == set()
+    job = one(docs, "Job", "gpudra-provision-1")  # helm template renders revision 1
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["provision"]
