@@ -204,8 +204,7 @@ def test_helm_installs_gpudra_as_pods_that_register_through_the_plugin_registry(
     uid = pod["metadata"]["uid"]
     registry = real.plugins_registry / f"{DRIVER}-{uid}-reg.sock"
     dra = real.kubelet_root / "plugins" / DRIVER / f"dra-{uid}.sock"
-    wait(installed, lambda: registry.is_socket() and dra.is_socket(),
-         "the kubelet plugin's sockets under the kubelet root")  # fmt: skip
+    assert registry.is_socket() and dra.is_socket()  # the pod is Ready only then (its probe)
     slices = wait(installed, lambda: [
         s for s in cp.kubectl_json("get", "resourceslices")["items"]
         if s["spec"]["nodeName"] == NODE and s["spec"]["driver"] == DRIVER

@@ -14,7 +14,11 @@ variable it sets is one of that sub-command's flags.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import socket
+import subprocess
+import tempfile
 import tomllib
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +29,7 @@ import yaml
 
 from services.cli import build_parser
 from services.core import nvidia, resource, retention
+from services.kubeletplugin.sockets import SocketPaths
 from services.local.helm import KUBE_VERSION, Helm, HelmError, set_args
 from tests.helpers.helm import helm, objects_by_kind, one, pod_specs
 
@@ -732,3 +737,39 @@ def test_no_hook_runs_after_the_workloads_so_helm_install_wait_cannot_deadlock(
     assert {name for name in hooks if not name.startswith("gpudra-nats-keygen")} == set()
     job = one(docs, "Job", "gpudra-provision-1")  # helm template renders revision 1
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["provision"]
+
+
+@pytest.mark.parametrize("variant", ["defaults", "everything-on"])  # without and with a UID
+def test_the_plugin_is_ready_exactly_when_both_its_sockets_are_served(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    """The readiness probe runs as the kubelet runs it (sh in the container's environment),
+    against sockets where services/kubeletplugin/sockets.py puts them."""
+    with tempfile.TemporaryDirectory(prefix="kr-", dir="/tmp") as short:  # socket paths
+        _probe_against_sockets(rendered[variant], Path(short), variant == "everything-on")
+
+
+def _probe_against_sockets(docs: list[dict[str, Any]], tmp_path: Path, rolling: bool) -> None:
+    spec = pod_specs(docs)["gpudra-node"]["spec"]
+    (plugin,) = [c for c in spec["containers"] if c["name"] == "kubeletplugin"]
+    argv = plugin["readinessProbe"]["exec"]["command"]
+    uid = "0f4c2a55-1b7e-4c1e-9a57-6f6d1d0c2b11" if rolling else ""
+    assert ("GPUDRA_ROLLING_UPDATE_UID" in {e["name"] for e in plugin["env"]}) == bool(uid)
+    env = {"PATH": os.environ["PATH"], "GPUDRA_KUBELET_ROOT": str(tmp_path)}
+    if uid:
+        env["GPUDRA_ROLLING_UPDATE_UID"] = uid
+    paths = SocketPaths.for_driver(tmp_path, nvidia.DRIVER_NAME, uid)
+
+    def probe() -> int:
+        return subprocess.run(argv, env=env, check=False, capture_output=True).returncode
+
+    listeners = []
+    for path in paths.all():
+        assert probe() != 0, f"ready before {path} is served"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listeners.append(listener)
+    assert probe() == 0
+    for listener in listeners:
+        listener.close()
