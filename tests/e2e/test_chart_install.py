@@ -172,8 +172,10 @@ def installed(request: pytest.FixtureRequest) -> Iterator[Installed]:
         yield Installed(cp, real, helm, values, first, changed)
         failed = request.session.testsfailed > failures
     finally:
-        real.stop()
-        cp.stop()
+        try:
+            real.stop()
+        finally:
+            cp.stop()  # even when the node could not be stopped cleanly
         if failed or os.environ.get("GPUDRA_E2E_KEEP") == "1":
             print(f"chart e2e work dir kept: {root}")
         else:
