@@ -200,6 +200,9 @@ class RealNode:
         self.containerd: Process | None = None
         self.kubelet: Process | None = None
         self.ns_inode: tuple[int, int] | None = None
+        # What the fake host holds: driverRoot, devRoot, driverVersion, and per GPU
+        # its uuid, minor, pciBusId, iommuGroup and MIG devices (uuid, profile,
+        # giCap, ciCap: their /dev/nvidia-caps minors), as nodehost.set_up says.
         self.host_facts: dict[str, Any] = {}
         self._cgroups_made: list[Path] = []
 

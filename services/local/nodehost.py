@@ -119,7 +119,25 @@ def set_up(spec: HostSpec) -> dict[str, object]:
     return {
         "driverRoot": str(root.driver_root),
         "devRoot": str(root.dev_root),
-        "gpus": [g.uuid for g in root.gpus],
+        "driverVersion": root.version,
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "minor": g.minor,
+                "pciBusId": g.pci_bus_id,
+                "iommuGroup": g.iommu_group,
+                "migs": [
+                    {
+                        "uuid": m.uuid,
+                        "profile": m.profile,
+                        "giCap": m.gi_cap_minor,
+                        "ciCap": m.ci_cap_minor,
+                    }
+                    for m in g.migs
+                ],
+            }
+            for g in root.gpus
+        ],
     }
 
 

@@ -432,6 +432,21 @@ class Stack:
             handles.append(real.kubelet)
         return handles
 
+    def kill_containerd(self, node: str) -> None:
+        """SIGKILL a real node's containerd (its shims and containers live on)."""
+        real = self.real[node]
+        if real.containerd is not None:
+            self._paused.add(real.containerd.name)
+        real.kill_containerd()
+
+    def start_containerd(self, node: str) -> Process:
+        """Start a real node's containerd again (same root, same config)."""
+        process = self.real[node].start_containerd()
+        self.processes[process.name] = process
+        self._paused.discard(process.name)
+        self._write_pids()
+        return process
+
     def restart_kubelet(self, node: str) -> Process:
         if node in self.real:
             kubelet = self.real[node].kubelet
