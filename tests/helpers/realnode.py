@@ -53,18 +53,28 @@ DEFAULT_PATHS = (
 )
 
 
-def pod_traces(stack: Stack, node: str, pod_uid: str, claim_uids: Iterable[str]) -> list[str]:
-    """What is left on ``node`` of pod ``pod_uid`` and its claims (empty: nothing)."""
+def pod_containers(stack: Stack, node: str, pod_uid: str) -> list[str]:
+    """The ids of the pod's containers in containerd (its sandbox included)."""
+    label = f'labels."io.kubernetes.pod.uid"=={pod_uid}'
+    return stack.real[node].ctr("containers", "ls", "-q", label).split()
+
+
+def pod_traces(
+    stack: Stack, node: str, pod_uid: str, claim_uids: Iterable[str], containers: Iterable[str]
+) -> list[str]:
+    """What is left on ``node`` of pod ``pod_uid`` (``containers``: its container ids,
+    taken while it ran) and its claims; empty: nothing. A stopped sandbox's record
+    in containerd is not counted: the kubelet's container GC removes it within a
+    minute; its task, processes, mounts and cgroups must be gone at once."""
     real = stack.real[node]
-    found = [
-        f"container {c} of the pod in containerd"
-        for c in real.ctr(
-            "containers", "ls", "-q", f'labels."io.kubernetes.pod.uid"=={pod_uid}'
-        ).split()
-    ]
+    ids = set(containers)
+    tasks = {line.split()[0] for line in real.ctr("tasks", "ls", "-q").split("\n") if line}
+    found = [f"task {t} of the pod in containerd" for t in sorted(tasks & ids)]
     marker = f"pod{pod_uid}"
     found += [f"cgroup {d}" for d in real.cgroup_dirs() if marker in d.name]
-    found += [f"mount {m}" for m in namespace_mounts(real) if pod_uid in m]
+    found += [
+        f"mount {m}" for m in namespace_mounts(real) if pod_uid in m or any(i in m for i in ids)
+    ]
     cdi_root = stack.nodes[node].cdi_root
     prepared = gpudra_checkpoint(stack, node)
     kubelet = kubelet_checkpoint(stack, node)
