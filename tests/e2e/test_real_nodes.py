@@ -580,9 +580,24 @@ def test_stopping_leaves_the_host_as_it_was(stack: Stack, host_before: HostState
     for real in reals:
         panic = real.inside("/proc/sys/kernel/panic").read_text().strip()
         assert panic == "10", panic  # what the kubelet writes (into the node's cover file)
-    running = HostState.now().differences(host_before)
+    mine = [r.cgroup_root.lstrip("/") for r in reals]
+    running = HostState.now().differences(host_before, mine)
     assert [d for d in running if not d.startswith("new cgroup ")] == []  # theirs, for now
     stack.stop()
     for real in reals:
         assert real.leftovers() == [], real.name
-    assert HostState.now().differences(host_before) == []
+    assert HostState.now().differences(host_before, mine) == [], cgroup_members()
+
+
+def cgroup_members() -> list[str]:
+    """Processes in a gpudra-* cgroup, and every runc, shim, containerd or kubelet
+    (what a failed host check lists)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+                cgroups = (entry / "cgroup").read_text()
+                if "/gpudra-" in cgroups or re.search(r"runc|containerd|kubelet", cmd):
+                    found.append(f"{entry.name}: {cmd[:300]} [{cgroups.strip()}]")
+    return found

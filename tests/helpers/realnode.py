@@ -156,7 +156,10 @@ class HostState:
             paths={p: os.path.lexists(p) for p in DEFAULT_PATHS},
         )
 
-    def differences(self, later: HostState) -> list[str]:
+    def differences(self, later: HostState, cgroups: Iterable[str] = ("",)) -> list[str]:
+        """What changed; new top-level cgroups only where named with one of
+        ``cgroups`` (prefixes: other sessions on a shared machine make their own)."""
+        prefixes = tuple(cgroups)
         found = []
         for name, value in self.sysctls.items():
             if later.sysctls.get(name) != value:
@@ -167,7 +170,8 @@ class HostState:
             found.append(f"new host mount {mount}")
         for top, names in later.cgroup_tops.items():
             for name in sorted(set(names) - set(self.cgroup_tops.get(top, ()))):
-                found.append(f"new cgroup {top}/{name}")
+                if name.startswith(prefixes):
+                    found.append(f"new cgroup {top}/{name}")
         for path, existed in self.paths.items():
             if later.paths.get(path) != existed:
                 found.append(f"{path}: existed {existed}, now {later.paths.get(path)}")
