@@ -54,7 +54,7 @@ from typing import Any
 
 import msgspec
 
-from services.local import REPO, images, nodeconfig, nodehost
+from services.local import REPO, hostspec, images, nodeconfig
 from services.local.cluster import ControlPlane, ControlPlaneError, Process, free_port, wait_until
 
 CONTAINERD_BUILD = Path(__file__).resolve().parent / "containerd" / "build.sh"
@@ -158,12 +158,9 @@ def unavailable() -> str | None:
             return f"cannot make cgroups in {mount} ({exc.strerror})"
     if find_runc() is None:
         return "no runc (Debian's runc package: make node-packages)"
-    reason = images.unavailable()
-    if reason:
-        return reason
-    from services.local import driverroot
-
-    return driverroot.unavailable()
+    if shutil.which("ldconfig") is None and not Path("/usr/sbin/ldconfig").exists():
+        return "the fake driver root needs ldconfig (its ld.so.cache)"
+    return images.unavailable()  # cc, busybox-static
 
 
 # ---- the node ----------------------------------------------------------------
@@ -227,7 +224,7 @@ class RealNode:
     @property
     def driver_root(self) -> Path:
         """The driver root as the node's processes see it."""
-        return nodehost.DRIVER_ROOT
+        return hostspec.DRIVER_ROOT
 
     def inside(self, path: str | Path) -> Path:
         """A path of the node's namespace, as this process can read it."""
@@ -254,7 +251,7 @@ class RealNode:
         the node's folders (the CDI folder before containerd ever starts)."""
         for folder in (self.kubelet_root, self.cdi_dir, self.root / "containerd" / "root"):
             folder.mkdir(parents=True, exist_ok=True)
-        spec = nodehost.HostSpec(
+        spec = hostspec.HostSpec(
             node=self.name,
             fleet=self.fleet,
             seed=self.seed,
@@ -283,13 +280,13 @@ class RealNode:
         self.holder = Process(f"nodehost-{self.name}", proc, log_path, argv)
         assert proc.stdout is not None
         line = proc.stdout.readline().decode()
-        if not line.startswith(nodehost.READY):
+        if not line.startswith(hostspec.READY):
             proc.wait(30)
             raise NodeError(
                 f"node {self.name}: the fake host did not start (exit {proc.returncode}); "
                 f"log {log_path}:\n{self.holder.log_tail()}"
             )
-        self.host_facts = json.loads(line.removeprefix(nodehost.READY))
+        self.host_facts = json.loads(line.removeprefix(hostspec.READY))
         st = os.stat(f"/proc/{proc.pid}/ns/mnt")
         self.ns_inode = (st.st_dev, st.st_ino)
 

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from services.core.access import Role
+from services.local.hostspec import KUBELET_SYSCTLS
 from services.local.node import RealNode, cgroup_mounts
-from services.local.nodehost import KUBELET_SYSCTLS
 from services.local.stack import Stack
 from services.preparer import cdi, checkpoint
 from tests.helpers.bus import connect
