@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -249,6 +250,12 @@ class RealNode:
     def start_host(self) -> None:
         """The mount namespace, its mounts and the fake driver installation;
         the node's folders (the CDI folder before containerd ever starts)."""
+        self.launch_host()
+        self.wait_host()
+
+    def launch_host(self) -> None:
+        """Start setting the host up (:meth:`wait_host` waits for it), so that
+        several nodes build their driver roots at once."""
         for folder in (self.kubelet_root, self.cdi_dir, self.root / "containerd" / "root"):
             folder.mkdir(parents=True, exist_ok=True)
         spec = hostspec.HostSpec(
@@ -278,13 +285,19 @@ class RealNode:
                 start_new_session=True,
             )
         self.holder = Process(f"nodehost-{self.name}", proc, log_path, argv)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
+
+    def wait_host(self) -> None:
+        """Wait for the host's ``ready`` line (its facts), at most the start-up timeout."""
+        assert self.holder is not None and self.holder.proc.stdout is not None
+        proc, out = self.holder.proc, self.holder.proc.stdout
+        ready, _, _ = select.select([out], [], [], self.startup_timeout)
+        line = out.readline().decode() if ready else ""
         if not line.startswith(hostspec.READY):
-            proc.wait(30)
+            if proc.poll() is None:
+                self.holder.stop()
             raise NodeError(
                 f"node {self.name}: the fake host did not start (exit {proc.returncode}); "
-                f"log {log_path}:\n{self.holder.log_tail()}"
+                f"log {self.holder.log_path}:\n{self.holder.log_tail()}"
             )
         self.host_facts = json.loads(line.removeprefix(hostspec.READY))
         st = os.stat(f"/proc/{proc.pid}/ns/mnt")
