@@ -35,6 +35,7 @@ from pathlib import Path
 
 import msgspec
 
+from services.discovery.fleet import get_fleet
 from services.local import driverroot, nvidiasmi
 from services.local.hostspec import DRIVER_BASE, KUBELET_SYSCTLS, READY, HostSpec
 
@@ -61,8 +62,6 @@ def _cover_sysctls(folder: Path) -> None:
 
 
 def _driver(spec: HostSpec) -> driverroot.DriverRoot:
-    from services.discovery.fleet import get_fleet
-
     version = get_fleet(spec.fleet).driver_version  # what the simulated NVML reports
     root = driverroot.build(
         DRIVER_BASE,
