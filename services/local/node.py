@@ -446,7 +446,9 @@ class RealNode:
         for mount, _ in cgroup_mounts():
             top = mount / self.cgroup_root.lstrip("/")
             if top.is_dir():
-                found += [top, *sorted(p for p in top.rglob("*") if p.is_dir())]
+                # os.walk skips a folder that goes away meanwhile (rglob raises): the
+                # kubelet removes pod cgroups while a stopping node is looked at.
+                found += sorted(Path(folder) for folder, _, _ in os.walk(top))
         return found
 
     def cgroup_pids(self) -> list[int]:
