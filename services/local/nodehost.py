@@ -124,7 +124,7 @@ def main(argv: list[str]) -> int:
     try:
         spec = msgspec.json.decode(Path(argv[0]).read_bytes(), type=HostSpec)
         made = set_up(spec)
-    except (HostError, OSError, RuntimeError, msgspec.ValidationError) as exc:
+    except (HostError, OSError, RuntimeError, ValueError, msgspec.ValidationError) as exc:
         print(f"nodehost: {exc}", file=sys.stderr)
         return 1
     print(f"{READY} {json.dumps(made)}", flush=True)
