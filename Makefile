@@ -76,7 +76,7 @@ containerd:
 # Best effort, like pciids: as root with apt-get; without them the real-node
 # tests skip and `gpudra up --real-nodes` falls back to kubelet-dra, saying why.
 node-packages:
-	@command -v runc >/dev/null && command -v busybox >/dev/null || test "$$(id -u)" != 0 \
+	@command -v runc >/dev/null && dpkg -s busybox-static >/dev/null 2>&1 || test "$$(id -u)" != 0 \
 		|| ! command -v apt-get >/dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq runc busybox-static; } >/dev/null 2>&1 \
 		|| echo "runc/busybox-static not installed: the real-node tests skip"

@@ -41,6 +41,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -54,7 +55,7 @@ from typing import Any
 
 import msgspec
 
-from services.local import REPO, images, nodeconfig, nodehost
+from services.local import REPO, hostspec, images, nodeconfig
 from services.local.cluster import ControlPlane, ControlPlaneError, Process, free_port, wait_until
 
 CONTAINERD_BUILD = Path(__file__).resolve().parent / "containerd" / "build.sh"
@@ -158,12 +159,9 @@ def unavailable() -> str | None:
             return f"cannot make cgroups in {mount} ({exc.strerror})"
     if find_runc() is None:
         return "no runc (Debian's runc package: make node-packages)"
-    reason = images.unavailable()
-    if reason:
-        return reason
-    from services.local import driverroot
-
-    return driverroot.unavailable()
+    if shutil.which("ldconfig") is None and not Path("/usr/sbin/ldconfig").exists():
+        return "the fake driver root needs ldconfig (its ld.so.cache)"
+    return images.unavailable()  # cc, busybox-static
 
 
 # ---- the node ----------------------------------------------------------------
@@ -200,6 +198,9 @@ class RealNode:
         self.containerd: Process | None = None
         self.kubelet: Process | None = None
         self.ns_inode: tuple[int, int] | None = None
+        # What the fake host holds: driverRoot, devRoot, driverVersion, and per GPU
+        # its uuid, minor, pciBusId, iommuGroup and MIG devices (uuid, profile,
+        # giCap, ciCap: their /dev/nvidia-caps minors), as nodehost.set_up says.
         self.host_facts: dict[str, Any] = {}
         self._cgroups_made: list[Path] = []
 
@@ -224,7 +225,7 @@ class RealNode:
     @property
     def driver_root(self) -> Path:
         """The driver root as the node's processes see it."""
-        return nodehost.DRIVER_ROOT
+        return hostspec.DRIVER_ROOT
 
     def inside(self, path: str | Path) -> Path:
         """A path of the node's namespace, as this process can read it."""
@@ -249,9 +250,15 @@ class RealNode:
     def start_host(self) -> None:
         """The mount namespace, its mounts and the fake driver installation;
         the node's folders (the CDI folder before containerd ever starts)."""
+        self.launch_host()
+        self.wait_host()
+
+    def launch_host(self) -> None:
+        """Start setting the host up (:meth:`wait_host` waits for it), so that
+        several nodes build their driver roots at once."""
         for folder in (self.kubelet_root, self.cdi_dir, self.root / "containerd" / "root"):
             folder.mkdir(parents=True, exist_ok=True)
-        spec = nodehost.HostSpec(
+        spec = hostspec.HostSpec(
             node=self.name,
             fleet=self.fleet,
             seed=self.seed,
@@ -278,15 +285,21 @@ class RealNode:
                 start_new_session=True,
             )
         self.holder = Process(f"nodehost-{self.name}", proc, log_path, argv)
-        assert proc.stdout is not None
-        line = proc.stdout.readline().decode()
-        if not line.startswith(nodehost.READY):
-            proc.wait(30)
+
+    def wait_host(self) -> None:
+        """Wait for the host's ``ready`` line (its facts), at most the start-up timeout."""
+        assert self.holder is not None and self.holder.proc.stdout is not None
+        proc, out = self.holder.proc, self.holder.proc.stdout
+        ready, _, _ = select.select([out], [], [], self.startup_timeout)
+        line = out.readline().decode() if ready else ""
+        if not line.startswith(hostspec.READY):
+            if proc.poll() is None:
+                self.holder.stop()
             raise NodeError(
                 f"node {self.name}: the fake host did not start (exit {proc.returncode}); "
-                f"log {log_path}:\n{self.holder.log_tail()}"
+                f"log {self.holder.log_path}:\n{self.holder.log_tail()}"
             )
-        self.host_facts = json.loads(line.removeprefix(nodehost.READY))
+        self.host_facts = json.loads(line.removeprefix(hostspec.READY))
         st = os.stat(f"/proc/{proc.pid}/ns/mnt")
         self.ns_inode = (st.st_dev, st.st_ino)
 

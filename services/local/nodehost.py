@@ -35,34 +35,9 @@ from pathlib import Path
 
 import msgspec
 
+from services.discovery.fleet import get_fleet
 from services.local import driverroot, nvidiasmi
-
-#: Where the driver is installed inside the namespace (the GPU operator's place).
-DRIVER_BASE = Path("/run/nvidia")
-DRIVER_ROOT = DRIVER_BASE / "driver"
-#: The files the kubelet writes at start-up (setupKernelTunables in 1.35).
-KUBELET_SYSCTLS = (
-    "vm/overcommit_memory",
-    "vm/panic_on_oom",
-    "kernel/panic",
-    "kernel/panic_on_oops",
-    "kernel/keys/root_maxkeys",
-    "kernel/keys/root_maxbytes",
-)
-READY = "ready"
-
-
-class HostSpec(msgspec.Struct, kw_only=True, forbid_unknown_fields=True):
-    """What the node runner asks for (written as JSON, the module's one argument)."""
-
-    node: str
-    fleet: str
-    seed: int = 0
-    var_lib: str  # host folder mounted at /var/lib
-    var_log: str  # host folder mounted at /var/log
-    sysctl_dir: str  # host folder of the files that cover KUBELET_SYSCTLS
-    nvidia_cdi_hook: str  # NVIDIA's binaries, installed into the driver root
-    nvidia_ctk: str
+from services.local.hostspec import DRIVER_BASE, KUBELET_SYSCTLS, READY, HostSpec
 
 
 class HostError(RuntimeError):
@@ -87,8 +62,6 @@ def _cover_sysctls(folder: Path) -> None:
 
 
 def _driver(spec: HostSpec) -> driverroot.DriverRoot:
-    from services.discovery.fleet import get_fleet
-
     version = get_fleet(spec.fleet).driver_version  # what the simulated NVML reports
     root = driverroot.build(
         DRIVER_BASE,
@@ -119,7 +92,25 @@ def set_up(spec: HostSpec) -> dict[str, object]:
     return {
         "driverRoot": str(root.driver_root),
         "devRoot": str(root.dev_root),
-        "gpus": [g.uuid for g in root.gpus],
+        "driverVersion": root.version,
+        "gpus": [
+            {
+                "uuid": g.uuid,
+                "minor": g.minor,
+                "pciBusId": g.pci_bus_id,
+                "iommuGroup": g.iommu_group,
+                "migs": [
+                    {
+                        "uuid": m.uuid,
+                        "profile": m.profile,
+                        "giCap": m.gi_cap_minor,
+                        "ciCap": m.ci_cap_minor,
+                    }
+                    for m in g.migs
+                ],
+            }
+            for g in root.gpus
+        ],
     }
 
 
@@ -133,7 +124,7 @@ def main(argv: list[str]) -> int:
     try:
         spec = msgspec.json.decode(Path(argv[0]).read_bytes(), type=HostSpec)
         made = set_up(spec)
-    except (HostError, OSError, RuntimeError, msgspec.ValidationError) as exc:
+    except (HostError, OSError, RuntimeError, ValueError, msgspec.ValidationError) as exc:
         print(f"nodehost: {exc}", file=sys.stderr)
         return 1
     print(f"{READY} {json.dumps(made)}", flush=True)

@@ -371,16 +371,15 @@ class Stack:
         tools = self.node_tools or NodeTools.find(self.cp.binary)
         self.images = images.build(self.workdir / "images")
         for name, node in self.nodes.items():
-            self.real[name] = RealNode(
-                self.cp,
-                name,
-                node.spec.fleet,
-                node.root,
-                tools,
-                startup_timeout=self.startup_timeout,
-            )
+            fleet, timeout = node.spec.fleet, self.startup_timeout
+            real = RealNode(self.cp, name, fleet, node.root, tools, startup_timeout=timeout)
+            self.real[name] = real
             self._started.append(f"node-{name}")
-            self.real[name].start_host()
+            real.launch_host()  # the nodes build their driver roots side by side
+        for real in self.real.values():
+            real.wait_host()
+            assert real.holder is not None
+            self.processes[real.holder.name] = real.holder  # its exit is a failure
             self._write_pids()
 
     def start_kubelets(self, nodes: Sequence[str]) -> list[Process]:
@@ -432,6 +431,21 @@ class Stack:
             handles.append(real.kubelet)
         return handles
 
+    def kill_containerd(self, node: str) -> None:
+        """SIGKILL a real node's containerd (its shims and containers live on)."""
+        real = self.real[node]
+        if real.containerd is not None:
+            self._paused.add(real.containerd.name)
+        real.kill_containerd()
+
+    def start_containerd(self, node: str) -> Process:
+        """Start a real node's containerd again (same root, same config)."""
+        process = self.real[node].start_containerd()
+        self.processes[process.name] = process
+        self._paused.discard(process.name)
+        self._write_pids()
+        return process
+
     def restart_kubelet(self, node: str) -> Process:
         if node in self.real:
             kubelet = self.real[node].kubelet
@@ -469,9 +483,6 @@ class Stack:
         if self.jaeger is not None and self.jaeger.proc is not None:
             pids["jaeger"] = self.jaeger.proc.pid
         pids.update({p.name: p.pid for p in self.cp.processes})
-        for real in self.real.values():
-            if real.holder is not None:
-                pids[real.holder.name] = real.holder.pid
         pids.update({name: p.pid for name, p in self.processes.items()})
         (self.workdir / "processes.json").write_text(json.dumps(pids, indent=2) + "\n")
 
