@@ -301,10 +301,10 @@ def build_image(
             _layer("deps", layer_keys["deps"], lambda out: _build_deps(out, repo)),
             _layer("app", layer_keys["app"], lambda out: _build_app(out, repo)),
         ]
-        config = image_config(
-            layers, env=ENV, entrypoint=["gpudra"],
-            labels={"org.opencontainers.image.title": "gpudra", **labels},
-        )  # fmt: skip
+        config = image_config(layers, {
+            "Env": [f"{k}={v}" for k, v in ENV.items()], "Entrypoint": ["gpudra"],
+            "WorkingDir": "/", "Labels": {"org.opencontainers.image.title": "gpudra", **labels},
+        })  # fmt: skip
         archive.parent.mkdir(parents=True, exist_ok=True)
         digest = write_archive(layers, config, name, archive)
         digest_file.write_text(digest)

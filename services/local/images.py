@@ -1,7 +1,7 @@
 """Container images for the real nodes, built here: no registry, no docker.
 
-Two OCI image archives (the layout ``ctr images import`` reads), each one
-uncompressed layer written with :mod:`tarfile`:
+Two OCI image archives (the layout ``ctr images import`` reads, written by
+:mod:`services.local.oci`), each one uncompressed layer written with :mod:`tarfile`:
 
 * ``pause`` (the pod sandbox): a static ``pause`` compiled with ``cc -static``
   from the few lines Kubernetes' own pause.c is (reap children, exit on
@@ -18,10 +18,8 @@ GPU node it comes from the driver root through the claim's CDI spec.
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
-import os
 import shutil
 import subprocess
 import tarfile
@@ -29,6 +27,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from services.local import oci
 
 PAUSE_IMAGE = "gpudra.local/pause:1"
 BUSYBOX_IMAGE = "gpudra.local/busybox:1"
@@ -188,63 +188,16 @@ def _archive(
     fill: Callable[[tarfile.TarFile], None],
     config: Mapping[str, Any],
 ) -> ImageArchive:
-    """An OCI image layout in a tar: one uncompressed layer, its config, the manifest."""
-    layer_buf = io.BytesIO()
-    with tarfile.open(fileobj=layer_buf, mode="w", format=tarfile.PAX_FORMAT) as layer:
+    """An OCI image layout in a tar (services/local/oci.py): one uncompressed layer."""
+    layer_path = path.with_name(path.name + ".layer")
+    with tarfile.open(layer_path, mode="w", format=tarfile.PAX_FORMAT) as layer:
         fill(layer)
-    layer_bytes = layer_buf.getvalue()
-    layer_digest = _digest(layer_bytes)
-    config_bytes = _json(
-        {
-            "architecture": "amd64",
-            "os": "linux",
-            "config": dict(config),
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-            "history": [{"created_by": "gpudra services/local/images.py"}],
-        }
-    )
-    manifest_bytes = _json(
-        {
-            "schemaVersion": 2,
-            "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": _descriptor("application/vnd.oci.image.config.v1+json", config_bytes),
-            "layers": [_descriptor("application/vnd.oci.image.layer.v1.tar", layer_bytes)],
-        }
-    )
-    manifest = _descriptor("application/vnd.oci.image.manifest.v1+json", manifest_bytes)
-    manifest["annotations"] = {
-        "io.containerd.image.name": name,
-        "org.opencontainers.image.ref.name": name.rpartition(":")[2],
-    }
-    manifest["platform"] = {"architecture": "amd64", "os": "linux"}
-    index = {
-        "schemaVersion": 2,
-        "mediaType": "application/vnd.oci.image.index.v1+json",
-        "manifests": [manifest],
-    }
-    blobs = [layer_bytes, config_bytes, manifest_bytes]
-    tmp = path.with_suffix(".tmp")
-    with tarfile.open(tmp, mode="w", format=tarfile.PAX_FORMAT) as out:
-        _add_file(out, "oci-layout", _json({"imageLayoutVersion": "1.0.0"}), 0o644)
-        _add_file(out, "index.json", _json(index), 0o644)
-        _add_dir(out, "blobs")
-        _add_dir(out, "blobs/sha256")
-        for blob in blobs:
-            _add_file(out, f"blobs/sha256/{_digest(blob).removeprefix('sha256:')}", blob, 0o644)
-    os.replace(tmp, path)
+    try:
+        layers = [oci.Layer.of(layer_path)]
+        oci.write_archive(layers, oci.image_config(layers, config), name, path)
+    finally:
+        layer_path.unlink()
     return ImageArchive(name, path)
-
-
-def _json(value: Any) -> bytes:
-    return json.dumps(value, sort_keys=True, separators=(",", ":")).encode()
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _descriptor(media_type: str, data: bytes) -> dict[str, Any]:
-    return {"mediaType": media_type, "digest": _digest(data), "size": len(data)}
 
 
 # ---- pods ------------------------------------------------------------------------

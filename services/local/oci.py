@@ -102,23 +102,13 @@ def layer_from_dir(root: Path, out: Path) -> Layer:
     return Layer.of(out)
 
 
-def image_config(
-    layers: Sequence[Layer],
-    *,
-    env: Mapping[str, str],
-    entrypoint: Sequence[str],
-    labels: Mapping[str, str],
-    working_dir: str = "/",
-) -> dict[str, Any]:
+def image_config(layers: Sequence[Layer], config: Mapping[str, Any]) -> dict[str, Any]:
+    """The image configuration: ``config`` is what the runtime reads (Env, Entrypoint,
+    Cmd, WorkingDir, Labels...), the layers are its root filesystem, bottom first."""
     return {
         "architecture": "amd64",
         "os": "linux",
-        "config": {
-            "Env": [f"{k}={v}" for k, v in env.items()],
-            "Entrypoint": list(entrypoint),
-            "WorkingDir": working_dir,
-            "Labels": dict(labels),
-        },
+        "config": dict(config),
         "rootfs": {"type": "layers", "diff_ids": [layer.digest for layer in layers]},
         "history": [{"created_by": f"gpudra layer {i}"} for i in range(len(layers))],
     }

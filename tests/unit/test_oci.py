@@ -69,8 +69,8 @@ def _read_archive(path: Path) -> dict[str, bytes]:
 
 def test_the_archive_is_an_oci_layout_naming_the_image(tmp_path: Path) -> None:
     layer = oci.layer_from_dir(_tree(tmp_path / "t"), tmp_path / "l.tar")
-    config = oci.image_config([layer], env={"PATH": "/usr/bin"}, entrypoint=["tool"],
-                              labels={"a": "b"})  # fmt: skip
+    config = oci.image_config([layer], {"Env": ["PATH=/usr/bin"], "Entrypoint": ["tool"],
+                                        "Labels": {"a": "b"}})  # fmt: skip
     out = tmp_path / "image.tar"
     digest = oci.write_archive([layer], config, "example.local/tool:v1", out)
     files = _read_archive(out)
@@ -93,7 +93,7 @@ def test_the_archive_is_an_oci_layout_naming_the_image(tmp_path: Path) -> None:
 
 def test_an_image_name_without_a_tag_is_refused(tmp_path: Path) -> None:
     layer = oci.layer_from_dir(_tree(tmp_path / "t"), tmp_path / "l.tar")
-    config = oci.image_config([layer], env={}, entrypoint=[], labels={})
+    config = oci.image_config([layer], {})
     with pytest.raises(oci.OCIError, match="expected repository:tag"):
         oci.write_archive([layer], config, "localhost:5000/tool", tmp_path / "i.tar")
     assert not (tmp_path / "i.tar").exists()
