@@ -22,7 +22,7 @@ one goes): the running pod's claim stays prepared, a new pod runs through the ne
 plugin, and the old pod's claim is unprepared by it.
 
 Needs root, cgroups, runc and mmdebstrap (``make e2e`` installs them); skipped
-with the reason otherwise. About 3 minutes on 2 cores with warm caches.
+with the reason otherwise. 1 to 2.5 minutes on 2 cores with warm caches.
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from services.local.cluster import (
     free_port,
     wait_until,
 )
-from services.local.helm import CHART, Helm, HelmError, build_helm, set_args
+from services.local.helm import CHART, Helm, build_helm, set_args
 from services.preparer import cdi
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]
@@ -93,7 +93,6 @@ def local_values(cp: ControlPlane, real: node.RealNode, built: image.Image) -> d
         "hostNetwork": True,
         "apiServer": {"host": "127.0.0.1", "port": str(cp.ports["apiserver"])},
         "metrics.enabled": False,  # host ports: a surge node pod could not be scheduled
-        "logLevel": "debug",
         "node.kubeletplugin.rollingUpdateSockets": True,
         "node.updateStrategy": {"type": "RollingUpdate",
                                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
@@ -318,9 +317,7 @@ def test_helm_upgrade_to_a_changed_image_keeps_running_claims_prepared(
     assert _prepared(real, second["metadata"]["uid"]) == ["cdi", "checkpoint"]
 
 
-def test_rendered_values_for_the_local_node_lint(installed: Installed) -> None:
+def test_the_local_values_pass_helm_lint_strict(installed: Installed) -> None:
     """The values this test installs with are ones `helm lint --strict` accepts."""
-    try:
-        installed.helm.run("lint", "--strict", str(CHART), *set_args(installed.values))
-    except HelmError as exc:  # pragma: no cover - the message is the report
-        raise AssertionError(str(exc)) from None
+    out = installed.helm.run("lint", "--strict", str(CHART), *set_args(installed.values))
+    assert "0 chart(s) failed" in out and "[WARNING]" not in out
