@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint fmt typecheck unit integration e2e controlplane jaeger bench clean proto pciids
+.PHONY: venv up test lint fmt typecheck unit integration e2e e2e-real controlplane jaeger containerd \
+	node-packages realnode helm image bench clean proto pciids
 
 venv: $(STAMP)
 
@@ -29,14 +30,18 @@ fmt: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv
+unit: venv helm
 	$(BIN)/pytest tests/unit
 
-integration: venv
+integration: venv helm image
 	$(BIN)/pytest tests/integration
 
-e2e: venv controlplane jaeger
+e2e: venv controlplane jaeger realnode helm image
 	$(BIN)/pytest tests/e2e
+
+# Only the e2e tests on real nodes (real kubelet, containerd, runc, containers).
+e2e-real: venv controlplane realnode helm image
+	$(BIN)/pytest tests/e2e -m realnode
 
 # The Go control plane for e2e (cached outside the repo, keyed by its inputs).
 controlplane:
@@ -46,7 +51,37 @@ controlplane:
 jaeger:
 	services/local/jaeger/build.sh
 
-test: lint typecheck controlplane jaeger pciids
+# helm v3, which the chart tests lint, render and install the chart with (cached the same way).
+helm:
+	services/local/helm/build.sh
+
+# The gpudra container image (OCI archive for `ctr images import`) from Debian packages and
+# the locked wheels, cached in layers (services/local/image.py). As root, mmdebstrap is
+# installed when missing; elsewhere the image tests say why they skip.
+image: venv
+	@command -v mmdebstrap >/dev/null || test "$$(id -u)" != 0 || ! command -v apt-get >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq mmdebstrap; } >/dev/null 2>&1 \
+		|| echo "mmdebstrap not installed: the image tests skip"
+	@test "$$(id -u)" != 0 || ! command -v mmdebstrap >/dev/null || $(BIN)/python -m services.local.image build >/dev/null
+
+# What a real node needs (services/local/node.py, `gpudra up --real-nodes`):
+# containerd, ctr and its runc shim (cached the same way; the kubelet and
+# NVIDIA's nvidia-cdi-hook come with the control plane), and Debian's runc and
+# busybox-static.
+realnode: containerd node-packages
+
+containerd:
+	services/local/containerd/build.sh
+
+# Best effort, like pciids: as root with apt-get; without them the real-node
+# tests skip and `gpudra up --real-nodes` falls back to kubelet-dra, saying why.
+node-packages:
+	@command -v runc >/dev/null && dpkg -s busybox-static >/dev/null 2>&1 || test "$$(id -u)" != 0 \
+		|| ! command -v apt-get >/dev/null \
+		|| { apt-get update -qq && apt-get install -y -qq runc busybox-static; } >/dev/null 2>&1 \
+		|| echo "runc/busybox-static not installed: the real-node tests skip"
+
+test: lint typecheck controlplane jaeger realnode helm image pciids
 	$(BIN)/pytest tests
 
 # Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset

@@ -78,8 +78,9 @@ def _provision(args: argparse.Namespace) -> int:
     async def run() -> None:
         creds = config.nats_credentials(args)
         bus = await Bus.connect(
-            args.nats_url, name="provision", identity=Identity(Role.ADMIN), credentials=creds
-        )
+            args.nats_url, name="provision", identity=Identity(Role.ADMIN), credentials=creds,
+            replicas=args.nats_replicas,
+        )  # fmt: skip
         await bus.close()
 
     asyncio.run(run())
@@ -105,6 +106,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "provision", help="create the streams and buckets, or update their limits (admin)"
     )
     config.add_nats_flags(provision)
+    provision.add_argument(
+        "--nats-replicas",
+        type=int,
+        default=int(config.env("nats-replicas", "1")),
+        help="JetStream replicas of the streams and buckets (3 with the chart's NATS cluster)",
+    )
     provision.set_defaults(func=_provision)
     modules = [COMMANDS[command]] if command in COMMANDS else _service_clis()
     for module in modules:

@@ -9,7 +9,8 @@ numbers, a trail must make sense as a life:
   ``reserved`` and ``released`` after an ``allocated``;
 * every ``prepare.requested`` / ``unprepare.requested`` on a node is answered
   later on that node (``prepared`` or ``prepare.failed``, ``unprepared`` or
-  ``unprepare.failed``);
+  ``unprepare.failed``), each answer closing the oldest open request (a real
+  kubelet may ask twice at once: two pods of a shared claim);
 * what was prepared on a node was unprepared there later.
 
 The allocator and the preparers watch different things (the API server, the
@@ -122,22 +123,28 @@ def _allocator_order(names: Sequence[str]) -> list[str]:
 
 def _answers(ordered: list[ClaimEvent]) -> list[str]:
     found: list[str] = []
-    asked: dict[tuple[str, str], int] = {}  # (node, request) -> number of the open request
+    # (node, request) -> numbers of the open requests, oldest first: a real kubelet
+    # asks for a shared claim once per pod, and may do so for two pods at once.
+    asked: dict[tuple[str, str], list[int]] = {}
     prepared: dict[str, int] = {}  # node -> number of a prepare not undone yet
     for event in ordered:
         if event.event in ANSWERS:
-            asked[(event.node, event.event)] = event.seq
+            asked.setdefault((event.node, event.event), []).append(event.seq)
             continue
         for request, answers in ANSWERS.items():
             if event.event in answers:
-                if asked.pop((event.node, request), None) is None:
+                open_requests = asked.get((event.node, request))
+                if not open_requests:
                     found.append(f"event {event.seq} {event.event!r} on {event.node} answers no "
                                  f"{request!r}")  # fmt: skip
+                else:
+                    open_requests.pop(0)
         if event.event == "prepared":
             prepared.setdefault(event.node, event.seq)
         elif event.event == "unprepared":
             prepared.pop(event.node, None)
-    for (node, request), seq in sorted(asked.items(), key=lambda kv: kv[1]):
+    unanswered = [(seq, node, request) for (node, request), seqs in asked.items() for seq in seqs]
+    for seq, node, request in sorted(unanswered):
         found.append(f"event {seq} {request!r} on {node} never answered")
     for node, seq in sorted(prepared.items(), key=lambda kv: kv[1]):
         found.append(f"prepared on {node} (event {seq}) and never unprepared")

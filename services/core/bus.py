@@ -42,7 +42,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from services.core import config, retention, subjects
+from services.core import config, retention, subjects, supervisor
 from services.core.access import Identity, Role
 from services.core.metrics import FOREIGN_MESSAGES, MALFORMED_MESSAGES
 from services.core.natsauth import Credentials
@@ -98,6 +98,10 @@ class Delivery(Generic[T]):
         await self.msg.ack()
 
 
+#: How often a bus checks that its client has not closed for good (see _stop_when_closed).
+CLOSED_POLL_S = 0.5
+
+
 class Bus:
     """A connected NATS client with JetStream and our schemas."""
 
@@ -115,6 +119,8 @@ class Bus:
         self._served: list[Subscription] = []
         self._inflight: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(self.max_inflight)
+        self._closing = False  # set by close(): a close we asked for
+        self._watchdog: asyncio.Task[None] | None = None
 
     @classmethod
     async def connect(
@@ -154,13 +160,20 @@ class Bus:
         if replicas is None:
             replicas = cls.default_replicas or int(config.env("nats-replicas", "1"))
         bus = cls(nc, replicas=replicas, identity=identity)
+        bus._watchdog = asyncio.get_running_loop().create_task(
+            _stop_when_closed(bus, name), name=f"bus {name}: closed for good?"
+        )
         if identity.role is Role.ADMIN:
             await bus.provision()
         return bus
 
     async def close(self) -> None:
+        self._closing = True
         with contextlib.suppress(Exception):
             await self.nc.drain()
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
 
     async def provision(self) -> None:
         """Create every stream and bucket we use, and keep their limits as configured."""
@@ -482,6 +495,22 @@ def _malformed(source: str, reason: str) -> None:
 
 async def _log_error(exc: Exception) -> None:
     log.warning("nats error", extra={"error": str(exc)})
+
+
+async def _stop_when_closed(bus: Bus, name: str) -> None:
+    """A client that gave up on its own stops the process. nats-py closes for good on any
+    server error while connected (an auth callout late at start-up, an expired token)
+    and never reconnects, sometimes without its closed callback (an error that raced
+    the initial connect). A process left with that connection would serve nothing while
+    looking alive, so it stops as a fatal task's failure stops it (exit 1), and its
+    orchestrator starts it again with a fresh connection."""
+    # nats-py has no awaitable for its closed state, and its callback is not always run.
+    while not bus.nc.is_closed:  # noqa: ASYNC110
+        await asyncio.sleep(CLOSED_POLL_S)
+    if not bus._closing:
+        reason = f"the bus connection {name!r} closed for good"
+        log.error(reason, extra={"error": str(bus.nc.last_error or "closed by the client")})
+        supervisor.current().fail(reason)
 
 
 def _log_event(what: str) -> Callable[[], Awaitable[None]]:

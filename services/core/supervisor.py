@@ -68,6 +68,13 @@ class Supervisor:
                 backoff.reset()
             await backoff.sleep()
 
+    def fail(self, reason: str) -> None:
+        """Stop the process as a fatal task's failure does (exit 1), for what is no task:
+        e.g. a bus connection its client closed for good."""
+        if self.failure is None:
+            self.failure = reason
+        self.stopped.set()
+
     async def cancel(self, name: str) -> None:
         task = self.tasks.pop(name, None)
         if task is not None:

@@ -1,7 +1,7 @@
 """``gpudra up``: the whole driver on this machine, with a demo.
 
     gpudra up [--workdir DIR] [--no-examples] [--examples DIR] [--timeout 180]
-              [--exit-after-demo] [--feature-gates G=true,...] [--jaeger]
+              [--exit-after-demo] [--feature-gates G=true,...] [--jaeger] [--real-nodes]
 
 Starts embedded NATS, a real Kubernetes control plane (built by
 services/local/controlplane/build.sh, so it runs from a source checkout), two
@@ -15,6 +15,14 @@ Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
 in-memory storage) first, every gpudra process exports its spans to it, and
 each claim of the demo is printed with the URL of its trace (one trace per
 claim: its id is derived from the claim UID).
+
+``--real-nodes`` runs each node as a real one (services/local/node.py):
+containerd (built by services/local/containerd/build.sh), runc and the real
+kubelet in the node's own mount namespace, with the simulated driver root and
+device nodes; every example pod runs in real containers (a local busybox image
+in place of the examples' images, never pulled) and each container's output
+(the stand-in ``nvidia-smi -L``) is printed. Without root, cgroups, runc or
+busybox-static it says why and runs kubelet-dra instead.
 
 ``--exit-after-demo`` stops after the demo: it deletes the examples and runs
 ``gpudra audit --verify``; exit 0 only if every pod ended as its example
@@ -36,6 +44,7 @@ from services.core import config
 
 if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
     from services.local import demo
+    from services.local.node import NodeTools
     from services.local.stack import Stack
 
 
@@ -81,6 +90,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="start Jaeger v2 and export every process's traces to it; print each demo "
         "claim's trace URL",
     )
+    parser.add_argument(
+        "--real-nodes",
+        action="store_true",
+        help="containerd and the real kubelet run the pods in real containers (needs root "
+        "and cgroups; otherwise kubelet-dra, saying why)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -110,8 +125,15 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpudra up: {exc}", file=sys.stderr)
             return 2
     gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
+    tools = _real_node_tools() if args.real_nodes else None
     try:
-        stack = stacks.Stack(workdir=args.workdir, gates=gates, jaeger=args.jaeger)
+        stack = stacks.Stack(
+            workdir=args.workdir,
+            gates=gates,
+            jaeger=args.jaeger,
+            real_nodes=tools is not None,
+            node_tools=tools,
+        )
     except stacks.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
         return 2
@@ -142,6 +164,22 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
 
 
+def _real_node_tools() -> NodeTools | None:
+    """The real nodes' binaries (containerd built if needed), or None after saying
+    why real nodes cannot run here."""
+    from services.local import node
+    from services.local.cluster import ControlPlaneError, build_controlplane
+
+    reason = node.unavailable()
+    if reason is None:
+        try:
+            return node.NodeTools.find(build_controlplane())
+        except (node.NodeError, ControlPlaneError) as exc:
+            reason = str(exc)
+    _say(f"gpudra up: --real-nodes: {reason}; running kubelet-dra instead (no containers)")
+    return None
+
+
 def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) -> int:
     from services.local import demo
 
@@ -152,10 +190,11 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     _say(f"  nats            {stack.nats.url} (TLS, CA {stack.nats.access.ca})")
     _say(f"                  one identity per component: {stack.nats.access.users}/*.nk")
     _say(f"  kube-apiserver  {stack.cp.server} (+ etcd, kube-scheduler, kube-controller-manager)")
+    kubelet = "containerd, kubelet (real containers)" if stack.real_nodes else "kubelet-dra"
     for node in stack.nodes.values():
         _say(
             f"  {node.name:15} fleet {node.spec.fleet}: discovery, preparer, kubeletplugin, "
-            "kubelet-dra"
+            f"{kubelet}"
         )
     _say("  cluster-wide    publisher, allocator (claim watcher)")
     if stack.jaeger is not None:

@@ -59,6 +59,24 @@ DEFAULT_CONTROLLERS = (
     "garbage-collector-controller",
     "namespace-controller",
 )
+#: With real kubelets (services/local/node.py): the controller that lifts the
+#: not-ready taint a registering Node gets and watches the kubelets' heartbeats.
+#: Not with kubelet-dra, whose Nodes are made Ready once and never heartbeat.
+REAL_NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "node-lifecycle-controller")
+#: With workloads installed as users install them (the Helm chart on real nodes,
+#: tests/e2e/test_chart_install.py): DaemonSets, Deployments, StatefulSets and Jobs,
+#: each namespace's default ServiceAccount and its kube-root-ca.crt (the CA pods
+#: trust the API server by). Use with ``service_accounts=True``.
+WORKLOAD_CONTROLLERS = (
+    *REAL_NODE_CONTROLLERS,
+    "daemonset-controller",
+    "deployment-controller",
+    "replicaset-controller",
+    "statefulset-controller",
+    "job-controller",
+    "serviceaccount-controller",
+    "root-ca-certificate-publisher-controller",
+)
 
 T = TypeVar("T")
 
@@ -236,6 +254,10 @@ class ControlPlane:
     ``feature_gates`` go to the API server, the scheduler, the controller
     manager and every kubelet-dra (e.g. ``{"DRADeviceTaints": True}``);
     ``runtime_config`` adds API groups/versions to ``--runtime-config``.
+    ``service_accounts``: the API server's ServiceAccount admission plugin stays on
+    (pods get their account's token volume and must name an account that exists)
+    and the controller manager publishes the CA as each namespace's kube-root-ca.crt
+    (with :data:`WORKLOAD_CONTROLLERS`); off, pods need no ServiceAccount at all.
     """
 
     def __init__(
@@ -248,10 +270,12 @@ class ControlPlane:
         runtime_config: Mapping[str, bool] | None = None,
         controllers: Sequence[str] = DEFAULT_CONTROLLERS,
         extra_args: Mapping[str, Sequence[str]] | None = None,
+        service_accounts: bool = False,
         startup_timeout: float = 120.0,
         verbosity: int = 2,
     ) -> None:
         self.binary = binary
+        self.service_accounts = service_accounts
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpudra-e2e-")).resolve()
         self.logs_dir = self.workdir / "logs"
@@ -423,19 +447,23 @@ class ControlPlane:
             "--tls-private-key-file", str(self.pki / "apiserver.key"),
             "--token-auth-file", str(self.workdir / "tokens.csv"),
             "--authorization-mode", "RBAC",
-            "--disable-admission-plugins", "ServiceAccount",
+            "--allow-privileged=true",  # the chart's node pod, as on a real cluster
             "--endpoint-reconciler-type", "none",
             "--runtime-config", runtime_config,
             "--service-account-issuer", "https://kubernetes.default.svc",
             "--service-account-key-file", str(self.pki / "sa.pub"),
             "--service-account-signing-key-file", str(self.pki / "sa.key"),
             "--service-cluster-ip-range", "10.96.0.0/16",
+            # Real nodes' kubelets serve on 127.0.0.1, their Node's only address.
+            "--kubelet-preferred-address-types", "InternalIP",
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             f"--v={self.verbosity}",
         ]  # fmt: skip
         if self.feature_gates:
             args += ["--feature-gates", _format_gates(self.feature_gates)]
+        if not self.service_accounts:
+            args += ["--disable-admission-plugins", "ServiceAccount"]
         process = self._spawn("kube-apiserver", args)
         self.processes.append(process)
         self._wait(process, lambda: self._get("/readyz") == "ok", "kube-apiserver /readyz")
@@ -486,6 +514,8 @@ class ControlPlane:
             ",".join(self.controllers),
             "--use-service-account-credentials=false",
         ]
+        if self.service_accounts:
+            args += ["--root-ca-file", str(self.pki / "ca.crt")]
         process = self._spawn("kube-controller-manager", args)
         self.processes.append(process)
         self._wait(process, lambda: self._healthz(port), "kube-controller-manager /healthz")

@@ -8,7 +8,12 @@ outcome is the allocator watcher's explanation Event on its claim.
 For a Running pod the CDI device ids that kubelet-dra recorded (annotation
 ``gpudra.dev/cdi-devices``) are checked against the node's CDI root: each id
 must name a claim of the pod and a device of the spec file the preparer wrote
-for that claim.
+for that claim. On real nodes (``gpudra up --real-nodes``) the pods run in
+real containers: their images are replaced by the node's local image (never
+pulled, see :mod:`services.local.images`), each container's ids are those of
+its claims' devices (the kubelet passes them to containerd; it records none),
+every container must be ready, and what it printed (the stand-in
+``nvidia-smi -L``: the GPUs it can see) is shown.
 
 After the demo (``--exit-after-demo``) the examples are deleted and
 ``gpudra audit --verify`` checks that every claim's event trail is complete,
@@ -31,7 +36,7 @@ import yaml
 from services.allocator.watcher.events import COMPONENT as ALLOCATOR_COMPONENT
 from services.core import tracing
 from services.core.access import Role
-from services.local import REPO
+from services.local import REPO, images
 from services.local.stack import Stack
 from services.preparer import cdi
 
@@ -146,11 +151,18 @@ class PodView:
     cdi_devices: dict[str, list[str]] = field(default_factory=dict)  # container -> ids
     claims: list[ClaimView] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)  # what the CDI check found
+    ready: bool = True  # every container ready (real nodes; kubelet-dra runs none)
+    logs: dict[str, str] = field(default_factory=dict)  # container -> output (real nodes)
 
     @property
     def ok(self) -> bool:
         if self.pod.expect == RUNNING:
-            return self.phase == RUNNING and bool(self.cdi_devices) and not self.problems
+            return (
+                self.phase == RUNNING
+                and self.ready
+                and bool(self.cdi_devices)
+                and not self.problems
+            )
         return self.phase != RUNNING and all(c.explanation for c in self.claims)
 
 
@@ -169,8 +181,13 @@ class DemoResult:
 
 
 def apply_examples(stack: Stack, examples: Sequence[Example]) -> None:
+    """Create every example's objects; on real nodes with the local image."""
     for example in examples:
-        stack.cp.apply(example.text)
+        if stack.real_nodes:
+            documents = [d for d in yaml.safe_load_all(example.text) if d]
+            stack.cp.apply(images.localize(documents))
+        else:
+            stack.cp.apply(example.text)
 
 
 def delete_examples(stack: Stack, examples: Sequence[Example], timeout: float) -> None:
@@ -212,7 +229,11 @@ def wait_for_examples(stack: Stack, examples: Sequence[Example], timeout: float)
     while True:
         views = observe(stack, wanted)
         if all(v.ok for v in views) or time.monotonic() - started > timeout:
-            return DemoResult(views, time.monotonic() - started)
+            result = DemoResult(views, time.monotonic() - started)
+            if stack.real_nodes:
+                for view in views:
+                    view.logs = container_logs(stack, view)
+            return result
         dead = stack.dead()
         if dead:
             names = ", ".join(f"{p.name} (exit {p.proc.returncode})" for p in dead)
@@ -243,10 +264,16 @@ def observe(stack: Stack, wanted: Sequence[tuple[str, ExamplePod]]) -> list[PodV
         view.node = pod["spec"].get("nodeName", "")
         annotation = (pod["metadata"].get("annotations") or {}).get(CDI_DEVICES_ANNOTATION)
         view.cdi_devices = json.loads(annotation) if annotation else {}
-        for name in pod_claim_names(pod):
+        by_ref: dict[str, ClaimView] = {}
+        for ref, name in pod_claims(pod).items():
             claim = claims.get((want.namespace, name))
             if claim is not None:
-                view.claims.append(ClaimView.of(claim))
+                by_ref[ref] = ClaimView.of(claim)
+                view.claims.append(by_ref[ref])
+        if stack.real_nodes and view.phase == RUNNING:
+            view.cdi_devices = container_cdi_ids(pod, by_ref)
+            statuses = status.get("containerStatuses") or []
+            view.ready = bool(statuses) and all(c.get("ready") for c in statuses)
         if want.expect == PENDING:
             if want.namespace not in explanations:
                 explanations[want.namespace] = our_explanations(stack, want.namespace)
@@ -260,16 +287,54 @@ def observe(stack: Stack, wanted: Sequence[tuple[str, ExamplePod]]) -> list[PodV
 def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
     """The ResourceClaim names a pod uses: named claims, and those generated
     from templates (reported in the pod's status)."""
+    return list(pod_claims(pod).values())
+
+
+def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
+    """The pod's claim references (``spec.resourceClaims[].name``) -> ResourceClaim name."""
     generated = {
         s["name"]: s.get("resourceClaimName")
         for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
     }
-    names = []
+    found = {}
     for ref in pod["spec"].get("resourceClaims") or []:
         name = ref.get("resourceClaimName") or generated.get(ref["name"])
         if name:
-            names.append(name)
-    return names
+            found[ref["name"]] = name
+    return found
+
+
+def container_cdi_ids(
+    pod: Mapping[str, Any], claims: Mapping[str, ClaimView]
+) -> dict[str, list[str]]:
+    """What each container gets, as the kubelet hands it to the runtime: the CDI id
+    of every device allocated for the requests it names (all of the claim's devices
+    when it names none); ``claims`` by the pod's claim reference."""
+    spec = pod["spec"]
+    out: dict[str, list[str]] = {}
+    for container in [*(spec.get("initContainers") or []), *spec["containers"]]:
+        ids = []
+        for use in (container.get("resources") or {}).get("claims") or []:
+            claim = claims.get(use["name"])
+            if claim is None:
+                continue
+            for d in claim.devices:
+                if use.get("request") in (None, "", d.request.split("/")[0]):
+                    ids.append(cdi.device_id(claim.uid, d.device))
+        out[container["name"]] = sorted(ids)
+    return out
+
+
+def container_logs(stack: Stack, view: PodView) -> dict[str, str]:
+    """What each container of a running pod printed (``kubectl logs``)."""
+    if view.phase != RUNNING:
+        return {}
+    logs = {}
+    for container in view.cdi_devices:
+        logs[container] = stack.cp.kubectl(
+            "logs", "-n", view.pod.namespace, view.pod.name, "-c", container, check=False
+        ).strip()
+    return logs
 
 
 def our_explanations(stack: Stack, namespace: str) -> dict[str, str]:
@@ -381,4 +446,6 @@ def _pod_lines(view: PodView) -> list[str]:
     lines = [f"{pod}: Running on {view.node}"]
     for container, ids in sorted(view.cdi_devices.items()):
         lines.append(f"      {container}: {', '.join(ids) or '(no CDI devices)'}")
+        for said in (view.logs.get(container) or "").splitlines():
+            lines.append(f"        | {said}")
     return lines

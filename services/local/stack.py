@@ -11,6 +11,14 @@ Start order (stopped by PID in the reverse order)::
               waited for until it has wiped its node's ResourceSlices
     gpudra publisher, gpudra allocator (claim watcher), cluster-wide
 
+With ``real_nodes=True`` every node is a real one (services/local/node.py):
+its private mount namespace with the simulated driver root comes first (the
+preparer runs inside it, with ``--driver-root /run/nvidia/driver``, so its CDI
+specs name the driver files and device nodes containerd and the hooks see),
+and in kubelet-dra's place containerd and the real kubelet run the pods in
+real containers; the controller manager also runs the node lifecycle
+controller, and the Nodes are the kubelets' own.
+
 kubelet-dra starts before the publisher because a starting kubelet deletes its
 node's ResourceSlices; our plugin registers with it, the presence record goes
 on the bus and only then does the publisher write the node's slices, so a
@@ -24,6 +32,8 @@ Everything listens on 127.0.0.1. The work directory holds::
                                      seed per component (users/<identity>.nk)
     nodes/<node>/kubelet/            kubelet root: plugins_registry/, plugins/gpu.nvidia.com/
     nodes/<node>/cdi/                the CDI specs the preparer writes
+    nodes/<node>/containerd/ ...     real nodes only (see services/local/node.py)
+    images/                          real nodes only: the OCI archives imported on each node
     jaeger/jaeger.yaml               Jaeger's config (with ``jaeger=True``)
     logs/<component>.log             one log per process
     processes.json                   {name: pid} of every process started
@@ -54,14 +64,17 @@ from typing import Any
 from services.core import featuregates, nvidia
 from services.core.access import Role
 from services.core.natsserver import NatsServer, free_port
-from services.local import REPO
+from services.local import REPO, images
 from services.local.cluster import (
+    DEFAULT_CONTROLLERS,
+    REAL_NODE_CONTROLLERS,
     ControlPlane,
     KubeletDRA,
     Process,
     build_controlplane,
 )
 from services.local.jaeger import Jaeger
+from services.local.node import NodeTools, RealNode
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
 
@@ -124,6 +137,9 @@ class Stack:
     is how long a claim's pod waits before the allocator watcher explains why;
     ``prepare_timeout`` how long the kubelet plugin waits for the preparer
     (default: the plugin's own, 45 s). A given ``workdir`` must be empty or new.
+    ``real_nodes``: containerd and the real kubelet instead of kubelet-dra (the
+    caller checks :func:`services.local.node.unavailable` first); ``node_tools``
+    their binaries (default: found beside the control plane, containerd built).
     """
 
     def __init__(
@@ -139,6 +155,8 @@ class Stack:
         startup_timeout: float = 120.0,
         log_level: str = "info",
         jaeger: bool = False,
+        real_nodes: bool = False,
+        node_tools: NodeTools | None = None,
     ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -155,11 +173,16 @@ class Stack:
         self.startup_timeout = startup_timeout
         self.log_level = log_level
         self.nats = NatsServer(self.workdir / "nats", log_file=self.logs_dir / "nats.log")
+        self.real_nodes = real_nodes
+        self.node_tools = node_tools
+        self.real: dict[str, RealNode] = {}  # node name -> its runner, with real_nodes
+        self.images: tuple[images.ImageArchive, ...] = ()
         self.cp = ControlPlane(
             binary,
             workdir=self.workdir,
-            nodes=names,
+            nodes=[] if real_nodes else names,  # real nodes register themselves
             feature_gates=kube_feature_gates,
+            controllers=REAL_NODE_CONTROLLERS if real_nodes else DEFAULT_CONTROLLERS,
             startup_timeout=startup_timeout,
         )
         # With ``jaeger``, every gpudra process exports its spans to a Jaeger started first.
@@ -203,6 +226,8 @@ class Stack:
         self._started.append("controlplane")
         self.cp.start()
         self.cp.apply(DEVICE_CLASSES.read_text())
+        if self.real_nodes:
+            self._start_real_hosts()
         for node in self.nodes.values():
             node.kubelet_root.mkdir(parents=True, exist_ok=True)
             node.cdi_root.mkdir(parents=True, exist_ok=True)
@@ -228,6 +253,8 @@ class Stack:
                 self.cp.stop()
             elif name.startswith("kubelet-dra-"):
                 self.cp.stop_kubelet_dra(name.removeprefix("kubelet-dra-"))
+            elif name.startswith("node-") and name.removeprefix("node-") in self.real:
+                self.real[name.removeprefix("node-")].stop()
             elif name in self.processes:
                 self.processes[name].stop()
 
@@ -262,12 +289,16 @@ class Stack:
         if service == "discovery":
             return ["discovery", *on_node, "--fleet", where.spec.fleet]
         if service == "preparer":
+            # On a real node the preparer sees the node's driver installation.
+            real = self.real.get(node)
+            driver = ["--driver-root", str(real.driver_root)] if real is not None else []
             return [
                 "preparer", *on_node, *kubeconfig,
                 "--fleet", where.spec.fleet,
                 "--kubelet-root", str(where.kubelet_root),
                 "--cdi-root", str(where.cdi_root),
                 "--feature-gates", self.gates,
+                *driver,
             ]  # fmt: skip
         plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root)]
         if self.prepare_timeout is not None:
@@ -276,8 +307,10 @@ class Stack:
 
     def _add(self, service: str, node: str | None = None, *, ready: str = "") -> Process:
         name = service if node is None else f"{service}-{node}"
-        argv = self._service_argv(service, node)
-        self._argv[name] = [sys.executable, "-m", "services.cli", *argv]
+        argv = [sys.executable, "-m", "services.cli", *self._service_argv(service, node)]
+        if service == "preparer" and node in self.real:
+            argv = self.real[node].argv(argv)  # inside the node's mount namespace
+        self._argv[name] = argv
         process = self.start_service(name, ready=ready)
         self._started.append(name)
         return process
@@ -332,12 +365,32 @@ class Stack:
 
     # ---- kubelet-dra -------------------------------------------------------
 
-    def start_kubelets(self, nodes: Sequence[str]) -> list[KubeletDRA]:
-        """Start kubelet-dra for ``nodes`` and return once each has wiped its
-        node's ResourceSlices, as a starting kubelet does (so that a slice seen
-        after this was written after the wipe)."""
+    def _start_real_hosts(self) -> None:
+        """Each real node's namespace and driver installation, before its preparer."""
+        assert self.cp.binary is not None
+        tools = self.node_tools or NodeTools.find(self.cp.binary)
+        self.images = images.build(self.workdir / "images")
+        for name, node in self.nodes.items():
+            fleet, timeout = node.spec.fleet, self.startup_timeout
+            real = RealNode(self.cp, name, fleet, node.root, tools, startup_timeout=timeout)
+            self.real[name] = real
+            self._started.append(f"node-{name}")
+            real.launch_host()  # the nodes build their driver roots side by side
+        for real in self.real.values():
+            real.wait_host()
+            assert real.holder is not None
+            self.processes[real.holder.name] = real.holder  # its exit is a failure
+            self._write_pids()
+
+    def start_kubelets(self, nodes: Sequence[str]) -> list[Process]:
+        """Start each node's kubelet (kubelet-dra, or containerd and the real
+        kubelet) and return once each has wiped its node's ResourceSlices, as a
+        starting kubelet does (so that a slice seen after this was written after
+        the wipe)."""
+        if self.real_nodes:
+            return self._start_real_kubelets(nodes)
         sentinels = [self._plant_sentinel(node) for node in nodes]
-        handles = []
+        handles: list[Process] = []
         for node in nodes:
             handle = self.cp.start_kubelet_dra(node, self.nodes[node].kubelet_root)
             self.processes[f"kubelet-dra-{node}"] = handle
@@ -345,19 +398,62 @@ class Stack:
                 self._started.append(f"kubelet-dra-{node}")
             handles.append(handle)
         self._write_pids()
-        for node, sentinel, handle in zip(nodes, sentinels, handles, strict=True):
+        for node, sentinel, started in zip(nodes, sentinels, handles, strict=True):
             self.wait_for(
                 functools.partial(self._slice_gone, sentinel),
                 f"kubelet-dra {node} to wipe the node's ResourceSlices",
-                handle,
+                started,
             )
         return handles
 
     def _slice_gone(self, name: str) -> bool:
         return self.api_get(f"/apis/resource.k8s.io/v1/resourceslices/{name}") is None
 
-    def restart_kubelet(self, node: str) -> KubeletDRA:
-        self.cp.stop_kubelet_dra(node)
+    def _start_real_kubelets(self, nodes: Sequence[str]) -> list[Process]:
+        handles: list[Process] = []
+        for node in nodes:
+            sentinel = self._plant_sentinel(node)
+            real = self.real[node]
+            if real.containerd is None:
+                real.start_runtime(self.images)
+            else:
+                real.start_kubelet()
+            assert real.containerd is not None and real.kubelet is not None
+            self.processes[real.containerd.name] = real.containerd
+            self.processes[real.kubelet.name] = real.kubelet
+            self._paused.discard(real.kubelet.name)
+            self._write_pids()
+            self.wait_for(
+                functools.partial(self._slice_gone, sentinel),
+                f"the kubelet of {node} to wipe the node's ResourceSlices",
+                real.kubelet,
+            )
+            handles.append(real.kubelet)
+        return handles
+
+    def kill_containerd(self, node: str) -> None:
+        """SIGKILL a real node's containerd (its shims and containers live on)."""
+        real = self.real[node]
+        if real.containerd is not None:
+            self._paused.add(real.containerd.name)
+        real.kill_containerd()
+
+    def start_containerd(self, node: str) -> Process:
+        """Start a real node's containerd again (same root, same config)."""
+        process = self.real[node].start_containerd()
+        self.processes[process.name] = process
+        self._paused.discard(process.name)
+        self._write_pids()
+        return process
+
+    def restart_kubelet(self, node: str) -> Process:
+        if node in self.real:
+            kubelet = self.real[node].kubelet
+            if kubelet is not None:
+                self._paused.add(kubelet.name)
+            self.real[node].stop_kubelet()
+        else:
+            self.cp.stop_kubelet_dra(node)
         return self.start_kubelets([node])[0]
 
     def _plant_sentinel(self, node: str) -> str:

@@ -26,6 +26,10 @@ E2E_NODES = ("e2e-node-1", "e2e-node-2")
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "e2e: needs the real Kubernetes control plane")
+    config.addinivalue_line(
+        "markers",
+        "realnode: runs real nodes (containerd, runc, the real kubelet; root and cgroups)",
+    )
 
 
 @pytest.fixture(scope="session")

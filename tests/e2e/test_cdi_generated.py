@@ -1,6 +1,6 @@
 """Specs the generator writes from a real driver installation, loaded as a runtime loads them.
 
-The fake installation (tests/helpers/driverroot) sits where the chart mounts
+The fake installation (services/local/driverroot) sits where the chart mounts
 the host's driver root; the specs name host paths (``--host-driver-root /``),
 and the official CDI library (``controlplane cdi``) loads and injects each
 claim kind into an OCI spec: the driver's libraries as read-only bind mounts,
@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from services.local import driverroot
 from services.preparer import cdi
 from services.preparer.cdigen.caps import ProcCaps
 from services.preparer.cdigen.devfs import HostDevFs
@@ -25,7 +26,6 @@ from services.preparer.checkpoint import (
     PreparedDeviceState,
     VfioState,
 )
-from tests.helpers import driverroot
 from tests.helpers.cdi import inject
 
 pytestmark = [

@@ -1,6 +1,6 @@
 """gpudra's claim CDI specs against the reference driver's, edit by edit.
 
-Both generators are given the same fake node (tests/helpers/driverroot.py:
+Both generators are given the same fake node (services/local/driverroot.py:
 real ELF libraries, ldconfig's cache, mknod device nodes, /proc and sysfs
 stand-ins; the simulated dgx-a100 fleet with driver 580.95.05) and the same
 claim. The reference's spec comes from ``controlplane reference-cdi``: NVIDIA's
@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 
+from services.local import driverroot as dr
 from services.preparer import cdi
-from tests.helpers import driverroot as dr
 from tests.helpers.cdi import inject
 from tests.helpers.cdicompare import (
     ClaimCase,

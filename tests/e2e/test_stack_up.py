@@ -168,3 +168,42 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
     assert "SIGTERM: stopping" in rest
     assert f"work dir kept: {workdir}" in rest
     assert still_running(pids) == {}
+
+
+@pytest.mark.realnode
+def test_real_nodes_run_every_example_in_containers(workdir: Path) -> None:
+    """``--real-nodes``: containerd and the real kubelet; each running container
+    prints what the stand-in nvidia-smi finds in it: its own GPUs."""
+    from services.local import node
+
+    reason = node.unavailable()
+    if reason:
+        pytest.skip(f"real nodes cannot run here: {reason}")
+    proc = gpudra_up("--real-nodes", "--exit-after-demo", "--timeout", "90",
+                     "--workdir", str(workdir))  # fmt: skip
+    try:
+        out, _ = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(30)
+    assert proc.returncode == 0, out
+    for name in NODES:
+        assert re.search(rf"{name} +fleet dgx-\w+: .*containerd, kubelet \(real containers\)", out)
+    examples = demo.load_examples()
+    pods = [p for e in examples for p in e.pods]
+    assert f"{len(pods)}/{len(pods)} pods as expected ({len(pods) - 1} Running)" in out, out
+    # Each GPU container's log: nvidia-smi -L run in the container, its one GPU.
+    assert re.search(
+        r"pod single-gpu/cuda: Running on gpu-node-\w+\n"
+        r"      cuda: k8s\.gpu\.nvidia\.com/claim=\S+\n"
+        r"        \| GPU 0: NVIDIA \S+.* \(UUID: GPU-[0-9a-f-]+\)\n",
+        out,
+    ), out
+    four = re.search(r"pod mig-four-slices/sweep: Running on gpu-node-a100\n(?:.*\n){6}", out)
+    assert four is not None and len(re.findall(r"MIG 1g\.5gb Device \d", four.group(0))) == 4
+    assert "gpudra audit --verify: every claim's trail is complete" in out, out
+    pids = recorded_pids(workdir)
+    assert {f"nodehost-{n}" for n in NODES} <= set(pids)
+    assert {f"kubelet-{n}" for n in NODES} | {f"containerd-{n}" for n in NODES} <= set(pids)
+    assert still_running(pids) == {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from services.core.nvidia import gpu_device_name, vfio_device_name
-from tests.helpers.driverroot import DriverRoot
+from services.local.driverroot import DriverRoot
 
 
 @dataclass(frozen=True)

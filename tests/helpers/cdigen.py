@@ -15,6 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from services.local.driverroot import DriverRoot
 from services.preparer import cdi
 from services.preparer.checkpoint import (
     GroupState,
@@ -25,7 +26,6 @@ from services.preparer.checkpoint import (
 )
 from services.preparer.devices.real import RealOps
 from tests.helpers.cdicompare import ClaimCase
-from tests.helpers.driverroot import DriverRoot
 
 
 def gpudra_spec(

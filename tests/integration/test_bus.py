@@ -8,7 +8,8 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from services.core import retention, subjects
+from services.core import retention, subjects, supervisor
+from services.core.access import Role
 from services.core.bus import Bus, KvUpdate, RequestFailed, RequestTimeout
 from services.core.metrics import MALFORMED_MESSAGES
 from services.core.natsserver import NatsServer
@@ -161,3 +162,22 @@ async def test_an_unknown_schema_version_or_a_too_deep_payload_is_refused_and_co
     assert MALFORMED_MESSAGES.labels(source="kv:presence")._value.get() >= before + 2
     with pytest.raises(nats.js.errors.BadRequestError, match="message size exceeds maximum"):
         await kv.put("huge", b"\x00" * (retention.DEFAULTS["presence"].max_msg_size + 1))
+
+
+async def test_a_connection_the_client_gives_up_on_stops_the_process(
+    nats_server: NatsServer,
+) -> None:
+    """nats-py closes for good on a server error while connected (an auth callout that
+    did not answer in time, an expired token); the process must then stop (exit 1) so
+    that its orchestrator restarts it, not serve on with a dead connection."""
+    tasks = supervisor.current()
+    healthy = await connect(nats_server, Role.PUBLISHER, name="healthy")
+    await healthy.close()
+    await asyncio.sleep(0)  # the close callback has run
+    assert tasks.failure is None and not tasks.stopped.is_set()
+    doomed = await connect(nats_server, Role.PUBLISHER, name="doomed")
+    # A line the server answers with -ERR 'Unknown Protocol Operation' (then it hangs up).
+    doomed.nc._transport.write(b"FOO BAR\r\n")  # type: ignore[union-attr]
+    await asyncio.wait_for(tasks.stopped.wait(), 60)
+    assert tasks.failure == "the bus connection 'doomed' closed for good"
+    assert doomed.nc.is_closed

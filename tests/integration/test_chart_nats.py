@@ -3,16 +3,14 @@
 tests/unit/test_deploy_chart.py reads the templates as text; this renders them
 (``helm template``) and starts nats-server with the rendered ``nats.conf``, its
 included ``nats-auth.conf`` and the chart-made certificate, with only the paths
-and ports moved to a temporary directory and free 127.0.0.1 ports. Skipped where
-helm is not installed (``GPUDRA_HELM`` or ``helm`` on PATH; e.g.
-``go install helm.sh/helm/v3/cmd/helm@v3.19.0``).
+and ports moved to a temporary directory and free 127.0.0.1 ports. helm is the one
+services/local/helm/build.sh builds (tests/helpers/helm.py).
 """
 
 from __future__ import annotations
 
 import base64
 import os
-import shutil
 import socket
 import ssl
 import subprocess
@@ -21,44 +19,27 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 from cryptography import x509
 
 from services.core import natsjwt
 from services.core.natsauth import new_seed, public_key
 from services.core.natsserver import free_port, server_binary
-from tests.helpers.natsauth import REPO, wait_for
+from tests.helpers.helm import helm, one
+from tests.helpers.natsauth import wait_for
 
-CHART = REPO / "deploy" / "chart" / "gpudra"
 NS = "gpu-system"
 
 
-def _helm() -> str:
-    found = os.environ.get("GPUDRA_HELM") or shutil.which("helm")
-    if not found:
-        pytest.skip("helm not installed (set GPUDRA_HELM or put helm on PATH)")
-    return found
-
-
-def _render() -> list[dict[str, Any]]:
-    out = subprocess.run(
-        [_helm(), "template", "gpudra", str(CHART), "--namespace", NS, "--kube-version", "1.35.0"],
-        capture_output=True, text=True, check=True,
-    )  # fmt: skip
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
-
-
-def _one(docs: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
-    (found,) = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
-    return found
+def _render(home: Path) -> list[dict[str, Any]]:
+    return helm(home).template(namespace=NS)
 
 
 @pytest.fixture
 def rendered_server(tmp_path: Path) -> Iterator[tuple[int, Path, Path]]:
     """nats-server running the rendered configuration: (client port, CA file, log)."""
-    docs = _render()
-    config = _one(docs, "ConfigMap", "gpudra-nats")["data"]
-    secret = _one(docs, "Secret", "gpudra-nats-tls")["data"]
+    docs = _render(tmp_path / "helm")
+    config = one(docs, "ConfigMap", "gpudra-nats")["data"]
+    secret = one(docs, "Secret", "gpudra-nats-tls")["data"]
     for key, value in secret.items():
         (tmp_path / key).write_bytes(base64.b64decode(value))
     port = free_port()
@@ -108,11 +89,10 @@ def test_the_rendered_config_runs_with_tls_for_the_service_name_and_the_callout(
     assert "[FTL]" not in log.read_text()
 
 
-def test_the_chart_made_certificate_names_the_service_and_every_peer() -> None:
-    docs = _render()
-
+def test_the_chart_made_certificate_names_the_service_and_every_peer(tmp_path: Path) -> None:
+    docs = _render(tmp_path)
     cert = x509.load_pem_x509_certificate(
-        base64.b64decode(_one(docs, "Secret", "gpudra-nats-tls")["data"]["tls.crt"])
+        base64.b64decode(one(docs, "Secret", "gpudra-nats-tls")["data"]["tls.crt"])
     )
     names = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
     dns = set(names.get_values_for_type(x509.DNSName))

@@ -1,6 +1,6 @@
 """The preparer over a real driver installation on disk: good and broken ones.
 
-A fake NVIDIA installation (tests/helpers/driverroot: real ELF libraries,
+A fake NVIDIA installation (services/local/driverroot: real ELF libraries,
 ldconfig's cache, binaries, firmware, mknod device nodes) stands where the
 chart mounts the host's driver root; discovery simulates the same GPUs. Each
 broken installation (no libraries, a device node that is not one, no
@@ -20,8 +20,8 @@ import pytest
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.discovery.fleet import get_fleet
-from tests.helpers import driverroot
-from tests.helpers.driverroot import DriverRoot
+from services.local import driverroot
+from services.local.driverroot import DriverRoot
 from tests.helpers.preparer import Dev, Node, make_claim, validate_cdi_file
 
 FLEET = "dgx-a100"

@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from services.local import driverroot
 from services.preparer.cdigen import driver, elf, ldcache
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.devices import simroot
-from tests.helpers import driverroot
 
 needs_root = pytest.mark.skipif(
     driverroot.unavailable() is not None, reason=str(driverroot.unavailable())

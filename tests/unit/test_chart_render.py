@@ -1,31 +1,31 @@
-"""The chart's metrics and tracing settings as real helm renders them (skipped without
-helm: ``GPUDRA_HELM`` or ``helm`` on PATH; tests/unit/test_deploy_chart.py reads the
-templates as text everywhere)."""
+"""The chart as real helm renders it (helm from services/local/helm/build.sh, see
+tests/helpers/helm.py): metrics and tracing settings. tests/unit/test_deploy_chart.py
+lints and renders the whole chart with default and other values."""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-CHART = Path(__file__).resolve().parents[2] / "deploy" / "chart" / "gpudra"
+from services.local.helm import Helm
+from tests.helpers.helm import CHART, helm
+
 WORKLOADS = ("DaemonSet", "Deployment")
 
 
-def render(*sets: str) -> list[dict[str, Any]]:
-    helm = os.environ.get("GPUDRA_HELM") or shutil.which("helm")
-    if not helm:
-        pytest.skip("helm not installed (set GPUDRA_HELM or put helm on PATH)")
-    argv = [helm, "template", "g", str(CHART), "--kube-version", "1.35.0"]
-    for value in sets:
-        argv += ["--set", value]
-    out = subprocess.run(argv, capture_output=True, text=True, check=True, timeout=120)
-    return [d for d in yaml.safe_load_all(out.stdout) if d]
+@pytest.fixture(scope="module")
+def chart_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return helm(tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture
+def render(chart_helm: Helm) -> Any:
+    def render(**values: object) -> list[dict[str, Any]]:
+        return chart_helm.template(values, release="g", namespace="default")
+
+    return render
 
 
 def containers(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -41,8 +41,8 @@ def env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container["env"]}
 
 
-def test_each_process_gets_its_metrics_port_and_a_podmonitor_finds_them_all() -> None:
-    docs = render("metrics.podMonitor.enabled=true")
+def test_each_process_gets_its_metrics_port_and_a_podmonitor_finds_them_all(render: Any) -> None:
+    docs = render(**{"metrics.podMonitor.enabled": True})
     ports = yaml.safe_load((CHART / "values.yaml").read_text())["metrics"]["ports"]
     named = {}
     for name, container in containers(docs).items():
@@ -64,18 +64,21 @@ def test_each_process_gets_its_metrics_port_and_a_podmonitor_finds_them_all() ->
     assert {p["port"] for p in policy["spec"]["ingress"][0]["ports"]} == set(ports.values())
 
 
-def test_metrics_off_leaves_no_port_monitor_or_variable() -> None:
-    docs = render("metrics.enabled=false", "metrics.podMonitor.enabled=true")
+def test_metrics_off_leaves_no_port_monitor_or_variable(render: Any) -> None:
+    docs = render(**{"metrics.enabled": False, "metrics.podMonitor.enabled": True})
     assert not [d for d in docs if d["kind"] == "PodMonitor" or "metrics" in d["metadata"]["name"]]
     for container in containers(docs).values():
         assert "ports" not in container and "GPUDRA_METRICS_PORT" not in env(container)
 
 
-def test_otlp_settings_become_the_standard_variables_only_when_an_endpoint_is_set() -> None:
+def test_otlp_settings_become_the_standard_variables_only_when_an_endpoint_is_set(
+    render: Any,
+) -> None:
     for container in containers(render()).values():
         assert not [n for n in env(container) if n.startswith("OTEL_")]
-    docs = render("otlp.endpoint=https://otel:4317", "otlp.headersSecret=otlp-auth",
-                  "otlp.certificate=/etc/otel/ca.crt", "otlp.samplerArg=0.25")  # fmt: skip
+    otlp = {"endpoint": "https://otel:4317", "headersSecret": "otlp-auth",
+            "certificate": "/etc/otel/ca.crt", "samplerArg": "0.25"}  # fmt: skip
+    docs = render(**{f"otlp.{k}": v for k, v in otlp.items()})
     for name, container in containers(docs).items():
         got = env(container)
         assert got["OTEL_EXPORTER_OTLP_ENDPOINT"] == "https://otel:4317"

@@ -1,7 +1,11 @@
 """The Helm chart (deploy/chart/gpudra) without helm: what can be checked from its files.
 
 The RBAC rules live only in values.yaml (templates/rbac.yaml renders them with
-toYaml), so the least-privilege table below is checked against them directly.
+toYaml), so the least-privilege table below is checked against them directly, and
+again against what real helm renders (helm from services/local/helm/build.sh, see
+tests/helpers/helm.py): `helm lint --strict` and `helm template` with the defaults
+and other values users may set, each rendered object checked (RBAC, NetworkPolicies
+evaluated against the pods' labels, security contexts, host paths, settings).
 DeviceClasses are plain YAML. Containers are checked against the real
 ``gpudra`` command: each runs a sub-command that exists, and each GPUDRA_*
 variable it sets is one of that sub-command's flags.
@@ -10,8 +14,13 @@ variable it sets is one of that sub-command's flags.
 from __future__ import annotations
 
 import argparse
+import os
 import re
+import socket
+import subprocess
+import tempfile
 import tomllib
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +28,10 @@ import pytest
 import yaml
 
 from services.cli import build_parser
-from services.core import nvidia, resource
+from services.core import nvidia, resource, retention
+from services.kubeletplugin.sockets import SocketPaths
+from services.local.helm import KUBE_VERSION, Helm, HelmError, set_args
+from tests.helpers.helm import helm, objects_by_kind, one, pod_specs
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "chart" / "gpudra"
@@ -179,7 +191,8 @@ def test_containers_run_real_subcommands_with_real_flags(template: str) -> None:
     text = (TEMPLATES / template).read_text()
     starts = [(m.start(), m[1]) for m in re.finditer(r'args: \["([a-z-]+)"\]', text)]
     assert starts, "no containers found"
-    common = _env_flags(_helper("gpudra.commonEnv"))
+    common = _env_flags(_helper("gpudra.commonEnv") + _helper("gpudra.busEnv"))
+    assert 'include "gpudra.busEnv"' in _helper("gpudra.commonEnv")
     assert common == {
         "--nats-url", "--nats-token-file", "--nats-ca", "--nats-replicas", "--log-level",
         "--feature-gates", "--max-inflight"
@@ -235,14 +248,14 @@ def test_each_bus_client_mounts_only_its_own_token_and_the_ca(template: str) -> 
         if command in ("nats-auth", "nats-keygen"):
             continue  # the auth service logs in with its own nkey; keygen is no bus client
         role = ROLE_OF[command]
-        assert 'include "gpudra.commonEnv"' in block
+        assert 'include "gpudra.commonEnv"' in block or 'include "gpudra.busEnv"' in block
         mounts = re.findall(r'include "gpudra.natsMount" \(list \. "([a-z]+)"\)', block)
         assert mounts == [role], (command, mounts)
         assert f'include "gpudra.natsVolume" (list . "{role}")' in text
     volume = _helper("gpudra.natsVolume")
     assert 'audience: {{ printf "%s:%s" $.Values.nats.auth.audience (index . 1) }}' in volume
     assert "key: ca.crt" in volume and "tls.key" not in volume
-    env = _helper("gpudra.commonEnv")
+    env = _helper("gpudra.busEnv")
     assert "GPUDRA_NATS_TOKEN_FILE\n  value: /var/run/gpudra/nats/token" in env
     assert "GPUDRA_NATS_CA\n  value: /var/run/gpudra/nats/ca.crt" in env
     assert "mountPath: /var/run/gpudra/nats\n" in _helper("gpudra.natsMount")
@@ -275,8 +288,9 @@ def test_the_grants_give_each_role_to_the_account_its_pod_runs_as() -> None:
 def test_the_bus_runs_tls_auth_callout_and_monitoring_on_localhost_only() -> None:
     nats = (TEMPLATES / "nats.yaml").read_text()
     conf = nats[nats.index("nats.conf: |") : nats.index("nats-auth.conf: |")]
-    assert "http: 127.0.0.1:8222" in conf and "0.0.0.0:8222" not in nats
-    assert "httpGet" not in nats and nats.count("http://127.0.0.1:8222/healthz") == 2
+    assert "http: 127.0.0.1:{{ int $ports.monitor }}" in conf  # never another address
+    assert "httpGet" not in nats
+    assert nats.count('printf "http://127.0.0.1:%d/healthz?js-enabled-only=true"') == 2
     tls = "cert_file: {{ $tls }}/tls.crt\n"
     assert conf.count(tls) == 2  # the client port and the routes
     cluster = conf[conf.index("cluster {") :]
@@ -335,3 +349,427 @@ def test_the_preparer_sees_the_driver_where_it_is_mounted_and_writes_host_paths(
     assert "GPUDRA_NVIDIA_CDI_HOOK_PATH" in preparer
     values = _values()
     assert (values["nvidiaDriverRoot"], values["containerDriverRoot"]) == ("/", "/driver-root")
+
+
+# --- The chart as real helm lints and renders it ------------------------------------------
+
+# Values other than the defaults, each a release users may install (--set-json key=value).
+VARIANTS: dict[str, dict[str, object]] = {
+    "defaults": {},
+    "external-bus": {"nats.enabled": False, "nats.url": "tls://nats.example:4222",
+                     "nats.streamReplicas": 3},
+    "one-server-cert-manager": {"nats.replicas": 1,
+                                "nats.tls.certManager.issuerRef": {"name": "ca",
+                                                                   "kind": "ClusterIssuer"}},
+    "everything-on": {
+        "image.tag": "1.2.3", "imagePullSecrets": [{"name": "regcred"}],
+        "featureGates": {"TimeSlicingSettings": True, "MPSSupport": True},
+        "retention": {"CLAIMS": {"maxAge": "90d", "maxBytes": "4Gi"}},
+        "simulatedFleet": "dgx-h100", "nvidiaCDIHookPath": "/usr/local/bin/nvidia-cdi-hook",
+        "node.kubeletplugin.rollingUpdateSockets": True,
+        "node.preparer.trustClaimsBucket": True, "node.nodeSelector": {"gpu": "yes"},
+        "metrics.podMonitor.enabled": True, "otlp.endpoint": "http://otel:4317",
+        "publisher.additionalXidsToIgnore": "48,63",
+    },
+    "quiet": {"metrics.enabled": False, "networkPolicy.enabled": False},
+    "preparer-without-api": {"rbac.rules.preparer": [], "node.preparer.trustClaimsBucket": True},
+    # One node whose pods have only a loopback (tests/e2e/test_chart_install.py).
+    "host-network": {
+        "hostNetwork": True, "apiServer": {"host": "127.0.0.1", "port": "16443"},
+        "nats.url": "tls://127.0.0.1:14222", "nats.listenAddress": "127.0.0.1",
+        "nats.ports": {"client": 14222, "cluster": 16222, "monitor": 18222},
+        "nats.replicas": 1, "nats.command": ["nats-server"],
+        "nats.persistence.enabled": False, "metrics.enabled": False,
+    },
+}  # fmt: skip
+NAMESPACE = "gpu-system"
+# Read from the environment by services/core/retention.py, not flags.
+RETENTION_VARIABLES = {f"GPUDRA_{retention.setting_name(name)}_{limit}"
+                       for name in retention.DEFAULTS
+                       for limit in ("MAX_AGE", "MAX_BYTES", "MAX_MSG_SIZE")}  # fmt: skip
+# Containers that run privileged, and why (values.yaml says the same).
+PRIVILEGED = {"discovery", "preparer"}  # NVML device nodes; MIG, MPS, vfio-pci binding
+# Containers that run as root without privileges: they write root-owned host or volume paths.
+ROOT = {"kubeletplugin", "nats"}  # sockets under the kubelet root; the JetStream store
+HOST_PATHS = {"/sys", "/dev", "/", "/var/lib/kubelet/plugins",
+              "/var/lib/kubelet/plugins_registry", "/var/run/cdi"}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def chart_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
+    return helm(tmp_path_factory.mktemp("helm"))
+
+
+@pytest.fixture(scope="module")
+def rendered(chart_helm: Helm) -> dict[str, list[dict[str, Any]]]:
+    return {name: chart_helm.template(values, namespace=NAMESPACE)
+            for name, values in VARIANTS.items()}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_helm_lint_strict_passes(chart_helm: Helm, variant: str) -> None:
+    out = chart_helm.run("lint", "--strict", str(CHART), "--namespace", NAMESPACE,
+                         "--kube-version", KUBE_VERSION, *set_args(VARIANTS[variant]))  # fmt: skip
+    assert "1 chart(s) linted, 0 chart(s) failed" in out
+    assert "[WARNING]" not in out and "[ERROR]" not in out
+
+
+def test_a_missing_bus_url_is_refused_by_name(chart_helm: Helm) -> None:
+    with pytest.raises(HelmError, match=r"nats\.url is required when nats\.enabled is false"):
+        chart_helm.template({"nats.enabled": False})
+
+
+def _containers_of(spec: dict[str, Any]) -> list[dict[str, Any]]:
+    return [*spec.get("initContainers", []), *spec["containers"]]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_rbac_is_the_least_privilege_table(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    docs = rendered[variant]
+    bus = VARIANTS[variant].get("nats.enabled", True)
+    full = "gpudra"
+    roles = objects_by_kind(docs, "ClusterRole")
+    expected = {c: g for c, g in LEAST_PRIVILEGE.items() if g}
+    if not bus:
+        expected = {c: g for c, g in expected.items() if c not in ("nats-auth", "provision")}
+    if variant == "preparer-without-api":
+        del expected["preparer"]
+    assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in roles.items()} == expected
+    bindings = objects_by_kind(docs, "ClusterRoleBinding")
+    assert set(bindings) == set(roles)
+    for name, binding in bindings.items():
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                      "kind": "ClusterRole", "name": name}  # fmt: skip
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name,
+                                        "namespace": NAMESPACE}]  # fmt: skip
+    for role in [*roles.values(), *objects_by_kind(docs, "Role").values()]:
+        for rule in role["rules"]:
+            words = {*rule["apiGroups"], *rule["resources"], *rule["verbs"]}
+            assert not words & NEVER and not any("*" in w for w in words), rule
+    accounts = objects_by_kind(docs, "ServiceAccount")
+    assert all(a["automountServiceAccountToken"] is False for a in accounts.values())
+    # Every pod runs as a rendered account; an API token only where its account has rules.
+    role_bindings = [*bindings.values(), *objects_by_kind(docs, "RoleBinding").values()]
+    with_rules = {s["name"] for b in role_bindings for s in b["subjects"]}
+    for workload, template in pod_specs(docs).items():
+        spec = template["spec"]
+        if "serviceAccountName" not in spec:  # NATS: no account of ours, no token
+            assert spec["automountServiceAccountToken"] is False, workload
+            continue
+        assert spec["serviceAccountName"] in accounts, workload
+        api_volumes = {
+            v["name"] for v in spec.get("volumes", [])
+            for s in v.get("projected", {}).get("sources", [])
+            if "serviceAccountToken" in s and "audience" not in s["serviceAccountToken"]
+        }  # fmt: skip
+        for container in _containers_of(spec):
+            mounted = {m["name"] for m in container.get("volumeMounts", [])}
+            has_api = spec["automountServiceAccountToken"] or bool(mounted & api_volumes)
+            if has_api:
+                assert spec["serviceAccountName"] in with_rules, (workload, container["name"])
+
+
+def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:
+    """A Kubernetes label selector, as the API server evaluates it."""
+    if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
+        return False
+    for expr in selector.get("matchExpressions", []):
+        key, op, values = expr["key"], expr["operator"], expr.get("values", [])
+        ok = {"In": key in labels and labels[key] in values,
+              "NotIn": labels.get(key) not in values,
+              "Exists": key in labels, "DoesNotExist": key not in labels}[op]  # fmt: skip
+        if not ok:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_network_policies_admit_exactly_gpudra_clients_to_the_bus(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    docs = rendered[variant]
+    policies = objects_by_kind(docs, "NetworkPolicy")
+    on = VARIANTS[variant].get("networkPolicy.enabled", True)
+    bus = VARIANTS[variant].get("nats.enabled", True)
+    pods = {name: t["metadata"]["labels"] for name, t in pod_specs(docs).items()}
+    if not on:
+        assert not policies
+        return
+    expected = {"gpudra-nats", "gpudra-nats-auth"} if bus else set()
+    if VARIANTS[variant].get("metrics.enabled", True):
+        expected.add("gpudra-metrics")
+    assert set(policies) == expected
+    for policy in policies.values():
+        assert policy["metadata"]["namespace"] == NAMESPACE
+        assert policy["spec"]["policyTypes"] == ["Ingress"]
+    if not bus:
+        return
+    nats = policies["gpudra-nats"]["spec"]
+    (server,) = [n for n, labels in pods.items() if _matches(nats["podSelector"], labels)]
+    assert server == "gpudra-nats"
+    clients, routes = nats["ingress"]
+    assert clients["ports"] == [{"port": "client"}] and routes["ports"] == [{"port": "cluster"}]
+    admitted = {n for n, labels in pods.items()
+                if any(_matches(p["podSelector"], labels) for p in clients["from"])}  # fmt: skip
+    assert admitted == {"gpudra-node", "gpudra-publisher", "gpudra-allocator",
+                        "gpudra-nats-auth", "gpudra-provision-1"}  # fmt: skip
+    peers = {n for n, labels in pods.items() if _matches(routes["from"][0]["podSelector"], labels)}
+    assert peers == {"gpudra-nats"}
+    (container,) = pod_specs(docs)["gpudra-nats"]["spec"]["containers"]
+    ports = {"client": 4222, "cluster": 6222, **VARIANTS[variant].get("nats.ports", {})}  # type: ignore[dict-item]
+    assert {p["name"]: p["containerPort"] for p in container["ports"]} == {
+        "client": ports["client"], "cluster": ports["cluster"]}  # fmt: skip
+    auth = policies["gpudra-nats-auth"]["spec"]
+    assert auth["ingress"] == []
+    assert {n for n, labels in pods.items() if _matches(auth["podSelector"], labels)} == {
+        "gpudra-nats-auth"}  # fmt: skip
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_rendered_pods_run_with_the_least_privileges_they_need(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    for workload, template in pod_specs(rendered[variant]).items():
+        spec = template["spec"]
+        for key in ("hostPID", "hostIPC"):
+            assert not spec.get(key), (workload, key)
+        host_paths = {v["hostPath"]["path"] for v in spec.get("volumes", []) if "hostPath" in v}
+        if workload == "gpudra-node":
+            assert host_paths == HOST_PATHS
+        else:
+            assert not host_paths, workload
+        for container in _containers_of(spec):
+            name = container["name"]
+            context = container.get("securityContext") or {}
+            if name in PRIVILEGED:
+                assert context == {"privileged": True}, name
+                continue
+            assert not context.get("privileged"), name
+            assert context.get("allowPrivilegeEscalation") is False, name
+            assert context.get("readOnlyRootFilesystem") is True, name
+            assert context.get("capabilities") == {"drop": ["ALL"]}, name
+            if name not in ROOT:
+                assert context.get("runAsNonRoot") is True, name
+                assert context.get("runAsUser", 0) != 0, name
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_rendered_setting_is_a_flag_of_the_container_command(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    commands = _subcommands()
+    for template in pod_specs(rendered[variant]).values():
+        for container in _containers_of(template["spec"]):
+            if container["name"] == "nats":
+                continue  # the NATS image, configured by its file
+            assert container["command"] == ["gpudra"]
+            flags = set(commands[container["args"][0]]._option_string_actions)
+            env = {e["name"] for e in container.get("env", [])}
+            settings = {n for n in env if n.startswith("GPUDRA_")} - RETENTION_VARIABLES
+            got = {"--" + n.removeprefix("GPUDRA_").lower().replace("_", "-") for n in settings}
+            assert got <= flags, (container["name"], got - flags)
+            assert container["args"][1:] == [] or container["name"] == "nats-keygen"
+
+
+def test_rendered_settings_follow_the_values(rendered: dict[str, list[dict[str, Any]]]) -> None:
+    def envs(docs: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+        return {c["name"]: {e["name"]: e.get("value", e.get("valueFrom")) for e in c["env"]}
+                for t in pod_specs(docs).values() for c in _containers_of(t["spec"])
+                if c["name"] != "nats" and "env" in c}  # fmt: skip
+
+    on = envs(rendered["everything-on"])
+    assert on["preparer"]["GPUDRA_FEATURE_GATES"] == "MPSSupport=true,TimeSlicingSettings=true"
+    assert on["allocator"]["GPUDRA_CLAIMS_MAX_AGE"] == "90d"
+    assert on["publisher"]["GPUDRA_CLAIMS_MAX_BYTES"] == "4Gi"
+    assert on["discovery"]["GPUDRA_FLEET"] == on["preparer"]["GPUDRA_FLEET"] == "dgx-h100"
+    assert on["kubeletplugin"]["GPUDRA_ROLLING_UPDATE_UID"] == {
+        "fieldRef": {"fieldPath": "metadata.uid"}}  # fmt: skip
+    assert on["preparer"]["GPUDRA_TRUST_CLAIMS_BUCKET"] == "true"
+    assert on["preparer"]["GPUDRA_NVIDIA_CDI_HOOK_PATH"] == "/usr/local/bin/nvidia-cdi-hook"
+    assert on["publisher"]["GPUDRA_ADDITIONAL_XIDS_TO_IGNORE"] == "48,63"
+    for template in pod_specs(rendered["everything-on"]).values():
+        spec = template["spec"]
+        for container in _containers_of(spec):
+            if container["name"] != "nats":
+                assert container["image"] == "ghcr.io/gpudra/gpudra:1.2.3"
+                assert spec["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod_specs(rendered["everything-on"])["gpudra-node"]["spec"]["nodeSelector"] == {
+        "gpu": "yes"}  # fmt: skip
+    default = envs(rendered["defaults"])
+    assert "GPUDRA_ROLLING_UPDATE_UID" not in default["kubeletplugin"]
+    assert "GPUDRA_TRUST_CLAIMS_BUCKET" not in default["preparer"]
+    assert default["preparer"]["GPUDRA_NATS_URL"] == f"tls://gpudra-nats.{NAMESPACE}.svc:4222"
+    assert default["preparer"]["GPUDRA_NATS_REPLICAS"] == "3"
+    for template in pod_specs(rendered["defaults"]).values():
+        for container in _containers_of(template["spec"]):
+            if container["name"] != "nats":
+                assert container["image"] == "ghcr.io/gpudra/gpudra:0.1.0"  # appVersion
+    external = envs(rendered["external-bus"])
+    assert set(external) == {"discovery", "preparer", "kubeletplugin", "publisher", "allocator"}
+    assert external["publisher"]["GPUDRA_NATS_URL"] == "tls://nats.example:4222"
+    assert external["publisher"]["GPUDRA_NATS_REPLICAS"] == "3"
+    assert not [d for d in rendered["external-bus"] if "nats" in d["metadata"]["name"]]
+    host = rendered["host-network"]
+    for name, template in pod_specs(host).items():
+        assert template["spec"]["hostNetwork"] is True, name
+        assert template["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet", name
+    for name, template in pod_specs(rendered["defaults"]).items():
+        assert "hostNetwork" not in template["spec"], name
+    api_users = {"preparer", "publisher", "allocator", "nats-auth", "nats-keygen"}
+    for name, got in envs(host).items():
+        assert (got.get("KUBERNETES_SERVICE_HOST"), got.get("KUBERNETES_SERVICE_PORT")) == (
+            ("127.0.0.1", "16443") if name in api_users else (None, None)), name  # fmt: skip
+        if "GPUDRA_NATS_URL" in got:
+            assert got["GPUDRA_NATS_URL"] == "tls://127.0.0.1:14222", name
+    nats_spec = pod_specs(host)["gpudra-nats"]["spec"]
+    (server,) = nats_spec["containers"]
+    assert server["command"] == ["nats-server"]
+    assert {"name": "data", "emptyDir": {}} in nats_spec["volumes"]
+    assert "volumeClaimTemplates" not in one(host, "StatefulSet", "gpudra-nats")["spec"]
+    conf = one(host, "ConfigMap", "gpudra-nats")["data"]["nats.conf"]
+    assert "listen: 127.0.0.1:14222" in conf and "http: 127.0.0.1:18222" in conf
+    assert "http://127.0.0.1:18222/healthz" in server["readinessProbe"]["exec"]["command"][-1]
+    assert "command" not in one(rendered["defaults"], "StatefulSet", "gpudra-nats")["spec"][
+        "template"]["spec"]["containers"][0]  # fmt: skip
+    one_server = rendered["one-server-cert-manager"]
+    assert "cluster {" not in one(one_server, "ConfigMap", "gpudra-nats")["data"]["nats.conf"]
+    assert not objects_by_kind(one_server, "Secret")
+    cert = one(one_server, "Certificate", "gpudra-nats")["spec"]
+    assert cert["secretName"] == "gpudra-nats-tls"
+    assert cert["issuerRef"] == {"name": "ca", "kind": "ClusterIssuer"}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_every_namespaced_object_is_in_the_release_namespace(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+    for doc in rendered[variant]:
+        if doc["kind"] not in cluster_scoped:
+            assert doc["metadata"].get("namespace") == NAMESPACE, (doc["kind"], doc["metadata"])
+
+
+# --- Every value is documented and used ---------------------------------------------------
+
+# Maps whose keys are the user's (components, gates, streams): documented as one value.
+OPAQUE = {"rbac.rules", "rbac.hookRules", "retention", "featureGates", "metrics.ports"}
+
+
+def _leaves(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
+    for key, value in values.items():
+        path = prefix + key
+        if isinstance(value, dict) and value and path not in OPAQUE:
+            yield from _leaves(value, path + ".")
+        else:
+            yield path
+
+
+def _documented_keys() -> set[str]:
+    """Keys of values.yaml with a comment: on their line, in the comment block right above
+    them, or (for every key inside it) on their parent."""
+    documented: set[str] = set()
+    stack: list[tuple[int, str]] = []
+    comment_above = False
+    for line in (CHART / "values.yaml").read_text().splitlines():
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            comment_above = True
+            continue
+        key = re.match(r"^( *)([A-Za-z][\w-]*):(.*)$", line)
+        if not key:
+            comment_above = comment_above and not stripped
+            continue
+        indent, name, rest = len(key[1]), key[2], key[3]
+        while stack and stack[-1][0] >= indent:
+            stack.pop()
+        parent = stack[-1][1] if stack else ""
+        path = f"{parent}.{name}" if parent else name
+        if comment_above or " #" in rest or parent in documented:
+            documented.add(path)
+        stack.append((indent, path))
+        comment_above = False
+    return documented
+
+
+# Standard Kubernetes fields passed to the pods as they are: their meaning is Kubernetes'.
+PASSTHROUGH = {"nodeSelector", "tolerations", "affinity", "resources", "replicas",
+               "pullPolicy", "imagePullSecrets", "repository", "tag", "updateStrategy"}  # fmt: skip
+
+
+def test_every_value_is_documented_in_values_yaml() -> None:
+    documented = _documented_keys()
+    missing = [leaf for leaf in _leaves(_values()) if leaf not in documented
+               and leaf.rsplit(".", 1)[-1] not in PASSTHROUGH
+               and not any(leaf.startswith(p + ".") for p in documented)]  # fmt: skip
+    assert not missing, f"values without a comment in values.yaml: {missing}"
+
+
+def test_every_value_is_used_and_every_used_value_exists() -> None:
+    used: set[str] = set()
+    for path in (*TEMPLATES.iterdir(), CHART / "values.yaml"):
+        used |= set(re.findall(r"\.Values((?:\.[A-Za-z]\w*)+)", path.read_text()))
+    used = {u.lstrip(".") for u in used}
+    leaves = set(_leaves(_values()))
+
+    def known(u: str) -> bool:
+        return any(leaf == u or leaf.startswith(u + ".") or u.startswith(leaf + ".")
+                   for leaf in leaves)  # fmt: skip
+
+    unknown = [u for u in used if not known(u)]
+    assert not unknown, f"templates read values that values.yaml does not have: {unknown}"
+    unused = [leaf for leaf in leaves
+              if not any(leaf == u or leaf.startswith(u + ".") for u in used)]  # fmt: skip
+    assert not unused, f"values no template reads: {unused}"
+
+
+def test_no_hook_runs_after_the_workloads_so_helm_install_wait_cannot_deadlock(
+    rendered: dict[str, list[dict[str, Any]]],
+) -> None:
+    """`helm install --wait` runs post-install hooks only once every workload is ready;
+    the components are ready only once the bus is provisioned, so provisioning is a plain
+    Job (one per revision) and the only hooks are the keygen's, before anything starts."""
+    docs = rendered["defaults"]
+    hooks = {d["metadata"]["name"]: d["metadata"]["annotations"]["helm.sh/hook"] for d in docs
+             if "helm.sh/hook" in (d["metadata"].get("annotations") or {})}  # fmt: skip
+    assert hooks and set(hooks.values()) == {"pre-install,pre-upgrade"}
+    assert {name for name in hooks if not name.startswith("gpudra-nats-keygen")} == set()
+    job = one(docs, "Job", "gpudra-provision-1")  # helm template renders revision 1
+    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["provision"]
+
+
+@pytest.mark.parametrize("variant", ["defaults", "everything-on"])  # without and with a UID
+def test_the_plugin_is_ready_exactly_when_both_its_sockets_are_served(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    """The readiness probe runs as the kubelet runs it (sh in the container's environment),
+    against sockets where services/kubeletplugin/sockets.py puts them."""
+    with tempfile.TemporaryDirectory(prefix="kr-", dir="/tmp") as short:  # socket paths
+        _probe_against_sockets(rendered[variant], Path(short), variant == "everything-on")
+
+
+def _probe_against_sockets(docs: list[dict[str, Any]], tmp_path: Path, rolling: bool) -> None:
+    spec = pod_specs(docs)["gpudra-node"]["spec"]
+    (plugin,) = [c for c in spec["containers"] if c["name"] == "kubeletplugin"]
+    argv = plugin["readinessProbe"]["exec"]["command"]
+    uid = "0f4c2a55-1b7e-4c1e-9a57-6f6d1d0c2b11" if rolling else ""
+    assert ("GPUDRA_ROLLING_UPDATE_UID" in {e["name"] for e in plugin["env"]}) == bool(uid)
+    env = {"PATH": os.environ["PATH"], "GPUDRA_KUBELET_ROOT": str(tmp_path)}
+    if uid:
+        env["GPUDRA_ROLLING_UPDATE_UID"] = uid
+    paths = SocketPaths.for_driver(tmp_path, nvidia.DRIVER_NAME, uid)
+
+    def probe() -> int:
+        return subprocess.run(argv, env=env, check=False, capture_output=True).returncode
+
+    listeners = []
+    for path in paths.all():
+        assert probe() != 0, f"ready before {path} is served"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        listener = socket.socket(socket.AF_UNIX)
+        listener.bind(str(path))
+        listeners.append(listener)
+    assert probe() == 0
+    for listener in listeners:
+        listener.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers import driverroot as dr
+from services.local import driverroot as dr
 
 pytestmark = pytest.mark.skipif(dr.unavailable() is not None, reason=str(dr.unavailable()))
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 
 from services.core.schemas import Gpu
+from services.local import driverroot
 from services.preparer.cdigen import caps
 from services.preparer.checkpoint import VfioState
 from services.preparer.devices import real
 from services.preparer.devices.base import DeviceOpError, MpsRequest
 from services.preparer.devices.mps import MpsDaemons, _alive
 from services.preparer.devices.vfio import VfioSysfs
-from tests.helpers import driverroot
 
 BDF = "0000:3b:00.0"
 

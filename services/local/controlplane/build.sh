@@ -6,10 +6,13 @@
 # Prints progress on stderr and the absolute path of the binary as the last
 # line of stdout. Next to the binary there is one symlink per component
 # (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
-# kubelet-dra, reference-allocator, cdi) and reference-cdi, a binary of its own
-# (module referencecdi/: NVIDIA's CDI library needs go-nvml, which needs cgo,
-# so it is built with CGO_ENABLED=1 and a C compiler; the control plane
-# without). `controlplane reference-cdi ARGS` runs it.
+# kubelet, kubelet-dra, reference-allocator, cdi) and three binaries of module
+# referencecdi/ (NVIDIA's toolkit needs go-nvml, which needs cgo, so they are
+# built with CGO_ENABLED=1 and a C compiler; the control plane without):
+# reference-cdi (`controlplane reference-cdi ARGS` runs it), and the toolkit's
+# own nvidia-cdi-hook and nvidia-ctk (the version referencecdi/go.mod pins),
+# which the real nodes (services/local/node.py) put in their driver root so
+# that the hooks of our CDI specs really run.
 #
 # Cache: $GPUDRA_CACHE/controlplane/<sha256 of go.mod, go.sum, build.sh,
 # ../gobuild/lib.sh, every *.go file here and referencecdi/'s module>/ (see
@@ -21,13 +24,13 @@ set -euo pipefail
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../gobuild/lib.sh
 . "$HERE/../gobuild/lib.sh"
-COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet-dra reference-allocator)
+COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kubelet-dra reference-allocator)
 
 force=0
 case "${1:-}" in
 --force) force=1 ;;
 "") ;;
--h | --help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+-h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 *) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
 esac
 
@@ -40,6 +43,7 @@ BIN="$OUTDIR/controlplane"
 
 complete() {
 	[ -x "$BIN" ] && [ -x "$OUTDIR/reference-cdi" ] || return 1
+	[ -x "$OUTDIR/nvidia-cdi-hook" ] && [ -x "$OUTDIR/nvidia-ctk" ] || return 1
 	local c
 	for c in "${COMPONENTS[@]}"; do [ -L "$OUTDIR/$c" ] || return 1; done
 }
@@ -80,6 +84,13 @@ echo "build.sh: built in $(($(date +%s) - start)) s" >&2
 start=$(date +%s)
 (cd "$TMP/src/referencecdi" && CGO_ENABLED=1 nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "-s -w" -o "$TMP/out/reference-cdi" .) >&2
 echo "build.sh: reference-cdi built in $(($(date +%s) - start)) s" >&2
+start=$(date +%s)
+TOOLKIT=github.com/NVIDIA/nvidia-container-toolkit
+TOOLKIT_VERSION=$(cd "$TMP/src/referencecdi" && "$GO" list -m -f '{{.Version}}' "$TOOLKIT")
+(cd "$TMP/src/referencecdi" && CGO_ENABLED=1 nice -n 10 "$GO" build -p "$JOBS" -trimpath \
+	-ldflags "-s -w -X $TOOLKIT/internal/info.version=${TOOLKIT_VERSION#v}" \
+	-o "$TMP/out/" "$TOOLKIT/cmd/nvidia-cdi-hook" "$TOOLKIT/cmd/nvidia-ctk") >&2
+echo "build.sh: nvidia-cdi-hook, nvidia-ctk ($TOOLKIT_VERSION) built in $(($(date +%s) - start)) s" >&2
 
 for c in "${COMPONENTS[@]}"; do
 	ln -s controlplane "$TMP/out/$c"

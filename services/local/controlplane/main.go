@@ -7,6 +7,7 @@
 //	kube-scheduler           k8s.io/kubernetes/cmd/kube-scheduler/app, unmodified
 //	kube-controller-manager  k8s.io/kubernetes/cmd/kube-controller-manager/app, unmodified
 //	kubectl                  k8s.io/kubectl/pkg/cmd, unmodified
+//	kubelet                  k8s.io/kubernetes/cmd/kubelet/app, unmodified (real nodes)
 //	kubelet-dra              the kubelet's DRA manager and plugin manager for one node
 //	reference-allocator      the structured allocator of k8s.io/dynamic-resource-allocation
 //	cdi                      a container runtime's CDI loader (tags.cncf.io/container-device-interface)
@@ -36,6 +37,7 @@ var components = map[string]component{
 	"kube-scheduler":          {runScheduler, "kube-scheduler"},
 	"kube-controller-manager": {runControllerManager, "kube-controller-manager"},
 	"kubectl":                 {runKubectl, "kubectl"},
+	"kubelet":                 {runKubelet, "the kubelet (real nodes: containerd, runc, real containers)"},
 	"kubelet-dra":             {runKubeletDRA, "the kubelet's DRA manager + plugin manager for one node"},
 	"reference-allocator":     {runReferenceAllocator, "offline structured allocation with the upstream allocator"},
 	"cdi":                     {runCDI, "load CDI spec dirs as a container runtime does and inject devices"},

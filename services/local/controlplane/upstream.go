@@ -4,6 +4,7 @@ package main
 // them (k8s.io/kubernetes/cmd/*/*.go and etcd's server/main.go).
 
 import (
+	"context"
 	"os"
 	_ "time/tzdata" // kube-apiserver / kube-controller-manager: CronJob time zones
 
@@ -20,6 +21,7 @@ import (
 	apiserverapp "k8s.io/kubernetes/cmd/kube-apiserver/app"
 	controllermanagerapp "k8s.io/kubernetes/cmd/kube-controller-manager/app"
 	schedulerapp "k8s.io/kubernetes/cmd/kube-scheduler/app"
+	kubeletapp "k8s.io/kubernetes/cmd/kubelet/app"
 )
 
 func runEtcd() int {
@@ -49,4 +51,10 @@ func runKubectl() int {
 		kubectlutil.CheckErr(err) // prints the error and exits non-zero
 	}
 	return 0
+}
+
+func runKubelet() int {
+	// As in k8s.io/kubernetes/cmd/kubelet/kubelet.go: the whole kubelet, for
+	// the real nodes of services/local/node (containerd, runc, real containers).
+	return cli.Run(kubeletapp.NewKubeletCommand(context.Background()))
 }

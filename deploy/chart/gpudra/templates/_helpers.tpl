@@ -27,11 +27,34 @@ app.kubernetes.io/component: {{ index . 1 }}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}
 
+{{/* What clients connect to: nats.url, else the chart's NATS Service. */}}
 {{- define "gpudra.natsUrl" -}}
-{{- if .Values.nats.enabled -}}
-tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
+{{- if .Values.nats.url -}}
+{{- .Values.nats.url -}}
+{{- else if .Values.nats.enabled -}}
+tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:{{ int .Values.nats.ports.client }}
 {{- else -}}
 {{- required "nats.url is required when nats.enabled is false" .Values.nats.url -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Every pod of the chart on the node's network (hostNetwork), resolving cluster
+names all the same; nothing otherwise. Include with: with include ... | nindent 6. */}}
+{{- define "gpudra.podNetwork" -}}
+{{- if .Values.hostNetwork -}}
+hostNetwork: true
+dnsPolicy: ClusterFirstWithHostNet
+{{- end -}}
+{{- end -}}
+
+{{/* Where a container that calls the API server finds it, when not at the in-cluster
+Service the kubelet names (KUBERNETES_SERVICE_HOST/PORT): apiServer.host and .port. */}}
+{{- define "gpudra.apiServerEnv" -}}
+{{- with .Values.apiServer.host -}}
+- name: KUBERNETES_SERVICE_HOST
+  value: {{ . | quote }}
+- name: KUBERNETES_SERVICE_PORT
+  value: {{ required "apiServer.port is required with apiServer.host" $.Values.apiServer.port | quote }}
 {{- end -}}
 {{- end -}}
 
@@ -44,9 +67,11 @@ tls://{{ include "gpudra.fullname" . }}-nats.{{ .Release.Namespace }}.svc:4222
 {{- join "," $gates -}}
 {{- end -}}
 
-{{/* The common flags every service takes (services/core/config.py add_common_flags).
-The bus token and CA are files of the container's own volume (gpudra.natsVolume). */}}
-{{- define "gpudra.commonEnv" -}}
+{{/* Where the bus is and what its streams keep: every bus client, the provision Job
+included (services/core/config.py add_nats_flags, --nats-replicas; the retention
+variables of services/core/retention.py). The bus token and CA are files of the
+container's own volume (gpudra.natsVolume). */}}
+{{- define "gpudra.busEnv" -}}
 - name: GPUDRA_NATS_URL
   value: {{ include "gpudra.natsUrl" . | quote }}
 - name: GPUDRA_NATS_TOKEN_FILE
@@ -55,18 +80,23 @@ The bus token and CA are files of the container's own volume (gpudra.natsVolume)
   value: /var/run/gpudra/nats/ca.crt
 - name: GPUDRA_NATS_REPLICAS
   value: {{ ternary .Values.nats.replicas .Values.nats.streamReplicas .Values.nats.enabled | quote }}
-- name: GPUDRA_LOG_LEVEL
-  value: {{ .Values.logLevel | quote }}
-- name: GPUDRA_FEATURE_GATES
-  value: {{ include "gpudra.featureGates" . | quote }}
-- name: GPUDRA_MAX_INFLIGHT
-  value: {{ .Values.maxInflight | quote }}
 {{- range $name, $limits := .Values.retention }}
 {{- range $setting, $value := $limits }}
 - name: {{ printf "GPUDRA_%s_%s" ($name | upper) ($setting | snakecase | upper) }}
   value: {{ $value | quote }}
 {{- end }}
 {{- end }}
+{{- end -}}
+
+{{/* The common flags every service takes (services/core/config.py add_common_flags). */}}
+{{- define "gpudra.commonEnv" -}}
+{{ include "gpudra.busEnv" . }}
+- name: GPUDRA_LOG_LEVEL
+  value: {{ .Values.logLevel | quote }}
+- name: GPUDRA_FEATURE_GATES
+  value: {{ include "gpudra.featureGates" . | quote }}
+- name: GPUDRA_MAX_INFLIGHT
+  value: {{ .Values.maxInflight | quote }}
 {{- end -}}
 
 {{/* The node's name for the node services (config.default_node_name reads NODE_NAME). */}}

@@ -1,7 +1,8 @@
 """A fake NVIDIA driver installation on disk, real enough for NVIDIA's own CDI generator.
 
-CDI tests need what a GPU node has, not what our generator expects: the
-driver's whole library set as real ELF shared objects with versioned sonames
+CDI tests and the real nodes (:mod:`services.local.node`) need what a GPU node
+has, not what our generator expects: the driver's whole library set as real ELF
+shared objects with versioned sonames
 (compiled here with ``cc``), the symlinks an install has and lacks, an
 ``etc/ld.so.cache`` written by the real ``ldconfig -r``, the driver's binaries,
 GSP firmware, IPC sockets, a ``/proc`` stand-in, a sysfs for the PCI devices
@@ -398,6 +399,14 @@ def _compiled_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix="gpudra-fake-elf-"))
 
 
+def cleanup() -> None:
+    """Remove this process's compiled objects (they are copied into each root)."""
+    if _compiled_dir.cache_info().currsize:
+        shutil.rmtree(_compiled_dir(), ignore_errors=True)
+    for cached in (_compiled_dir, _shared_object, _executable):
+        cached.cache_clear()
+
+
 @functools.cache
 def _shared_object(soname: str) -> Path:
     """A real ELF shared object whose DT_SONAME is ``soname`` (compiled once per process)."""
@@ -481,6 +490,10 @@ def _firmware(root: DriverRoot) -> None:
 def _unix_socket(path: Path) -> None:
     """A real socket inode at ``path`` (bound short, then moved: sun_path holds 108 bytes)."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    if len(str(path).encode()) < 100:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.bind(str(path))
+        return
     short = Path(tempfile.mkdtemp(prefix="gpudra-sock-")) / "s"
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
         s.bind(str(short))
