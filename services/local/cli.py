@@ -96,6 +96,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="containerd and the real kubelet run the pods in real containers (needs root "
         "and cgroups; otherwise kubelet-dra, saying why)",
     )
+    parser.add_argument(
+        "--no-webhook",
+        action="store_true",
+        help="do not run gpudra webhook (bad configs are then refused only at prepare)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -133,6 +138,8 @@ def run(args: argparse.Namespace) -> int:
             jaeger=args.jaeger,
             real_nodes=tools is not None,
             node_tools=tools,
+            webhook=not args.no_webhook,
+            kube_feature_gates=stacks.DEMO_KUBE_GATES,
         )
     except stacks.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
