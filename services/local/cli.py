@@ -139,7 +139,6 @@ def run(args: argparse.Namespace) -> int:
             real_nodes=tools is not None,
             node_tools=tools,
             webhook=not args.no_webhook,
-            kube_feature_gates=stacks.DEMO_KUBE_GATES,
         )
     except stacks.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)

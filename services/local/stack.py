@@ -137,7 +137,8 @@ class Stack:
     """NATS + control plane + every gpudra service for ``nodes``.
 
     ``gates`` are the driver's feature gates (preparer and publisher);
-    ``kube_feature_gates`` go to the Kubernetes components. ``pending_threshold``
+    ``kube_feature_gates`` go to the Kubernetes components (default
+    :data:`DEMO_KUBE_GATES`, so that every example runs). ``pending_threshold``
     is how long a claim's pod waits before the allocator watcher explains why;
     ``prepare_timeout`` how long the kubelet plugin waits for the preparer
     (default: the plugin's own, 45 s). A given ``workdir`` must be empty or new.
@@ -187,7 +188,7 @@ class Stack:
             binary,
             workdir=self.workdir,
             nodes=[] if real_nodes else names,  # real nodes register themselves
-            feature_gates=kube_feature_gates,
+            feature_gates=DEMO_KUBE_GATES if kube_feature_gates is None else kube_feature_gates,
             controllers=REAL_NODE_CONTROLLERS if real_nodes else DEFAULT_CONTROLLERS,
             startup_timeout=startup_timeout,
         )
