@@ -203,6 +203,8 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
             f"{kubelet}"
         )
     _say("  cluster-wide    publisher, allocator (claim watcher)")
+    if stack.webhook:
+        _say("  admission       gpudra webhook (ValidatingWebhookConfiguration gpudra-webhook)")
     if stack.jaeger is not None:
         _say(f"  jaeger          query API and UI {stack.jaeger.ui}, OTLP {stack.jaeger.otlp_grpc}")
     _say("metrics (Prometheus, OpenMetrics with exemplars), one port per process:")

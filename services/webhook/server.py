@@ -14,13 +14,14 @@ import contextlib
 import datetime as dt
 import logging
 import ssl
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from aiohttp import web
 
 from services.core import featuregates as fg
 from services.webhook import admit, certs, review
+from services.webhook.metrics import REVIEWS
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +39,6 @@ class Webhook:
     ctx: ssl.SSLContext | None = None
     served: certs.Served | None = None
     problem: str = ""  # why /readyz fails: the certificate being served has expired
-    counts: dict[str, int] = field(default_factory=dict)
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -88,7 +88,7 @@ class Webhook:
         return web.Response(status=status, text=message + "\n")
 
     def _count(self, outcome: str) -> None:
-        self.counts[outcome] = self.counts.get(outcome, 0) + 1
+        REVIEWS.labels(outcome).inc()
 
     async def watch_certificate(self) -> None:
         """Reload a renewed certificate; report (on /readyz and in the log) an expired one."""
