@@ -288,3 +288,40 @@ def test_a_device_plugin_style_pod_gets_two_gpus_from_our_slices(stack: Stack) -
     assert prepared.node == node and sorted(d.device for d in prepared.devices) == sorted(
         r["device"] for r in results
     )
+
+
+def test_a_device_plugin_style_pod_that_cannot_fit_is_explained_on_the_pod(stack: Stack) -> None:
+    """Nine GPUs on no node: the scheduler makes no claim; gpudra explains the one it would."""
+    manifest = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"namespace": NS, "name": "nine-gpus"},
+        "spec": {
+            "containers": [
+                {
+                    "name": "ctr",
+                    "image": "busybox",
+                    "resources": {"limits": {"nvidia.com/gpu": "9"}},
+                }
+            ]
+        },
+    }
+    stack.cp.apply(manifest)
+
+    def explanation() -> str:
+        events = stack.cp.kubectl_json("get", "events", "-n", NS)["items"]
+        for event in events:
+            involved = event["involvedObject"]
+            if (involved.get("kind"), involved.get("name")) == ("Pod", "nine-gpus") and (
+                event.get("source") or {}
+            ).get("component") == "gpudra-allocator":
+                return str(event["message"])
+        return ""
+
+    message = wait(explanation, "gpudra's explanation on the nine-GPU pod")
+    assert message.startswith(
+        "extended resources (as the scheduler's claim nine-gpus-extended-resources would ask them):"
+    ), message
+    assert "container-0-request-0" in message, message
+    got = stack.cp.kubectl_json("get", "pod", "-n", NS, "nine-gpus")
+    assert not got["spec"].get("nodeName") and "extendedResourceClaimStatus" not in got["status"]
