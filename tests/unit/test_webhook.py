@@ -248,3 +248,19 @@ def test_a_renewed_certificate_is_loaded_and_an_expired_renewal_refused(tmp_path
     renewed = admission.issue(tmp_path)
     again = certs.reload(ctx, renewed.cert, renewed.key, served)
     assert again.stamp != served.stamp
+
+
+def test_a_certificate_that_expires_while_serving_fails_readyz_by_name(tmp_path: Path) -> None:
+    from services.webhook.server import Webhook
+
+    issued = admission.issue(tmp_path)
+    hook = Webhook(GATES, issued.cert, issued.key)
+    hook.ctx, hook.served = certs.context(issued.cert, issued.key)
+    hook.refresh()
+    assert hook.problem == ""
+    later = hook.served.not_after + dt.timedelta(seconds=1)
+    hook.refresh(now=later)
+    assert hook.problem.startswith(f"serving certificate {issued.cert} expired at ")
+    renewed = admission.issue(tmp_path)  # cert-manager renews the files in place
+    hook.refresh()
+    assert hook.problem == "" and hook.served.stamp == certs.stamp(renewed.cert, renewed.key)
