@@ -53,6 +53,7 @@ def cluster(
     policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
     assert len(policy) == 2
     with ControlPlane(controlplane_binary, runtime_config={"resource.k8s.io/v1beta1": True}) as cp:
+        cp.apply(badconfigs.claim("default", "from-before", badconfigs.BAD[0][1]))
         cp.apply(policy)
         yield cp
     cp.cleanup()
@@ -129,3 +130,12 @@ def test_good_configs_and_templates_are_admitted(cluster: ControlPlane) -> None:
     }
     proc = apply(cluster, template)
     assert proc.returncode != 0 and "sharing.strategy" in proc.stderr, proc.stderr
+
+
+def test_a_claim_from_before_the_policy_can_still_be_updated(cluster: ControlPlane) -> None:
+    """Finalizers and labels of a claim admitted before the policy are not judged."""
+    refused_until_ready(cluster, badconfigs.claim("default", "probe", badconfigs.BAD[0][1]))
+    cluster.kubectl("label", "resourceclaim", "from-before", "touched=yes")
+    assert cluster.kubectl_json("get", "resourceclaim", "from-before")["metadata"]["labels"] == {
+        "touched": "yes"
+    }
