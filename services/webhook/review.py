@@ -44,6 +44,8 @@ def parse(body: bytes) -> AdmissionRequest:
         review = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:
         raise ReviewError(f"body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ReviewError(f"body nested too deeply: {exc}") from exc
     if not isinstance(review, dict):
         raise ReviewError(f"not an AdmissionReview: a JSON {type(review).__name__}, not an object")
     api_version, kind = review.get("apiVersion"), review.get("kind")
@@ -70,7 +72,7 @@ def response(uid: str, allowed: bool, message: str = "", code: int = 200) -> byt
         answer["status"] = {
             "status": "Failure",
             "message": message,
-            "reason": "Invalid" if code == 422 else "BadRequest",
+            "reason": {422: "Invalid", 500: "InternalError"}.get(code, "BadRequest"),
             "code": code,
         }
     return msgspec.json.encode({"apiVersion": API_VERSION, "kind": KIND, "response": answer})

@@ -182,6 +182,7 @@ def test_other_kinds_and_shapes_are_denied_not_guessed() -> None:
     [
         (b"", "empty body"),
         (b"{not json", "body is not JSON"),
+        (b"[" * 100_000, "body nested too deeply"),
         (b"[]", "not an AdmissionReview: a JSON list"),
         (b'{"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview", "request": {}}',
          "unsupported review admission.k8s.io/v1beta1/AdmissionReview"),
