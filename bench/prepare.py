@@ -5,7 +5,7 @@
 
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
-``gpudra preparer`` (checkpoint and CDI writes fsynced, as in production) and
+``gpudra preparer`` (checkpoint and CDI writes as in production) and
 ``gpudra kubeletplugin`` as separate processes, registers like the kubelet,
 then runs prepare+unprepare cycles of single-GPU claims through the real DRA
 socket. Prints per phase: p50/p99 latency of NodePrepareResources and
@@ -439,7 +439,7 @@ async def node_stack(args: argparse.Namespace, otlp: str) -> AsyncIterator[NodeS
             checks = "bucket trusted" if args.trust_claims_bucket else "claims checked via API"
             tracing = f"tracing on ({otlp})" if otlp else "tracing off"
             print(
-                f"fleet {args.fleet}: {len(gpus)} GPUs; checkpoint fsync on; {checks}; "
+                f"fleet {args.fleet}: {len(gpus)} GPUs; {checks}; "
                 f"{tracing}; front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
             )
             await wait_for_preparer(kubelet, preparer)
