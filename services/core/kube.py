@@ -21,6 +21,7 @@ import msgspec
 
 from services.core import limits
 from services.core.kubeconfig import Endpoint, load
+from services.core.ratelimit import TokenBucket
 
 PAGE_SIZE = 500
 WATCH_TIMEOUT_S = 300  # the server ends a watch after this; we resume from the last RV
@@ -111,12 +112,15 @@ class _Status(msgspec.Struct):
     message: str = ""
 
 
-async def http_api(kubeconfig: str | None, *, connections: int = 100) -> HttpKubeApi:
+async def http_api(
+    kubeconfig: str | None, *, connections: int = 100, qps: float = 0.0, burst: int = 1
+) -> HttpKubeApi:
     """:class:`HttpKubeApi` from a kubeconfig file, or in-cluster when empty.
 
     ``connections``: the most requests in flight at once (HTTP/1.1, one per
-    connection; a publisher writing slices concurrently wants enough)."""
-    return HttpKubeApi(await load(kubeconfig), connections=connections)
+    connection; a publisher writing slices concurrently wants enough); ``qps``
+    and ``burst``: the request budget (:class:`TokenBucket`; 0: none)."""
+    return HttpKubeApi(await load(kubeconfig), connections=connections, qps=qps, burst=burst)
 
 
 _JSON = msgspec.json.Encoder()
@@ -125,9 +129,12 @@ _JSON = msgspec.json.Encoder()
 class HttpKubeApi:
     """:class:`KubeApi` over one aiohttp session (created on first use, in the loop)."""
 
-    def __init__(self, endpoint: Endpoint, *, connections: int = 100) -> None:
+    def __init__(
+        self, endpoint: Endpoint, *, connections: int = 100, qps: float = 0.0, burst: int = 1
+    ) -> None:
         self.endpoint = endpoint
         self.connections = connections
+        self.budget = TokenBucket(qps, burst)
         self._session: aiohttp.ClientSession | None = None
 
     def _client(self) -> aiohttp.ClientSession:
@@ -234,6 +241,7 @@ class HttpKubeApi:
             sent["Content-Type"] = "application/json"
         sent.update(headers or {})
         limit = aiohttp.ClientTimeout(total=timeout, sock_connect=REQUEST_TIMEOUT_S)
+        await self.budget.acquire()
         try:
             resp = await self._client().request(
                 method,
