@@ -16,13 +16,15 @@ One JSON file per node (``<kubelet-root>/plugins/gpu.nvidia.com/checkpoint.json`
   power loss (a new boot id). A file torn by a power loss (written, not synced)
   is void too: one last modified before this boot is never "untrusted", whatever
   it holds. The argument is in docs/operations.md, "Durability".
-* One write per update, on the event loop (a page-cache write of a few KiB:
-  tens of microseconds, less than a trip to a worker thread). Each claim's
-  entry is encoded once, when it changes; a write joins the cached encodings.
+* At most one write per update, in one worker thread: concurrent updates share
+  a write (group commit), and the event loop never waits on the file system.
+  Each claim's entry is encoded once, when it changes; a write joins the
+  cached encodings.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -325,6 +327,7 @@ def set_aside(path: Path, tag: str) -> Path:
 
 Mutation = Callable[[dict[str, ClaimEntry]], None]
 Effect = Callable[[], None]
+_Update = tuple[Mutation, "Effect | None", "asyncio.Future[None]"]
 
 
 class CheckpointStore:
@@ -341,6 +344,8 @@ class CheckpointStore:
         self.booted_at = boot_time() if booted_at is None else booted_at
         self._claims: dict[str, ClaimEntry] = {}
         self._encoded: dict[str, bytes] = {}  # uid -> its entry's JSON, as last written
+        self._pending: list[_Update] = []
+        self._writer: asyncio.Task[None] | None = None
         self.writes = 0
 
     @property
@@ -411,18 +416,57 @@ class CheckpointStore:
         self._claims, self._encoded = claims, encoded
 
     async def update(self, mutate: Mutation, before: Effect | None = None) -> None:
-        """Apply ``mutate`` to the claims and write the file, in one go on the event loop.
+        """Apply ``mutate`` to the claims and write the file; concurrent callers share a write.
 
         ``before`` runs first: the file changes the new entry vouches for (a
         claim's CDI spec written, or deleted). If it raises, this update fails
-        and ``mutate`` is not applied. Nothing awaits in between, so updates of
-        different claims never interleave. A coroutine for the callers' sake (a
-        store that must wait for a disk could be put behind it).
+        and ``mutate`` is not applied. The file work runs in one worker thread,
+        batched: a rename or unlink can wait on the file system's journal when
+        other processes load the disk, and the event loop must not wait with it.
         """
-        if before is not None:
-            before()
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._pending.append((mutate, before, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._drain())
+        await future
+
+    async def _drain(self) -> None:
+        while self._pending:
+            batch, self._pending = self._pending, []
+            try:
+                claims, encoded, failures = await asyncio.to_thread(self._commit, batch)
+            except Exception as exc:  # every waiter learns the write failed
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
+                continue
+            self._claims, self._encoded = claims, encoded
+            for (_, _, future), failure in zip(batch, failures, strict=True):
+                if future.done():
+                    continue
+                if failure is None:
+                    future.set_result(None)
+                else:
+                    future.set_exception(failure)
+
+    def _commit(
+        self, batch: list[_Update]
+    ) -> tuple[dict[str, ClaimEntry], dict[str, bytes], list[Exception | None]]:
+        """In the worker thread: each update's ``before``, the mutations of those that
+        succeeded, one write; entries encoded only when they changed."""
         claims = dict(self._claims)
-        mutate(claims)
+        failures: list[Exception | None] = []
+        for mutate, before, _ in batch:
+            try:
+                if before is not None:
+                    before()
+            except Exception as exc:
+                failures.append(exc)
+                continue
+            mutate(claims)
+            failures.append(None)
+        if all(f is not None for f in failures):
+            return self._claims, self._encoded, failures
         encoded: dict[str, bytes] = {}
         for uid, entry in claims.items():
             raw = self._encoded.get(uid)
@@ -430,7 +474,7 @@ class CheckpointStore:
                 raw if raw is not None and self._claims.get(uid) is entry else _ENC.encode(entry)
             )
         self._write(encoded)
-        self._claims, self._encoded = claims, encoded
+        return claims, encoded, failures
 
     async def put(self, uid: str, entry: ClaimEntry, before: Effect | None = None) -> None:
         await self.update(lambda claims: claims.__setitem__(uid, entry), before)

@@ -156,14 +156,15 @@ def test_a_version_from_the_future_is_refused_with_the_known_ones() -> None:
         checkpoint.decode(raw.encode())
 
 
-async def test_each_update_is_one_write_and_removing_nothing_is_none(tmp_path: Path) -> None:
+async def test_updates_share_writes_and_removing_nothing_writes_nothing(tmp_path: Path) -> None:
     store = store_at(tmp_path)
     before = store.writes
     await asyncio.gather(*(store.put(f"uid-{i}", entry(name=f"c{i}")) for i in range(32)))
     assert len(store.claims) == 32
-    assert store.writes - before == 32
+    written = store.writes - before
+    assert written < 32  # grouped
     await store.remove("never-there")
-    assert store.writes - before == 32
+    assert store.writes - before == written
     assert len(store_at(tmp_path).claims) == 32
 
 
