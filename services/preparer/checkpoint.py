@@ -481,9 +481,9 @@ class CheckpointStore:
 
     async def remove(self, uid: str, before: Effect | None = None) -> None:
         """Drop ``uid``'s entry (no write when it has none)."""
-        if uid not in self._claims:
+        if uid not in self._claims and not self._pending:
             if before is not None:
-                before()
+                await asyncio.to_thread(before)
             return
 
         def drop(claims: dict[str, ClaimEntry]) -> None:

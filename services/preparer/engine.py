@@ -12,7 +12,8 @@ For one claim, in order:
    MIG devices, time-slicing, MPS daemons;
 4. the KEP-5304 metadata files and the claim's CDI spec;
 5. checkpoint ``PrepareCompleted`` with everything that was done (the spec is
-   put in place just before this entry is written, in the same step).
+   put in place by the checkpoint writer just before it writes this entry:
+   one trip to its worker thread for both).
 
 A failure in 3-5 undoes what this attempt did and drops the checkpoint entry.
 A crash after step 2 leaves ``PrepareStarted``: the next prepare of that claim (or the next
@@ -34,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter
 
@@ -295,10 +297,11 @@ class Engine:
             groups=group_states,
             metadata_files=[m.host_path for m in mounts],
         )
+        parent = otel_context.get_current()
 
         def put_spec_in_place() -> None:
-            """Runs right before PrepareCompleted is written."""
-            with self.steps.step("cdi.write"):
+            """Runs in the checkpoint writer's thread, right before PrepareCompleted is written."""
+            with self.steps.step("cdi.write", context=parent):
                 cdi.write(self.s.cdi_root, ref.uid, spec)
             self.faults.hit("after-cdi-write")
             self.faults.hit("before-prepare-completed")
@@ -444,7 +447,7 @@ class Engine:
                 mps=done.mps, time_sliced=done.time_sliced, migs=done.migs, vfio=done.vfio
             )
             if done.files:
-                self._delete_files(uid)
+                await asyncio.to_thread(self._delete_files, uid)
         except Exception:
             log.exception("could not undo a failed prepare; left for rollback", extra={"uid": uid})
             return
@@ -473,7 +476,7 @@ class Engine:
         entry = self.store.claims.get(ref.uid)
         if entry is None:
             # Never prepared, or already undone; a stray spec is still ours to remove.
-            self._delete_files(ref.uid)
+            await asyncio.to_thread(self._delete_files, ref.uid)
             return
         alive = self.claims.alive_holders(ref)
         if alive:
@@ -573,7 +576,7 @@ class Engine:
                 await self.ops.unbind_vfio(
                     VfioState(pci_bus_id=t.gpu.pci_bus_id, iommu_group=t.gpu.vfio.iommu_group)
                 )
-        self._delete_files(uid)
+        await asyncio.to_thread(self._delete_files, uid)
 
     async def recover(self) -> dict[str, Any]:
         """At start-up: undo what no completed claim owns. Returns what was cleaned."""
