@@ -21,8 +21,10 @@ the slice is stored. The control-plane processes are not in the peak RSS.
 On the 2-core dev machine ``--apiserver`` takes about 2.5 min at 1,000 nodes
 (control plane ~4 s, 1,000 Nodes ~2 s, the first 9,000 slice writes 75-95 s)
 and about 30 s with ``--nodes 200``.
-Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct] [--apiserver]``
-(``--direct`` skips NATS and hands inventories to the publisher in-process).
+Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct] [--apiserver]
+[--workers 16] [--qps 500] [--burst 1000]`` (``--direct`` skips NATS and hands
+inventories to the publisher in-process; the last three are the publisher's
+``--workers``, ``--kube-api-qps`` and ``--kube-api-burst``; the defaults are its own).
 """
 
 from __future__ import annotations
