@@ -27,9 +27,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=_positive_seconds(config.env("prepare-timeout", "45")),
         help="longest wait for the preparer, in seconds (the kubelet's deadline may cut it)",
     )
-    # asyncio's own loop under grpc.aio: with uvloop the front cost a little less CPU
-    # at concurrency 1 but queued longer at 16 (docs/operations.md, Performance).
-    parser.set_defaults(func=_run, event_loop=config.env("event-loop", "asyncio"))
+    parser.set_defaults(func=_run)
 
 
 def _positive_seconds(value: str) -> float:
