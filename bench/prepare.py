@@ -2,10 +2,11 @@
 
     python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--repeat 3] [--fleet dgx-h100]
     python bench/prepare.py --sink --pairs 10 --cycles 500   # tracing overhead, on/off
+    python bench/prepare.py --compare main --pairs 6 --cycles 500  # this tree against main
 
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
-``gpudra preparer`` (checkpoint and CDI writes fsynced, as in production) and
+``gpudra preparer`` (checkpoint and CDI writes as in production) and
 ``gpudra kubeletplugin`` as separate processes, registers like the kubelet,
 then runs prepare+unprepare cycles of single-GPU claims through the real DRA
 socket. Prints per phase: p50/p99 latency of NodePrepareResources and
@@ -31,6 +32,14 @@ over minutes on a shared machine, weighs on both halves of a pair alike. It
 prints the on/off ratio of each figure per pair and the median over the pairs:
 the figure to judge tracing's cost by.
 
+``--compare REV`` does the same for two commits: REV is checked out in a
+temporary ``git worktree`` and its processes run from there (with this tree's
+virtual environment), this tree's beside them, tracing off on both; each pair
+runs the same seeded workload (``--seed``: claim UIDs and GPUs) on both nodes,
+and the ratios printed are this tree's figures over REV's. The load average is
+printed with each pair: on a shared machine, trust the ratios and the CPU
+milliseconds per cycle more than absolute latencies.
+
 A node has as many GPUs as its fleet (8 for dgx-h100); when more workers than
 GPUs run at once, claims carry adminAccess so that two in-flight claims may
 hold the same GPU (the preparer does the same work either way).
@@ -42,6 +51,7 @@ import argparse
 import asyncio
 import contextlib
 import os
+import random
 import shutil
 import signal
 import statistics
@@ -50,7 +60,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -87,13 +97,6 @@ class Proc:
     popen: subprocess.Popen[bytes]
     log: Path
 
-    def peak_rss_mb(self) -> float:
-        """VmHWM: the highest resident set size the process has had."""
-        for line in Path(f"/proc/{self.popen.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-        raise RuntimeError(f"{self.name}: no VmHWM in /proc/{self.popen.pid}/status")
-
     def cpu_seconds(self) -> float:
         return cpu_seconds(self.popen.pid)
 
@@ -117,8 +120,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def spawn(root: Path, name: str, *args: str, otlp: str = "") -> Proc:
-    """``otlp``: tracing on, spans exported there (tracing off without it)."""
+def spawn(root: Path, name: str, *args: str, otlp: str = "", repo: Path = REPO) -> Proc:
+    """``otlp``: tracing on, spans exported there (tracing off without it); ``repo``:
+    the tree whose code runs (another commit's worktree for ``--compare``)."""
     log = root / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     if otlp:
@@ -128,7 +132,7 @@ def spawn(root: Path, name: str, *args: str, otlp: str = "") -> Proc:
         popen = subprocess.Popen(
             [sys.executable, "-m", "services.cli", name, "--node-name", NODE,
              "--log-level", "warning", *args],
-            cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+            cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     return Proc(name, popen, log)
 
@@ -213,16 +217,25 @@ class Phase:
 
 
 async def run_phase(
-    kubelet: Caller, bus: Bus, api: MemoryApiServer, gpus: list[str], cycles: int, concurrency: int
+    kubelet: Caller,
+    bus: Bus,
+    api: MemoryApiServer,
+    gpus: list[str],
+    cycles: int,
+    concurrency: int,
+    rng: random.Random | None = None,
 ) -> Phase:
+    """``rng``: where claim UIDs and GPU choices come from (seeded: the same workload)."""
+    rng = rng or random.Random()
     admin = concurrency > len(gpus)
     plan: list[list[Claim]] = [[] for _ in range(concurrency)]
     read_ahead = api.served["claim"] + cycles
+    offset = rng.randrange(len(gpus))
     for i in range(cycles):
         slot = i % concurrency
-        uid = str(uuid.uuid4())
+        uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         pod = pod_object(f"bench-{uid[:8]}", "bench", NODE, [f"bench-{uid[:8]}"])
-        rc = claim(uid, gpus[slot % len(gpus)], admin, pod)
+        rc = claim(uid, gpus[(slot + offset) % len(gpus)], admin, pod)
         api.put_claim(rc)
         api.put_pod(pod)
         await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, uid), rc)
@@ -305,11 +318,12 @@ async def timed_phase(
     cycles: int,
     concurrency: int,
     procs: dict[str, int],
+    rng: random.Random | None = None,
 ) -> Phase:
     """One phase, with the CPU time each process spent on it."""
     before = {name: cpu_seconds(pid) for name, pid in procs.items()}
     gets = dict(api.served)
-    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency)
+    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency, rng)
     phase.api_gets = {kind: n - gets.get(kind, 0) for kind, n in api.served.items()}
     phase.cpu_ms_per_cycle = {
         name: (cpu_seconds(pid) - before[name]) * 1000 / cycles for name, pid in procs.items()
@@ -332,6 +346,8 @@ async def main(args: argparse.Namespace) -> int:
         kind = "receives and drops spans" if args.sink else "in-memory storage"
         print(f"tracing sink: Jaeger ({kind}), OTLP/{'HTTP' if http else 'gRPC'} {otlp}")
     try:
+        if args.compare:
+            return 1 if await run_compare(args) else 0
         if not args.pairs:
             return 1 if await run_set(args, otlp) else 0
         if not otlp:
@@ -347,9 +363,12 @@ GPUDRA_PROCS = ("front", "preparer", "nats-server")  # what "CPU/cycle" ratios a
 
 
 def report_ratios(
-    pairs: Sequence[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]], label: str
+    pairs: Sequence[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]],
+    label: str,
+    what: str = "tracing on/off",
 ) -> None:
-    """Tracing on / off per figure: each pair's ratio, then the median over pairs."""
+    """Second / first of each pair per figure (tracing on / off, this tree / REV): each
+    pair's ratio, then the median over pairs."""
     figures: dict[str, Callable[[Phase], float]] = {
         "prepare p50": lambda r: pct(r.prepare_ms, 50),
         "prepare p99": lambda r: pct(r.prepare_ms, 99),
@@ -370,7 +389,7 @@ def report_ratios(
                 for _, on in pairs]  # fmt: skip
         if any(sink):
             parts.append(f"sink CPU {statistics.median(sink):.2f} ms/cycle")
-        print(f"tracing on/off, {label}, concurrency {concurrency}: {', '.join(parts)}")
+        print(f"{what}, {label}, concurrency {concurrency}: {', '.join(parts)}")
 
 
 @dataclass
@@ -385,19 +404,33 @@ class NodeStack:
     front: Proc
     preparer: Proc
 
-    async def phase(self, cycles: int, concurrency: int) -> Phase:
+    async def phase(self, cycles: int, concurrency: int, rng: random.Random | None = None) -> Phase:
         return await timed_phase(
-            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids
+            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids, rng
         )
 
     def peak_rss(self) -> str:
-        front, preparer = self.front.peak_rss_mb(), self.preparer.peak_rss_mb()
-        return f"peak RSS: front {front:.1f} MB, preparer {preparer:.1f} MB"
+        """VmHWM of each node process (the sum is what issue 13's footprint target counts)."""
+        sizes = {name: peak_rss_mb(pid) for name, pid in self.pids.items() if name != "bench"}
+        parts = ", ".join(f"{name} {mb:.1f} MB" for name, mb in sizes.items())
+        both = sizes["front"] + sizes["preparer"]
+        return f"peak RSS: {parts}; front + preparer {both:.1f} MB"
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM: the highest resident set size ``pid`` has had."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
 
 
 @contextlib.asynccontextmanager
-async def node_stack(args: argparse.Namespace, otlp: str) -> AsyncIterator[NodeStack]:
-    """Start a node's processes (tracing on when ``otlp``), warm them up; stop them after."""
+async def node_stack(
+    args: argparse.Namespace, otlp: str, repo: Path = REPO
+) -> AsyncIterator[NodeStack]:
+    """Start a node's processes (tracing on when ``otlp``; ``repo``: whose code), warm
+    them up; stop them after."""
     root = Path(tempfile.mkdtemp(prefix="gpudra-bench-", dir="/tmp"))
     nats = NatsServer(root / "nats", log_file=root / "nats.log")
     procs: list[Proc] = []
@@ -415,7 +448,7 @@ async def node_stack(args: argparse.Namespace, otlp: str) -> AsyncIterator[NodeS
         boot_id.write_text(f"{uuid.uuid4()}\n")
         discovery = spawn(root, "discovery", *nats.client_argv(Role.DISCOVERY, NODE),
                           "--fleet", args.fleet, "--rescan-interval", "3600",
-                          otlp=otlp)  # fmt: skip
+                          otlp=otlp, repo=repo)  # fmt: skip
         procs.append(discovery)
         inventory = await wait_for_inventory(bus, discovery)
         gpus = [gpu_device_name(g.minor) for g in inventory.gpus if not g.mig_enabled]
@@ -428,9 +461,10 @@ async def node_stack(args: argparse.Namespace, otlp: str) -> AsyncIterator[NodeS
         preparer = spawn(root, "preparer", *nats.client_argv(Role.PREPARER, NODE),
                          "--fleet", args.fleet,
                          "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
-                         "--boot-id-file", str(boot_id), *claims, otlp=otlp)  # fmt: skip
+                         "--boot-id-file", str(boot_id), *claims, otlp=otlp,
+                         repo=repo)  # fmt: skip
         front = spawn(root, "kubeletplugin", *nats.client_argv(Role.FRONT, NODE),
-                      "--kubelet-root", str(kubelet_root), otlp=otlp)  # fmt: skip
+                      "--kubelet-root", str(kubelet_root), otlp=otlp, repo=repo)  # fmt: skip
         procs += [preparer, front]
         async with FakeKubelet(kubelet_root) as kubelet:
             await kubelet.wait_for_registration_socket(timeout=30)
@@ -438,8 +472,9 @@ async def node_stack(args: argparse.Namespace, otlp: str) -> AsyncIterator[NodeS
             front.check_alive()
             checks = "bucket trusted" if args.trust_claims_bucket else "claims checked via API"
             tracing = f"tracing on ({otlp})" if otlp else "tracing off"
+            tree = "this tree" if repo == REPO else f"{repo}"
             print(
-                f"fleet {args.fleet}: {len(gpus)} GPUs; checkpoint fsync on; {checks}; "
+                f"{tree}: fleet {args.fleet}: {len(gpus)} GPUs; {checks}; "
                 f"{tracing}; front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
             )
             await wait_for_preparer(kubelet, preparer)
@@ -520,6 +555,56 @@ async def run_pairs(args: argparse.Namespace, otlp: str) -> bool:
     return False
 
 
+@contextlib.contextmanager
+def checkout(rev: str) -> Iterator[Path]:
+    """REV in a temporary ``git worktree`` (detached), removed afterwards."""
+    where = Path(tempfile.mkdtemp(prefix="gpudra-bench-rev-", dir="/tmp")) / "tree"
+    git = ["git", "-C", str(REPO)]
+    subprocess.run([*git, "worktree", "add", "--detach", "--quiet", str(where), rev], check=True)
+    try:
+        commit = subprocess.run(
+            [*git, "-C", str(where), "rev-parse", "--short", "HEAD"],
+            check=True, capture_output=True, text=True,
+        ).stdout.strip()  # fmt: skip
+        print(f"--compare {rev}: {commit} checked out in {where}")
+        yield where
+    finally:
+        subprocess.run([*git, "worktree", "remove", "--force", str(where)], check=False)
+        shutil.rmtree(where.parent, ignore_errors=True)
+
+
+def loadavg() -> str:
+    return " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+async def run_compare(args: argparse.Namespace) -> bool:
+    """REV's node and this tree's side by side, the same seeded phases interleaved."""
+    pairs: list[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]] = []
+    with checkout(args.compare) as tree:
+        async with node_stack(args, "", tree) as rev_node, node_stack(args, "") as this_node:
+            for i in range(max(args.pairs, 1)):
+                rev: dict[int, list[Phase]] = {}
+                this: dict[int, list[Phase]] = {}
+                print(f"pair {i + 1}: load average {loadavg()}")
+                for concurrency in args.concurrency:
+                    order = [(rev_node, rev, "rev"), (this_node, this, "this")]
+                    for node, into, name in order if i % 2 == 0 else reversed(order):
+                        rng = random.Random(f"{args.seed}/{i}/{concurrency}")
+                        phase = await node.phase(args.cycles, concurrency, rng)
+                        print(f"  {name}: ", end="")
+                        report(phase, args.cycles, concurrency > len(node.gpus))
+                        if phase.errors:
+                            return True
+                        into[concurrency] = [phase]
+                pairs.append((rev, this))
+                report_ratios(pairs[-1:], f"pair {i + 1}", f"this/{args.compare}")
+            report_ratios(pairs, f"median of {len(pairs)} pairs", f"this/{args.compare}")
+            print(f"load average after: {loadavg()}")
+            for label, node in ((args.compare, rev_node), ("this tree", this_node)):
+                print(f"{label}: {node.peak_rss()}")
+    return False
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cycles", type=int, default=2000)
@@ -557,6 +642,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run N back-to-back pairs (tracing off, then on against the sink; each with "
         "fresh processes) and print the on/off ratio of each figure, per pair and median",
     )
+    parser.add_argument(
+        "--compare",
+        default="",
+        metavar="REV",
+        help="run REV (any git revision, checked out in a temporary worktree) beside this "
+        "tree, the same seeded workload on both, --pairs interleaved pairs (default 1); "
+        "print this tree's figures over REV's",
+    )
+    parser.add_argument("--seed", default="gpudra", help="the workload's seed (--compare)")
     parser.add_argument(
         "--direct",
         action="store_true",

@@ -21,8 +21,10 @@ the slice is stored. The control-plane processes are not in the peak RSS.
 On the 2-core dev machine ``--apiserver`` takes about 2.5 min at 1,000 nodes
 (control plane ~4 s, 1,000 Nodes ~2 s, the first 9,000 slice writes 75-95 s)
 and about 30 s with ``--nodes 200``.
-Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct] [--apiserver]``
-(``--direct`` skips NATS and hands inventories to the publisher in-process).
+Usage: ``python bench/publish.py [--nodes 1000] [--changes 200] [--direct] [--apiserver]
+[--workers 16] [--qps 500] [--burst 1000]`` (``--direct`` skips NATS and hands
+inventories to the publisher in-process; the last three are the publisher's
+``--workers``, ``--kube-api-qps`` and ``--kube-api-burst``; the defaults are its own).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ import tempfile
 import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
@@ -52,6 +55,7 @@ from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.memoryapi import MemorySliceApi, Write
 from services.publisher.render import RenderOptions, render_contents
 from services.publisher.service import Publisher, PublisherConfig
+from services.publisher.tuning import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_WORKERS
 
 if TYPE_CHECKING:
     from services.local.cluster import ControlPlane
@@ -161,24 +165,42 @@ class Feed:
             await self.bus.kv_put(subjects.INVENTORY_BUCKET, subjects.inventory_key(inv.node), inv)
 
 
+@dataclass
+class Client:
+    """The publisher's API client settings (its CLI's --workers, --kube-api-qps/-burst)."""
+
+    workers: int = DEFAULT_WORKERS
+    qps: float = DEFAULT_QPS
+    burst: int = DEFAULT_BURST
+
+
 async def bench_publish(
-    count: int, changes: int, options: RenderOptions, direct: bool, apiserver: bool
+    count: int,
+    changes: int,
+    options: RenderOptions,
+    direct: bool,
+    apiserver: bool,
+    client: Client | None = None,
 ) -> None:
+    client = client or Client()
     if apiserver:
-        async with _apiserver_sink(count) as (api, cp):
-            await _publish(api, count, changes, options, direct)
+        print(f"client: {client.workers} workers, {client.qps:g} QPS, burst {client.burst}")
+        async with _apiserver_sink(count, client) as (api, cp):
+            await _publish(api, count, changes, options, direct, client.workers)
             # kubectl lists in its own process, so the listing stays out of our peak RSS.
             names = cp.kubectl("get", "resourceslices", "-o", "name", timeout=300).split()
             print(f"apiserver: {len(names)} slices stored")
         return
     memory = MemorySliceApi(minor=options.kube_minor, compress=True, history_size=0)
-    await _publish(memory, count, changes, options, direct)
+    await _publish(memory, count, changes, options, direct, client.workers)
     stored = memory.stored_bytes() / 2**20
     print(f"sink:    {memory.count()} slices stored, {stored:.1f} MiB compressed")
 
 
 @asynccontextmanager
-async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceApi, ControlPlane]]:
+async def _apiserver_sink(
+    count: int, client: Client
+) -> AsyncIterator[tuple[RecordingKubeSliceApi, ControlPlane]]:
     """A control plane with ``count`` Nodes, and the publisher's client to it."""
     from services.local.cluster import ControlPlane as control_plane
     from services.local.cluster import build_controlplane as build
@@ -187,7 +209,9 @@ async def _apiserver_sink(count: int) -> AsyncIterator[tuple[RecordingKubeSliceA
     cp = control_plane(build(), feature_gates=APISERVER_GATES).start()
     try:
         print(f"apiserver: control plane up in {time.perf_counter() - start:.1f} s ({cp.server})")
-        api = RecordingKubeSliceApi(await kube.http_api(str(cp.kubeconfig)))
+        api = RecordingKubeSliceApi(
+            await kube.http_api(str(cp.kubeconfig), qps=client.qps, burst=client.burst)
+        )
         try:
             start = time.perf_counter()
             await _create_nodes(api.api, count)
@@ -218,8 +242,11 @@ async def _publish(
     changes: int,
     options: RenderOptions,
     direct: bool,
+    workers: int = DEFAULT_WORKERS,
 ) -> None:
-    config = PublisherConfig(render=options, kube_minor=options.kube_minor, force_registered=True)
+    config = PublisherConfig(
+        render=options, kube_minor=options.kube_minor, force_registered=True, workers=workers
+    )
     publisher = Publisher(sink, config)
     with tempfile.TemporaryDirectory() as tmp:
         nats = None if direct else NatsServer(Path(tmp) / "nats")
@@ -334,6 +361,9 @@ def main() -> None:
         action="store_true",
         help="write to a real kube-apiserver (the local control plane), not the memory sink",
     )
+    parser.add_argument("--workers", type=int, default=DEFAULT_WORKERS)
+    parser.add_argument("--qps", type=float, default=DEFAULT_QPS, help="API client budget")
+    parser.add_argument("--burst", type=int, default=DEFAULT_BURST)
     args = parser.parse_args()
     gates = featuregates.FeatureGates(
         {**featuregates.DEFAULTS, **{g.split("=")[0]: True for g in GATES.split(",")}}
@@ -343,7 +373,10 @@ def main() -> None:
     bench_render(args.nodes, options)
     _rss("render")
     if not args.render_only:
-        asyncio.run(bench_publish(args.nodes, args.changes, options, args.direct, args.apiserver))
+        client = Client(args.workers, args.qps, args.burst)
+        asyncio.run(
+            bench_publish(args.nodes, args.changes, options, args.direct, args.apiserver, client)
+        )
     sink = "API client" if args.apiserver else "sink"
     print(f"peak RSS: {_peak_rss_mib():.0f} MiB (this process: publisher, {sink}, bus client)")
 

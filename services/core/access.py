@@ -170,8 +170,12 @@ def _allocator(who: Identity) -> Permissions:
 
 def _publisher(who: Identity) -> Permissions:
     grant = _Grant().kv_read(
-        subjects.INVENTORY_BUCKET, subjects.PRESENCE_BUCKET, subjects.PREPARED_BUCKET
+        subjects.INVENTORY_BUCKET,
+        subjects.PRESENCE_BUCKET,
+        subjects.PREPARED_BUCKET,
+        subjects.PUBLISHERS_BUCKET,
     )
+    grant.kv_write(subjects.PUBLISHERS_BUCKET, ">")  # replicas' shard leases
     return grant.done(who)
 
 

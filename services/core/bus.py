@@ -62,6 +62,7 @@ BUCKETS: Mapping[str, int] = {  # bucket -> history depth
     subjects.PRESENCE_BUCKET: 1,
     subjects.SIM_BUCKET: 1,
     subjects.PREPARED_BUCKET: 1,
+    subjects.PUBLISHERS_BUCKET: 1,
 }
 
 
@@ -226,6 +227,7 @@ class Bus:
                     replicas=self.replicas,
                     max_bytes=limits.max_bytes,
                     max_value_size=limits.max_msg_size,
+                    ttl=limits.max_age_s or None,
                 )
         return self._kv[bucket]
 

@@ -1,8 +1,10 @@
-"""The one Kubernetes API client every service uses: raw JSON over kubernetes-asyncio.
+"""The one Kubernetes API client every service uses: raw JSON over aiohttp.
 
-kubernetes-asyncio does authentication, TLS and the kubeconfig; callers decode
-the JSON themselves into :mod:`services.core.resource` models (faster than the
-generated models, and the exact wire shape). Every failure is an
+:mod:`services.core.kubeconfig` says where the server is and how to
+authenticate (the Kubernetes client library is imported only for kubeconfigs
+that run a credential program); callers decode the JSON themselves into
+:mod:`services.core.resource` models (faster than the generated models, and
+the exact wire shape). Every failure is an
 :class:`ApiError` with the HTTP status (0: no answer), so callers decide on
 retries by status alone. :mod:`services.core.informer` keeps a watch going on
 top of :meth:`HttpKubeApi.watch`.
@@ -16,10 +18,10 @@ from typing import Any, Protocol
 
 import aiohttp
 import msgspec
-from kubernetes_asyncio import client, config
-from kubernetes_asyncio.client.exceptions import ApiException
 
 from services.core import limits
+from services.core.kubeconfig import Endpoint, load
+from services.core.ratelimit import TokenBucket
 
 PAGE_SIZE = 500
 WATCH_TIMEOUT_S = 300  # the server ends a watch after this; we resume from the last RV
@@ -110,29 +112,41 @@ class _Status(msgspec.Struct):
     message: str = ""
 
 
-async def connect(kubeconfig: str | None) -> client.ApiClient:
-    """An API client from a kubeconfig file, or from the pod's service account when empty."""
-    cfg = client.Configuration()
-    if kubeconfig:
-        await config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
-    else:
-        config.load_incluster_config(client_configuration=cfg)  # type: ignore[no-untyped-call]
-    return client.ApiClient(configuration=cfg)
+async def http_api(
+    kubeconfig: str | None, *, connections: int = 100, qps: float = 0.0, burst: int = 1
+) -> HttpKubeApi:
+    """:class:`HttpKubeApi` from a kubeconfig file, or in-cluster when empty.
+
+    ``connections``: the most requests in flight at once (HTTP/1.1, one per
+    connection; a publisher writing slices concurrently wants enough); ``qps``
+    and ``burst``: the request budget (:class:`TokenBucket`; 0: none)."""
+    return HttpKubeApi(await load(kubeconfig), connections=connections, qps=qps, burst=burst)
 
 
-async def http_api(kubeconfig: str | None) -> HttpKubeApi:
-    """:class:`HttpKubeApi` from a kubeconfig file, or in-cluster when empty."""
-    return HttpKubeApi(await connect(kubeconfig))
+_JSON = msgspec.json.Encoder()
 
 
 class HttpKubeApi:
-    """:class:`KubeApi` through a kubernetes-asyncio ``ApiClient``."""
+    """:class:`KubeApi` over one aiohttp session (created on first use, in the loop)."""
 
-    def __init__(self, api_client: client.ApiClient) -> None:
-        self.api_client = api_client
+    def __init__(
+        self, endpoint: Endpoint, *, connections: int = 100, qps: float = 0.0, burst: int = 1
+    ) -> None:
+        self.endpoint = endpoint
+        self.connections = connections
+        self.budget = TokenBucket(qps, burst)
+        self._session: aiohttp.ClientSession | None = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None:
+            connector = aiohttp.TCPConnector(ssl=self.endpoint.ssl, limit=self.connections)
+            self._session = aiohttp.ClientSession(connector=connector)
+        return self._session
 
     async def close(self) -> None:
-        await self.api_client.close()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
     async def list(self, path: str, params: Mapping[str, str]) -> Listing:
         """Every page of a list (``limit``/``continue``), and the list's resourceVersion."""
@@ -219,19 +233,24 @@ class HttpKubeApi:
         headers: dict[str, str] | None = None,
         timeout: float | None = REQUEST_TIMEOUT_S,
     ) -> aiohttp.ClientResponse:
+        sent = {"Accept": "application/json"}
+        sent.update(await self.endpoint.headers())
+        data = None
+        if body is not None:
+            data = _JSON.encode(body)
+            sent["Content-Type"] = "application/json"
+        sent.update(headers or {})
+        limit = aiohttp.ClientTimeout(total=timeout, sock_connect=REQUEST_TIMEOUT_S)
+        await self.budget.acquire()
         try:
-            resp: aiohttp.ClientResponse = await self.api_client.call_api(
-                path,
+            resp = await self._client().request(
                 method,
-                query_params=list(query.items()),
-                header_params={"Accept": "application/json", **(headers or {})},
-                body=body,
-                auth_settings=["BearerToken"],
-                _preload_content=False,
-                _request_timeout=timeout,
+                self.endpoint.server + path,
+                params=query,
+                data=data,
+                headers=sent,
+                timeout=limit,
             )
-        except ApiException as exc:
-            raise ApiError(int(exc.status or 0), str(exc.reason)) from exc
         except (aiohttp.ClientError, OSError, TimeoutError) as exc:
             raise ApiError(0, f"{method} {path}: {type(exc).__name__}: {exc}") from exc
         if not 200 <= resp.status <= 299:

@@ -42,6 +42,8 @@ DEFAULTS: dict[str, Limits] = {
     subjects.PRESENCE_BUCKET: Limits(0, 16 * MIB, 4 * KIB),
     subjects.SIM_BUCKET: Limits(0, 64 * MIB, 1 * MIB),
     subjects.PREPARED_BUCKET: Limits(0, 64 * MIB, 256 * KIB),
+    # The max age is the publisher replicas' lease TTL: a lease not renewed is gone.
+    subjects.PUBLISHERS_BUCKET: Limits(6, 1 * MIB, 1 * KIB),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
@@ -59,6 +61,7 @@ BUCKETS = frozenset(
         subjects.PRESENCE_BUCKET,
         subjects.SIM_BUCKET,
         subjects.PREPARED_BUCKET,
+        subjects.PUBLISHERS_BUCKET,
     }
 )
 

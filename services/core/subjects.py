@@ -19,6 +19,7 @@ CLAIMS_BUCKET = "claims"
 PRESENCE_BUCKET = "presence"
 SIM_BUCKET = "simnvml"
 PREPARED_BUCKET = "prepared"  # key = node: devices its prepared claims hold
+PUBLISHERS_BUCKET = "publishers"  # publisher replicas' shard leases (services.publisher.shards)
 
 # Subject roots.
 CLAIM_ROOT = "dra.claim"

@@ -29,7 +29,6 @@ from services.preparer.claims import ClaimSource, KubernetesReader
 from services.preparer.devices.base import DeviceOps
 from services.preparer.engine import Engine
 from services.preparer.engine import Settings as EngineSettings
-from services.preparer.fsutil import DirSyncer
 from services.preparer.inventory import InventoryView
 from services.preparer.pods import NodePods
 from services.preparer.service import PreparerService
@@ -57,7 +56,6 @@ class Settings:
     kubeconfig: str = ""
     trust_claims_bucket: bool = False
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
-    fsync: bool = True
     faults: faults.Faults = field(default_factory=faults.Faults)
     checkpoint_recovery: Recovery = DEFAULT_RECOVERY
 
@@ -116,7 +114,6 @@ def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path)
             settings.node,
             inventory,
             pdir,
-            fsync=settings.fsync,
             driver_root=None if settings.driver_root == Path("/") else settings.driver_root,
             host_driver_root=settings.host_driver_root,
             hook_path=settings.hook_path,
@@ -156,12 +153,9 @@ async def run(settings: Settings) -> int:
         name=f"gpudra-preparer-{settings.node}",
         identity=Identity(Role.PREPARER, settings.node),
     )
-    dirs = DirSyncer()
     store = CheckpointStore(
         default_path(settings.kubelet_root, nvidia.DRIVER_NAME),
         read_boot_id(settings.boot_id_file),
-        fsync=settings.fsync,
-        dirs=dirs,
     )
     inventory = InventoryView(bus, settings.node)
     await inventory.start()
@@ -191,14 +185,12 @@ async def run(settings: Settings) -> int:
             gates=settings.gates,
             cdi_root=settings.cdi_root,
             plugin_dir=pdir,
-            fsync=settings.fsync,
         ),
         store,
         claims,
         inventory,
         ops,
         settings.faults,
-        dirs=dirs,
     )
     if loaded.quarantined is not None:
         await _rebuild(settings, store, inventory, ops, bus)
@@ -220,7 +212,6 @@ async def run(settings: Settings) -> int:
     if api is not None:
         await api.close()
     await bus.close()
-    dirs.close()
     os.close(lock_fd)
     return 0
 

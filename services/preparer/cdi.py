@@ -21,7 +21,7 @@ from services.preparer.cdigen.caps import mig_cap_minors
 from services.preparer.cdigen.generator import Common, Generator, merge, vfio_common, with_vfio
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import GroupState, PreparedDeviceState
-from services.preparer.fsutil import DirSyncer, atomic_write, remove
+from services.preparer.fsutil import atomic_write, remove
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
@@ -179,24 +179,23 @@ def valid_device_name(name: str) -> bool:
     return bool(_CDI_NAME.match(name))
 
 
-def write(
-    root: Path, uid: str, spec: dict[str, Any], *, fsync: bool = True, dirs: DirSyncer | None = None
-) -> Path:
+def write(root: Path, uid: str, spec: dict[str, Any]) -> Path:
     """Write the claim's spec atomically: mode 0644 in a 0755 directory.
 
     The body is JSON, which is YAML too: the runtimes' CDI loader reads either
     whatever the file is called, and encoding JSON costs about 1 us where the
-    YAML emitter took 150 (the file keeps the reference's ``.yaml`` name).
+    YAML emitter took 150 (the file keeps the reference's ``.yaml`` name). Not
+    fsynced: a spec a power loss tears is an orphan after the reboot (fsutil).
     """
     ensure_root(root)
     path = spec_path(root, uid)
     body = _JSON.encode(spec) + b"\n"
-    atomic_write(path, body, mode=SPEC_MODE, fsync=fsync, dirs=dirs)
+    atomic_write(path, body, mode=SPEC_MODE)
     return path
 
 
-def delete(root: Path, uid: str, *, fsync: bool = True, dirs: DirSyncer | None = None) -> bool:
-    return remove(spec_path(root, uid), fsync=fsync, dirs=dirs)
+def delete(root: Path, uid: str) -> bool:
+    return remove(spec_path(root, uid))
 
 
 def ensure_root(root: Path) -> None:

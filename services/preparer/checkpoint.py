@@ -11,10 +11,15 @@ One JSON file per node (``<kubelet-root>/plugins/gpu.nvidia.com/checkpoint.json`
   current layout (``_READERS``); fields added later have defaults.
 * A checkpoint from another boot (``/proc/sys/kernel/random/boot_id``) is void:
   nothing prepared before a reboot still exists.
-* Writes are atomic (temp file, fsync, rename, directory fsync) and grouped:
-  concurrent updates share one write, so fsync cost does not serialise claims.
-  With a :class:`DirSyncer` the directory fsync is batched in the background
-  (it only guards the rename against a power loss, which voids the file anyway).
+* Writes are atomic (temp file, rename) and not fsynced: the file must survive
+  the preparer being killed, which the rename guarantees, and is void after a
+  power loss (a new boot id). A file torn by a power loss (written, not synced)
+  is void too: one last modified before this boot is never "untrusted", whatever
+  it holds. The argument is in docs/operations.md, "Durability".
+* At most one write per update, in one worker thread: concurrent updates share
+  a write (group commit), and the event loop never waits on the file system.
+  Each claim's entry is encoded once, when it changes; a write joins the
+  cached encodings.
 """
 
 from __future__ import annotations
@@ -27,18 +32,19 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import msgspec
 
 from services.core.resource import AllocationResult
 from services.core.schemas import Gpu, MigDevice
-from services.preparer.fsutil import DirSyncer, atomic_write
+from services.preparer.fsutil import atomic_write
 
 log = logging.getLogger(__name__)
 
 VERSION = 1
 BOOT_ID_FILE = Path("/proc/sys/kernel/random/boot_id")
+PROC_STAT = Path("/proc/stat")
 FILENAME = "checkpoint.json"
 
 # What start-up does with a checkpoint it cannot trust (corrupt, truncated, from a
@@ -228,10 +234,27 @@ def checksum(data: bytes) -> str:
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
+_ENC = msgspec.json.Encoder()
+
+
 def encode(data: CheckpointData) -> bytes:
-    body = msgspec.json.encode(data)
-    head = msgspec.json.encode({"version": VERSION, "checksum": checksum(body)})
+    return envelope(_ENC.encode(data))
+
+
+def envelope(body: bytes) -> bytes:
+    """The file around ``body``, the encoded :class:`CheckpointData`."""
+    head = _ENC.encode({"version": VERSION, "checksum": checksum(body)})
     return head[:-1] + b',"data":' + body + b"}\n"
+
+
+def encode_body(boot_id: str, entries: Mapping[str, bytes]) -> bytes:
+    """The bytes of ``CheckpointData(boot_id, claims)`` from each claim's encoded entry
+    (what msgspec writes for the whole, so a file changes only where a claim did)."""
+    parts = [b'"nodeBootID":' + _ENC.encode(boot_id)] if boot_id else []
+    if entries:
+        claims = b",".join(_ENC.encode(uid) + b":" + raw for uid, raw in entries.items())
+        parts.append(b'"claims":{' + claims + b"}")
+    return b"{" + b",".join(parts) + b"}"
 
 
 def decode(raw: bytes, source: str = "checkpoint") -> CheckpointData:
@@ -260,6 +283,17 @@ def decode(raw: bytes, source: str = "checkpoint") -> CheckpointData:
 
 def read_boot_id(path: Path = BOOT_ID_FILE) -> str:
     return path.read_text().strip()
+
+
+def boot_time(path: Path = PROC_STAT) -> float:
+    """When this boot began (unix time, /proc/stat ``btime``); 0 when unknown."""
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("btime "):
+                return float(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0.0
 
 
 # ------------------------------------------------------------------ the store
@@ -293,38 +327,23 @@ def set_aside(path: Path, tag: str) -> Path:
 
 Mutation = Callable[[dict[str, ClaimEntry]], None]
 Effect = Callable[[], None]
-
-
-class _Update(NamedTuple):
-    mutate: Mutation
-    before: Effect | None
-    future: asyncio.Future[None]
-
-
-def _run_sync(before: Effect | None) -> Exception | None:
-    try:
-        if before is not None:
-            before()
-    except Exception as exc:
-        return exc
-    return None
-
-
-async def _run(before: Effect | None) -> Exception | None:
-    return None if before is None else await asyncio.to_thread(_run_sync, before)
+_Update = tuple[Mutation, "Effect | None", "asyncio.Future[None]"]
 
 
 class CheckpointStore:
-    """The checkpoint file and its in-memory copy; updates are durable when they return."""
+    """The checkpoint file and its in-memory copy; updates are on disk when they return.
 
-    def __init__(
-        self, path: Path, boot_id: str, *, fsync: bool = True, dirs: DirSyncer | None = None
-    ) -> None:
+    ``booted_at``: when this boot began (unix time; default from /proc/stat): a
+    file that cannot be trusted but was last written before it is from an
+    earlier boot, void like any other (a power loss can tear an unsynced file).
+    """
+
+    def __init__(self, path: Path, boot_id: str, *, booted_at: float | None = None) -> None:
         self.path = path
         self.boot_id = boot_id
-        self.fsync = fsync
-        self.dirs = dirs
+        self.booted_at = boot_time() if booted_at is None else booted_at
         self._claims: dict[str, ClaimEntry] = {}
+        self._encoded: dict[str, bytes] = {}  # uid -> its entry's JSON, as last written
         self._pending: list[_Update] = []
         self._writer: asyncio.Task[None] | None = None
         self.writes = 0
@@ -341,19 +360,28 @@ class CheckpointStore:
 
         ``adopt`` reads another driver's format first (the reference's, on a node
         switching over); its file is kept beside ours. A file that cannot be
-        trusted is quarantined (see :data:`Recovery`) or, with ``refuse``, raises.
+        trusted is quarantined (see :data:`Recovery`) or, with ``refuse``, raises,
+        unless it was last written before this boot (then it is void, as below).
         """
         report = LoadReport()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if not self.path.exists():
             log.info("no checkpoint; starting empty", extra={"path": str(self.path)})
-            self._write_sync(CheckpointData(node_boot_id=self.boot_id))
+            self._replace({})
             return report
         raw = self.path.read_bytes()
         try:
             adopted = adopt(raw) if adopt is not None else None
             data = adopted if adopted is not None else decode(raw, str(self.path))
         except CheckpointError as exc:
+            if self._from_an_earlier_boot():
+                log.warning(
+                    "checkpoint unreadable but last written before this boot; void like any "
+                    "checkpoint from another boot (a power loss can tear an unsynced file)",
+                    extra={"path": str(self.path), "why": str(exc)},
+                )
+                self._replace({})
+                return report
             if recovery == "refuse":
                 raise
             report.quarantined, report.reason = set_aside(self.path, "bad"), str(exc)
@@ -372,76 +400,99 @@ class CheckpointStore:
                 extra={"stored": data.node_boot_id, "current": self.boot_id},
             )
             data = CheckpointData(node_boot_id=self.boot_id)
-        self._claims = dict(data.claims)
         # Rewrite in the current version (and stamp the boot id of a v0 file).
-        self._write_sync(CheckpointData(node_boot_id=self.boot_id, claims=self._claims))
+        self._replace(dict(data.claims))
         return report
 
-    async def update(self, mutate: Mutation, before: Effect | None = None) -> None:
-        """Apply ``mutate`` to the claims and persist; concurrent callers share one write.
+    def _from_an_earlier_boot(self) -> bool:
+        try:
+            return self.booted_at > 0 and self.path.stat().st_mtime < self.booted_at
+        except OSError:
+            return False
 
-        ``before`` runs first, in a worker thread: the file changes the new
-        entry vouches for (a claim's CDI spec written, or deleted). If it
-        raises, this update fails and ``mutate`` is not applied. A lone update
-        does both in one trip to the thread; several run their ``before`` in
-        parallel, then share the checkpoint write.
+    def _replace(self, claims: dict[str, ClaimEntry]) -> None:
+        encoded = {uid: _ENC.encode(e) for uid, e in claims.items()}
+        self._write(encoded)
+        self._claims, self._encoded = claims, encoded
+
+    async def update(self, mutate: Mutation, before: Effect | None = None) -> None:
+        """Apply ``mutate`` to the claims and write the file; concurrent callers share a write.
+
+        ``before`` runs first: the file changes the new entry vouches for (a
+        claim's CDI spec written, or deleted). If it raises, this update fails
+        and ``mutate`` is not applied. The file work runs in one worker thread,
+        batched: a rename or unlink can wait on the file system's journal when
+        other processes load the disk, and the event loop must not wait with it.
         """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._pending.append(_Update(mutate, before, future))
+        self._pending.append((mutate, before, future))
         if self._writer is None or self._writer.done():
             self._writer = asyncio.create_task(self._drain())
         await future
-
-    async def put(self, uid: str, entry: ClaimEntry, before: Effect | None = None) -> None:
-        await self.update(lambda claims: claims.__setitem__(uid, entry), before)
-
-    async def remove(self, uid: str, before: Effect | None = None) -> None:
-        def drop(claims: dict[str, ClaimEntry]) -> None:
-            claims.pop(uid, None)
-
-        await self.update(drop, before)
 
     async def _drain(self) -> None:
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                if len(batch) == 1:
-                    claims, failures = await asyncio.to_thread(self._commit, batch, None)
-                else:
-                    done = await asyncio.gather(*(_run(u.before) for u in batch))
-                    claims, failures = await asyncio.to_thread(self._commit, batch, done)
+                claims, encoded, failures = await asyncio.to_thread(self._commit, batch)
             except Exception as exc:  # every waiter learns the write failed
-                for u in batch:
-                    if not u.future.done():
-                        u.future.set_exception(exc)
+                for _, _, future in batch:
+                    if not future.done():
+                        future.set_exception(exc)
                 continue
-            self._claims = claims
-            for u, failure in zip(batch, failures, strict=True):
-                if u.future.done():
+            self._claims, self._encoded = claims, encoded
+            for (_, _, future), failure in zip(batch, failures, strict=True):
+                if future.done():
                     continue
                 if failure is None:
-                    u.future.set_result(None)
+                    future.set_result(None)
                 else:
-                    u.future.set_exception(failure)
+                    future.set_exception(failure)
 
     def _commit(
-        self, batch: list[_Update], done: list[Exception | None] | None
-    ) -> tuple[dict[str, ClaimEntry], list[Exception | None]]:
-        """In a worker thread: the updates whose ``before`` succeeded, in one write.
-
-        ``done``: what each ``before`` gave when they already ran; None runs them here.
-        """
+        self, batch: list[_Update]
+    ) -> tuple[dict[str, ClaimEntry], dict[str, bytes], list[Exception | None]]:
+        """In the worker thread: each update's ``before``, the mutations of those that
+        succeeded, one write; entries encoded only when they changed."""
         claims = dict(self._claims)
-        failures = done if done is not None else [_run_sync(u.before) for u in batch]
-        for u, failure in zip(batch, failures, strict=True):
-            if failure is None:
-                u.mutate(claims)
-        if any(f is None for f in failures):
-            self._write_sync(CheckpointData(node_boot_id=self.boot_id, claims=claims))
-        return claims, failures
+        failures: list[Exception | None] = []
+        for mutate, before, _ in batch:
+            try:
+                if before is not None:
+                    before()
+            except Exception as exc:
+                failures.append(exc)
+                continue
+            mutate(claims)
+            failures.append(None)
+        if all(f is not None for f in failures):
+            return self._claims, self._encoded, failures
+        encoded: dict[str, bytes] = {}
+        for uid, entry in claims.items():
+            raw = self._encoded.get(uid)
+            encoded[uid] = (
+                raw if raw is not None and self._claims.get(uid) is entry else _ENC.encode(entry)
+            )
+        self._write(encoded)
+        return claims, encoded, failures
 
-    def _write_sync(self, data: CheckpointData) -> None:
-        atomic_write(self.path, encode(data), mode=0o600, fsync=self.fsync, dirs=self.dirs)
+    async def put(self, uid: str, entry: ClaimEntry, before: Effect | None = None) -> None:
+        await self.update(lambda claims: claims.__setitem__(uid, entry), before)
+
+    async def remove(self, uid: str, before: Effect | None = None) -> None:
+        """Drop ``uid``'s entry (no write when it has none)."""
+        if uid not in self._claims and not self._pending:
+            if before is not None:
+                await asyncio.to_thread(before)
+            return
+
+        def drop(claims: dict[str, ClaimEntry]) -> None:
+            claims.pop(uid, None)
+
+        await self.update(drop, before)
+
+    def _write(self, encoded: Mapping[str, bytes]) -> None:
+        atomic_write(self.path, envelope(encode_body(self.boot_id, encoded)), mode=0o600)
         self.writes += 1
 
 

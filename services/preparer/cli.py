@@ -92,12 +92,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "prepared (the original is kept as checkpoint.json.reference-<UTC time>). "
         "See docs/operations.md",
     )
-    parser.add_argument(
-        "--no-fsync",
-        action="store_true",
-        default=config.env("no-fsync", "") == "true",
-        help="skip fsync of checkpoint and CDI writes (benchmarks of the rest only)",
-    )
     parser.set_defaults(func=_run)
 
 
@@ -122,7 +116,6 @@ def _run(args: argparse.Namespace) -> int:
         kubeconfig=args.kubeconfig,
         trust_claims_bucket=args.trust_claims_bucket,
         boot_id_file=args.boot_id_file,
-        fsync=not args.no_fsync,
         faults=crash,
         checkpoint_recovery=args.checkpoint_recovery,
     )

@@ -4,16 +4,19 @@ For one claim, in order:
 
 1. checks that need no side effect: the claim's identity, its allocation,
    the devices (on this node, not held by another claim), the configs;
-2. checkpoint ``PrepareStarted`` (with the allocation, so a crash can be undone);
+2. checkpoint ``PrepareStarted`` (with the allocation, so a crash can be undone),
+   when step 3 has anything to do: a claim of full GPUs without sharing has no
+   side effect but its files, which start-up removes as orphans when no
+   completed entry owns them, so it goes straight to 5 (one write, not two);
 3. side effects through the device-operations backend: VFIO binding, dynamic
    MIG devices, time-slicing, MPS daemons;
 4. the KEP-5304 metadata files and the claim's CDI spec;
 5. checkpoint ``PrepareCompleted`` with everything that was done (the spec is
    put in place by the checkpoint writer just before it writes this entry:
-   one trip to a worker thread for both).
+   one trip to its worker thread for both).
 
 A failure in 3-5 undoes what this attempt did and drops the checkpoint entry.
-A crash leaves ``PrepareStarted``: the next prepare of that claim (or the next
+A crash after step 2 leaves ``PrepareStarted``: the next prepare of that claim (or the next
 start of the preparer) rolls it back from the allocation before anything else.
 Different claims run concurrently; one claim's operations run one at a time.
 """
@@ -56,7 +59,6 @@ from services.preparer.checkpoint import (
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.devices.base import DeviceOpError, DeviceOps, MpsRequest
 from services.preparer.faults import Faults
-from services.preparer.fsutil import DirSyncer
 from services.preparer.inventory import DeviceNotFound, InventoryView, Target, locate
 
 log = logging.getLogger(__name__)
@@ -111,7 +113,6 @@ class Settings:
     gates: fg.FeatureGates
     cdi_root: Path
     plugin_dir: Path
-    fsync: bool = True
 
 
 class Engine:
@@ -125,11 +126,9 @@ class Engine:
         faults: Faults | None = None,
         tracer: trace.Tracer | None = None,
         step_mode: str | None = None,
-        dirs: DirSyncer | None = None,
     ) -> None:
         self.tracer = tracer or tracing.tracer("gpudra.preparer")
         self.steps = tracing.Steps(self.tracer, step_mode)  # a summary, events or spans
-        self.dirs = dirs  # batches directory fsyncs of claim specs (None: each one inline)
         self.s = settings
         self.store = store
         self.claims = claims
@@ -188,22 +187,21 @@ class Engine:
             if entry is not None:  # PrepareStarted: a previous attempt died half-way
                 with self.steps.step("rollback.partial"):
                     await self._rollback_started(ref.uid, entry)
-            with self.steps.step("checkpoint.started"):
-                await self.store.put(
-                    ref.uid,
-                    ClaimEntry(
-                        state=PREPARE_STARTED,
-                        namespace=ref.namespace,
-                        name=ref.name,
-                        allocation=allocation,
-                        started_at=time.time(),
-                    ),
-                )
+            started = ClaimEntry(
+                state=PREPARE_STARTED,
+                namespace=ref.namespace,
+                name=ref.name,
+                allocation=allocation,
+                started_at=time.time(),
+            )
+            if entry is not None or _has_side_effects(groups, targets, self.s.gates):
+                with self.steps.step("checkpoint.started"):
+                    await self.store.put(ref.uid, started)
             self.faults.hit("after-prepare-started")
             done = _Done()
             try:
                 completed = await self._apply(
-                    ref, claim.metadata.annotations or {}, groups, targets, done
+                    ref, started, claim.metadata.annotations or {}, groups, targets, done
                 )
             except BaseException:
                 await self._abort(ref.uid, done)
@@ -271,6 +269,7 @@ class Engine:
     async def _apply(
         self,
         ref: ClaimRef,
+        started: ClaimEntry,
         annotations: Mapping[str, str],
         groups: Sequence[configs.ConfigGroup],
         targets: Mapping[str, Target],
@@ -291,7 +290,7 @@ class Engine:
         with self.steps.step("cdi.render"):
             spec = cdi.render(ref.uid, devices, group_states, self.ops.cdigen(), version, mounts)
         entry = msgspec.structs.replace(
-            self.store.claims[ref.uid],
+            started,
             state=PREPARE_COMPLETED,
             completed_at=time.time(),
             devices=devices,
@@ -303,7 +302,7 @@ class Engine:
         def put_spec_in_place() -> None:
             """Runs in the checkpoint writer's thread, right before PrepareCompleted is written."""
             with self.steps.step("cdi.write", context=parent):
-                cdi.write(self.s.cdi_root, ref.uid, spec, fsync=self.s.fsync, dirs=self.dirs)
+                cdi.write(self.s.cdi_root, ref.uid, spec)
             self.faults.hit("after-cdi-write")
             self.faults.hit("before-prepare-completed")
 
@@ -439,7 +438,6 @@ class Engine:
             annotations=annotations,
             driver=DRIVER,
             devices=members,
-            fsync=self.s.fsync,
         )
 
     async def _abort(self, uid: str, done: _Done) -> None:
@@ -525,7 +523,7 @@ class Engine:
             await self.ops.unbind_vfio(binding)
 
     def _delete_files(self, uid: str) -> None:
-        cdi.delete(self.s.cdi_root, uid, fsync=self.s.fsync, dirs=self.dirs)
+        cdi.delete(self.s.cdi_root, uid)
         metadata.delete_claim(self.s.plugin_dir, uid)
 
     # ------------------------------------------------------------ rollback and recovery
@@ -613,7 +611,7 @@ class Engine:
                 report["mps"].append(daemon.daemon_id)
         for uid in cdi.claim_uids_on_disk(self.s.cdi_root):
             if uid not in completed:
-                cdi.delete(self.s.cdi_root, uid, fsync=self.s.fsync)
+                cdi.delete(self.s.cdi_root, uid)
                 report["cdi"].append(uid)
         for uid in metadata.claim_uids_on_disk(self.s.plugin_dir):
             if uid not in completed:
@@ -643,6 +641,19 @@ def reply_devices(uid: str, entry: ClaimEntry) -> list[PreparedDevice]:
         )
         for d in entry.devices
     ]
+
+
+def _has_side_effects(
+    groups: Sequence[configs.ConfigGroup], targets: Mapping[str, Target], gates: fg.FeatureGates
+) -> bool:
+    """Whether preparing changes the node beyond the claim's own files (which start-up
+    removes when no completed entry owns them): then a crash must find PrepareStarted."""
+    for t in targets.values():
+        if t.kind == nvidia.VFIO_TYPE or (
+            t.kind == nvidia.MIG_TYPE and gates.enabled(fg.DYNAMIC_MIG)
+        ):
+            return True
+    return any(getattr(g.config, "sharing", None) is not None for g in groups)
 
 
 def _check_mps_limits(groups: Sequence[configs.ConfigGroup], targets: Mapping[str, Target]) -> None:

@@ -1,91 +1,33 @@
-"""Crash-safe file writes: a reader sees the old file or the new one, never half of one."""
+"""Crash-safe file writes: a reader sees the old file or the new one, never half of one.
+
+What a write must survive is decided in docs/operations.md ("Durability"): the
+preparer's files (checkpoint, claim CDI specs, KEP-5304 metadata, MPS and
+simulated-device state) must survive the preparer being killed, which the
+rename alone guarantees (the page cache is the kernel's, not the process's);
+none of them must survive a power loss, which changes the boot id: the
+checkpoint is then void and every claim file an orphan that start-up removes.
+So nothing here fsyncs unless a caller asks for a file that outlives a reboot.
+"""
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import os
-import threading
-import time
 from pathlib import Path
 
-log = logging.getLogger(__name__)
 
+def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, fsync: bool = False) -> None:
+    """Write ``data`` to ``path`` via a temp file and a rename.
 
-class DirSyncer:
-    """Directory fsyncs after renames and unlinks, batched in one background thread.
-
-    The file's own fsync before the rename is what keeps a reader (after any
-    crash) from seeing half a file; the rename is visible to every process at
-    once. The directory fsync only makes the rename itself survive a power
-    loss, after which the node has a new boot id: the checkpoint is void and
-    every claim spec is removed as an orphan. So nobody waits for it: the
-    renames of a burst share one fsync per directory, ``linger`` seconds later.
+    ``fsync``: also fsync the file before the rename and the directory after it,
+    for a file that must survive a power loss (none of the preparer's do).
     """
-
-    def __init__(self, linger: float = 0.05) -> None:
-        self.linger = linger
-        self._dirs: set[Path] = set()
-        self._wake = threading.Condition()
-        self._closed = False
-        self._thread: threading.Thread | None = None
-
-    def mark(self, directory: Path) -> None:
-        """Fsync ``directory`` soon (callable from any thread)."""
-        with self._wake:
-            self._dirs.add(directory)
-            if self._thread is None and not self._closed:
-                self._thread = threading.Thread(target=self._run, name="dirsync", daemon=True)
-                self._thread.start()
-            self._wake.notify()
-        if self._closed:
-            self.flush()
-
-    def flush(self) -> None:
-        """Fsync every marked directory now."""
-        with self._wake:
-            dirs, self._dirs = self._dirs, set()
-        for directory in dirs:
-            try:
-                fsync_dir(directory)
-            except OSError as exc:  # gone (a test's temp root), or the disk failed
-                log.warning("directory fsync failed: %s", exc, extra={"dir": str(directory)})
-
-    def close(self) -> None:
-        """Flush and stop the thread (at shut-down)."""
-        with self._wake:
-            self._closed = True
-            self._wake.notify()
-        if self._thread is not None:
-            self._thread.join()
-        self.flush()
-
-    def _run(self) -> None:
-        while True:
-            with self._wake:
-                while not self._dirs and not self._closed:
-                    self._wake.wait()
-                if self._closed:
-                    return
-            time.sleep(self.linger)
-            self.flush()
-
-
-def atomic_write(
-    path: Path,
-    data: bytes,
-    *,
-    mode: int = 0o644,
-    fsync: bool = True,
-    dirs: DirSyncer | None = None,
-) -> None:
-    """Write ``data`` to ``path`` via a temp file, fsync, rename and directory fsync.
-
-    With ``dirs``, the directory fsync is left to that batcher.
-    """
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+    except FileNotFoundError:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
         os.fchmod(fd, mode)  # the umask must not narrow what readers (the runtime) need
         view = memoryview(data)
@@ -102,14 +44,7 @@ def atomic_write(
             tmp.unlink()
         raise
     if fsync:
-        _sync_dir(path.parent, dirs)
-
-
-def _sync_dir(directory: Path, dirs: DirSyncer | None) -> None:
-    if dirs is None:
-        fsync_dir(directory)
-    else:
-        dirs.mark(directory)
+        fsync_dir(path.parent)
 
 
 def fsync_dir(directory: Path) -> None:
@@ -120,12 +55,12 @@ def fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def remove(path: Path, *, fsync: bool = True, dirs: DirSyncer | None = None) -> bool:
-    """Delete ``path`` durably (``dirs``: the directory fsync batched); False when absent."""
+def remove(path: Path, *, fsync: bool = False) -> bool:
+    """Delete ``path`` (``fsync``: and make that survive a power loss); False when absent."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
     if fsync:
-        _sync_dir(path.parent, dirs)
+        fsync_dir(path.parent)
     return True

@@ -77,7 +77,6 @@ def write_claim(
     annotations: Mapping[str, str],
     driver: str,
     devices: Sequence[MetadataDevice],
-    fsync: bool = True,
 ) -> list[MetadataMount]:
     """One file per base request; returns the CDI mounts (one per request, on its first device)."""
     template = annotations.get(POD_CLAIM_NAME_ANNOTATION, "")
@@ -91,7 +90,7 @@ def write_claim(
             uid=uid, namespace=namespace, name=name, template=template, driver=driver,
             devices=members,
         )  # fmt: skip
-        atomic_write(host, data, mode=0o644, fsync=fsync)
+        atomic_write(host, data, mode=0o644)
         mounts.append(
             MetadataMount(
                 host_path=str(host),

@@ -12,6 +12,7 @@ import logging
 import re
 
 from services.core import config, runner, supervisor
+from services.publisher.tuning import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_SHARDS, DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,37 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=xid_list_arg(config.env("additional-xids-to-ignore", "")),
         help="comma-separated XIDs whose taint gets effect None, beside 13,31,43,45,68,109",
     )
-    parser.add_argument("--workers", type=int, default=int(config.env("workers", "4")))
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=int(config.env("workers", str(DEFAULT_WORKERS))),
+        help="nodes synced at once (each node's slices are written together)",
+    )
+    parser.add_argument(
+        "--kube-api-qps",
+        type=float,
+        default=float(config.env("kube-api-qps", str(DEFAULT_QPS))),
+        help="API requests per second this replica may make (0: no limit)",
+    )
+    parser.add_argument(
+        "--kube-api-burst",
+        type=int,
+        default=int(config.env("kube-api-burst", str(DEFAULT_BURST))),
+        help="requests allowed at once above --kube-api-qps",
+    )
+    parser.add_argument(
+        "--replica-id",
+        default=config.env("replica-id", ""),
+        help="this replica's unique name (the pod name); set it on every replica to run "
+        "several that share the nodes through shard leases on the bus (empty: one replica "
+        "publishes every node)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=int(config.env("shards", str(DEFAULT_SHARDS))),
+        help="lease shards the nodes are split into (the same on every replica)",
+    )
     parser.add_argument(
         "--resync-interval",
         type=float,
@@ -93,9 +124,19 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))
-    api = KubeSliceApi(await http_api(args.kubeconfig or None))
+    api = KubeSliceApi(
+        await http_api(args.kubeconfig or None, qps=args.kube_api_qps, burst=args.kube_api_burst),
+        field_manager=f"gpudra-publisher-{args.replica_id}" if args.replica_id else "",
+    )
     tasks = supervisor.current()
     publisher = Publisher(api, settings)
+    if args.replica_id:
+        from services.publisher.shards import Shards
+
+        shards = Shards(bus, args.replica_id, count=args.shards)
+        publisher.owns = shards.owns
+        shards.on_gain = lambda gained: publisher.take(lambda n: shards.shard(n) in gained)
+        tasks.spawn("shard leases", shards.run, fatal=True)
     tasks.spawn("publisher", lambda: publisher.run(bus), fatal=True)
     await stop.wait()
     log.info("publisher stopping")

@@ -63,8 +63,11 @@ def _decode(data: bytes | msgspec.Raw, kind: type[T], what: str) -> T:
 class KubeSliceApi:
     """ResourceSlices in resource.k8s.io/v1, Nodes in core/v1, /version."""
 
-    def __init__(self, api: KubeApi) -> None:
+    def __init__(self, api: KubeApi, field_manager: str = "") -> None:
+        """``field_manager``: the name the API server records for our writes (managedFields;
+        a replica's own name when replicas share the nodes, so each write says whose it is)."""
         self.api = api
+        self._query = f"?fieldManager={field_manager}" if field_manager else ""
 
     async def close(self) -> None:
         await self.api.close()
@@ -97,11 +100,12 @@ class KubeSliceApi:
         return SliceNodes(nodes, listing.resource_version)
 
     async def create(self, obj: ResourceSlice) -> ResourceSlice:
-        body = await self.api.create(SLICES_PATH, to_builtins(obj))
+        body = await self.api.create(SLICES_PATH + self._query, to_builtins(obj))
         return _decode(body, ResourceSlice, "ResourceSlice")
 
     async def replace(self, obj: ResourceSlice) -> ResourceSlice:
-        body = await self.api.replace(f"{SLICES_PATH}/{obj.metadata.name}", to_builtins(obj))
+        path = f"{SLICES_PATH}/{obj.metadata.name}{self._query}"
+        body = await self.api.replace(path, to_builtins(obj))
         return _decode(body, ResourceSlice, "ResourceSlice")
 
     async def delete(self, name: str, *, uid: str | None, resource_version: str | None) -> None:

@@ -26,7 +26,7 @@ import functools
 import hashlib
 import logging
 import random
-from collections.abc import Sequence
+from collections.abc import Awaitable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 import msgspec
@@ -375,15 +375,14 @@ class Reconciler:
         owner = await self._owner(node) if desired is not None else None
         plan = plan_pool(node, desired, actual, owner, self.dropped)
         result = SyncResult(generation=plan.generation if desired is not None else None)
-        for obj in plan.delete:
-            await self._delete(obj)
-            result.deleted += 1
-        for obj in plan.update:
-            self._record(obj, await self.api.replace(obj))
-            result.updated += 1
-        for obj in plan.create:
-            self._record(obj, await self.api.create(obj))
-            result.created += 1
+        # Each kind of write goes out at once (the client's budget paces them);
+        # deletes first, then updates, then creates, as one at a time did.
+        await _all(self._delete(obj) for obj in plan.delete)
+        result.deleted += len(plan.delete)
+        await _all(self._write(obj, self.api.replace(obj)) for obj in plan.update)
+        result.updated += len(plan.update)
+        await _all(self._write(obj, self.api.create(obj)) for obj in plan.create)
+        result.created += len(plan.create)
         metrics.record_writes(result.created, result.updated, result.deleted)
         return result
 
@@ -398,6 +397,9 @@ class Reconciler:
         except ApiError as exc:
             if not exc.not_found:
                 raise
+
+    async def _write(self, sent: ResourceSlice, call: Awaitable[ResourceSlice]) -> None:
+        self._record(sent, await call)
 
     def _record(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
         if stored.metadata.resource_version:
@@ -421,6 +423,14 @@ class Reconciler:
                 raise NodeNotFound(f"node {node!r} has no Node object; not publishing its slices")
             self._owners[node] = node_owner(node, uid)
         return self._owners[node]
+
+
+async def _all(calls: Iterable[Awaitable[None]]) -> None:
+    """Run ``calls`` together; every one finishes, then the first failure is raised."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
 
 
 __all__ = [

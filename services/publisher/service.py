@@ -49,6 +49,7 @@ from services.publisher.render import (
     render_contents,
 )
 from services.publisher.sliceapi import SliceApi, WatchEvent
+from services.publisher.tuning import DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer("gpudra.publisher")
@@ -63,7 +64,7 @@ class PublisherConfig:
     render: RenderOptions = field(default_factory=RenderOptions)
     kube_minor: int | None = None  # None: ask the API server
     force_registered: bool = False  # publish without a kubelet plugin presence record
-    workers: int = 4
+    workers: int = DEFAULT_WORKERS
     resync_s: float = 600.0
     retry_failed_s: float = 5.0
 
@@ -89,6 +90,15 @@ class Publisher:
         self._busy: set[str] = set()
         self._events_while_busy: dict[str, list[WatchEvent]] = {}
         self._wake = asyncio.Event()
+        # Which nodes this replica publishes (all, unless replicas share them: shards.py).
+        self.owns: Callable[[str], bool] = lambda _node: True
+
+    def take(self, is_mine: Callable[[str], bool]) -> None:
+        """Nodes for which ``is_mine`` just became true: look at them afresh and sync."""
+        for node in self.nodes | self.seen | self.published:
+            if is_mine(node):
+                self.reconciler.forget(node)
+                self.mark(node)
 
     # ---------------------------------------------------------------- state changes
 
@@ -147,6 +157,8 @@ class Publisher:
 
     async def sync_node(self, node: str) -> None:
         """Bring one node's slices in line; errors are logged and counted, never raised."""
+        if not self.owns(node):
+            return  # another replica's (it was marked before the lease moved, or by a watch)
         inventory = self.wanted(node)
         try:
             holdings = self.holdings.get(node, NO_HOLDINGS)

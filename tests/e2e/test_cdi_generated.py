@@ -87,7 +87,7 @@ def test_each_kind_loads_and_injects_with_the_drivers_files_and_hooks(
 ) -> None:
     device, group = claim(root, kind)
     spec = cdi.render(UID, [device], [group], generator(root), root.version)
-    cdi.write(tmp_path, UID, spec, fsync=False)
+    cdi.write(tmp_path, UID, spec)
     injected = inject(controlplane_binary, tmp_path, [cdi.device_id(UID, device.name)])
     hooks = injected.oci.get("hooks", {}).get("createContainer", [])
     if kind == "vfio":

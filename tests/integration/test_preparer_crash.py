@@ -101,3 +101,23 @@ async def test_a_claim_unprepared_after_a_crash_leaves_nothing(node: Node) -> No
     assert dict(node.checkpoint().claims) == {}
     assert (await node.unprepare(claim)).claims[uid].error == ""
     assert node.cdi_files() == []
+
+
+@pytest.mark.parametrize("step", ["after-cdi-write", "before-prepare-completed"])
+async def test_a_claim_without_side_effects_needs_no_started_entry(node: Node, step: str) -> None:
+    """A full GPU, no sharing: the crash leaves only its spec, which the restart removes."""
+    claim = await node.put_claim(make_claim(node.name, [Dev("gpu", "gpu-1")], name="plain"))
+    uid = ref(claim).uid
+    preparer = await node.start_preparer(gates=GATES, env={ENV: step})
+    with pytest.raises(RequestFailed):
+        await node.request("prepare", [ref(claim)], timeout=3)
+    assert preparer.wait(timeout=10) == EXIT_STATUS
+    assert uid not in node.checkpoint().claims  # nothing recorded before the spec ...
+    assert [p.name for p in node.cdi_files()] == [cdi.spec_path(node.cdi_root, uid).name]
+    await node.start_preparer(gates=GATES)  # ... which start-up removes as an orphan
+    assert node.cdi_files() == []
+    reply = await node.request("prepare", [ref(claim)], timeout=20)
+    assert reply.claims[uid].error == ""
+    assert node.checkpoint().claims[uid].state == "PrepareCompleted"
+    assert (await node.unprepare(claim)).claims[uid].error == ""
+    assert node.cdi_files() == [] and dict(node.checkpoint().claims) == {}

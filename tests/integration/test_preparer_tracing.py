@@ -40,10 +40,9 @@ pytestmark = pytest.mark.integration
 
 NODE = "n1"
 SEND_SPAN = "b7ad6b7169203331"
-STEPS = [
+STEPS = [  # a full GPU without sharing: no PrepareStarted (docs/operations.md, Durability)
     "claim.fetch",
     "config.resolve",
-    "checkpoint.started",
     "cdi.render",
     "cdi.write",
     "checkpoint.completed",

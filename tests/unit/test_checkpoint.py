@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.preparer import checkpoint
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
+    CheckpointData,
     CheckpointError,
     CheckpointStore,
     ClaimEntry,
@@ -153,13 +156,54 @@ def test_a_version_from_the_future_is_refused_with_the_known_ones() -> None:
         checkpoint.decode(raw.encode())
 
 
-async def test_concurrent_updates_share_writes(tmp_path: Path) -> None:
+async def test_updates_share_writes_and_removing_nothing_writes_nothing(tmp_path: Path) -> None:
     store = store_at(tmp_path)
     before = store.writes
     await asyncio.gather(*(store.put(f"uid-{i}", entry(name=f"c{i}")) for i in range(32)))
     assert len(store.claims) == 32
-    assert store.writes - before < 32  # grouped: fewer fsynced writes than updates
+    written = store.writes - before
+    assert written < 32  # grouped
+    await store.remove("never-there")
+    assert store.writes - before == written
     assert len(store_at(tmp_path).claims) == 32
+
+
+async def test_the_file_is_what_msgspec_writes_for_the_whole_state(tmp_path: Path) -> None:
+    """Entries are encoded once each and joined: the bytes must be the whole's encoding."""
+    store = store_at(tmp_path)
+    assert store.path.read_bytes() == checkpoint.encode(CheckpointData(node_boot_id=BOOT))
+    await store.put(UID, entry())
+    await store.put("b", entry(PREPARE_STARTED, "other"))
+    await store.put(UID, entry(name="changed"))
+    whole = CheckpointData(node_boot_id=BOOT, claims=dict(store.claims))
+    assert store.path.read_bytes() == checkpoint.encode(whole)
+    assert checkpoint.encode_body("", {}) == b"{}" == msgspec.json.encode(CheckpointData())
+
+
+@pytest.mark.parametrize("content", [b"", b'{"version": 1, "checksum": "sha256:00", "da'])
+def test_a_torn_checkpoint_from_before_this_boot_is_void_not_untrusted(
+    tmp_path: Path, content: bytes
+) -> None:
+    """Unsynced writes can be torn by a power loss: that file is void, as its boot is."""
+    path = tmp_path / "checkpoint.json"
+    path.write_bytes(content)
+    os.utime(path, (1000.0, 1000.0))
+    store = CheckpointStore(path, BOOT, booted_at=2000.0)
+    report = store.load(recovery="refuse")  # not refused
+    assert report.quarantined is None and store.claims == {}
+    assert checkpoint.decode(path.read_bytes()).node_boot_id == BOOT
+    # Written in this boot, the same bytes are not trusted.
+    path.write_bytes(content)
+    with pytest.raises(CheckpointError):
+        CheckpointStore(path, BOOT, booted_at=1000.0).load(recovery="refuse")
+
+
+def test_boot_time_reads_btime(tmp_path: Path) -> None:
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  1 2 3\nbtime 1764000000\nprocesses 9\n")
+    assert checkpoint.boot_time(stat) == 1764000000.0
+    assert checkpoint.boot_time(tmp_path / "absent") == 0.0
+    assert checkpoint.boot_time() > 0
 
 
 async def test_a_failed_write_leaves_memory_and_disk_unchanged(
@@ -214,7 +258,7 @@ async def test_a_failed_file_change_fails_only_its_own_update(tmp_path: Path) ->
     assert isinstance(results[1], OSError)
     assert set(store.claims) == {"ok-1", "ok-2"}
     assert set(store_at(tmp_path).claims) == {"ok-1", "ok-2"}
-    # Alone (one trip to the writer thread for both), the same holds.
+    # Alone, the same holds.
     with pytest.raises(OSError, match="No space left"):
         await store.put("bad", entry(name="b"), before=disk_full)
     assert set(store_at(tmp_path).claims) == {"ok-1", "ok-2"}

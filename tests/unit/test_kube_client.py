@@ -12,10 +12,10 @@ from typing import Any
 
 import pytest
 from aiohttp import web
-from kubernetes_asyncio import client
 
 from services.core.informer import WATCH_RESTARTS, watch_forever
 from services.core.kube import ApiError, HttpKubeApi, RawEvent
+from services.core.kubeconfig import Endpoint
 
 PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 
@@ -58,7 +58,7 @@ async def server() -> AsyncIterator[tuple[HttpKubeApi, list[dict[str, Any]]]]:
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-    api = HttpKubeApi(client.ApiClient(client.Configuration(host=f"http://127.0.0.1:{port}")))
+    api = HttpKubeApi(Endpoint(f"http://127.0.0.1:{port}", False, {"Authorization": "Bearer t"}))
     try:
         yield api, seen
     finally:

@@ -69,7 +69,7 @@ def build(root: Path, version: str) -> Path:
     socket = root / "run/nvidia-persistenced/socket"
     socket.parent.mkdir(parents=True)
     socket.write_bytes(b"")
-    atomic_write(marker, version.encode(), mode=0o644, fsync=False)
+    atomic_write(marker, version.encode(), mode=0o644)
     return root
 
 

@@ -54,7 +54,6 @@ class SimulatedOps:
         inventory: InventoryView,
         plugin_dir: Path,
         *,
-        fsync: bool = True,
         request_timeout: float = 10.0,
         settle_timeout: float = 5.0,
         driver_root: Path | None = None,
@@ -67,7 +66,6 @@ class SimulatedOps:
         self.inventory = inventory
         self.plugin_dir = plugin_dir
         self.path = plugin_dir / STATE_FILE
-        self.fsync = fsync
         self.request_timeout = request_timeout
         self.settle_timeout = settle_timeout
         self._lock = asyncio.Lock()
@@ -120,7 +118,7 @@ class SimulatedOps:
 
     async def _save(self) -> None:
         data = msgspec.json.encode(self.host)
-        await asyncio.to_thread(atomic_write, self.path, data, mode=0o600, fsync=self.fsync)
+        await asyncio.to_thread(atomic_write, self.path, data, mode=0o600)
 
     async def set_time_slice(self, gpu_uuids: list[str], interval: str) -> None:
         async with self._lock:
