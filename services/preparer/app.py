@@ -14,6 +14,7 @@ from services.core import nvidia, runner, subjects
 from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
+from services.core.shares import DISABLED, SharesMode
 from services.preparer import cdi, faults, rebuild, refcheckpoint
 from services.preparer.checkpoint import (
     DEFAULT_RECOVERY,
@@ -60,6 +61,7 @@ class Settings:
     fsync: bool = True
     faults: faults.Faults = field(default_factory=faults.Faults)
     checkpoint_recovery: Recovery = DEFAULT_RECOVERY
+    shares: SharesMode = DISABLED
 
 
 def plugin_dir(kubelet_root: Path) -> Path:
@@ -192,6 +194,7 @@ async def run(settings: Settings) -> int:
             cdi_root=settings.cdi_root,
             plugin_dir=pdir,
             fsync=settings.fsync,
+            shares=settings.shares,
         ),
         store,
         claims,

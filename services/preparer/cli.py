@@ -125,5 +125,6 @@ def _run(args: argparse.Namespace) -> int:
         fsync=not args.no_fsync,
         faults=crash,
         checkpoint_recovery=args.checkpoint_recovery,
+        shares=config.consumable_shares(args, "preparer"),
     )
     return runner.run("preparer", args, run(settings))

@@ -84,7 +84,9 @@ async def _serve(args: argparse.Namespace) -> None:
 
     settings = PublisherConfig(
         render=RenderOptions(
-            gates=args.feature_gates, extra_non_fatal_xids=args.additional_xids_to_ignore
+            gates=args.feature_gates,
+            extra_non_fatal_xids=args.additional_xids_to_ignore,
+            shares=config.consumable_shares(args, "publisher"),
         ),
         kube_minor=args.kube_version,
         force_registered=args.force_registered,

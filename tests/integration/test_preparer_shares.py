@@ -1,0 +1,194 @@
+"""Consumable shares (KEP-5075) prepared on a simulated node: fit, one MPS daemon, limits.
+
+The preparer runs as ``gpudra preparer`` with ``ConsumableShares`` and
+``--consumable-shares memory`` beside simulated discovery on a real
+nats-server. Each claim holds one share of ``gpu-0`` as the scheduler would
+allocate it (a ``shareID`` and its ``consumedCapacity``). Limits are proven by
+a simulated MPS client that connects with a share's CDI edits, as its
+container would, and allocates memory.
+"""
+
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+import pytest
+
+from services.core.resource import ResourceClaim
+from services.preparer import cdi
+from services.preparer.devices.simclient import SimCudaError, SimMpsClient
+from tests.helpers.preparer import Dev, Node, gpu_config, make_claim, opaque, validate_cdi_file
+
+pytestmark = pytest.mark.integration
+
+GATES = "ConsumableShares=true"
+MEMORY_MODE = ["--consumable-shares", "memory"]
+GIB = 1024**3
+
+
+def share(memory: str, device: str = "gpu-0") -> Dev:
+    return Dev("gpu", device, share=str(uuid.uuid4()), consumed={"memory": memory})
+
+
+async def put_share(node: Node, memory: str, name: str, **kw: object) -> ResourceClaim:
+    claim = make_claim(node.name, [share(memory)], name=name, **kw)  # type: ignore[arg-type]
+    return await node.put_claim(claim)
+
+
+def uid_of(claim: ResourceClaim) -> str:
+    return claim.metadata.uid or ""
+
+
+def share_id(claim: ResourceClaim) -> str:
+    assert claim.status and claim.status.allocation and claim.status.allocation.devices
+    results = claim.status.allocation.devices.results or []
+    return results[0].share_id or ""
+
+
+def client(node: Node, claim: ResourceClaim) -> SimMpsClient:
+    [path] = [p for p in node.cdi_files() if uid_of(claim) in p.name]
+    spec = validate_cdi_file(path)
+    return SimMpsClient.from_cdi(
+        node.plugin_dir, spec, cdi.device_name(uid_of(claim), "gpu-0", share_id(claim))
+    )
+
+
+async def test_three_shares_of_one_h100_fit_a_fourth_does_not(node: Node) -> None:
+    """20Gi + 20Gi + 39Gi of an H100's 81559Mi fit; 8Gi more does not; one daemon serves all."""
+    proc = await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    inv = await node.inventory()
+    assert inv is not None
+    gpu0 = next(g.uuid for g in inv.gpus if g.minor == 0)
+    claims = [
+        await put_share(node, "20Gi", "a"),
+        await put_share(node, "20Gi", "b"),
+        await put_share(node, "39Gi", "c"),
+    ]
+    reply = await node.prepare(*claims)
+    for claim in claims:
+        result = reply.claims[uid_of(claim)]
+        assert result.error == ""
+        [device] = result.devices
+        assert device.share_id == share_id(claim)
+        assert device.cdi_device_ids == [
+            f"k8s.gpu.nvidia.com/claim={uid_of(claim)}-gpu-0-{share_id(claim)}"
+        ]
+    host = node.sim_host()
+    assert list(host["mps"]) == [f"shared-{gpu0}"]  # one daemon for the GPU, not per claim
+    assert host["compute_mode"] == {gpu0: "EXCLUSIVE_PROCESS"}
+
+    # Each container's MPS client gets its own limit; past it, allocations fail.
+    a, c = client(node, claims[0]), client(node, claims[2])
+    assert a.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu0}=20480M"
+    assert a.active_thread_percentage == 26  # ceil(100 * 20Gi / 81559Mi)
+    assert c.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{gpu0}=39936M"
+    a.allocate(gpu0, 19 * GIB)
+    with pytest.raises(SimCudaError, match="CUDA_ERROR_OUT_OF_MEMORY"):
+        a.allocate(gpu0, 2 * GIB)
+    c.allocate(gpu0, 39 * GIB)
+
+    fourth = await put_share(node, "8Gi", "d")
+    error = (await node.prepare(fourth)).claims[uid_of(fourth)].error
+    assert "device 'gpu-0'" in error and "needs memory 8Gi" in error
+    assert "hold 79Gi of 81559Mi" in error
+    assert all(n in error for n in ("default/a", "default/b", "default/c"))
+    assert uid_of(fourth) not in node.checkpoint().claims  # nothing half-done
+
+    # The daemon's reference count is the checkpoint's: it survives a restart.
+    assert (await node.unprepare(claims[0])).claims[uid_of(claims[0])].error == ""
+    assert list(node.sim_host()["mps"]) == [f"shared-{gpu0}"]
+    proc.stop()
+    await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    assert list(node.sim_host()["mps"]) == [f"shared-{gpu0}"]
+    assert (await node.prepare(fourth)).claims[uid_of(fourth)].error == ""  # fits now
+    for claim in (claims[1], claims[2], fourth):
+        assert (await node.unprepare(claim)).claims[uid_of(claim)].error == ""
+    host = node.sim_host()
+    assert host["mps"] == {} and host["compute_mode"] == {}  # stopped with the last share
+    assert node.cdi_files() == [] and dict(node.checkpoint().claims) == {}
+
+
+async def test_a_client_that_rewrites_its_environment_escapes_its_limit(node: Node) -> None:
+    """What MPS limits cannot stop (docs/operations.md): they are the client's own env."""
+    await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    inv = await node.inventory()
+    assert inv is not None
+    gpu0 = next(g.uuid for g in inv.gpus if g.minor == 0)
+    claim = await put_share(node, "10Gi", "small")
+    assert (await node.prepare(claim)).claims[uid_of(claim)].error == ""
+    honest = client(node, claim)
+    with pytest.raises(SimCudaError):
+        honest.allocate(gpu0, 11 * GIB)
+    rogue = client(node, claim)
+    rogue.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] = f"{gpu0}=70G"
+    rogue.allocate(gpu0, 60 * GIB)
+
+
+async def test_bad_shares_are_refused_with_the_field_and_nothing_is_left(node: Node) -> None:
+    await node.start_preparer(gates=f"{GATES},TimeSlicingSettings=true", extra=MEMORY_MODE)
+    cases = {
+        "larger than the GPU": (
+            [share("100Gi")],
+            (),
+            "consumedCapacity[memory]: 100Gi is outside 0..81559Mi",
+        ),
+        "off the policy's step": (
+            [share("1000")],
+            (),
+            "consumedCapacity[memory]: 1000 disagrees with the device's request policy "
+            "(range 1Mi..81559Mi step 1Mi)",
+        ),
+        "an unknown capacity": (
+            [Dev("gpu", "gpu-0", share=str(uuid.uuid4()), consumed={"cores": "1"})],
+            (),
+            "consumedCapacity names ['cores']",
+        ),
+        "mixed sharing strategies": (
+            [share("10Gi")],
+            [opaque(gpu_config(strategy="TimeSlicing"))],
+            "sharing.strategy 'TimeSlicing' cannot be mixed with consumable shares",
+        ),
+        "a share of a VFIO device": (
+            [Dev("gpu", "gpu-vfio-0", share=str(uuid.uuid4()), consumed={})],
+            (),
+            "",  # not published on this node: DeviceNotFound or ShareError, both say so
+        ),
+    }
+    for index, (what, (devices, configs, wanted)) in enumerate(cases.items()):
+        claim = await node.put_claim(
+            make_claim(node.name, devices, name=f"bad-{index}", configs=configs)
+        )
+        error = (await node.prepare(claim)).claims[uid_of(claim)].error
+        assert error, what
+        assert wanted in error, (what, error)
+        assert "allocation.devices.results[0]" in error or not wanted, (what, error)
+    assert node.cdi_files() == [] and dict(node.checkpoint().claims) == {}
+    assert node.sim_host().get("mps", {}) == {}
+
+
+async def test_a_share_and_an_exclusive_claim_exclude_each_other(node: Node) -> None:
+    await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    shared = await put_share(node, "10Gi", "shared")
+    assert (await node.prepare(shared)).claims[uid_of(shared)].error == ""
+    whole = await node.put_claim(make_claim(node.name, [Dev("gpu", "gpu-0")], name="whole"))
+    error = (await node.prepare(whole)).claims[uid_of(whole)].error
+    assert "device 'gpu-0' is held by claim default/shared" in error
+    assert (await node.unprepare(shared)).claims[uid_of(shared)].error == ""
+    assert (await node.prepare(whole)).claims[uid_of(whole)].error == ""
+    late = await put_share(node, "10Gi", "late")
+    assert "held by claim default/whole" in (await node.prepare(late)).claims[uid_of(late)].error
+
+
+async def test_a_share_on_a_node_without_consumable_shares_is_refused(node: Node) -> None:
+    await node.start_preparer()
+    claim = await put_share(node, "10Gi", "unshared")
+    error = (await node.prepare(claim)).claims[uid_of(claim)].error
+    assert "does not publish it with allowMultipleAllocations" in error
+    assert "ConsumableShares" in error and "allocation.devices.results[0]" in error
+
+
+async def test_the_mode_needs_its_gate(node: Node, tmp_path: Path) -> None:
+    proc = await node.start_preparer(extra=MEMORY_MODE, ready=False)
+    assert proc.wait() != 0
+    assert "--consumable-shares requires feature gate ConsumableShares" in proc.output()
