@@ -118,6 +118,7 @@ class AllocatedDevice:
     request: str
     pool: str
     device: str
+    share_id: str | None = None  # a consumable share of the device (KEP-5075)
 
 
 @dataclass
@@ -137,7 +138,10 @@ class ClaimView:
             namespace=meta["namespace"],
             name=meta["name"],
             uid=meta["uid"],
-            devices=[AllocatedDevice(r["request"], r["pool"], r["device"]) for r in results],
+            devices=[
+                AllocatedDevice(r["request"], r["pool"], r["device"], r.get("shareID"))
+                for r in results
+            ],
             reserved_for=[r.get("name", "") for r in status.get("reservedFor") or []],
         )
 
@@ -320,7 +324,7 @@ def container_cdi_ids(
                 continue
             for d in claim.devices:
                 if use.get("request") in (None, "", d.request.split("/")[0]):
-                    ids.append(cdi.device_id(claim.uid, d.device))
+                    ids.append(cdi.device_id(claim.uid, d.device, d.share_id))
         out[container["name"]] = sorted(ids)
     return out
 
@@ -352,7 +356,7 @@ def check_cdi(view: PodView, cdi_root: Path) -> list[str]:
     """Each recorded CDI id names a device of one of the pod's claims, and the
     preparer's spec file for that claim defines it."""
     expected = {
-        cdi.device_id(c.uid, d.device): c for c in view.claims for d in c.devices
+        cdi.device_id(c.uid, d.device, d.share_id): c for c in view.claims for d in c.devices
     }  # id -> claim
     problems = []
     for container, ids in sorted(view.cdi_devices.items()):
