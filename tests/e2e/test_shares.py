@@ -41,6 +41,7 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
         pending_threshold=1.0,
     )
     s.service_env["GPUDRA_CONSUMABLE_SHARES"] = "memory"  # publisher and preparer
+    s.service_env["GPUDRA_KUBE_FEATURE_GATES"] = "DRAConsumableCapacity=true"  # the allocator
     failed_before = request.session.testsfailed
     failed = True
     try:
@@ -115,7 +116,7 @@ def test_three_pods_share_one_h100_a_fourth_waits_and_shares_are_released(stack:
     assert pending.ok, views
     explanation = pending.pods[0].claims[0].explanation
     print("explanation:", explanation)
-    assert "memory" in explanation
+    assert "1 device(s): not enough capacity left" in explanation
 
     # Deleting a pod releases its share: the fourth fits in what it left.
     stack.cp.kubectl("delete", "pod", "-n", NS, "share-a", "--wait=false")
