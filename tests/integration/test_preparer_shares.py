@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from services.core import nvidia
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
 from services.core.resource import ResourceClaim
 from services.preparer import cdi
 from services.preparer.devices.simclient import SimCudaError, SimMpsClient
@@ -192,3 +195,35 @@ async def test_the_mode_needs_its_gate(node: Node, tmp_path: Path) -> None:
     proc = await node.start_preparer(extra=MEMORY_MODE, ready=False)
     assert proc.wait() != 0
     assert "--consumable-shares requires feature gate ConsumableShares" in proc.output()
+
+
+async def test_a_share_of_a_static_mig_device_names_the_mig_uuid(
+    short_root: Path, nats_server: NatsServer, bus: Bus
+) -> None:
+    """MIG devices are shared too; the limits name the MIG device, its parent runs MPS."""
+    node = Node(short_root, nats_server, bus, fleet="dgx-a100")
+    await node.start_discovery()
+    try:
+        await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+        inv = await node.inventory()
+        assert inv is not None
+        gpu = next(g for g in inv.gpus if g.mig_devices)
+        mig = gpu.mig_devices[0]
+        start = mig.placement.start
+        name = nvidia.mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, start)
+        dev = Dev("mig", name, share=str(uuid.uuid4()), consumed={"memory": "1Gi"})
+        claim = await node.put_claim(make_claim(node.name, [dev], name="mig-share"))
+        result = (await node.prepare(claim)).claims[uid_of(claim)]
+        assert result.error == ""
+        [path] = node.cdi_files()
+        spec = validate_cdi_file(path)
+        mps = SimMpsClient.from_cdi(
+            node.plugin_dir, spec, cdi.device_name(uid_of(claim), name, dev.share)
+        )
+        assert mps.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{mig.uuid}=1024M"
+        assert node.sim_host()["compute_mode"] == {gpu.uuid: "EXCLUSIVE_PROCESS"}
+        assert list(node.sim_host()["mps"]) == [f"shared-{mig.uuid}"]
+        assert (await node.unprepare(claim)).claims[uid_of(claim)].error == ""
+        assert node.sim_host()["mps"] == {}
+    finally:
+        await node.close()
