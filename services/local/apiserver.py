@@ -31,6 +31,7 @@ from aiohttp import web
 
 from services.core.resource import ResourceClaim, to_builtins
 
+GROUP = "/apis/resource.k8s.io"  # API discovery: which versions are served (v1 only here)
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 POD = "/api/v1/namespaces/{ns}/pods/{name}"
 PODS = "/api/v1/pods"
@@ -97,6 +98,7 @@ class MemoryApiServer:
 
     async def start(self) -> None:
         app = web.Application()
+        app.router.add_get(GROUP, self._group)
         app.router.add_get(CLAIM, self._get_claim)
         app.router.add_get(POD, self._get_pod)
         app.router.add_get(PODS, self._list_or_watch)
@@ -174,6 +176,13 @@ class MemoryApiServer:
         self._answered = asyncio.Event()
 
     # ------------------------------------------------------------ HTTP
+
+    async def _group(self, request: web.Request) -> web.Response:
+        version = {"groupVersion": "resource.k8s.io/v1", "version": "v1"}
+        return web.json_response(
+            {"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
+             "versions": [version], "preferredVersion": version}
+        )  # fmt: skip
 
     async def _get_claim(self, request: web.Request) -> web.Response:
         self._serve("claim")

@@ -102,9 +102,9 @@ async def _claim_source(
             "be refused, since no claim and no pod can be checked; unprepares still work"
         )
         return ClaimSource(bus, settings.node), None, None
-    from services.core import kube
+    from services.core import kube, resourceapi
 
-    api = await kube.http_api(settings.kubeconfig)
+    api = resourceapi.versioned(await kube.http_api(settings.kubeconfig))
     pods = NodePods(api, settings.node)
     return ClaimSource(bus, settings.node, KubernetesReader(api), pods), pods, api
 

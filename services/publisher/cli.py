@@ -78,6 +78,7 @@ async def _serve(args: argparse.Namespace) -> None:
     from services.core.access import Identity, Role
     from services.core.bus import Bus
     from services.core.kube import http_api
+    from services.core.resourceapi import versioned
     from services.publisher.kubeapi import KubeSliceApi
     from services.publisher.render import RenderOptions
     from services.publisher.service import Publisher, PublisherConfig
@@ -95,7 +96,7 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))
-    api = KubeSliceApi(await http_api(args.kubeconfig or None))
+    api = KubeSliceApi(versioned(await http_api(args.kubeconfig or None)))
     tasks = supervisor.current()
     publisher = Publisher(api, settings)
     tasks.spawn("publisher", lambda: publisher.run(bus), fatal=True)
