@@ -20,7 +20,7 @@ H100 = Device(name="gpu-0", capacity={"memory": DeviceCapacity(value="8552080998
 
 def policy(device: Device, name: str) -> dict[str, object]:
     cap = (device.capacity or {})[name]
-    return resource.to_builtins(cap)  # type: ignore[no-any-return]
+    return resource.to_builtins(cap)
 
 
 def test_memory_mode_defaults_to_the_whole_device_in_1mi_steps() -> None:
