@@ -48,6 +48,13 @@ class _Group(msgspec.Struct):
     versions: list[dict[str, str]] = []
 
 
+def group_document(versions: tuple[str, ...] = (V1,)) -> Obj:
+    """What ``GET /apis/resource.k8s.io`` answers (an APIGroup), for servers in tests."""
+    listed = [{"groupVersion": f"{GROUP}/{v}", "version": v} for v in versions]
+    return {"kind": "APIGroup", "apiVersion": "v1", "name": GROUP, "versions": listed,
+            "preferredVersion": listed[0]}  # fmt: skip
+
+
 async def discover(api: KubeApi) -> str:
     """The newest resource.k8s.io version the server serves (GET /apis/resource.k8s.io)."""
     try:

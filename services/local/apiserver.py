@@ -29,9 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
+from services.core import resourceapi
 from services.core.resource import ResourceClaim, to_builtins
 
-GROUP = "/apis/resource.k8s.io"  # API discovery: which versions are served (v1 only here)
+GROUP = "/apis/resource.k8s.io"  # API discovery: which versions are served (v1 here)
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 POD = "/api/v1/namespaces/{ns}/pods/{name}"
 PODS = "/api/v1/pods"
@@ -178,11 +179,7 @@ class MemoryApiServer:
     # ------------------------------------------------------------ HTTP
 
     async def _group(self, request: web.Request) -> web.Response:
-        version = {"groupVersion": "resource.k8s.io/v1", "version": "v1"}
-        return web.json_response(
-            {"kind": "APIGroup", "apiVersion": "v1", "name": "resource.k8s.io",
-             "versions": [version], "preferredVersion": version}
-        )  # fmt: skip
+        return web.json_response(resourceapi.group_document())
 
     async def _get_claim(self, request: web.Request) -> web.Response:
         self._serve("claim")

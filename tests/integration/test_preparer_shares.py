@@ -227,3 +227,33 @@ async def test_a_share_of_a_static_mig_device_names_the_mig_uuid(
         assert node.sim_host()["mps"] == {}
     finally:
         await node.close()
+
+
+async def test_a_quarantined_checkpoint_rebuilds_shares_and_keeps_their_daemon(
+    node: Node,
+) -> None:
+    """The shares come back from their CDI specs and the claims bucket; the daemon stays."""
+    proc = await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    inv = await node.inventory()
+    assert inv is not None
+    gpu0 = next(g.uuid for g in inv.gpus if g.minor == 0)
+    claims = [await put_share(node, "20Gi", "a"), await put_share(node, "30Gi", "b")]
+    reply = await node.prepare(*claims)
+    assert all(r.error == "" for r in reply.claims.values())
+    proc.stop()
+    node.checkpoint_path.write_bytes(b'{"version": 1, "checksum": "sha256:00", "da')  # torn
+    proc = await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    assert "CHECKPOINT NOT TRUSTED" in proc.output()
+    entries = node.checkpoint().claims
+    for claim in claims:
+        [device] = entries[uid_of(claim)].devices
+        assert device.name == "gpu-0" and device.share is not None
+        assert device.share.share_id == share_id(claim)
+        assert device.share.daemon_id == f"shared-{gpu0}"
+    assert list(node.sim_host()["mps"]) == [f"shared-{gpu0}"]  # kept by start-up
+    # The rebuilt shares still count: 20Gi + 30Gi + 40Gi do not fit 81559Mi.
+    big = await put_share(node, "40Gi", "big")
+    assert "hold 50Gi of 81559Mi" in (await node.prepare(big)).claims[uid_of(big)].error
+    for claim in claims:
+        assert (await node.unprepare(claim)).claims[uid_of(claim)].error == ""
+    assert node.sim_host()["mps"] == {} and node.cdi_files() == []
