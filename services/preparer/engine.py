@@ -149,8 +149,8 @@ class Engine:
         self.faults = faults or Faults()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._inflight: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
-        # (device, uid) -> ("ns/name", share) for shares being prepared
-        self._inflight_shares: dict[tuple[str, str], tuple[str, ShareState]] = {}
+        # (device, uid, share id) -> ("ns/name", share) for shares being prepared
+        self._inflight_shares: dict[tuple[str, str, str], tuple[str, ShareState]] = {}
         self._daemon_locks: dict[str, asyncio.Lock] = {}  # shared MPS daemon id -> lock
 
     # ------------------------------------------------------------ locking
@@ -292,10 +292,7 @@ class Engine:
             if r.share_id is None:
                 self._inflight[r.device] = (uid, who)
             else:
-                self._inflight_shares[(f"{r.device}", f"{uid}/{r.share_id}")] = (
-                    who,
-                    plans[r.share_id].state,
-                )
+                self._inflight_shares[(r.device, uid, r.share_id)] = (who, plans[r.share_id].state)
 
     def _shares_on(self, exclude: str) -> list[tuple[str, str, ShareState]]:
         """(device, holder, share) for every share prepared or being prepared, but ``exclude``'s."""
@@ -306,8 +303,7 @@ class Engine:
             for d in entry.devices:
                 if d.share is not None:
                     out.append((d.name, f"{entry.namespace}/{entry.name} ({uid})", d.share))
-        for (device, key), (who, state) in self._inflight_shares.items():
-            owner = key.split("/", 1)[0]
+        for (device, owner, _), (who, state) in self._inflight_shares.items():
             if owner != exclude:
                 out.append((device, f"{who} ({owner}, being prepared)", state))
         return out
@@ -315,7 +311,7 @@ class Engine:
     def _release(self, uid: str) -> None:
         for device in [d for d, (owner, _) in self._inflight.items() if owner == uid]:
             del self._inflight[device]
-        for key in [k for k in self._inflight_shares if k[1].split("/", 1)[0] == uid]:
+        for key in [k for k in self._inflight_shares if k[1] == uid]:
             del self._inflight_shares[key]
 
     def _holders(self, exclude: str) -> dict[str, str]:
@@ -329,12 +325,12 @@ class Engine:
                 if not d.admin_access:
                     for key in _state_hold_keys(d):
                         held[key] = f"{entry.namespace}/{entry.name} ({uid}, prepared)"
-        for (device, key), (who, _) in self._inflight_shares.items():
-            uid = key.split("/", 1)[0]
+        for (device, uid, _), (who, _) in self._inflight_shares.items():
             if uid != exclude:
                 keys = [_shared_key(device)]
-                with contextlib.suppress(DeviceNotFound):
-                    keys.append(f"nvidia:{locate(inv, device).gpu.pci_bus_id}" if inv else device)
+                if inv is not None:
+                    with contextlib.suppress(DeviceNotFound):
+                        keys.append(f"nvidia:{locate(inv, device).gpu.pci_bus_id}")
                 for k in keys:
                     held[k] = f"{who} ({uid}, being prepared)"
         for device, (uid, who) in self._inflight.items():
@@ -463,8 +459,7 @@ class Engine:
             and entry.state == PREPARE_COMPLETED
             and any(d.share is not None and d.share.daemon_id == daemon_id for d in entry.devices)
         ]
-        for (_, key), (_, state) in self._inflight_shares.items():
-            owner = key.split("/", 1)[0]
+        for (_, owner, _), (_, state) in self._inflight_shares.items():
             if owner != exclude and state.daemon_id == daemon_id:
                 refs.append(owner)
         return refs
@@ -726,10 +721,8 @@ class Engine:
             wanted = set()
             for r in results:
                 ident = _parse(r.device)
-                shared = _shared_key(r.device) in held  # other claims' shares of it
-                if ident is not None and ident.kind == nvidia.MIG_TYPE and r.device not in held:
-                    if shared:
-                        continue
+                kept = r.device in held or _shared_key(r.device) in held  # other claims' own
+                if ident is not None and ident.kind == nvidia.MIG_TYPE and not kept:
                     wanted.add((ident.minor, ident.gi_profile_id, ident.placement_start))
             for mig in await self.ops.live_migs():
                 if (mig.parent_minor, mig.gi_profile_id, mig.placement_start) in wanted:
