@@ -33,6 +33,7 @@ COMMANDS: dict[str, str] = {
     "explain": "services.offline.cli",
     "preparer": "services.preparer.cli",
     "publisher": "services.publisher.cli",
+    "webhook": "services.webhook.cli",
 }
 
 

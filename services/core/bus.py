@@ -42,7 +42,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from services.core import config, retention, subjects, supervisor
+from services.core import config, retention, subjects, supervisor, tokenrenew
 from services.core.access import Identity, Role
 from services.core.metrics import FOREIGN_MESSAGES, MALFORMED_MESSAGES
 from services.core.natsauth import Credentials
@@ -120,7 +120,7 @@ class Bus:
         self._inflight: set[asyncio.Task[None]] = set()
         self._slots = asyncio.Semaphore(self.max_inflight)
         self._closing = False  # set by close(): a close we asked for
-        self._watchdog: asyncio.Task[None] | None = None
+        self._background: list[asyncio.Task[None]] = []  # the watchdog, the token renewal
 
     @classmethod
     async def connect(
@@ -142,12 +142,13 @@ class Bus:
         permissions let it read.
         """
         creds = credentials or cls.default_credentials
+        token = tokenrenew.TokenSource(creds) if creds.token_file else None
         nc = await nats.connect(
             servers=server_urls(url),
             name=name,
             nkeys_seed_str=creds.seed() if creds.creds else None,
             # Called on every (re)connect: a rotated token is read from its file again.
-            token=creds.token if creds.token_file else None,
+            token=token,
             tls=creds.tls(),
             inbox_prefix=identity.inbox_prefix,
             max_reconnect_attempts=-1,
@@ -160,9 +161,14 @@ class Bus:
         if replicas is None:
             replicas = cls.default_replicas or int(config.env("nats-replicas", "1"))
         bus = cls(nc, replicas=replicas, identity=identity)
-        bus._watchdog = asyncio.get_running_loop().create_task(
-            _stop_when_closed(bus, name), name=f"bus {name}: closed for good?"
+        loop = asyncio.get_running_loop()
+        bus._background.append(
+            loop.create_task(_stop_when_closed(bus, name), name=f"bus {name}: closed for good?")
         )
+        if token is not None:
+            bus._background.append(
+                loop.create_task(tokenrenew.renew(nc, token, name), name=f"bus {name}: token")
+            )
         if identity.role is Role.ADMIN:
             await bus.provision()
         return bus
@@ -171,9 +177,9 @@ class Bus:
         self._closing = True
         with contextlib.suppress(Exception):
             await self.nc.drain()
-        if self._watchdog is not None:
-            self._watchdog.cancel()
-            await asyncio.gather(self._watchdog, return_exceptions=True)
+        for task in self._background:
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
 
     async def provision(self) -> None:
         """Create every stream and bucket we use, and keep their limits as configured."""

@@ -232,6 +232,19 @@ def auth_request(token: str, *, now: float | None = None) -> AuthRequest:
     )
 
 
+def unverified_claims(token: str) -> dict[str, object] | None:
+    """A JWT's payload, unverified: for what only schedules or routes, never for trust
+    (the auth callout picks the audience to ask the API server for; a client learns when
+    its own token expires)."""
+    parts = token.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return _load(parts[1])
+    except JwtError:
+        return None
+
+
 def _json(value: Any) -> bytes:
     return json.dumps(value, separators=(",", ":")).encode()
 

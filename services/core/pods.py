@@ -28,14 +28,33 @@ class PodResourceClaimStatus(_Obj):
     resource_claim_name: str | None = None
 
 
+class ResourceRequirements(_Obj):
+    requests: dict[str, str | int] | None = None
+
+
+class Container(_Obj):
+    """Only what extended resources need (the API server copies limits into requests)."""
+
+    name: str = ""
+    resources: ResourceRequirements | None = None
+    restart_policy: str | None = None  # "Always": a sidecar init container
+
+
 class PodSpec(_Obj):
     node_name: str | None = None
     resource_claims: list[PodResourceClaim] | None = None
+    init_containers: list[Container] | None = None
+    containers: list[Container] | None = None
+
+
+class PodExtendedResourceClaimStatus(_Obj):
+    resource_claim_name: str = ""
 
 
 class PodStatus(_Obj):
     phase: str | None = None
     resource_claim_statuses: list[PodResourceClaimStatus] | None = None
+    extended_resource_claim_status: PodExtendedResourceClaimStatus | None = None
 
 
 class Pod(_Obj):

@@ -96,6 +96,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="containerd and the real kubelet run the pods in real containers (needs root "
         "and cgroups; otherwise kubelet-dra, saying why)",
     )
+    parser.add_argument(
+        "--no-webhook",
+        action="store_true",
+        help="do not run gpudra webhook (bad configs are then refused only at prepare)",
+    )
     parser.set_defaults(func=run)
 
 
@@ -133,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
             jaeger=args.jaeger,
             real_nodes=tools is not None,
             node_tools=tools,
+            webhook=not args.no_webhook,
         )
     except stacks.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
@@ -197,6 +203,8 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
             f"{kubelet}"
         )
     _say("  cluster-wide    publisher, allocator (claim watcher)")
+    if stack.webhook:
+        _say("  admission       gpudra webhook (ValidatingWebhookConfiguration gpudra-webhook)")
     if stack.jaeger is not None:
         _say(f"  jaeger          query API and UI {stack.jaeger.ui}, OTLP {stack.jaeger.otlp_grpc}")
     _say("metrics (Prometheus, OpenMetrics with exemplars), one port per process:")

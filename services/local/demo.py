@@ -45,6 +45,8 @@ EXPECT_ANNOTATION = "gpudra.dev/expect"
 CDI_DEVICES_ANNOTATION = "gpudra.dev/cdi-devices"
 RUNNING = "Running"
 PENDING = "Pending"
+#: pod_claims' key for the claim of a pod's extended resources (no spec.resourceClaims entry)
+EXTENDED_REF = "<extended resources>"
 
 
 class ExampleError(ValueError):
@@ -295,16 +297,21 @@ def pod_claim_names(pod: Mapping[str, Any]) -> list[str]:
 
 
 def pod_claims(pod: Mapping[str, Any]) -> dict[str, str]:
-    """The pod's claim references (``spec.resourceClaims[].name``) -> ResourceClaim name."""
+    """The pod's claim references (``spec.resourceClaims[].name``) -> ResourceClaim name,
+    plus, under :data:`EXTENDED_REF`, the claim the scheduler made for the pod's
+    extended resources (``nvidia.com/gpu`` limits, gate DRAExtendedResource)."""
+    status = pod.get("status") or {}
     generated = {
-        s["name"]: s.get("resourceClaimName")
-        for s in (pod.get("status") or {}).get("resourceClaimStatuses") or []
+        s["name"]: s.get("resourceClaimName") for s in status.get("resourceClaimStatuses") or []
     }
     found = {}
     for ref in pod["spec"].get("resourceClaims") or []:
         name = ref.get("resourceClaimName") or generated.get(ref["name"])
         if name:
             found[ref["name"]] = name
+    extended = (status.get("extendedResourceClaimStatus") or {}).get("resourceClaimName")
+    if extended:
+        found[EXTENDED_REF] = extended
     return found
 
 
@@ -325,6 +332,16 @@ def container_cdi_ids(
             for d in claim.devices:
                 if use.get("request") in (None, "", d.request.split("/")[0]):
                     ids.append(cdi.device_id(claim.uid, d.device, d.share_id))
+        extended = claims.get(EXTENDED_REF)
+        for mapping in ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
+            "requestMappings"
+        ) or []:
+            if extended is not None and mapping.get("containerName") == container["name"]:
+                ids += [
+                    cdi.device_id(extended.uid, d.device, d.share_id)
+                    for d in extended.devices
+                    if d.request == mapping.get("requestName")
+                ]
         out[container["name"]] = sorted(ids)
     return out
 

@@ -43,6 +43,7 @@ from services.core.nvidia import mig_device_name
 from services.discovery.fleet import Fleet, get_fleet
 from services.discovery.models import get_model
 from services.discovery.sim import SimNvml
+from services.preparer.devices import simroot
 
 DEFAULT_VERSION = "580.95.05"
 DEFAULT_CUDA = 13000  # NVML's integer CUDA driver version for 580 (13.0)
@@ -122,16 +123,10 @@ OTHER_LIBRARIES: tuple[tuple[str, str], ...] = (
     ("libnvidia-egl-gbm.so.1.1.2", "libnvidia-egl-gbm.so.1"),
     ("libnvidia-api.so.1", "libnvidia-api.so.1"),
 )
-BINARIES = (
-    "nvidia-smi",
-    "nvidia-debugdump",
-    "nvidia-persistenced",
-    "nvidia-cuda-mps-control",
-    "nvidia-cuda-mps-server",
-    "nvidia-cdi-hook",
-    "nvidia-ctk",
-)
-FIRMWARE = ("gsp_ga10x.bin", "gsp_tu10x.bin")
+# The simulated backend's driver root is the one list of tools and firmware; this
+# fuller root adds nvidia-ctk for the reference generator it is compared with.
+BINARIES = (*simroot.BINARIES, "nvidia-ctk")
+FIRMWARE = simroot.FIRMWARE
 
 # What ``missing`` may name.
 PIECES = frozenset(

@@ -64,7 +64,7 @@ from typing import Any
 from services.core import featuregates, nvidia
 from services.core.access import Role
 from services.core.natsserver import NatsServer, free_port
-from services.local import REPO, images
+from services.local import REPO, admission, images
 from services.local.cluster import (
     DEFAULT_CONTROLLERS,
     REAL_NODE_CONTROLLERS,
@@ -82,6 +82,10 @@ DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
 #: with MPSSupport or PassthroughSupport, so MIG devices come from the fleet's
 #: static layout.
 DEMO_GATES = "MPSSupport=true,PassthroughSupport=true,TimeSlicingSettings=true"
+
+#: Kubernetes gates `gpudra up` turns on: DRAExtendedResource serves a pod's
+#: ``nvidia.com/gpu`` limits from our DeviceClass (its extendedResourceName).
+DEMO_KUBE_GATES: Mapping[str, bool] = {"DRAExtendedResource": True}
 
 #: Driver of the slice that shows when a starting kubelet-dra has wiped its node.
 SENTINEL_DRIVER = "wipe-sentinel.gpudra.dev"
@@ -133,7 +137,8 @@ class Stack:
     """NATS + control plane + every gpudra service for ``nodes``.
 
     ``gates`` are the driver's feature gates (preparer and publisher);
-    ``kube_feature_gates`` go to the Kubernetes components. ``pending_threshold``
+    ``kube_feature_gates`` go to the Kubernetes components (default
+    :data:`DEMO_KUBE_GATES`, so that every example runs). ``pending_threshold``
     is how long a claim's pod waits before the allocator watcher explains why;
     ``prepare_timeout`` how long the kubelet plugin waits for the preparer
     (default: the plugin's own, 45 s). A given ``workdir`` must be empty or new.
@@ -157,6 +162,7 @@ class Stack:
         jaeger: bool = False,
         real_nodes: bool = False,
         node_tools: NodeTools | None = None,
+        webhook: bool = False,
     ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -175,13 +181,14 @@ class Stack:
         self.nats = NatsServer(self.workdir / "nats", log_file=self.logs_dir / "nats.log")
         self.real_nodes = real_nodes
         self.node_tools = node_tools
+        self.webhook = webhook  # gpudra webhook + its ValidatingWebhookConfiguration
         self.real: dict[str, RealNode] = {}  # node name -> its runner, with real_nodes
         self.images: tuple[images.ImageArchive, ...] = ()
         self.cp = ControlPlane(
             binary,
             workdir=self.workdir,
             nodes=[] if real_nodes else names,  # real nodes register themselves
-            feature_gates=kube_feature_gates,
+            feature_gates=DEMO_KUBE_GATES if kube_feature_gates is None else kube_feature_gates,
             controllers=REAL_NODE_CONTROLLERS if real_nodes else DEFAULT_CONTROLLERS,
             startup_timeout=startup_timeout,
         )
@@ -226,6 +233,8 @@ class Stack:
         self._started.append("controlplane")
         self.cp.start()
         self.cp.apply(DEVICE_CLASSES.read_text())
+        if self.webhook:
+            self.start_webhook()
         if self.real_nodes:
             self._start_real_hosts()
         for node in self.nodes.values():
@@ -362,6 +371,23 @@ class Stack:
     ) -> Process:
         self.stop_service(name)
         return self.start_service(name, env=env, ready=ready)
+
+    def start_webhook(self) -> Process:
+        """``gpudra webhook`` on 127.0.0.1 with a CA of its own, and the
+        ValidatingWebhookConfiguration that has the API server call it by URL."""
+        certs = admission.issue(self.workdir / "webhook")
+        port, metrics = free_port(), self.metrics_ports.setdefault("webhook", free_port())
+        self._argv["webhook"] = [
+            sys.executable, "-m", "services.cli", "webhook",
+            "--cert-file", str(certs.cert), "--key-file", str(certs.key),
+            "--port", str(port), "--feature-gates", self.gates,
+            "--log-level", self.log_level, "--metrics-port", str(metrics),
+        ]  # fmt: skip
+        process = self.start_service("webhook", ready='"serving admission reviews"')
+        self._started.append("webhook")
+        url = f"https://127.0.0.1:{port}{admission.PATH}"
+        self.cp.apply(admission.configuration(url, certs.ca.read_bytes()))
+        return process
 
     # ---- kubelet-dra -------------------------------------------------------
 

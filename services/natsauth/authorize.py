@@ -8,14 +8,12 @@ node from the pod the token is bound to, never from anything the client says.
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.core.access import NODE_ROLES, AccessError, Identity, Role
+from services.core.natsjwt import unverified_claims
 from services.natsauth import grants as g
 from services.natsauth.tokenreview import Reviewer
 
@@ -78,16 +76,3 @@ class Authorizer:
         except AccessError as exc:
             return refuse(str(exc))
         return Decision(identity=identity, expires=expires, role=role.value)
-
-
-def unverified_claims(token: str) -> dict[str, object] | None:
-    """A JWT's payload, unverified: only to pick the audience to ask the API server for,
-    and, once the API server has confirmed the token, its expiry."""
-    parts = token.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        value = json.loads(base64.urlsafe_b64decode(parts[1] + "=" * (-len(parts[1]) % 4)))
-    except (binascii.Error, ValueError):
-        return None
-    return value if isinstance(value, dict) else None

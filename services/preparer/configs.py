@@ -381,3 +381,90 @@ def _winner(
         f"device {result.device!r} of type {kind} (request {result.request!r}): "
         "no config applies (is the PassthroughSupport feature gate enabled?)"
     )
+
+
+# ------------------------------------------------------------------ admission
+#
+# ``gpudra webhook`` judges a claim's configs when it is written, with the very
+# functions prepare uses (decode, normalize, validate), so the same config is
+# refused at admission and at prepare with the same words. The webhook also
+# judges the compute-domain driver's configs (the reference's webhook skips them,
+# NVIDIA/k8s-dra-driver-gpu#1349); their fields are the reference's
+# (api/nvidia.com/resource/v1beta1/computedomainconfig.go).
+
+CD_DRIVER = "compute-domain.nvidia.com"
+CD_CHANNEL_CONFIG = "ComputeDomainChannelConfig"
+CD_DAEMON_CONFIG = "ComputeDomainDaemonConfig"
+ALLOCATION_MODES = ("Single", "All")
+
+
+class ComputeDomainChannelConfig(_Strict, kw_only=True):
+    api_version: str = API_VERSION
+    kind: str = CD_CHANNEL_CONFIG
+    domain_id: str = msgspec.field(default="", name="domainID")
+    allocation_mode: str | None = None
+
+
+class ComputeDomainDaemonConfig(_Strict, kw_only=True):
+    api_version: str = API_VERSION
+    kind: str = CD_DAEMON_CONFIG
+    domain_id: str = msgspec.field(default="", name="domainID")
+
+
+ComputeDomainConfig = ComputeDomainChannelConfig | ComputeDomainDaemonConfig
+
+_CD_KINDS: Mapping[str, type[ComputeDomainChannelConfig] | type[ComputeDomainDaemonConfig]] = {
+    CD_CHANNEL_CONFIG: ComputeDomainChannelConfig,
+    CD_DAEMON_CONFIG: ComputeDomainDaemonConfig,
+}
+DRIVERS = (DRIVER, CD_DRIVER)
+
+
+def decode_compute_domain(params: Any, origin: str) -> ComputeDomainConfig:
+    """Strictly decode one ``compute-domain.nvidia.com`` opaque ``parameters`` object."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{origin}: parameters must be an object, got {type(params).__name__}")
+    api_version, kind = params.get("apiVersion"), params.get("kind")
+    if api_version != API_VERSION:
+        raise ConfigError(
+            f"{origin}: unsupported apiVersion {api_version!r}; expected {API_VERSION}"
+        )
+    if not isinstance(kind, str) or kind not in _CD_KINDS:
+        raise ConfigError(
+            f"{origin}: unknown kind {kind!r}; expected one of {', '.join(_CD_KINDS)} "
+            f"({API_VERSION}, driver {CD_DRIVER})"
+        )
+    try:
+        return msgspec.convert(params, type=_CD_KINDS[kind])
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{origin} {kind}{_describe(str(exc))}") from exc
+
+
+def validate_compute_domain(config: ComputeDomainConfig, origin: str) -> None:
+    """The reference's ``Validate()`` (domainID required) plus the allocation-mode enum."""
+    where = f"{origin} {config.kind}"
+    if not config.domain_id:
+        raise ConfigError(f"{where}.domainID: must not be empty (the ComputeDomain's UID)")
+    if isinstance(config, ComputeDomainChannelConfig) and config.allocation_mode is not None:
+        if config.allocation_mode not in ALLOCATION_MODES:
+            raise ConfigError(
+                f"{where}.allocationMode: unknown allocation mode {config.allocation_mode!r}; "
+                f"valid: {', '.join(ALLOCATION_MODES)}"
+            )
+
+
+def check_opaque(driver: str, params: Any, origin: str, gates: fg.FeatureGates) -> bool:
+    """Judge one opaque config as prepare would; False if ``driver`` is not one of ours.
+
+    Raises :class:`ConfigError` with prepare's own message for a config prepare
+    would refuse (``gpu.nvidia.com``: :func:`decode`, :func:`normalize`,
+    :func:`validate`, the per-device memory limits' syntax).
+    """
+    if driver == DRIVER:
+        config = normalize(decode(params, origin), gates)
+        validate(config, origin, gates)
+        return True
+    if driver == CD_DRIVER:
+        validate_compute_domain(decode_compute_domain(params, origin), origin)
+        return True
+    return False

@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from nats.aio.client import Client as NatsClient
 
-from services.core import subjects
+from services.core import subjects, supervisor
 from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.natsauth import public_key
@@ -354,6 +354,39 @@ async def test_a_deleted_pods_token_is_refused_and_a_rotated_token_is_read_on_re
         await asyncio.sleep(0.05)
     await client.nc.subscribe(subjects.sim_control(N2))
     await client.nc.flush()
+
+
+async def test_a_token_near_its_expiry_is_swapped_for_the_rotated_one_without_a_restart(bed):
+    """The server drops a connection when the token it was made with expires, and nats-py
+    then closes for good (the process would restart once per token lifetime). The bus
+    reconnects with the kubelet's rotated token before that, and stays up past expiry."""
+    uid = bed.cp.get("serviceaccount", "gpudra-allocator", NS)["metadata"]["uid"]
+    now = int(time.time())
+    short = {"iss": "https://kubernetes.default.svc", "aud": [f"{AUD}:allocator"],
+             "sub": f"system:serviceaccount:{NS}:gpudra-allocator",
+             "iat": now, "nbf": now, "exp": now + 20,
+             "kubernetes.io": {"namespace": NS, "serviceaccount": {
+                 "name": "gpudra-allocator", "uid": uid}}}  # fmt: skip
+    token = bed.root / "short-lived.token"
+    token.write_text(_rs256(bed.cp.pki / "sa.key", short))
+    creds = bed.nats.client(token_file=token)
+    bus = await Bus.connect(
+        bed.nats.url, name="allocator", identity=Identity(Role.ALLOCATOR), credentials=creds
+    )
+    try:
+        os.replace(bed.token("gpudra-allocator", "allocator", name="rotated-1h.token"), token)
+        deadline = time.monotonic() + 60
+        while not (bus.nc.stats["reconnects"] >= 1 and bus.nc.is_connected):
+            assert time.monotonic() < deadline, f"no reconnect: {bus.nc.last_error}"
+            await asyncio.sleep(0.1)
+        while time.time() < now + 20 + 3:  # past the first token's expiry
+            await asyncio.sleep(0.2)
+        assert bus.nc.is_connected and not bus.nc.is_closed, bus.nc.last_error
+        assert supervisor.current().failure is None
+        await bus.nc.flush(timeout=5)
+        assert bus.nc.stats["reconnects"] == 1  # once: the rotated token lasts an hour
+    finally:
+        await bus.close()
 
 
 def test_the_issuers_key_never_leaves_the_auth_service(bed):

@@ -97,6 +97,11 @@ def claims_by_pod_name(stack: Stack, pod: Any) -> dict[str, Any]:
         name = ref.get("resourceClaimName") or generated.get(ref["name"])
         assert name, f"claim {ref['name']} of pod {pod['metadata']['name']} has no ResourceClaim"
         out[ref["name"]] = claim_of(stack, pod["metadata"]["namespace"], name)
+    extended = (pod.get("status", {}).get("extendedResourceClaimStatus") or {}).get(
+        "resourceClaimName"
+    )
+    if extended:  # the scheduler's claim for nvidia.com/gpu limits (DRAExtendedResource)
+        out[demo.EXTENDED_REF] = claim_of(stack, pod["metadata"]["namespace"], extended)
     return out
 
 
@@ -118,6 +123,16 @@ def expected_cdi_ids(stack: Stack, pod: Any) -> dict[str, list[str]]:
             for r in results(claim):
                 if use.get("request") in (None, "", r["request"].split("/")[0]):
                     ids.append(f"{CDI_KIND}={uid}-{r['device']}")
+        mappings = (pod["status"].get("extendedResourceClaimStatus") or {}).get("requestMappings")
+        for mapping in mappings or []:
+            if mapping["containerName"] == container["name"]:
+                claim = claims[demo.EXTENDED_REF]
+                uid = claim["metadata"]["uid"]
+                ids += [
+                    f"{CDI_KIND}={uid}-{r['device']}"
+                    for r in results(claim)
+                    if r["request"] == mapping["requestName"]
+                ]
         expected[container["name"]] = sorted(ids)
     return expected
 

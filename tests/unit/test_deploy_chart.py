@@ -147,7 +147,9 @@ def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_ca
     for text in _template_texts().values():
         used |= set(re.findall(r"serviceAccountName: \{\{ \$full \}\}-([\w-]+)", text))
     with_rules = {c for c, r in _values()["rbac"]["rules"].items() if r}
-    assert used == {"publisher", "allocator", "preparer", "nats-auth", "provision", "nats-keygen"}
+    assert used == {
+        "publisher", "allocator", "preparer", "nats-auth", "provision", "nats-keygen", "webhook"
+    }  # fmt: skip
     assert with_rules == {"publisher", "allocator", "preparer", "nats-auth"}
     rbac = _template_texts()["rbac.yaml"]
     assert '$accounts := list "publisher" "allocator" "preparer"' in rbac
@@ -372,6 +374,10 @@ VARIANTS: dict[str, dict[str, object]] = {
         "publisher.additionalXidsToIgnore": "48,63",
     },
     "quiet": {"metrics.enabled": False, "networkPolicy.enabled": False},
+    "webhook": {"webhook.enabled": True, "featureGates": {"MPSSupport": True}},
+    "webhook-cert-manager": {"webhook.enabled": True, "webhook.failurePolicy": "Ignore",
+                             "webhook.tls.certManager.issuerRef": {"name": "ca",
+                                                                   "kind": "ClusterIssuer"}},
     "preparer-without-api": {"rbac.rules.preparer": [], "node.preparer.trustClaimsBucket": True},
     # One node whose pods have only a loopback (tests/e2e/test_chart_install.py).
     "host-network": {
@@ -383,6 +389,8 @@ VARIANTS: dict[str, dict[str, object]] = {
     },
 }  # fmt: skip
 NAMESPACE = "gpu-system"
+ADMISSION_KINDS = {"ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
+                   "ValidatingAdmissionPolicyBinding"}  # cluster-scoped  # fmt: skip
 # Read from the environment by services/core/retention.py, not flags.
 RETENTION_VARIABLES = {f"GPUDRA_{retention.setting_name(name)}_{limit}"
                        for name in retention.DEFAULTS
@@ -645,7 +653,7 @@ def test_rendered_settings_follow_the_values(rendered: dict[str, list[dict[str, 
 def test_every_namespaced_object_is_in_the_release_namespace(
     rendered: dict[str, list[dict[str, Any]]], variant: str
 ) -> None:
-    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "DeviceClass"}
+    cluster_scoped = {"ClusterRole", "ClusterRoleBinding", "DeviceClass", *ADMISSION_KINDS}
     for doc in rendered[variant]:
         if doc["kind"] not in cluster_scoped:
             assert doc["metadata"].get("namespace") == NAMESPACE, (doc["kind"], doc["metadata"])

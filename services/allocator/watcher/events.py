@@ -79,8 +79,16 @@ class ClaimEventRecorder:
     def forget(self, uid: str) -> None:
         self.posted.pop(uid, None)
 
-    async def record(self, claim: ResourceClaim, reason: str, type_: str, message: str) -> bool:
-        """Create or update the claim's Event; False when rate-limited or the API failed."""
+    async def record(
+        self,
+        claim: ResourceClaim,
+        reason: str,
+        type_: str,
+        message: str,
+        on: dict[str, Any] | None = None,
+    ) -> bool:
+        """Create or update the claim's Event (about ``on``, an involvedObject, when the
+        claim does not exist yet); False when rate-limited or the API failed."""
         if not self.bucket.take():
             metrics.K8S_EVENTS.labels(op="throttled").inc()
             return False
@@ -101,7 +109,7 @@ class ClaimEventRecorder:
                 except ApiError as exc:
                     if not exc.not_found:  # expired (events have a TTL): create it again
                         raise
-            posted = await self._create(claim, namespace, update)
+            posted = await self._create(claim, namespace, update, on)
             self.posted[uid] = posted
             return True
         except ApiError as exc:
@@ -113,14 +121,19 @@ class ClaimEventRecorder:
             return False
 
     async def _create(
-        self, claim: ResourceClaim, namespace: str, update: dict[str, Any]
+        self,
+        claim: ResourceClaim,
+        namespace: str,
+        update: dict[str, Any],
+        on: dict[str, Any] | None = None,
     ) -> _Posted:
         name = event_name(claim)
         body = {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"name": name, "namespace": namespace},
-            "involvedObject": {
+            "involvedObject": on
+            or {
                 "apiVersion": claim.api_version,
                 "kind": "ResourceClaim",
                 "namespace": namespace,

@@ -24,6 +24,7 @@ from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.requests import alternatives
 from services.allocator.structured.snapshot import ClaimOutcome, Inputs, OfflineAllocator
+from services.allocator.watcher.extended import extended_claim
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import DRIVER
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
@@ -115,6 +116,32 @@ def waiting_claims(
                 found[claim.metadata.uid] = Waiting(claim, pod, waited)
     clock.forget_except(live)
     return list(found.values())
+
+
+def waiting_extended(
+    pods: Iterable[Pod],
+    classes: Mapping[str, DeviceClass],
+    clock: PodClock,
+    threshold: float,
+    now: float | None = None,
+) -> list[Waiting]:
+    """Unscheduled pods waiting at least ``threshold`` seconds for extended resources
+    our driver serves (``nvidia.com/gpu``), each with the claim the scheduler would
+    create for it (it creates none until it has found the devices)."""
+    now = time.time() if now is None else now
+    found = []
+    for pod in pods:
+        if pod.spec.node_name or pod.metadata.deletion_timestamp or not pod.metadata.uid:
+            continue
+        if pod.status is not None and pod.status.extended_resource_claim_status is not None:
+            continue  # the scheduler made its claim: explained as any claim
+        claim = extended_claim(pod, classes)
+        if claim is None or not concerns_driver(claim, classes):
+            continue
+        waited = clock.since(pod, now)
+        if waited >= threshold:
+            found.append(Waiting(claim, pod, waited))
+    return found
 
 
 class ClusterAllocator:

@@ -49,6 +49,7 @@ from services.allocator.watcher.pending import (
     concerns_driver,
     verdict,
     waiting_claims,
+    waiting_extended,
 )
 from services.core import metrics as core_metrics
 from services.core import subjects, tracing
@@ -328,6 +329,15 @@ class ClaimWatcher:
                 continue
             self.explained[uid] = now
             await self.explain(item.claim, item.waited)
+        for item in waiting_extended(
+            self.pods.items.values(), self.classes_by_name(), self.clock, threshold, now
+        ):
+            uid = item.claim.metadata.uid or ""  # the pod's: the claim does not exist yet
+            last = self.explained.get(uid)
+            if last is not None and now - last < threshold:
+                continue
+            self.explained[uid] = now
+            await self.explain(item.claim, item.waited, pod=item.pod)
 
     async def on_unreadable_claim(self, claim: ResourceClaim, reason: str) -> None:
         """A claim of ours gpudra cannot read (its nesting, say): said on the claim itself.
@@ -343,7 +353,11 @@ class ClaimWatcher:
     def classes_by_name(self) -> dict[str, DeviceClass]:
         return {c.metadata.name: c for c in self.classes.items.values()}
 
-    async def explain(self, claim: ResourceClaim, waited: float) -> None:
+    async def explain(self, claim: ResourceClaim, waited: float, pod: Pod | None = None) -> None:
+        """Why ``claim`` stays pending: a span, a ``pending`` event on its trail and an
+        Event on it. With ``pod``, ``claim`` is the one the scheduler would create for
+        the pod's extended resources (extended.py): it does not exist, so it has no
+        trail yet, and the Event is on the pod."""
         ref = lifecycle.claim_ref(claim)
         with spans.explain_span(ref, waited) as span:
             version = (
@@ -363,6 +377,17 @@ class ClaimWatcher:
             result = verdict(outcome)
             spans.pending(span, result.reason, result.status, result.message)
             metrics.EXPLANATIONS.labels(status=result.status).inc()
+            if pod is not None:
+                message = (
+                    f"extended resources (as the scheduler's claim {claim.metadata.name} would "
+                    f"ask them): {result.message}"
+                )
+                involved = {
+                    "apiVersion": "v1", "kind": "Pod", "namespace": pod.metadata.namespace,
+                    "name": pod.metadata.name, "uid": pod.metadata.uid,
+                }  # fmt: skip
+                await self.recorder.record(claim, result.reason, result.type, message, involved)
+                return
             if await self._reason_changed(ref, result.message):
                 await self.publish(
                     "pending", ref, subjects.NO_NODE, [], hashlib.sha256(

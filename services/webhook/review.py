@@ -1,0 +1,78 @@
+"""AdmissionReview (admission.k8s.io/v1) in and out: strict about what it reads.
+
+A malformed review is a :class:`ReviewError` naming what is wrong; the server
+answers it with HTTP 400 and never guesses an answer for a review it cannot
+read (so it never admits by accident).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+API_VERSION = "admission.k8s.io/v1"
+KIND = "AdmissionReview"
+
+
+class ReviewError(ValueError):
+    """A request body that is not an admission.k8s.io/v1 AdmissionReview with a request."""
+
+
+class GroupVersionKind(msgspec.Struct, frozen=True):
+    group: str = ""
+    version: str = ""
+    kind: str = ""
+
+
+class AdmissionRequest(msgspec.Struct, frozen=True, rename="camel"):
+    uid: str
+    kind: GroupVersionKind
+    operation: str
+    name: str = ""
+    namespace: str = ""
+    object: dict[str, Any] | None = None
+    old_object: dict[str, Any] | None = None
+    dry_run: bool = False
+
+
+def parse(body: bytes) -> AdmissionRequest:
+    """The request of an AdmissionReview, or :class:`ReviewError` saying what is wrong."""
+    if not body:
+        raise ReviewError("empty body; expected an admission.k8s.io/v1 AdmissionReview")
+    try:
+        review = msgspec.json.decode(body)
+    except msgspec.DecodeError as exc:
+        raise ReviewError(f"body is not JSON: {exc}") from exc
+    except RecursionError as exc:
+        raise ReviewError(f"body nested too deeply: {exc}") from exc
+    if not isinstance(review, dict):
+        raise ReviewError(f"not an AdmissionReview: a JSON {type(review).__name__}, not an object")
+    api_version, kind = review.get("apiVersion"), review.get("kind")
+    if api_version != API_VERSION or kind != KIND:
+        raise ReviewError(
+            f"unsupported review {api_version or '<no apiVersion>'}/{kind or '<no kind>'}; "
+            f"expected {API_VERSION}/{KIND}"
+        )
+    if review.get("request") is None:
+        raise ReviewError("AdmissionReview has no request")
+    try:
+        request = msgspec.convert(review["request"], type=AdmissionRequest)
+    except msgspec.ValidationError as exc:
+        raise ReviewError(f"not an AdmissionReview request: {exc}") from exc
+    if not request.uid:
+        raise ReviewError("AdmissionReview request has an empty uid")
+    return request
+
+
+def response(uid: str, allowed: bool, message: str = "", code: int = 200) -> bytes:
+    """The AdmissionReview answer; a denial carries ``message``, reason Invalid (422)."""
+    answer: dict[str, Any] = {"uid": uid, "allowed": allowed}
+    if not allowed:
+        answer["status"] = {
+            "status": "Failure",
+            "message": message,
+            "reason": {422: "Invalid", 500: "InternalError"}.get(code, "BadRequest"),
+            "code": code,
+        }
+    return msgspec.json.encode({"apiVersion": API_VERSION, "kind": KIND, "response": answer})
