@@ -257,3 +257,22 @@ async def test_a_quarantined_checkpoint_rebuilds_shares_and_keeps_their_daemon(
     for claim in claims:
         assert (await node.unprepare(claim)).claims[uid_of(claim)].error == ""
     assert node.sim_host()["mps"] == {} and node.cdi_files() == []
+
+
+async def test_a_share_count_gives_each_share_its_part_of_the_sms(node: Node) -> None:
+    """``--consumable-shares 4``: a share of 1 gets 25% of the SMs and, asking no
+    memory, no pinned limit; a fifth share of the GPU does not fit."""
+    await node.start_preparer(gates=GATES, extra=["--consumable-shares", "4"])
+    claims = []
+    for i in range(4):
+        dev = Dev("gpu", "gpu-0", share=str(uuid.uuid4()), consumed={"memory": "0", "shares": "1"})
+        claims.append(await node.put_claim(make_claim(node.name, [dev], name=f"quarter-{i}")))
+    reply = await node.prepare(*claims)
+    assert all(r.error == "" for r in reply.claims.values())
+    mps = client(node, claims[0])
+    assert mps.active_thread_percentage == 25
+    assert "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT" not in mps.env
+    dev = Dev("gpu", "gpu-0", share=str(uuid.uuid4()), consumed={"memory": "0", "shares": "1"})
+    fifth = await node.put_claim(make_claim(node.name, [dev], name="fifth"))
+    error = (await node.prepare(fifth)).claims[uid_of(fifth)].error
+    assert "needs shares 1, but the shares prepared on it hold 4 of 4" in error
