@@ -276,3 +276,14 @@ async def test_a_share_count_gives_each_share_its_part_of_the_sms(node: Node) ->
     fifth = await node.put_claim(make_claim(node.name, [dev], name="fifth"))
     error = (await node.prepare(fifth)).claims[uid_of(fifth)].error
     assert "needs shares 1, but the shares prepared on it hold 4 of 4" in error
+
+
+async def test_two_shares_prepared_at_once_cannot_both_take_the_rest(node: Node) -> None:
+    """Shares in flight count: of two 50Gi shares asked together, exactly one fits."""
+    await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    claims = [await put_share(node, "50Gi", "left"), await put_share(node, "50Gi", "right")]
+    reply = await node.prepare(*claims)
+    errors = sorted(r.error for r in reply.claims.values())
+    assert errors[0] == "" and "needs memory 50Gi" in errors[1], errors
+    assert len(node.checkpoint().claims) == 1
+    assert len(node.sim_host()["mps"]) == 1
