@@ -3,6 +3,7 @@
     python bench/prepare.py [--cycles 2000] [--concurrency 1 16] [--repeat 3] [--fleet dgx-h100]
     python bench/prepare.py --sink --pairs 10 --cycles 500   # tracing overhead, on/off
     python bench/prepare.py --compare main --pairs 6 --cycles 500  # this tree against main
+    python bench/prepare.py --shares --cycles 500            # a 10Gi share vs a whole GPU
 
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
@@ -39,6 +40,13 @@ runs the same seeded workload (``--seed``: claim UIDs and GPUs) on both nodes,
 and the ratios printed are this tree's figures over REV's. The load average is
 printed with each pair: on a shared machine, trust the ratios and the CPU
 milliseconds per cycle more than absolute latencies.
+
+With ``--shares`` the preparer runs with ``ConsumableShares`` and
+``--consumable-shares memory``, and every phase runs twice, with whole-GPU
+claims and with claims for a 10Gi share of a GPU (a ``shareID`` and its
+``consumedCapacity``, as the scheduler allocates them): the share's figures
+include its checks, its GPU's MPS daemon (started by the first share, stopped
+by the last) and its MPS limits in the CDI spec.
 
 A node has as many GPUs as its fleet (8 for dgx-h100); when more workers than
 GPUs run at once, claims carry adminAccess so that two in-flight claims may
@@ -137,9 +145,18 @@ def spawn(root: Path, name: str, *args: str, otlp: str = "", repo: Path = REPO) 
     return Proc(name, popen, log)
 
 
-def claim(uid: str, gpu: str, admin: bool, pod: Obj) -> ResourceClaim:
+SHARE_MEMORY = "10Gi"
+
+
+def claim(uid: str, gpu: str, admin: bool, pod: Obj, share: bool = False) -> ResourceClaim:
     result = DeviceRequestAllocationResult(
-        request="gpu", driver=DRIVER_NAME, pool=NODE, device=gpu, admin_access=admin or None
+        request="gpu",
+        driver=DRIVER_NAME,
+        pool=NODE,
+        device=gpu,
+        admin_access=(admin and not share) or None,
+        share_id=str(uuid.uuid4()) if share else None,
+        consumed_capacity={"memory": SHARE_MEMORY} if share else None,
     )
     user = ResourceClaimConsumerReference(
         resource="pods", name=pod["metadata"]["name"], uid=pod["metadata"]["uid"]
@@ -224,6 +241,7 @@ async def run_phase(
     cycles: int,
     concurrency: int,
     rng: random.Random | None = None,
+    shares: bool = False,
 ) -> Phase:
     """``rng``: where claim UIDs and GPU choices come from (seeded: the same workload)."""
     rng = rng or random.Random()
@@ -235,7 +253,7 @@ async def run_phase(
         slot = i % concurrency
         uid = str(uuid.UUID(int=rng.getrandbits(128), version=4))
         pod = pod_object(f"bench-{uid[:8]}", "bench", NODE, [f"bench-{uid[:8]}"])
-        rc = claim(uid, gpus[(slot + offset) % len(gpus)], admin, pod)
+        rc = claim(uid, gpus[(slot + offset) % len(gpus)], admin, pod, shares)
         api.put_claim(rc)
         api.put_pod(pod)
         await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, uid), rc)
@@ -319,11 +337,12 @@ async def timed_phase(
     concurrency: int,
     procs: dict[str, int],
     rng: random.Random | None = None,
+    shares: bool = False,
 ) -> Phase:
     """One phase, with the CPU time each process spent on it."""
     before = {name: cpu_seconds(pid) for name, pid in procs.items()}
     gets = dict(api.served)
-    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency, rng)
+    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency, rng, shares)
     phase.api_gets = {kind: n - gets.get(kind, 0) for kind, n in api.served.items()}
     phase.cpu_ms_per_cycle = {
         name: (cpu_seconds(pid) - before[name]) * 1000 / cycles for name, pid in procs.items()
@@ -404,9 +423,11 @@ class NodeStack:
     front: Proc
     preparer: Proc
 
-    async def phase(self, cycles: int, concurrency: int, rng: random.Random | None = None) -> Phase:
+    async def phase(
+        self, cycles: int, concurrency: int, rng: random.Random | None = None, shares: bool = False
+    ) -> Phase:
         return await timed_phase(
-            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids, rng
+            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids, rng, shares
         )
 
     def peak_rss(self) -> str:
@@ -461,8 +482,8 @@ async def node_stack(
         preparer = spawn(root, "preparer", *nats.client_argv(Role.PREPARER, NODE),
                          "--fleet", args.fleet,
                          "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
-                         "--boot-id-file", str(boot_id), *claims, otlp=otlp,
-                         repo=repo)  # fmt: skip
+                         "--boot-id-file", str(boot_id), *claims, *share_flags(args),
+                         otlp=otlp, repo=repo)  # fmt: skip
         front = spawn(root, "kubeletplugin", *nats.client_argv(Role.FRONT, NODE),
                       "--kubelet-root", str(kubelet_root), otlp=otlp, repo=repo)  # fmt: skip
         procs += [preparer, front]
@@ -508,20 +529,32 @@ async def node_stack(
         shutil.rmtree(root, ignore_errors=True)
 
 
+def share_flags(args: argparse.Namespace) -> list[str]:
+    if not args.shares:
+        return []
+    return ["--feature-gates", "ConsumableShares=true", "--consumable-shares", "memory"]
+
+
 async def run_set(args: argparse.Namespace, otlp: str) -> bool:
     """One node (tracing on when ``otlp``): every phase, ``--repeat`` times. True if any failed."""
-    runs: dict[int, list[Phase]] = {}
+    runs: dict[tuple[int, bool], list[Phase]] = {}
     failed = False
+    kinds = (False, True) if args.shares else (False,)
     async with node_stack(args, otlp) as node:
         print(f"load average before: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
         for _ in range(args.repeat):
             for concurrency in args.concurrency:
-                phase = await node.phase(args.cycles, concurrency)
-                report(phase, args.cycles, concurrency > len(node.gpus))
-                runs.setdefault(concurrency, []).append(phase)
-                failed = failed or bool(phase.errors)
+                for share in kinds:
+                    if args.shares:
+                        print("claims:", f"a {SHARE_MEMORY} share" if share else "a whole GPU")
+                    phase = await node.phase(args.cycles, concurrency, shares=share)
+                    report(phase, args.cycles, concurrency > len(node.gpus) and not share)
+                    runs.setdefault((concurrency, share), []).append(phase)
+                    failed = failed or bool(phase.errors)
         if args.repeat > 1:
-            for phases in runs.values():
+            for (_, share), phases in runs.items():
+                if args.shares:
+                    print("claims:", f"a {SHARE_MEMORY} share" if share else "a whole GPU")
                 report_median(phases)
         print(node.peak_rss())
     return failed
@@ -655,6 +688,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--direct",
         action="store_true",
         help="bypass the front: time the preparer alone (to see what the front adds)",
+    )
+    parser.add_argument(
+        "--shares",
+        action="store_true",
+        help="also time claims for a consumable share of a GPU (ConsumableShares, memory mode)",
     )
     parser.set_defaults(sink_pid=0)  # the Jaeger process, when one runs here
     return parser.parse_args(argv)

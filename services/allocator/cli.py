@@ -49,13 +49,14 @@ async def _watch(args: argparse.Namespace) -> None:
     from services.core.access import Identity, Role
     from services.core.bus import Bus
     from services.core.kube import http_api
+    from services.core.resourceapi import versioned
 
     settings = WatcherConfig(
         pending_threshold=args.pending_threshold, features=args.kube_feature_gates
     )
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="allocator", identity=Identity(Role.ALLOCATOR))
-    api = await http_api(args.kubeconfig or None)
+    api = versioned(await http_api(args.kubeconfig or None))
     tasks = supervisor.current()
     tasks.spawn("claim-watcher", ClaimWatcher(api, bus, settings).run, fatal=True)
     await stop.wait()

@@ -11,7 +11,7 @@ import os
 import socket
 from pathlib import Path
 
-from services.core import featuregates
+from services.core import featuregates, shares
 from services.core.natsauth import Credentials
 
 DEFAULT_NATS_URL = "tls://127.0.0.1:4222"
@@ -106,6 +106,14 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
         default=env("feature-gates", ""),
         help=f"Name=bool,... of: {featuregates.valid_names()}",
     )
+    parser.add_argument(
+        shares.FLAG,
+        dest="consumable_shares",
+        type=consumable_shares_arg,
+        default=env("consumable-shares", "disabled"),
+        help="publish and prepare GPU and MIG devices as consumable shares: 'disabled', "
+        f"'memory', 'unlimited' or a share count N (needs gate {featuregates.CONSUMABLE_SHARES})",
+    )
     if node:
         parser.add_argument("--node-name", default=default_node_name())
 
@@ -128,6 +136,23 @@ def _positive_int(value: str) -> int:
     if number < 1:
         raise argparse.ArgumentTypeError(f"want a positive integer, got {value!r}")
     return number
+
+
+def consumable_shares_arg(value: str) -> shares.SharesMode:
+    try:
+        return shares.parse_mode(value)
+    except shares.SharesError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+
+
+def consumable_shares(args: argparse.Namespace, command: str) -> shares.SharesMode:
+    """The mode, refused without its gate (the reference refuses it at start-up)."""
+    mode: shares.SharesMode = args.consumable_shares
+    try:
+        shares.require_gate(mode, args.feature_gates)
+    except shares.SharesError as exc:
+        raise SystemExit(f"gpudra {command}: {exc}") from exc
+    return mode
 
 
 def feature_gates_arg(value: str) -> featuregates.FeatureGates:

@@ -12,6 +12,9 @@ PASSTHROUGH_SUPPORT = "PassthroughSupport"
 DYNAMIC_MIG = "DynamicMIG"
 NVML_DEVICE_HEALTH_CHECK = "NVMLDeviceHealthCheck"
 DEVICE_METADATA = "DeviceMetadata"
+# Alpha in the reference (PR #1257): GPU and MIG devices published for several claims at
+# once (consumable capacity); the mode is --consumable-shares (services/core/shares.py).
+CONSUMABLE_SHARES = "ConsumableShares"
 
 DEFAULTS: Mapping[str, bool] = {
     TIME_SLICING_SETTINGS: False,
@@ -20,6 +23,7 @@ DEFAULTS: Mapping[str, bool] = {
     DYNAMIC_MIG: False,
     NVML_DEVICE_HEALTH_CHECK: False,
     DEVICE_METADATA: False,
+    CONSUMABLE_SHARES: False,
 }
 
 # The combinations the reference driver refuses at start-up (pkg/featuregates,

@@ -29,8 +29,10 @@ from typing import Any
 
 from aiohttp import web
 
+from services.core import resourceapi
 from services.core.resource import ResourceClaim, to_builtins
 
+GROUP = "/apis/resource.k8s.io"  # API discovery: which versions are served (v1 here)
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
 POD = "/api/v1/namespaces/{ns}/pods/{name}"
 PODS = "/api/v1/pods"
@@ -97,6 +99,7 @@ class MemoryApiServer:
 
     async def start(self) -> None:
         app = web.Application()
+        app.router.add_get(GROUP, self._group)
         app.router.add_get(CLAIM, self._get_claim)
         app.router.add_get(POD, self._get_pod)
         app.router.add_get(PODS, self._list_or_watch)
@@ -174,6 +177,9 @@ class MemoryApiServer:
         self._answered = asyncio.Event()
 
     # ------------------------------------------------------------ HTTP
+
+    async def _group(self, request: web.Request) -> web.Response:
+        return web.json_response(resourceapi.group_document())
 
     async def _get_claim(self, request: web.Request) -> web.Response:
         self._serve("claim")

@@ -120,6 +120,7 @@ class AllocatedDevice:
     request: str
     pool: str
     device: str
+    share_id: str | None = None  # a consumable share of the device (KEP-5075)
 
 
 @dataclass
@@ -139,7 +140,10 @@ class ClaimView:
             namespace=meta["namespace"],
             name=meta["name"],
             uid=meta["uid"],
-            devices=[AllocatedDevice(r["request"], r["pool"], r["device"]) for r in results],
+            devices=[
+                AllocatedDevice(r["request"], r["pool"], r["device"], r.get("shareID"))
+                for r in results
+            ],
             reserved_for=[r.get("name", "") for r in status.get("reservedFor") or []],
         )
 
@@ -327,14 +331,14 @@ def container_cdi_ids(
                 continue
             for d in claim.devices:
                 if use.get("request") in (None, "", d.request.split("/")[0]):
-                    ids.append(cdi.device_id(claim.uid, d.device))
+                    ids.append(cdi.device_id(claim.uid, d.device, d.share_id))
         extended = claims.get(EXTENDED_REF)
         for mapping in ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
             "requestMappings"
         ) or []:
             if extended is not None and mapping.get("containerName") == container["name"]:
                 ids += [
-                    cdi.device_id(extended.uid, d.device)
+                    cdi.device_id(extended.uid, d.device, d.share_id)
                     for d in extended.devices
                     if d.request == mapping.get("requestName")
                 ]
@@ -369,7 +373,7 @@ def check_cdi(view: PodView, cdi_root: Path) -> list[str]:
     """Each recorded CDI id names a device of one of the pod's claims, and the
     preparer's spec file for that claim defines it."""
     expected = {
-        cdi.device_id(c.uid, d.device): c for c in view.claims for d in c.devices
+        cdi.device_id(c.uid, d.device, d.share_id): c for c in view.claims for d in c.devices
     }  # id -> claim
     problems = []
     for container, ids in sorted(view.cdi_devices.items()):

@@ -40,6 +40,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"Name=bool,... of: {featuregates.valid_names()}",
     )
     parser.add_argument(
+        "--consumable-shares",
+        type=config.consumable_shares_arg,
+        default="disabled",
+        help="'disabled', 'memory', 'unlimited' or a share count N (needs ConsumableShares)",
+    )
+    parser.add_argument(
         "--kube-version",
         type=_kube_minor_arg,
         default=SPLIT_MINOR,
@@ -83,7 +89,11 @@ def _run(args: argparse.Namespace) -> int:
     from services.publisher.render import RenderError, RenderOptions, render_slices
 
     inventory = fleet_inventory(args.fleet, args.node, args.seed)
-    options = RenderOptions(gates=args.feature_gates, kube_minor=args.kube_version)
+    options = RenderOptions(
+        gates=args.feature_gates,
+        kube_minor=args.kube_version,
+        shares=config.consumable_shares(args, "slices"),
+    )
     try:
         slices = render_slices(inventory, options, generation=1)
     except RenderError as exc:

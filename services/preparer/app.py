@@ -14,6 +14,7 @@ from services.core import nvidia, runner, subjects
 from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.resource import ResourceClaim
+from services.core.shares import DISABLED, SharesMode
 from services.preparer import cdi, faults, rebuild, refcheckpoint
 from services.preparer.checkpoint import (
     DEFAULT_RECOVERY,
@@ -58,6 +59,7 @@ class Settings:
     boot_id_file: Path = Path("/proc/sys/kernel/random/boot_id")
     faults: faults.Faults = field(default_factory=faults.Faults)
     checkpoint_recovery: Recovery = DEFAULT_RECOVERY
+    shares: SharesMode = DISABLED
 
 
 def plugin_dir(kubelet_root: Path) -> Path:
@@ -98,9 +100,9 @@ async def _claim_source(
             "be refused, since no claim and no pod can be checked; unprepares still work"
         )
         return ClaimSource(bus, settings.node), None, None
-    from services.core import kube
+    from services.core import kube, resourceapi
 
-    api = await kube.http_api(settings.kubeconfig)
+    api = resourceapi.versioned(await kube.http_api(settings.kubeconfig))
     pods = NodePods(api, settings.node)
     return ClaimSource(bus, settings.node, KubernetesReader(api), pods), pods, api
 
@@ -185,6 +187,7 @@ async def run(settings: Settings) -> int:
             gates=settings.gates,
             cdi_root=settings.cdi_root,
             plugin_dir=pdir,
+            shares=settings.shares,
         ),
         store,
         claims,

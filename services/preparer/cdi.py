@@ -20,7 +20,7 @@ import msgspec
 from services.preparer.cdigen.caps import mig_cap_minors
 from services.preparer.cdigen.generator import Common, Generator, merge, vfio_common, with_vfio
 from services.preparer.cdigen.model import CdiGenError
-from services.preparer.checkpoint import GroupState, PreparedDeviceState
+from services.preparer.checkpoint import GroupState, MpsState, PreparedDeviceState, ShareState
 from services.preparer.fsutil import atomic_write, remove
 
 VENDOR = "k8s.gpu.nvidia.com"
@@ -53,13 +53,14 @@ def spec_path(root: Path, uid: str) -> Path:
     return root / f"{VENDOR}-{CLASS}_{uid}.yaml"
 
 
-def device_name(uid: str, device: str) -> str:
-    return f"{uid}-{device}"
+def device_name(uid: str, device: str, share_id: str | None = None) -> str:
+    """``<claimUID>-<device>``, or ``<claimUID>-<device>-<shareID>`` for a consumable share."""
+    return f"{uid}-{device}-{share_id}" if share_id else f"{uid}-{device}"
 
 
-def device_id(uid: str, device: str) -> str:
+def device_id(uid: str, device: str, share_id: str | None = None) -> str:
     """The fully-qualified CDI id the kubelet hands to the runtime."""
-    return f"{KIND}={device_name(uid, device)}"
+    return f"{KIND}={device_name(uid, device, share_id)}"
 
 
 def metadata_container_path(claim_name: str, request: str, driver: str, template: str) -> str:
@@ -90,7 +91,8 @@ def render(
                 {"hostPath": m.host_path, "containerPath": m.container_path,
                  "options": ["ro", "nosuid", "nodev", "bind"]}
             )  # fmt: skip
-        named.append((device_name(uid, device.name), edits))
+        share_id = device.share.share_id if device.share is not None else None
+        named.append((device_name(uid, device.name, share_id), edits))
     spec = gen.claim_spec(KIND, named, _common_edits(devices, groups, gen, nvml_version))
     spec["cdiVersion"] = minimum_version(spec)
     return spec
@@ -116,23 +118,34 @@ def _device_edits(
         caps = gen.caps(device.mig.parent_minor, device.mig.gi_id, device.mig.ci_id)
         edits.setdefault("deviceNodes", []).extend(caps)
     if group is not None and group.mps is not None:
-        edits = merge([edits, _mps_edits(group)])
+        edits = merge([edits, _mps_edits(group.mps)])
+    if device.share is not None and device.share_mps is not None:
+        edits = merge([edits, _mps_edits(device.share_mps, share_env(device.share))])
     return edits
 
 
-def _mps_edits(group: GroupState) -> dict[str, Any]:
-    assert group.mps is not None
+def share_env(share: ShareState) -> list[str]:
+    """A consumable share's MPS client limits: its memory and its compute share."""
+    env = [f"CUDA_MPS_ACTIVE_THREAD_PERCENTAGE={share.thread_percentage}"]
+    if share.memory_limit_mib is not None:
+        env.append(
+            f"CUDA_MPS_PINNED_DEVICE_MEM_LIMIT={share.device_uuid}={share.memory_limit_mib}M"
+        )
+    return env
+
+
+def _mps_edits(mps: MpsState, env: Sequence[str] = ()) -> dict[str, Any]:
     options = ["rw", "nosuid", "nodev", "bind"]
     return {
-        "env": [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}"],
+        "env": [f"CUDA_MPS_PIPE_DIRECTORY={MPS_PIPE_IN_CONTAINER}", *env],
         "mounts": [
             {
-                "hostPath": group.mps.shm_dir,
+                "hostPath": mps.shm_dir,
                 "containerPath": MPS_SHM_IN_CONTAINER,
                 "options": options,
             },
             {
-                "hostPath": group.mps.pipe_dir,
+                "hostPath": mps.pipe_dir,
                 "containerPath": MPS_PIPE_IN_CONTAINER,
                 "options": options,
             },

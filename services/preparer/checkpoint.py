@@ -105,6 +105,22 @@ class VfioState(_Rec, frozen=True, kw_only=True):
     iommufd_dev: str = ""  # vfioN under /dev/vfio/devices (its IOMMUFD cdev), once bound
 
 
+class ShareState(_Rec, frozen=True, kw_only=True):
+    """One consumable share of a device (KEP-5075) and the limits it was given.
+
+    The device's MPS daemon is shared by every share on it: how many prepared
+    claims hold a share naming ``daemon_id`` is its reference count (read from
+    the checkpoint, so it survives a preparer restart).
+    """
+
+    share_id: str
+    device_uuid: str  # the GPU's, or the MIG device's: what the limits name
+    consumed: dict[str, str]  # capacity -> quantity, as checked against the device's policy
+    daemon_id: str
+    memory_limit_mib: int | None = None
+    thread_percentage: int = 100
+
+
 class PreparedDeviceState(_Rec, frozen=True, kw_only=True):
     """One allocated device and what preparing it produced."""
 
@@ -120,6 +136,8 @@ class PreparedDeviceState(_Rec, frozen=True, kw_only=True):
     group: int = 0
     mig: MigState | None = None
     vfio: VfioState | None = None
+    share: ShareState | None = None
+    share_mps: MpsState | None = None  # the device's shared daemon, as this share found it
 
 
 class MpsState(_Rec, frozen=True, kw_only=True):

@@ -118,5 +118,6 @@ def _run(args: argparse.Namespace) -> int:
         boot_id_file=args.boot_id_file,
         faults=crash,
         checkpoint_recovery=args.checkpoint_recovery,
+        shares=config.consumable_shares(args, "preparer"),
     )
     return runner.run("preparer", args, run(settings))

@@ -24,6 +24,7 @@ Different claims run concurrently; one claim's operations run one at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import shutil
@@ -40,10 +41,10 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.core import featuregates as fg
-from services.core import nvidia, tracing
+from services.core import nvidia, shares, tracing
 from services.core.resource import DeviceRequestAllocationResult, ResourceClaim
 from services.core.schemas import ClaimRef, DeviceRef, PreparedDevice
-from services.preparer import cdi, configs, metadata, verify
+from services.preparer import cdi, configs, metadata, shareplan, verify
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
@@ -54,6 +55,7 @@ from services.preparer.checkpoint import (
     MigState,
     MpsState,
     PreparedDeviceState,
+    ShareState,
     VfioState,
 )
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
@@ -70,7 +72,14 @@ UNPREPARES_OF_LIVE_PODS = Counter(
 )
 
 DRIVER = nvidia.DRIVER_NAME
-EXPECTED = (ClaimError, configs.ConfigError, DeviceNotFound, DeviceOpError, CdiGenError)
+EXPECTED = (
+    ClaimError,
+    configs.ConfigError,
+    DeviceNotFound,
+    DeviceOpError,
+    CdiGenError,
+    shareplan.ShareError,
+)
 
 
 class PrepareError(ValueError):
@@ -104,6 +113,7 @@ class _Done:
     migs: list[MigState] = field(default_factory=list)
     time_sliced: list[str] = field(default_factory=list)
     mps: list[MpsState] = field(default_factory=list)
+    share_daemons: set[str] = field(default_factory=set)  # shared daemons this attempt used
     files: bool = False
 
 
@@ -113,6 +123,7 @@ class Settings:
     gates: fg.FeatureGates
     cdi_root: Path
     plugin_dir: Path
+    shares: shares.SharesMode = shares.DISABLED
 
 
 class Engine:
@@ -137,6 +148,9 @@ class Engine:
         self.faults = faults or Faults()
         self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
         self._inflight: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
+        # (device, uid, share id) -> ("ns/name", share) for shares being prepared
+        self._inflight_shares: dict[tuple[str, str, str], tuple[str, ShareState]] = {}
+        self._daemon_locks: dict[str, asyncio.Lock] = {}  # shared MPS daemon id -> lock
 
     # ------------------------------------------------------------ locking
 
@@ -182,7 +196,8 @@ class Engine:
             config_list = allocation.devices.config if allocation.devices else None
             groups = configs.resolve(config_list, results, kinds, self.s.gates)
             _check_mps_limits(groups, targets)
-        self._reserve(ref.uid, f"{ref.namespace}/{ref.name}", results, targets)
+            plans = self._plan_shares(results, targets, groups)
+        self._reserve(ref.uid, f"{ref.namespace}/{ref.name}", results, targets, plans)
         try:
             if entry is not None:  # PrepareStarted: a previous attempt died half-way
                 with self.steps.step("rollback.partial"):
@@ -201,7 +216,7 @@ class Engine:
             done = _Done()
             try:
                 completed = await self._apply(
-                    ref, started, claim.metadata.annotations or {}, groups, targets, done
+                    ref, started, claim.metadata.annotations or {}, groups, targets, plans, done
                 )
             except BaseException:
                 await self._abort(ref.uid, done)
@@ -218,32 +233,84 @@ class Engine:
             raise PrepareError(problem)
         return verify.our_results(claim)
 
+    def _plan_shares(
+        self,
+        results: Sequence[DeviceRequestAllocationResult],
+        targets: Mapping[str, Target],
+        groups: Sequence[configs.ConfigGroup],
+    ) -> dict[str, shareplan.SharePlan]:
+        """share id -> what it takes, for every ``shareID`` result (checked, no side effect)."""
+        group_of = {id(r): g for g in groups for r in g.results}
+        plans: dict[str, shareplan.SharePlan] = {}
+        inv = self.inventory.require()
+        for index, r in enumerate(results):
+            if r.share_id is None:
+                continue
+            plans[r.share_id] = shareplan.plan(
+                r, index, targets[r.device], inv, self.s.gates, self.s.shares, group_of.get(id(r))
+            )
+        return plans
+
     def _reserve(
         self,
         uid: str,
         who: str,
         results: Sequence[DeviceRequestAllocationResult],
         targets: Mapping[str, Target],
+        plans: Mapping[str, shareplan.SharePlan],
     ) -> None:
-        """Refuse devices another claim holds (unless adminAccess), then hold ours."""
+        """Refuse devices another claim holds (unless adminAccess) and shares that do not
+        fit, then hold ours. A share conflicts only with exclusive holders of its device."""
         held = self._holders(exclude=uid)
         for r in results:
             if r.admin_access:
                 continue
-            for key in _conflict_keys(targets[r.device]):
+            target = targets[r.device]
+            keys = _share_conflict_keys(target) if r.share_id else _conflict_keys(target)
+            for key in keys:
                 other = held.get(key)
                 if other is not None:
                     raise PrepareError(
                         f"device {r.device!r} is held by claim {other} "
-                        "(devices are exclusive; only adminAccess may share them)"
+                        "(devices are exclusive; only adminAccess or consumable shares may "
+                        "share them)"
                     )
+        mine: list[tuple[str, str, ShareState]] = []
         for r in results:
-            if not r.admin_access:
+            if r.share_id is None:
+                continue
+            plan = plans[r.share_id]
+            others = [(w, st) for d, w, st in self._shares_on(exclude=uid) if d == r.device]
+            others += [(f"{who} ({uid})", st) for d, _, st in mine if d == r.device]
+            shareplan.check_fit(r.device, plan, others)
+            mine.append((r.device, who, plan.state))
+        for r in results:
+            if r.admin_access:
+                continue
+            if r.share_id is None:
                 self._inflight[r.device] = (uid, who)
+            else:
+                self._inflight_shares[(r.device, uid, r.share_id)] = (who, plans[r.share_id].state)
+
+    def _shares_on(self, exclude: str) -> list[tuple[str, str, ShareState]]:
+        """(device, holder, share) for every share prepared or being prepared, but ``exclude``'s."""
+        out = []
+        for uid, entry in self.store.claims.items():
+            if uid == exclude or entry.state != PREPARE_COMPLETED:
+                continue
+            for d in entry.devices:
+                if d.share is not None:
+                    out.append((d.name, f"{entry.namespace}/{entry.name} ({uid})", d.share))
+        for (device, owner, _), (who, state) in self._inflight_shares.items():
+            if owner != exclude:
+                out.append((device, f"{who} ({owner}, being prepared)", state))
+        return out
 
     def _release(self, uid: str) -> None:
         for device in [d for d, (owner, _) in self._inflight.items() if owner == uid]:
             del self._inflight[device]
+        for key in [k for k in self._inflight_shares if k[1] == uid]:
+            del self._inflight_shares[key]
 
     def _holders(self, exclude: str) -> dict[str, str]:
         """hold key -> claim, for completed claims and prepares in flight."""
@@ -256,6 +323,14 @@ class Engine:
                 if not d.admin_access:
                     for key in _state_hold_keys(d):
                         held[key] = f"{entry.namespace}/{entry.name} ({uid}, prepared)"
+        for (device, uid, _), (who, _) in self._inflight_shares.items():
+            if uid != exclude:
+                keys = [_shared_key(device)]
+                if inv is not None:
+                    with contextlib.suppress(DeviceNotFound):
+                        keys.append(f"nvidia:{locate(inv, device).gpu.pci_bus_id}")
+                for k in keys:
+                    held[k] = f"{who} ({uid}, being prepared)"
         for device, (uid, who) in self._inflight.items():
             if uid != exclude and inv is not None:
                 try:
@@ -273,13 +348,16 @@ class Engine:
         annotations: Mapping[str, str],
         groups: Sequence[configs.ConfigGroup],
         targets: Mapping[str, Target],
+        plans: Mapping[str, shareplan.SharePlan],
         done: _Done,
     ) -> ClaimEntry:
         devices: list[PreparedDeviceState] = []
         group_states: list[GroupState] = []
         for index, group in enumerate(groups):
             members = [
-                await self._prepare_device(ref.uid, r, targets[r.device], index, done)
+                await self._prepare_device(
+                    ref.uid, r, targets[r.device], index, done, plans.get(r.share_id or "")
+                )
                 for r in group.results
             ]
             devices.extend(members)
@@ -318,6 +396,7 @@ class Engine:
         target: Target,
         group: int,
         done: _Done,
+        plan: shareplan.SharePlan | None = None,
     ) -> PreparedDeviceState:
         state = PreparedDeviceState(
             name=result.device,
@@ -338,8 +417,72 @@ class Engine:
             done.vfio.append(vfio)
             return msgspec.structs.replace(state, vfio=vfio)
         if target.kind == nvidia.MIG_TYPE:
-            return msgspec.structs.replace(state, mig=await self._mig(target, done))
+            state = msgspec.structs.replace(state, mig=await self._mig(target, done))
+        if plan is not None:
+            state = msgspec.structs.replace(
+                state,
+                share=plan.state,
+                share_mps=await self._share_daemon(uid, plan.state, target, done),
+                cdi_device_ids=[cdi.device_id(uid, result.device, plan.state.share_id)],
+            )
         return state
+
+    def _daemon_lock(self, daemon_id: str) -> asyncio.Lock:
+        return self._daemon_locks.setdefault(daemon_id, asyncio.Lock())
+
+    async def _share_daemon(
+        self, uid: str, share: ShareState, target: Target, done: _Done
+    ) -> MpsState:
+        """The shared device's one MPS daemon: started by its first share, found by the rest."""
+        request = MpsRequest(
+            daemon_id=share.daemon_id,
+            claim_uid=uid,
+            device_uuids=[share.device_uuid],
+            gpu_uuids=[target.gpu.uuid],
+            active_thread_percentage=None,  # each share's limits come with its CDI env
+            pinned_memory_limits_mib={},
+        )
+        async with self._daemon_lock(share.daemon_id):
+            with self.steps.step("mps.share", attributes={"daemon": share.daemon_id}):
+                mps = await self.ops.start_mps(request)
+        done.share_daemons.add(share.daemon_id)
+        return mps
+
+    def share_refs(self, daemon_id: str, exclude: str = "") -> list[str]:
+        """The claims holding a share on ``daemon_id``'s device: its reference count,
+        from the checkpoint (prepared) and from prepares in flight."""
+        refs = [
+            uid
+            for uid, entry in self.store.claims.items()
+            if uid != exclude
+            and entry.state == PREPARE_COMPLETED
+            and any(d.share is not None and d.share.daemon_id == daemon_id for d in entry.devices)
+        ]
+        for (_, owner, _), (_, state) in self._inflight_shares.items():
+            if owner != exclude and state.daemon_id == daemon_id:
+                refs.append(owner)
+        return refs
+
+    async def _stop_unused_share_daemons(self, uid: str, daemon_ids: set[str] | None) -> None:
+        """Stop (and restore compute mode for) shared daemons no other claim holds.
+
+        ``daemon_ids`` None: every shared daemon running (a rollback that knows
+        nothing of what the dead attempt started).
+        """
+        running = {d.daemon_id: d for d in await self.ops.mps_daemons()}
+        wanted = (
+            {d for d in running if d.startswith(shareplan.DAEMON_PREFIX)}
+            if daemon_ids is None
+            else daemon_ids
+        )
+        for daemon_id in sorted(wanted):
+            async with self._daemon_lock(daemon_id):
+                if self.share_refs(daemon_id, exclude=uid):
+                    continue
+                daemon = running.get(daemon_id)
+                if daemon is not None:
+                    with self.steps.step("mps.share.stop", attributes={"daemon": daemon_id}):
+                        await self.ops.stop_mps(daemon)
 
     async def _mig(self, target: Target, done: _Done) -> MigState:
         assert target.profile is not None and target.placement is not None
@@ -443,6 +586,8 @@ class Engine:
     async def _abort(self, uid: str, done: _Done) -> None:
         """Undo this attempt; keep PrepareStarted if the undo itself fails."""
         try:
+            if done.share_daemons:
+                await self._stop_unused_share_daemons(uid, done.share_daemons)
             await self._undo(
                 mps=done.mps, time_sliced=done.time_sliced, migs=done.migs, vfio=done.vfio
             )
@@ -496,11 +641,18 @@ class Engine:
         self.claims.forget(ref)
 
     async def _undo_completed(self, uid: str, entry: ClaimEntry) -> None:
+        daemons = {d.share.daemon_id for d in entry.devices if d.share is not None}
+        if daemons:  # the last share of a device stops its daemon
+            await self._stop_unused_share_daemons(uid, daemons)
         shared = self._gpus_of_other_claims(uid)
         await self._undo(
             mps=[g.mps for g in entry.groups if g.mps is not None],
             time_sliced=[u for g in entry.groups for u in g.time_slice_gpus if u not in shared],
-            migs=[d.mig for d in entry.devices if d.mig is not None and d.mig.created],
+            migs=[
+                d.mig
+                for d in entry.devices
+                if d.mig is not None and d.mig.created and not self._shared_elsewhere(uid, d)
+            ],
             vfio=[d.vfio for d in entry.devices if d.vfio is not None],
         )
 
@@ -558,6 +710,7 @@ class Engine:
         for daemon in await self.ops.mps_daemons():
             if daemon.daemon_id.startswith(f"{uid}-"):
                 await self.ops.stop_mps(daemon)
+        await self._stop_unused_share_daemons(uid, None)
         gpus = sorted({t.gpu.uuid for t in targets if t.kind == nvidia.GPU_TYPE})
         if gpus and self.s.gates.enabled(fg.TIME_SLICING_SETTINGS):
             await self.ops.set_time_slice(gpus, "Default")
@@ -566,7 +719,8 @@ class Engine:
             wanted = set()
             for r in results:
                 ident = _parse(r.device)
-                if ident is not None and ident.kind == nvidia.MIG_TYPE and r.device not in held:
+                kept = r.device in held or _shared_key(r.device) in held  # other claims' own
+                if ident is not None and ident.kind == nvidia.MIG_TYPE and not kept:
                     wanted.add((ident.minor, ident.gi_profile_id, ident.placement_start))
             for mig in await self.ops.live_migs():
                 if (mig.parent_minor, mig.gi_profile_id, mig.placement_start) in wanted:
@@ -605,6 +759,7 @@ class Engine:
                     await self.ops.destroy_mig(mig)
                     report["migs"].append(mig.uuid)
         owned = {g.mps.daemon_id for e in completed.values() for g in e.groups if g.mps}
+        owned |= {d.share.daemon_id for e in completed.values() for d in e.devices if d.share}
         for daemon in await self.ops.mps_daemons():
             if daemon.daemon_id not in owned:
                 await self.ops.stop_mps(daemon)
@@ -618,6 +773,12 @@ class Engine:
                 shutil.rmtree(metadata.claim_dir(self.s.plugin_dir, uid), ignore_errors=True)
                 report["metadata"].append(uid)
         return report
+
+    def _shared_elsewhere(self, uid: str, device: PreparedDeviceState) -> bool:
+        """Whether another claim holds a share of ``device`` (its MIG device must stay)."""
+        return device.share is not None and any(
+            d == device.name for d, _, _ in self._shares_on(exclude=uid)
+        )
 
     def _gpus_of_other_claims(self, uid: str) -> set[str]:
         return {
@@ -638,6 +799,7 @@ def reply_devices(uid: str, entry: ClaimEntry) -> list[PreparedDevice]:
             pool_name=d.pool,
             device_name=d.name,
             cdi_device_ids=d.cdi_device_ids,
+            share_id=d.share.share_id if d.share is not None else None,
         )
         for d in entry.devices
     ]
@@ -684,7 +846,18 @@ def _hold_keys(target: Target) -> list[str]:
 
 def _state_hold_keys(device: PreparedDeviceState) -> list[str]:
     mode = "vfio" if device.kind == nvidia.VFIO_TYPE else "nvidia"
-    return [device.name, f"{mode}:{device.pci_bus_id}"] if device.pci_bus_id else [device.name]
+    name = _shared_key(device.name) if device.share is not None else device.name
+    return [name, f"{mode}:{device.pci_bus_id}"] if device.pci_bus_id else [name]
+
+
+def _shared_key(device: str) -> str:
+    """The hold key of a device's shares: exclusive holders conflict with it, shares do not."""
+    return f"shared:{device}"
+
+
+def _share_conflict_keys(target: Target) -> list[str]:
+    """Held keys that exclude a share of ``target``: an exclusive holder, or its VFIO twin."""
+    return [target.name, f"vfio:{target.gpu.pci_bus_id}"]
 
 
 def _conflict_keys(target: Target) -> list[str]:
@@ -694,7 +867,7 @@ def _conflict_keys(target: Target) -> list[str]:
     one GPU are kept apart by the scheduler's counters, not here.
     """
     other = "nvidia" if target.kind == nvidia.VFIO_TYPE else "vfio"
-    return [target.name, f"{other}:{target.gpu.pci_bus_id}"]
+    return [target.name, f"{other}:{target.gpu.pci_bus_id}", _shared_key(target.name)]
 
 
 def _parse(name: str) -> nvidia.DeviceId | None:

@@ -25,10 +25,10 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from services.core import nvidia
-from services.core.resource import ResourceClaim
+from services.core import nvidia, quantity, shares
+from services.core.resource import DeviceRequestAllocationResult, ResourceClaim
 from services.core.schemas import NodeInventory
-from services.preparer import cdi
+from services.preparer import cdi, shareplan
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     ClaimEntry,
@@ -36,6 +36,7 @@ from services.preparer.checkpoint import (
     MigState,
     MpsState,
     PreparedDeviceState,
+    ShareState,
     VfioState,
 )
 from services.preparer.inventory import DeviceNotFound, locate
@@ -73,8 +74,15 @@ def rebuild_claim(
     names, namespace and name); ``daemons``: the MPS daemons named after it.
     """
     requests = _requests(claim, node)
+    shared = _shares(claim, node)
     states = [
-        _device(uid, name, node, inventory, requests.get(name), dynamic_mig) for name in devices
+        _shared(
+            _device(uid, name, node, inventory, requests.get(name), dynamic_mig),
+            shared.get(name),
+            uid,
+            inventory,
+        )
+        for name in devices
     ]
     gpus = sorted({d.gpu_uuid for d in states if d.kind == nvidia.GPU_TYPE and d.gpu_uuid})
     groups = [GroupState(kind="", origin=ORIGIN, time_slice_gpus=gpus)]
@@ -87,6 +95,59 @@ def rebuild_claim(
         allocation=claim.status.allocation if claim is not None and claim.status else None,
         devices=states,
         groups=groups,
+    )
+
+
+def _shares(claim: ResourceClaim | None, node: str) -> Mapping[str, DeviceRequestAllocationResult]:
+    """``<device>-<shareID>`` (a share's part of its CDI name) -> its allocation result."""
+    allocation = claim.status.allocation if claim is not None and claim.status else None
+    results = allocation.devices.results if allocation and allocation.devices else None
+    return {
+        f"{r.device}-{r.share_id}": r
+        for r in results or []
+        if r.driver == nvidia.DRIVER_NAME and r.pool == node and r.share_id
+    }
+
+
+def _shared(
+    state: PreparedDeviceState,
+    result: DeviceRequestAllocationResult | None,
+    uid: str,
+    inv: NodeInventory | None,
+) -> PreparedDeviceState:
+    """A consumable share's device, its share and its device's daemon (kept by start-up)."""
+    if result is None or result.share_id is None:
+        return state
+    try:
+        target = locate(inv, result.device) if inv is not None else None
+    except DeviceNotFound:
+        target = None
+    if target is None:
+        return state
+    device_uuid = target.live.uuid if target.live is not None else target.gpu.uuid
+    consumed = dict(result.consumed_capacity or {})
+    try:
+        amounts = {k: quantity.parse(v) for k, v in consumed.items()}
+    except quantity.QuantityError:
+        amounts = {}
+    share = ShareState(
+        share_id=result.share_id,
+        device_uuid=device_uuid,
+        consumed=consumed,
+        daemon_id=shareplan.daemon_id(device_uuid),
+        memory_limit_mib=shares.memory_limit_mib(amounts),
+    )
+    gpu = target.gpu
+    return msgspec.structs.replace(
+        state,
+        name=result.device,
+        kind=target.kind,
+        requests=[result.request] if result.request else state.requests,
+        cdi_device_ids=[cdi.device_id(uid, result.device, result.share_id)],
+        gpu_uuid=gpu.uuid,
+        gpu_minor=gpu.minor,
+        pci_bus_id=gpu.pci_bus_id,
+        share=share,
     )
 
 

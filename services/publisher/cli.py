@@ -109,13 +109,16 @@ async def _serve(args: argparse.Namespace) -> None:
     from services.core.access import Identity, Role
     from services.core.bus import Bus
     from services.core.kube import http_api
+    from services.core.resourceapi import versioned
     from services.publisher.kubeapi import KubeSliceApi
     from services.publisher.render import RenderOptions
     from services.publisher.service import Publisher, PublisherConfig
 
     settings = PublisherConfig(
         render=RenderOptions(
-            gates=args.feature_gates, extra_non_fatal_xids=args.additional_xids_to_ignore
+            gates=args.feature_gates,
+            extra_non_fatal_xids=args.additional_xids_to_ignore,
+            shares=config.consumable_shares(args, "publisher"),
         ),
         kube_minor=args.kube_version,
         force_registered=args.force_registered,
@@ -125,7 +128,11 @@ async def _serve(args: argparse.Namespace) -> None:
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))
     api = KubeSliceApi(
-        await http_api(args.kubeconfig or None, qps=args.kube_api_qps, burst=args.kube_api_burst),
+        versioned(
+            await http_api(
+                args.kubeconfig or None, qps=args.kube_api_qps, burst=args.kube_api_burst
+            )
+        ),
         field_manager=f"gpudra-publisher-{args.replica_id}" if args.replica_id else "",
     )
     tasks = supervisor.current()

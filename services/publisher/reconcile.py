@@ -98,8 +98,15 @@ class PoolPlan:
 # ------------------------------------------------------------------ planning (pure)
 
 
-DropKind = str  # "sharedCounters" | "consumesCounters" | "taints"
-DROPPABLE: tuple[DropKind, ...] = ("sharedCounters", "consumesCounters", "taints")
+DropKind = str  # "sharedCounters" | "consumesCounters" | "taints" | "allowMultipleAllocations"
+# allowMultipleAllocations stands for it and the capacities' requestPolicy: an API server
+# without DRAConsumableCapacity drops both (consumable shares, services/core/shares.py).
+DROPPABLE: tuple[DropKind, ...] = (
+    "sharedCounters",
+    "consumesCounters",
+    "taints",
+    "allowMultipleAllocations",
+)
 
 
 def plan_pool(
@@ -165,9 +172,24 @@ def without(obj: ResourceSlice, dropped: frozenset[DropKind]) -> ResourceSlice:
             )
             for d in devices
         ]
+    if devices and "allowMultipleAllocations" in dropped:
+        devices = [_unshared(d) for d in devices]
     counters = None if "sharedCounters" in dropped else spec.shared_counters
     spec = msgspec.structs.replace(spec, devices=devices, shared_counters=counters)
     return msgspec.structs.replace(obj, spec=spec)
+
+
+def _unshared(device: Device) -> Device:
+    """The device as a server without DRAConsumableCapacity stores it."""
+    if not device.allow_multiple_allocations:
+        return device
+    capacity = {
+        name: msgspec.structs.replace(cap, request_policy=None)
+        for name, cap in (device.capacity or {}).items()
+    }
+    return msgspec.structs.replace(
+        device, allow_multiple_allocations=None, capacity=capacity or None
+    )
 
 
 def dropped_fields(sent: ResourceSlice, stored: ResourceSlice) -> set[DropKind]:
@@ -183,6 +205,10 @@ def dropped_fields(sent: ResourceSlice, stored: ResourceSlice) -> set[DropKind]:
         out.add("consumesCounters")
     if any(d.taints for d in sent_devices) and not any(d.taints for d in stored_devices):
         out.add("taints")
+    if any(d.allow_multiple_allocations for d in sent_devices) and not any(
+        d.allow_multiple_allocations for d in stored_devices
+    ):
+        out.add("allowMultipleAllocations")
     return out
 
 
@@ -411,8 +437,9 @@ class Reconciler:
                 metrics.DROPPED_FIELDS.labels(field=field_name).inc()
             log.error(
                 "the API server dropped fields of our slices; enable its feature gates "
-                "DRAPartitionableDevices (counters) and DRADeviceTaints (taints), or turn off "
-                "DynamicMIG / NVMLDeviceHealthCheck here; comparing without them meanwhile",
+                "DRAPartitionableDevices (counters), DRADeviceTaints (taints) and "
+                "DRAConsumableCapacity (allowMultipleAllocations), or turn off DynamicMIG / "
+                "NVMLDeviceHealthCheck / ConsumableShares here; comparing without them meanwhile",
                 extra={"fields": sorted(lost), "slice": sent.metadata.name},
             )
 

@@ -23,7 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from services.core import featuregates, nvidia
+from services.core import featuregates, nvidia, shares
 from services.core.featuregates import FeatureGates
 from services.core.resource import (
     CounterSet,
@@ -35,6 +35,7 @@ from services.core.resource import (
     ResourceSliceSpec,
 )
 from services.core.schemas import Gpu, NodeInventory, NodePreparedDevices
+from services.core.shares import DISABLED, SharesMode
 
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64  # any device with taints or consumesCounters
@@ -53,6 +54,7 @@ class RenderOptions:
     gates: FeatureGates = field(default_factory=FeatureGates)
     kube_minor: int = SPLIT_LAYOUT_MINOR
     extra_non_fatal_xids: frozenset[int] = frozenset()
+    shares: SharesMode = DISABLED
 
     @property
     def split_layout(self) -> bool:
@@ -112,7 +114,15 @@ NO_HOLDINGS = Holdings()
 
 
 def _nvidia_side(gpu: Gpu, inv: NodeInventory, opts: RenderOptions) -> _GpuGroup:
-    """The GPU's full-GPU, static MIG or dynamic-MIG devices and its counter sets."""
+    """The GPU's full-GPU, static MIG or dynamic-MIG devices and its counter sets,
+    published as consumable shares when ``opts.shares`` says so (as the reference does)."""
+    group = _nvidia_devices(gpu, inv, opts)
+    if opts.shares.enabled:
+        group.devices[:] = [shares.advertise(d, opts.shares) for d in group.devices]
+    return group
+
+
+def _nvidia_devices(gpu: Gpu, inv: NodeInventory, opts: RenderOptions) -> _GpuGroup:
     if opts.gates.enabled(featuregates.DYNAMIC_MIG) and nvidia.dynamic_mig_capable(gpu):
         model = nvidia.PartitionModel.of(gpu)
         devices = []

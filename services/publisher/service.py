@@ -406,6 +406,7 @@ class Publisher:
             gates=render.gates,
             kube_minor=self.config.kube_minor,
             extra_non_fatal_xids=render.extra_non_fatal_xids,
+            shares=render.shares,
         )
         log.info(
             "publisher starting",

@@ -68,6 +68,8 @@ class Dev:
     device: str
     pool: str | None = None
     admin: bool = False
+    share: str | None = None  # a consumable share's shareID (KEP-5075)
+    consumed: dict[str, str] | None = None  # its consumedCapacity
 
 
 def opaque(params: Mapping[str, Any], source: str = "FromClaim", requests: Sequence[str] = ()):
@@ -103,6 +105,8 @@ def make_claim(
             pool=d.pool or node,
             device=d.device,
             admin_access=True if d.admin else None,
+            share_id=d.share,
+            consumed_capacity=d.consumed,
         )
         for d in devices
     ]

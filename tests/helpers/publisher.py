@@ -19,7 +19,7 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from services.core import subjects
+from services.core import resourceapi, subjects
 from services.core.access import Role
 from services.core.bus import Bus
 from services.core.kube import ApiError
@@ -58,6 +58,7 @@ class FakeKube:
         self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/version/", self.version)
         self.app.router.add_get("/api/v1/nodes/{name}", self.node)
+        self.app.router.add_get("/apis/resource.k8s.io", self.group)
         self.app.router.add_get(SLICES, self.list_or_watch)
         self.app.router.add_post(SLICES, self.create)
         self.app.router.add_put(SLICES + "/{name}", self.replace)
@@ -96,6 +97,9 @@ class FakeKube:
             return await call()
         except ApiError as exc:
             return status(exc.status, exc.reason or "Failure", exc.message)
+
+    async def group(self, request: web.Request) -> web.Response:
+        return web.json_response(resourceapi.group_document())
 
     async def version(self, request: web.Request) -> web.Response:
         minor = await self.api.server_minor()

@@ -197,7 +197,7 @@ def test_containers_run_real_subcommands_with_real_flags(template: str) -> None:
     assert 'include "gpudra.busEnv"' in _helper("gpudra.commonEnv")
     assert common == {
         "--nats-url", "--nats-token-file", "--nats-ca", "--nats-replicas", "--log-level",
-        "--feature-gates", "--max-inflight"
+        "--feature-gates", "--max-inflight", "--consumable-shares"
     }  # fmt: skip
     for i, (start, command) in enumerate(starts):
         assert command in commands, f"gpudra has no sub-command {command!r}"

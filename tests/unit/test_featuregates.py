@@ -19,7 +19,10 @@ def test_parse_and_spec_round_trip() -> None:
 @pytest.mark.parametrize(
     ("spec", "needle"),
     [
-        ("Nope=true", "unknown feature gate 'Nope'; valid: DeviceMetadata, DynamicMIG"),
+        (
+            "Nope=true",
+            "unknown feature gate 'Nope'; valid: ConsumableShares, DeviceMetadata, DynamicMIG",
+        ),
         ("DynamicMIG=yes", "expected DynamicMIG=true|false"),
         ("DynamicMIG", "expected DynamicMIG=true|false"),
         ("DynamicMIG=true,MPSSupport=true", "DynamicMIG is currently mutually exclusive with MPS"),

@@ -128,7 +128,7 @@ def test_yaml_output_is_a_stream_of_slices(capsys: pytest.CaptureFixture[str]) -
         (["--fleet", "dgx-z9", "--node", "n1"], "unknown fleet 'dgx-z9'; valid fleets: dgx-a100"),
         (
             ["--fleet", "dgx-h100", "--node", "n1", "--feature-gates", "Turbo=true"],
-            "unknown feature gate 'Turbo'; valid: DeviceMetadata, DynamicMIG",
+            "unknown feature gate 'Turbo'; valid: ConsumableShares, DeviceMetadata, DynamicMIG",
         ),
         (
             [

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.core import featuregates
+from services.core import featuregates, shares
 from services.core.resource import DeviceTaint, ResourceSlice
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.publisher import metrics
@@ -248,3 +248,20 @@ async def test_fields_the_server_drops_are_reported_once_and_not_rewritten() -> 
     assert "taints" in reconciler.dropped
     reconciler.forget("n1")
     assert (await reconciler.sync("n1", tainted)).writes == 0
+
+
+async def test_shares_on_a_server_without_consumable_capacity_are_not_rewritten() -> None:
+    """Without DRAConsumableCapacity the server keeps neither allowMultipleAllocations nor
+    the request policies: reported once, and the slices are compared without them."""
+    options = RenderOptions(
+        gates=featuregates.parse("ConsumableShares=true"), shares=shares.parse_mode("memory")
+    )
+    api = MemorySliceApi(drops=frozenset({"allowMultipleAllocations"}))
+    reconciler = Reconciler(api, FAST)
+    await reconciler.sync("n1", _contents(node(), options))
+    stored = [d for s in api.stored() for d in s.spec.devices or []]
+    assert stored and not any(d.allow_multiple_allocations for d in stored)
+    assert not any(c.request_policy for d in stored for c in (d.capacity or {}).values())
+    assert reconciler.dropped == {"allowMultipleAllocations"}
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node(), options))).writes == 0

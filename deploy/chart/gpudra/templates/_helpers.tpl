@@ -95,6 +95,8 @@ container's own volume (gpudra.natsVolume). */}}
   value: {{ .Values.logLevel | quote }}
 - name: GPUDRA_FEATURE_GATES
   value: {{ include "gpudra.featureGates" . | quote }}
+- name: GPUDRA_CONSUMABLE_SHARES
+  value: {{ .Values.consumableShares | default "disabled" | quote }}
 - name: GPUDRA_MAX_INFLIGHT
   value: {{ .Values.maxInflight | quote }}
 {{- end -}}
