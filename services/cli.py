@@ -28,6 +28,7 @@ COMMANDS: dict[str, str] = {
     "nats-keygen": "services.natsauth.cli",
     "up": "services.local.cli",
     "slices": "services.offline.cli",
+    "host-check": "services.offline.cli",
     "allocate": "services.offline.cli",
     "audit": "services.audit.cli",
     "explain": "services.offline.cli",

@@ -100,7 +100,10 @@ class FakeNvml:
         )
 
     def nvmlDeviceGetAddressingMode(self, h: tuple[str, int]) -> int:
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = self._run(self.sim.addressing_mode, h[1])
+        if mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return {"None": 0, "HMM": 1, "ATS": 2}[mode]  # NVML's DEVICE_ADDRESSING_MODE_*
 
     # MIG
     def nvmlDeviceGetMigMode(self, h: tuple[str, int]) -> list[int]:
