@@ -71,6 +71,8 @@ def test_user_permissions_are_the_static_configurations() -> None:
     "tamper, error",
     [
         (lambda t: t.rsplit(".", 1)[0] + "." + natsjwt._b64(b"x" * 64), "bad signature"),
+        (lambda t: t.rsplit(".", 1)[0] + "." + natsjwt._b64(b"x" * 10), "bad signature"),
+        (lambda t: t.rsplit(".", 1)[0] + ".", "bad signature"),
         (lambda t: t.split(".", 1)[0] + "." + natsjwt._b64(FORGED) + ".xxxx", "public nkey"),
         (lambda t: "garbage", "three parts"),
         (lambda t: "a.b.c", "not JSON"),
