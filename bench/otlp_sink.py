@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+from collections import Counter
 from typing import Any
 
 import grpc
@@ -20,11 +21,17 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_serv
 class Sink(trace_service_pb2_grpc.TraceServiceServicer):
     def __init__(self) -> None:
         self.spans = 0
+        self.names: Counter[str] = Counter()
 
     async def Export(self, request: Any, context: Any) -> Any:  # the gRPC method's name
         for resource_spans in request.resource_spans:
+            service = next(
+                (a.value.string_value for a in resource_spans.resource.attributes
+                 if a.key == "service.name"), "?",
+            )  # fmt: skip
             for scope_spans in resource_spans.scope_spans:
                 self.spans += len(scope_spans.spans)
+                self.names.update(f"{service}: {s.name}" for s in scope_spans.spans)
         return trace_service_pb2.ExportTraceServiceResponse()
 
 
@@ -38,6 +45,8 @@ async def serve(port: int) -> None:
     while True:
         await asyncio.sleep(10)
         print(f"spans received: {sink.spans}", flush=True)
+        for name, count in sorted(sink.names.items()):
+            print(f"  {count:8d}  {name}", flush=True)
 
 
 def main() -> None:
