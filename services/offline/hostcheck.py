@@ -18,7 +18,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,12 @@ from services.discovery.nvml import NvmlBackend
 from services.discovery.sim import SimNvml
 from services.offline import slicecheck
 
+# Every per-GPU query of the Backend protocol that the inventory or a profile uses.
+QUERIES = (
+    "uuid", "minor", "product_name", "brand", "architecture", "cuda_compute_capability",
+    "memory_total", "pci_info", "addressing_mode", "pcie_root", "numa_node", "mig_mode",
+    "gpu_instance_profiles", "mig_devices",
+)  # fmt: skip
 # Facts that are the GPU's own (UUIDs, bus ids, minors) are not compared.
 COMPARED = (
     "product_name",
@@ -132,9 +138,9 @@ def check(
 def facts(be: nv.Backend, index: int) -> dict[str, Any]:
     """Every fact the inventory or the simulated profile has, as NVML answers it."""
     out: dict[str, Any] = {}
-    for name, call in _queries(be, index):
+    for name in QUERIES:
         try:
-            out[name] = call()
+            out[name] = getattr(be, name)(index)
         except nv.NvmlError as exc:
             out[name] = f"error: {type(exc).__name__}: {exc}"
     pci = out.get("pci_info")
@@ -143,23 +149,6 @@ def facts(be: nv.Backend, index: int) -> dict[str, Any]:
     # As JSON has it (lists, plain dicts), so a reading and a saved report compare equal.
     as_json: dict[str, Any] = msgspec.json.decode(msgspec.json.encode(out))
     return as_json
-
-
-def _queries(be: nv.Backend, i: int) -> Iterator[tuple[str, Callable[[], Any]]]:
-    yield "uuid", lambda: be.uuid(i)
-    yield "minor", lambda: be.minor(i)
-    yield "product_name", lambda: be.product_name(i)
-    yield "brand", lambda: be.brand(i)
-    yield "architecture", lambda: be.architecture(i)
-    yield "cuda_compute_capability", lambda: be.cuda_compute_capability(i)
-    yield "memory_total", lambda: be.memory_total(i)
-    yield "pci_info", lambda: be.pci_info(i)
-    yield "addressing_mode", lambda: be.addressing_mode(i)
-    yield "pcie_root", lambda: be.pcie_root(i)
-    yield "numa_node", lambda: be.numa_node(i)
-    yield "mig_mode", lambda: be.mig_mode(i)
-    yield "gpu_instance_profiles", lambda: be.gpu_instance_profiles(i)
-    yield "mig_devices", lambda: [msgspec.to_builtins(m) for m in be.mig_devices(i)]
 
 
 def model_for(pci_device_id: int) -> GpuModel | None:
