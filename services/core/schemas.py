@@ -101,6 +101,20 @@ class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
     unmonitored: bool = False
 
 
+class GpuFabric(msgspec.Struct, frozen=True, kw_only=True):
+    """The GPU's multi-node NVLink facts, as nvmlDeviceGetGpuFabricInfo reports them.
+
+    Absent (None on the Gpu) where NVML says NOT_SUPPORTED: a GPU outside any
+    NVLink fabric. ``state`` is nvmlGpuFabricState_t (3: COMPLETED), ``status``
+    the nvmlReturn_t of the fabric probe (0: success).
+    """
+
+    cluster_uuid: str  # "8c6a1c1e-....", all zeros when the fabric manager set none
+    clique_id: int
+    state: int
+    status: int
+
+
 class VfioInfo(msgspec.Struct, frozen=True, kw_only=True):
     """PCI facts the VFIO twin of a GPU is published with."""
 
@@ -133,6 +147,7 @@ class Gpu(msgspec.Struct, frozen=True, kw_only=True):
     mig_profiles: list[MigProfile] = []
     mig_devices: list[MigDevice] = []
     vfio: VfioInfo | None = None
+    fabric: GpuFabric | None = None
     health: GpuHealth = GpuHealth()
     error: str | None = None  # NVML failed on this GPU; the rest is best effort
 

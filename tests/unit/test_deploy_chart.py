@@ -371,7 +371,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "node.kubeletplugin.rollingUpdateSockets": True,
         "node.preparer.trustClaimsBucket": True, "node.nodeSelector": {"gpu": "yes"},
         "metrics.podMonitor.enabled": True, "otlp.endpoint": "http://otel:4317",
-        "publisher.additionalXidsToIgnore": "48,63",
+        "publisher.additionalXidsToIgnore": "48,63", "publisher.gpuCliqueLabelEnabled": True,
     },
     "quiet": {"metrics.enabled": False, "networkPolicy.enabled": False},
     "webhook": {"webhook.enabled": True, "featureGates": {"MPSSupport": True}},
@@ -444,6 +444,8 @@ def test_rendered_rbac_is_the_least_privilege_table(
         expected = {c: g for c, g in expected.items() if c not in ("nats-auth", "provision")}
     if variant == "preparer-without-api":
         del expected["preparer"]
+    if VARIANTS[variant].get("publisher.gpuCliqueLabelEnabled"):  # the clique label only
+        expected["publisher"] = expected["publisher"] | {("", "nodes", "patch")}
     assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in roles.items()} == expected
     bindings = objects_by_kind(docs, "ClusterRoleBinding")
     assert set(bindings) == set(roles)
