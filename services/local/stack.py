@@ -5,7 +5,7 @@ Start order (stopped by PID in the reverse order)::
     jaeger (with ``jaeger=True``: every gpudra process exports its spans to it)
     nats-server (JetStream)
     etcd -> kube-apiserver -> kube-scheduler -> kube-controller-manager, Nodes
-    DeviceClasses (deploy/deviceclasses.yaml)
+    DeviceClasses (deploy/deviceclasses.yaml), the ComputeDomain CRD (deploy/computedomains.yaml)
     per node: gpudra discovery (simulated fleet), gpudra preparer, gpudra kubeletplugin
     per node: kubelet-dra (the kubelet's DRA + plugin manager, same kubelet root),
               waited for until it has wiped its node's ResourceSlices
@@ -72,11 +72,13 @@ from services.local.cluster import (
     KubeletDRA,
     Process,
     build_controlplane,
+    install_crd,
 )
 from services.local.jaeger import Jaeger
 from services.local.node import NodeTools, RealNode
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
+COMPUTE_DOMAIN_CRD = REPO / "deploy" / "computedomains.yaml"
 
 #: Driver gates the examples need. DynamicMIG stays off: it cannot be combined
 #: with MPSSupport or PassthroughSupport, so MIG devices come from the fleet's
@@ -233,6 +235,7 @@ class Stack:
         self._started.append("controlplane")
         self.cp.start()
         self.cp.apply(DEVICE_CLASSES.read_text())
+        install_crd(self.cp, COMPUTE_DOMAIN_CRD.read_text())
         if self.webhook:
             self.start_webhook()
         if self.real_nodes:

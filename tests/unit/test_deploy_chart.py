@@ -169,6 +169,16 @@ def test_device_classes_are_the_models_and_the_deploy_file() -> None:
     assert in_chart == deploy_file == models
 
 
+def test_the_compute_domain_crd_in_the_chart_is_the_deploy_file() -> None:
+    in_chart = list(yaml.safe_load_all((CHART / "crds" / "computedomains.yaml").read_text()))
+    deploy_file = list(yaml.safe_load_all((REPO / "deploy" / "computedomains.yaml").read_text()))
+    assert in_chart == deploy_file
+    (crd,) = deploy_file
+    assert crd["metadata"]["name"] == "computedomains.resource.nvidia.com"
+    (version,) = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1beta1", True, True)
+
+
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
