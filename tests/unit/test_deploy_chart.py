@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from services.cli import build_parser
-from services.core import nvidia, resource, retention
+from services.core import computedomain, nvidia, resource, retention
 from services.kubeletplugin.sockets import SocketPaths
 from services.local.helm import KUBE_VERSION, Helm, HelmError, set_args
 from tests.helpers.helm import helm, objects_by_kind, one, pod_specs
@@ -163,7 +163,8 @@ def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_ca
 
 
 def test_device_classes_are_the_models_and_the_deploy_file() -> None:
-    models = [resource.to_builtins(c) for c in nvidia.device_classes()]
+    classes = [*nvidia.device_classes(), *computedomain.device_classes()]
+    models = [resource.to_builtins(c) for c in classes]
     in_chart = list(yaml.safe_load_all((TEMPLATES / "deviceclasses.yaml").read_text()))
     deploy_file = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
     assert in_chart == deploy_file == models
