@@ -22,6 +22,7 @@ from services.core import config
 COMMANDS: dict[str, str] = {
     "allocator": "services.allocator.cli",
     "discovery": "services.discovery.cli",
+    "domains": "services.domains.cli",
     "sim": "services.discovery.cli",
     "kubeletplugin": "services.kubeletplugin.cli",
     "nats-auth": "services.natsauth.cli",

@@ -41,6 +41,7 @@ class Role(enum.StrEnum):
     FRONT = "kubeletplugin"  # per node
     AUDITOR = "auditor"  # read-only: streams and buckets
     SIM = "sim"  # `gpudra sim`: changes simulated GPUs (local stacks and tests)
+    DOMAINS = "domains"  # the ComputeDomain controller
 
 
 NODE_ROLES = frozenset({Role.DISCOVERY, Role.PREPARER, Role.FRONT})
@@ -222,6 +223,16 @@ def _auditor(who: Identity) -> Permissions:
     return grant.done(who)
 
 
+def _domains(who: Identity) -> Permissions:
+    """The ComputeDomain controller: reads members, writes indices (and removes a gone
+    domain's keys), announces each domain's status."""
+    grant = _Grant().kv_read(subjects.DOMAINS_BUCKET)
+    grant.kv_write(subjects.DOMAINS_BUCKET, f"*.{subjects.INDEX}.*")
+    grant.kv_write(subjects.DOMAINS_BUCKET, f"*.{subjects.MEMBER}.*")  # removal of a gone domain's
+    grant.publish.append(subjects.domain_status_all())
+    return grant.done(who)
+
+
 def _sim(who: Identity) -> Permissions:
     grant = _Grant().kv_read(subjects.SIM_BUCKET).kv_write(subjects.SIM_BUCKET, ">")
     grant.publish.append(f"{subjects.SIM_ROOT}.>")
@@ -237,6 +248,7 @@ _RULES = {
     Role.FRONT: _front,
     Role.AUDITOR: _auditor,
     Role.SIM: _sim,
+    Role.DOMAINS: _domains,
 }
 
 
