@@ -24,6 +24,7 @@ COMMANDS: dict[str, str] = {
     "discovery": "services.discovery.cli",
     "domains": "services.domains.cli",
     "sim": "services.discovery.cli",
+    "imex-daemon": "services.imexdaemon.cli",
     "kubeletplugin": "services.kubeletplugin.cli",
     "nats-auth": "services.natsauth.cli",
     "nats-keygen": "services.natsauth.cli",

@@ -42,9 +42,10 @@ class Role(enum.StrEnum):
     AUDITOR = "auditor"  # read-only: streams and buckets
     SIM = "sim"  # `gpudra sim`: changes simulated GPUs (local stacks and tests)
     DOMAINS = "domains"  # the ComputeDomain controller
+    IMEX = "imex-daemon"  # per node: the IMEX daemon wrapper of one ComputeDomain
 
 
-NODE_ROLES = frozenset({Role.DISCOVERY, Role.PREPARER, Role.FRONT})
+NODE_ROLES = frozenset({Role.DISCOVERY, Role.PREPARER, Role.FRONT, Role.IMEX})
 
 #: Claim events each service may publish (the others' are refused by the server).
 ALLOCATOR_EVENTS: tuple[ClaimEventName, ...] = (
@@ -233,6 +234,15 @@ def _domains(who: Identity) -> Permissions:
     return grant.done(who)
 
 
+def _imex(who: Identity) -> Permissions:
+    """A node's IMEX daemon: its own member key in every domain; reads its peers."""
+    grant = _Grant().kv_read(subjects.DOMAINS_BUCKET)
+    grant.kv_write(
+        subjects.DOMAINS_BUCKET, f"*.{subjects.MEMBER}.{subjects.escape_token(who.node)}"
+    )
+    return grant.done(who)
+
+
 def _sim(who: Identity) -> Permissions:
     grant = _Grant().kv_read(subjects.SIM_BUCKET).kv_write(subjects.SIM_BUCKET, ">")
     grant.publish.append(f"{subjects.SIM_ROOT}.>")
@@ -249,6 +259,7 @@ _RULES = {
     Role.AUDITOR: _auditor,
     Role.SIM: _sim,
     Role.DOMAINS: _domains,
+    Role.IMEX: _imex,
 }
 
 

@@ -22,6 +22,7 @@ from services.core.bus import Bus, KvUpdate
 from services.core.informer import Informer
 from services.core.kube import ApiError, KubeApi
 from services.core.schemas import DomainIndex, DomainMember, DomainStatusEvent
+from services.domains import metrics
 from services.domains.events import DomainEvents
 from services.domains.kubeobjects import Conflict, KubeObjects
 from services.domains.membership import Membership, domain_status
@@ -114,6 +115,7 @@ class Controller:
         else:
             assert value is None or isinstance(value, DomainIndex)
             self.membership.set_index(uid, node, value)
+        metrics.MEMBERS.set(sum(len(m) for m in self.membership.members.values()))
         self._mark_status(uid)
 
     # ---------------------------------------------------------------- objects
@@ -133,16 +135,22 @@ class Controller:
         """One pass over one domain; False to try again later."""
         try:
             if domain.deleting:
-                return await self._tear_down(domain)
+                done = await self._tear_down(domain)
+                metrics.RECONCILES.labels(result="ok" if done else "retry").inc()
+                return done
             await self.kube.ensure(domain)
         except Conflict as exc:
+            metrics.RECONCILES.labels(result="conflict").inc()
             await self.events.warn(domain, "ObjectConflict", str(exc))
         except ApiError as exc:
+            metrics.RECONCILES.labels(result="retry").inc()
             log.warning("reconcile failed", extra={"domain": domain.key, "error": str(exc)})
             return not exc.retryable
         except Exception:  # one domain's bug must not stop the others: log it, retry later
+            metrics.RECONCILES.labels(result="error").inc()
             log.exception("reconcile raised", extra={"domain": domain.key})
             return False
+        metrics.RECONCILES.labels(result="ok").inc()
         return True
 
     async def _tear_down(self, domain: ComputeDomain) -> bool:
@@ -202,6 +210,7 @@ class Controller:
         body = {"status": msgspec.to_builtins(status)}
         await self.api.patch(f"{cd.domains_path(meta.namespace, meta.name)}/status", body)
         self.written[uid] = status
+        metrics.STATUS_WRITES.inc()
         await self.bus.publish(subjects.domain_status(uid), _event(domain, status))
         log.info("status written", extra={"domain": domain.key, "status": status.status,
                                           "nodes": len(status.nodes)})  # fmt: skip
@@ -213,6 +222,10 @@ class Controller:
                 await self.events.warn(domain, "IMEXDaemonFailed", f"node {node}: {why}")
 
     # ---------------------------------------------------------------- orphans
+
+    async def _say_synced(self) -> None:
+        await self.informer.synced.wait()
+        log.info("domain controller synced", extra={"domains": len(self.informer.items)})
 
     async def sweep_forever(self) -> None:
         await self.informer.synced.wait()
@@ -230,12 +243,14 @@ class Controller:
         for uid in sorted(gone):
             await self.kube.sweep(uid)
             await self._drop_keys(uid)
+            metrics.SWEPT.inc()
             log.info("orphaned domain swept", extra={"uid": uid})
         return gone
 
     async def run(self) -> None:
         await self.load_membership()
         async with asyncio.TaskGroup() as group:
+            group.create_task(self._say_synced())
             group.create_task(self.informer.run())
             group.create_task(self.follow_members())
             group.create_task(self.follow_indices())

@@ -1,0 +1,200 @@
+"""``gpudra imex-daemon`` against a real nats-server, each daemon a real process.
+
+Two simulated daemons of one domain bind 127.0.0.2 and 127.0.0.3 (the same
+ports, as two nodes would); the test gives indices as the controller would (as
+the admin identity) and reads every result from the bus and the files the
+daemons render. Readiness is earned: a daemon is Ready only once its stand-in
+reaches every peer, and loses it when a peer dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.core import subjects
+from services.core.access import Role
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+from services.core.schemas import DomainIndex, DomainMember
+from services.local.cluster import free_port
+from tests.helpers.bus import connect
+
+pytestmark = [pytest.mark.integration]
+UID = "0b7f6a52-1111-4222-8333-444455556666"
+CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
+BUCKET = subjects.DOMAINS_BUCKET
+NODES = {"tray-a": "127.0.0.2", "tray-b": "127.0.0.3"}
+
+
+class Daemons:
+    def __init__(self, server: NatsServer, root: Path) -> None:
+        self.server, self.root = server, root
+        self.port, self.cmd = free_port(), free_port()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, *, clique: str = CLIQUE, uid: str = UID, **env: str) -> Path:
+        imexd = self.root / node
+        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
+                "--imexd-dir", str(imexd), "--server-port", str(self.port),
+                "--cmd-port", str(self.cmd), "--probe-interval", "0.2",
+                *self.server.client_argv(Role.IMEX, node)]  # fmt: skip
+        environ = {**os.environ, "NODE_NAME": node, "POD_IP": NODES.get(node, "127.0.0.9"),
+                   "COMPUTE_DOMAIN_UUID": uid, "CLIQUE_ID": clique, **env}  # fmt: skip
+        log = open(self.root / f"{node}.log", "ab")
+        # Its own process group: killing it kills its IMEX too, as a container's death does.
+        self.procs[node] = subprocess.Popen(
+            argv, env=environ, stdout=log, stderr=log, start_new_session=True
+        )
+        return imexd
+
+    def stop(self, node: str) -> None:
+        proc = self.procs.pop(node)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+
+    def check(self, node: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "check", "--mode",
+                "simulated", "--imexd-dir", str(self.root / node),
+                "--server-port", str(self.port), "--cmd-port", str(self.cmd)]  # fmt: skip
+        env = {**os.environ, "NODE_NAME": node, "POD_IP": NODES[node],
+               "COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE}  # fmt: skip
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+async def setup(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[Daemons, Bus]]:
+    daemons = Daemons(nats_server, tmp_path)
+    admin = await connect(nats_server)
+    try:
+        yield daemons, admin
+    finally:
+        for node in list(daemons.procs):
+            proc = daemons.procs.pop(node)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # the daemon and its IMEX, started here
+            proc.wait(timeout=20)
+        await admin.close()
+
+
+async def member(bus: Bus, node: str, uid: str = UID) -> DomainMember | None:
+    got = await bus.kv_get(BUCKET, subjects.domain_member_key(uid, node), DomainMember)
+    return got[0] if got else None
+
+
+async def until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> Any:
+    async def loop() -> Any:
+        while not (value := await check()):
+            await asyncio.sleep(0.05)
+        return value
+
+    return await asyncio.wait_for(loop(), timeout)
+
+
+async def status_is(bus: Bus, node: str, want: str) -> bool:
+    found = await member(bus, node)
+    return found is not None and found.status == want
+
+
+async def give_indices(bus: Bus) -> None:
+    """The controller's part: index 0 and 1, in the clique."""
+    for index, node in enumerate(NODES):
+        value = DomainIndex(domain_uid=UID, node=node, clique_id=CLIQUE, index=index)
+        await bus.kv_put(BUCKET, subjects.domain_index_key(UID, node), value)
+
+
+async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) -> None:
+    daemons, bus = setup
+    imexd = daemons.start("tray-a")
+    await until(lambda: member(bus, "tray-a"))
+    config = (imexd / "imexd.cfg").read_text()
+    assert "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.2\n" in config
+    assert f"IMEX_NODE_CONFIG_FILE={imexd / 'nodes.cfg'}\n" in config
+    await asyncio.sleep(1.0)
+    assert await status_is(bus, "tray-a", "NotReady")  # no index yet: not in its own list
+    daemons.start("tray-b")
+    await until(lambda: member(bus, "tray-b"))
+    await give_indices(bus)
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+    await until(lambda: status_is(bus, "tray-b", "Ready"))
+    assert (imexd / "nodes.cfg").read_text() == "127.0.0.2\n127.0.0.3\n"  # index order
+    assert daemons.check("tray-a").stdout == "READY\n"
+    dead = daemons.procs.pop("tray-b")  # dies without leaving: its key stays, nothing answers
+    os.killpg(dead.pid, signal.SIGKILL)
+    dead.wait(timeout=20)
+    await until(lambda: status_is(bus, "tray-a", "NotReady"))
+    assert daemons.check("tray-a").returncode == 1
+    daemons.start("tray-b")  # comes back, same index
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+    daemons.stop("tray-b")  # SIGTERM: it leaves, its key goes
+    await until(lambda: _absent(bus, "tray-b"))
+    await until(lambda: _list_is(imexd, "127.0.0.2\n"))
+
+
+async def _list_is(imexd: Path, text: str) -> bool:
+    return (imexd / "nodes.cfg").read_text() == text
+
+
+async def _absent(bus: Bus, node: str) -> bool:
+    return await member(bus, node) is None
+
+
+async def test_a_node_outside_a_fabric_joins_ready_and_idles(setup: tuple[Daemons, Bus]) -> None:
+    daemons, bus = setup
+    daemons.start("plain", clique="")
+    found = await until(lambda: member(bus, "plain"))
+    assert (found.status, found.clique_id, found.ip_address) == ("Ready", "", "127.0.0.9")
+
+
+async def test_a_binary_that_cannot_start_marks_the_member_failed(
+    setup: tuple[Daemons, Bus], nats_server: NatsServer, tmp_path: Path
+) -> None:
+    daemons, bus = setup
+    argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "real",
+            "--imex-binary", str(tmp_path / "no-such-nvidia-imex"), "--imexd-dir",
+            str(tmp_path / "real"), *nats_server.client_argv(Role.IMEX, "tray-a")]  # fmt: skip
+    env = {**os.environ, "NODE_NAME": "tray-a", "POD_IP": "127.0.0.2",
+           "COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE}  # fmt: skip
+    daemons.procs["tray-a"] = subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    found = await until(lambda: _failed(bus, "tray-a"))
+    assert "cannot start" in found.reason and "no-such-nvidia-imex" in found.reason
+
+
+async def _failed(bus: Bus, node: str) -> DomainMember | None:
+    found = await member(bus, node)
+    return found if found is not None and found.status == "Failed" else None
+
+
+def test_without_the_cdi_edits_it_refuses_to_start(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--imexd-dir",
+            str(tmp_path)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "COMPUTE_DOMAIN_UUID"}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "CDI container edits did not apply -- is CDI enabled" in proc.stderr
+
+
+async def test_a_daemon_may_write_only_its_own_member_key(nats_server: NatsServer) -> None:
+    bus = await connect(nats_server, Role.IMEX, "tray-a")
+    try:
+        mine = DomainMember(domain_uid=UID, node="tray-a", ip_address="127.0.0.2", clique_id="")
+        await bus.kv_put(BUCKET, subjects.domain_member_key(UID, "tray-a"), mine)
+        forged = DomainMember(domain_uid=UID, node="tray-b", ip_address="6.6.6.6", clique_id="")
+        with pytest.raises(Exception, match=r"(?i)permission|timeout"):
+            await bus.kv_put(BUCKET, subjects.domain_member_key(UID, "tray-b"), forged)
+        index = DomainIndex(domain_uid=UID, node="tray-a", clique_id="", index=0)
+        with pytest.raises(Exception, match=r"(?i)permission|timeout"):
+            await bus.kv_put(BUCKET, subjects.domain_index_key(UID, "tray-a"), index)
+    finally:
+        await bus.close()
