@@ -12,6 +12,7 @@ import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -29,6 +30,7 @@ from services.domains.service import Controller, ControllerConfig
 from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane, install_crd
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from tests.helpers.bus import connect
+from tests.helpers.imex import Daemons
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 NODES = [f"cd-node-{i}" for i in range(3)]
@@ -331,3 +333,38 @@ async def test_the_sweep_removes_what_a_vanished_domain_left(env: Env) -> None:
     node = await env.get(f"/api/v1/nodes/{NODES[1]}")
     assert node is not None and cd.DOMAIN_LABEL not in node["metadata"].get("labels", {})
     assert not [k for k in await env.admin.kv_keys(BUCKET) if subjects.escape_token(ghost) in k]
+
+
+async def test_the_domain_is_ready_only_once_both_daemons_see_each_other(
+    env: Env, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """Controller and two simulated daemons (real processes): readiness is earned end to end."""
+    daemons = Daemons(nats_server, tmp_path, {NODES[0]: "127.0.0.2", NODES[1]: "127.0.0.3"})
+    await env.start()
+    uid = (await env.domain("cd-earned", num_nodes=2))["metadata"]["uid"]
+    try:
+        daemons.start(NODES[0], uid=uid, clique=CLIQUE)
+        await until(lambda: _node_count(env, "cd-earned", 1))
+        assert (await status_of(env, "cd-earned"))["status"] == "NotReady"  # 1 of 2 nodes
+        daemons.start(NODES[1], uid=uid, clique=CLIQUE)
+        await until(lambda: _status_is(env, "cd-earned", "Ready"))
+        status = await status_of(env, "cd-earned")
+        assert sorted((n["name"], n["ipAddress"], n["index"]) for n in status["nodes"]) == [
+            (NODES[0], "127.0.0.2", 0), (NODES[1], "127.0.0.3", 1)]  # fmt: skip
+        daemons.kill(NODES[1])  # dies: its peer can no longer reach it
+        await until(lambda: _status_is(env, "cd-earned", "NotReady"))
+        daemons.start(NODES[1], uid=uid, clique=CLIQUE)  # recovers, same index
+        await until(lambda: _status_is(env, "cd-earned", "Ready"))
+        after = await status_of(env, "cd-earned")
+        assert sorted(n["index"] for n in after["nodes"]) == [0, 1]
+    finally:
+        daemons.kill_all()
+
+
+async def _node_count(env: Env, name: str, count: int) -> bool:
+    return len((await status_of(env, name)).get("nodes", [])) == count
+
+
+async def _status_is(env: Env, name: str, want: str) -> bool:
+    status = await status_of(env, name)
+    return status.get("status") == want and len(status.get("nodes", [])) == 2

@@ -10,9 +10,7 @@ reaches every peer, and loses it when a peer dies.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -26,63 +24,23 @@ from services.core.access import Role
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import DomainIndex, DomainMember
-from services.local.cluster import free_port
 from tests.helpers.bus import connect
+from tests.helpers.imex import CLIQUE, Daemons
 
 pytestmark = [pytest.mark.integration]
 UID = "0b7f6a52-1111-4222-8333-444455556666"
-CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
 BUCKET = subjects.DOMAINS_BUCKET
-NODES = {"tray-a": "127.0.0.2", "tray-b": "127.0.0.3"}
-
-
-class Daemons:
-    def __init__(self, server: NatsServer, root: Path) -> None:
-        self.server, self.root = server, root
-        self.port, self.cmd = free_port(), free_port()
-        self.procs: dict[str, subprocess.Popen[bytes]] = {}
-
-    def start(self, node: str, *, clique: str = CLIQUE, uid: str = UID, **env: str) -> Path:
-        imexd = self.root / node
-        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
-                "--imexd-dir", str(imexd), "--server-port", str(self.port),
-                "--cmd-port", str(self.cmd), "--probe-interval", "0.2",
-                *self.server.client_argv(Role.IMEX, node)]  # fmt: skip
-        environ = {**os.environ, "NODE_NAME": node, "POD_IP": NODES.get(node, "127.0.0.9"),
-                   "COMPUTE_DOMAIN_UUID": uid, "CLIQUE_ID": clique, **env}  # fmt: skip
-        log = open(self.root / f"{node}.log", "ab")
-        # Its own process group: killing it kills its IMEX too, as a container's death does.
-        self.procs[node] = subprocess.Popen(
-            argv, env=environ, stdout=log, stderr=log, start_new_session=True
-        )
-        return imexd
-
-    def stop(self, node: str) -> None:
-        proc = self.procs.pop(node)
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=20)
-
-    def check(self, node: str) -> subprocess.CompletedProcess[str]:
-        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "check", "--mode",
-                "simulated", "--imexd-dir", str(self.root / node),
-                "--server-port", str(self.port), "--cmd-port", str(self.cmd)]  # fmt: skip
-        env = {**os.environ, "NODE_NAME": node, "POD_IP": NODES[node],
-               "COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE}  # fmt: skip
-        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+NODES = {"tray-a": "127.0.0.2", "tray-b": "127.0.0.3"}  # as tests/helpers/imex.py
 
 
 @pytest.fixture
 async def setup(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[Daemons, Bus]]:
-    daemons = Daemons(nats_server, tmp_path)
+    daemons = Daemons(nats_server, tmp_path, NODES)
     admin = await connect(nats_server)
     try:
         yield daemons, admin
     finally:
-        for node in list(daemons.procs):
-            proc = daemons.procs.pop(node)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)  # the daemon and its IMEX, started here
-            proc.wait(timeout=20)
+        daemons.kill_all()
         await admin.close()
 
 
@@ -114,26 +72,24 @@ async def give_indices(bus: Bus) -> None:
 
 async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) -> None:
     daemons, bus = setup
-    imexd = daemons.start("tray-a")
+    imexd = daemons.start("tray-a", uid=UID)
     await until(lambda: member(bus, "tray-a"))
     config = (imexd / "imexd.cfg").read_text()
     assert "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.2\n" in config
     assert f"IMEX_NODE_CONFIG_FILE={imexd / 'nodes.cfg'}\n" in config
     await asyncio.sleep(1.0)
     assert await status_is(bus, "tray-a", "NotReady")  # no index yet: not in its own list
-    daemons.start("tray-b")
+    daemons.start("tray-b", uid=UID)
     await until(lambda: member(bus, "tray-b"))
     await give_indices(bus)
     await until(lambda: status_is(bus, "tray-a", "Ready"))
     await until(lambda: status_is(bus, "tray-b", "Ready"))
     assert (imexd / "nodes.cfg").read_text() == "127.0.0.2\n127.0.0.3\n"  # index order
-    assert daemons.check("tray-a").stdout == "READY\n"
-    dead = daemons.procs.pop("tray-b")  # dies without leaving: its key stays, nothing answers
-    os.killpg(dead.pid, signal.SIGKILL)
-    dead.wait(timeout=20)
+    assert daemons.check("tray-a", UID).stdout == "READY\n"
+    daemons.kill("tray-b")  # dies without leaving: its key stays, nothing answers
     await until(lambda: status_is(bus, "tray-a", "NotReady"))
-    assert daemons.check("tray-a").returncode == 1
-    daemons.start("tray-b")  # comes back, same index
+    assert daemons.check("tray-a", UID).returncode == 1
+    daemons.start("tray-b", uid=UID)  # comes back, same index
     await until(lambda: status_is(bus, "tray-a", "Ready"))
     daemons.stop("tray-b")  # SIGTERM: it leaves, its key goes
     await until(lambda: _absent(bus, "tray-b"))
@@ -150,7 +106,7 @@ async def _absent(bus: Bus, node: str) -> bool:
 
 async def test_a_node_outside_a_fabric_joins_ready_and_idles(setup: tuple[Daemons, Bus]) -> None:
     daemons, bus = setup
-    daemons.start("plain", clique="")
+    daemons.start("plain", uid=UID, clique="")
     found = await until(lambda: member(bus, "plain"))
     assert (found.status, found.clique_id, found.ip_address) == ("Ready", "", "127.0.0.9")
 
