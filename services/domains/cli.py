@@ -53,6 +53,12 @@ def register(subparsers: Any) -> None:
         "--daemon-image-pull-policy", default=config.env("daemon-image-pull-policy", "IfNotPresent")
     )
     parser.add_argument(
+        "--daemon-imex-mode",
+        choices=("real", "simulated"),
+        default=config.env("daemon-imex-mode", "real"),
+        help="what the daemons run: NVIDIA's nvidia-imex, or the simulated stand-in",
+    )
+    parser.add_argument(
         "--daemon-env",
         type=env_pair,
         action="append",
@@ -99,7 +105,7 @@ async def _serve(args: argparse.Namespace) -> None:
             image_pull_policy=args.daemon_image_pull_policy,
             max_nodes=args.max_nodes_per_imex_domain,
             feature_gates=args.feature_gates.spec(),
-            env=dict(args.daemon_env),
+            env={"GPUDRA_IMEX_MODE": args.daemon_imex_mode, **dict(args.daemon_env)},
         ),
         batch_s=args.status_batch,
         sweep_s=args.sweep_interval,
