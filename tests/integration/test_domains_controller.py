@@ -368,3 +368,24 @@ async def _node_count(env: Env, name: str, count: int) -> bool:
 async def _status_is(env: Env, name: str, want: str) -> bool:
     status = await status_of(env, name)
     return status.get("status") == want and len(status.get("nodes", [])) == 2
+
+
+async def test_a_member_value_under_another_nodes_key_is_ignored(env: Env) -> None:
+    await env.start()
+    uid = (await env.domain("cd-hostile", num_nodes=1))["metadata"]["uid"]
+    forged = DomainMember(domain_uid=uid, node="elsewhere", ip_address="6.6.6.6",
+                          clique_id=CLIQUE, status="Ready")  # fmt: skip
+    await env.admin.kv_put(BUCKET, subjects.domain_member_key(uid, NODES[0]), forged)
+    other = DomainMember(domain_uid="another-domain", node=NODES[1], ip_address="6.6.6.7",
+                         clique_id=CLIQUE, status="Ready")  # fmt: skip
+    await env.admin.kv_put(BUCKET, subjects.domain_member_key(uid, NODES[1]), other)
+    await env.join(uid, NODES[2], "Ready")  # the one honest member
+    await until(lambda: _status_with(env, "cd-hostile", 1))
+    status = await status_of(env, "cd-hostile")
+    assert [n["name"] for n in status["nodes"]] == [NODES[2]]
+    assert status["status"] == "Ready"
+
+
+async def _status_with(env: Env, name: str, count: int) -> bool:
+    status = await status_of(env, name)
+    return status.get("status") == "Ready" and len(status.get("nodes", [])) == count
