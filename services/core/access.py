@@ -194,7 +194,10 @@ def _discovery(who: Identity) -> Permissions:
 def _preparer(who: Identity) -> Permissions:
     node = subjects.escape_token(who.node)
     grant = _Grant().kv_read(
-        subjects.CLAIMS_BUCKET, subjects.INVENTORY_BUCKET, subjects.PREPARED_BUCKET
+        subjects.CLAIMS_BUCKET,
+        subjects.INVENTORY_BUCKET,
+        subjects.PREPARED_BUCKET,
+        subjects.DOMAINS_BUCKET,  # a ComputeDomain channel waits for its node's daemon
     )
     grant.kv_write(subjects.PREPARED_BUCKET, subjects.prepared_key(who.node))
     grant.publish += _events(node, PREPARER_EVENTS)
