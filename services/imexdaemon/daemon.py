@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import logging
 import os
 import signal
@@ -30,6 +31,7 @@ from services.imexdaemon.peers import Peers
 log = logging.getLogger(__name__)
 CDI_MISSING = "CDI container edits did not apply -- is CDI enabled in your container runtime?"
 BUCKET = subjects.DOMAINS_BUCKET
+PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
 class StartError(RuntimeError):
@@ -148,7 +150,9 @@ class Daemon:
         while True:
             try:
                 self.proc = await asyncio.create_subprocess_exec(
-                    *self.s.command(), env={**os.environ, **self.s.extra_env}
+                    *self.s.command(),
+                    env={**os.environ, **self.s.extra_env},
+                    preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
                 self.failure = f"cannot start {self.s.command()[0]}: {exc.strerror or exc}"
@@ -181,6 +185,16 @@ class Daemon:
             if proc.returncode is None:
                 proc.kill()
                 await proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the wrapper dies, however it dies.
+
+    In a pod the container's end takes IMEX with it; on a simulated node (a local
+    process) nothing else would, and an orphaned IMEX would keep answering its peers.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 async def check(settings: DaemonSettings) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -154,3 +155,24 @@ async def test_a_daemon_may_write_only_its_own_member_key(nats_server: NatsServe
             await bus.kv_put(BUCKET, subjects.domain_index_key(UID, "tray-a"), index)
     finally:
         await bus.close()
+
+
+async def test_imex_dies_with_its_wrapper(setup: tuple[Daemons, Bus]) -> None:
+    """Even a wrapper killed outright (no chance to stop it) takes its IMEX along."""
+    daemons, bus = setup
+    daemons.start("tray-a", uid=UID)
+    await until(lambda: member(bus, "tray-a"))
+    wrapper = daemons.procs["tray-a"]
+    children = await until(lambda: asyncio.to_thread(_children, wrapper.pid))
+    os.kill(wrapper.pid, signal.SIGKILL)  # the wrapper only, not its group
+    wrapper.wait(timeout=20)
+    await until(lambda: asyncio.to_thread(_all_gone, children))
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _all_gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
