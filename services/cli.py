@@ -22,7 +22,9 @@ from services.core import config
 COMMANDS: dict[str, str] = {
     "allocator": "services.allocator.cli",
     "discovery": "services.discovery.cli",
+    "domains": "services.domains.cli",
     "sim": "services.discovery.cli",
+    "imex-daemon": "services.imexdaemon.cli",
     "kubeletplugin": "services.kubeletplugin.cli",
     "nats-auth": "services.natsauth.cli",
     "nats-keygen": "services.natsauth.cli",

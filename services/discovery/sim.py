@@ -169,6 +169,17 @@ class SimNvml:
             product_name=pciids.builtin().device_name(NVIDIA_VENDOR_ID, model.pci_device_id),
         )
 
+    def gpu_fabric_info(self, index: int) -> nv.FabricInfo:
+        fabric = self._gpu(index).fabric
+        if fabric is None:
+            raise nv.NotSupported(f"GPU {index} is not attached to an NVLink fabric")
+        return nv.FabricInfo(
+            cluster_uuid=fabric.cluster_uuid,
+            clique_id=fabric.clique_id,
+            state=fabric.state,
+            status=fabric.status,
+        )
+
     # ------------------------------------------------------------ MIG queries
 
     def mig_mode(self, index: int) -> tuple[bool, bool]:
