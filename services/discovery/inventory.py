@@ -164,6 +164,8 @@ class _GpuScan:
         except nv.NvmlError as exc:
             self.errors.append(f"fabric info: {exc}")
             return self.prev.fabric if self.prev else None
+        if info.state == nv.FABRIC_STATE_NOT_SUPPORTED:
+            return None  # Hopper outside a fabric answers so (a real HGX H100, driver 580)
         return GpuFabric(
             cluster_uuid=info.cluster_uuid,
             clique_id=info.clique_id,

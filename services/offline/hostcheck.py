@@ -37,7 +37,7 @@ from services.offline import slicecheck
 QUERIES = (
     "uuid", "minor", "product_name", "brand", "architecture", "cuda_compute_capability",
     "memory_total", "pci_info", "addressing_mode", "pcie_root", "numa_node", "mig_mode",
-    "gpu_instance_profiles", "mig_devices",
+    "gpu_instance_profiles", "mig_devices", "gpu_fabric_info",
 )  # fmt: skip
 # Facts that are the GPU's own (UUIDs, bus ids, minors) are not compared.
 COMPARED = (
@@ -48,6 +48,7 @@ COMPARED = (
     "memory_total",
     "addressing_mode",
     "mig_capable",
+    "gpu_fabric_info",
 )
 
 
@@ -180,8 +181,10 @@ def simulated(model: GpuModel, real: dict[str, Any]) -> dict[str, Any]:
 
 
 def compare(real: dict[str, Any], sim: dict[str, Any]) -> list[str]:
-    out = [f"{k}: NVML {real.get(k)!r}, simulated {sim.get(k)!r}" for k in COMPARED]
-    out = [line for line, k in zip(out, COMPARED, strict=True) if real.get(k) != sim.get(k)]
+    keys = [k for k in COMPARED if k in real]  # a saved reading may predate a fact
+    out = [
+        f"{k}: NVML {real[k]!r}, simulated {sim.get(k)!r}" for k in keys if real[k] != sim.get(k)
+    ]
     return out + _compare_profiles(
         real.get("gpu_instance_profiles"), sim.get("gpu_instance_profiles")
     )

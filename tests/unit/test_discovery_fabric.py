@@ -11,6 +11,7 @@ from services.core import nvidia
 from services.core.nvidia import CliqueError, node_clique_id
 from services.core.schemas import Gpu, NodeInventory
 from services.discovery import pciids
+from services.discovery.backend import NotSupported
 from services.discovery.fleet import FleetError, get_fleet, parse_fleet
 from services.discovery.inventory import scan
 from services.discovery.nvml import NvmlBackend
@@ -38,6 +39,18 @@ def test_gpus_outside_a_fabric_have_no_clique(fleet: str) -> None:
     assert all(g.fabric is None and g.error is None for g in inv.gpus)
     assert node_clique_id(inv.gpus) == ""
     assert wanted_label(inv) is None
+
+
+def test_a_hopper_gpu_outside_a_fabric_answers_as_a_real_one_and_has_no_fabric() -> None:
+    """A real H100 on an HGX host (driver 580.159.04) answered the call with success,
+    state NOT_SUPPORTED and a zero cluster UUID (tests/unit/realgpu/); an A100 has no
+    such call."""
+    sim = SimNvml.boot("n", get_fleet("dgx-h100"), 1)
+    info = sim.gpu_fabric_info(0)
+    assert (info.state, info.status, info.clique_id) == (0, 0, 0)
+    assert info.cluster_uuid == "00000000-0000-0000-0000-000000000000"
+    with pytest.raises(NotSupported):
+        SimNvml.boot("n", get_fleet("dgx-a100"), 1).gpu_fabric_info(0)
 
 
 def test_pynvml_backend_reads_the_same_fabric_facts(
