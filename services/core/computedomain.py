@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from services.core.opaque import API_VERSION, ConfigError, Strict, describe
+from services.core.opaque import API_VERSION, ConfigError, Strict, decode_strict
 from services.core.resource import (
     CELDeviceSelector,
     Device,
@@ -165,22 +165,8 @@ _FITS: Mapping[str, DeviceType] = {CHANNEL_CONFIG: CHANNEL_TYPE, DAEMON_CONFIG: 
 
 def decode_compute_domain(params: Any, origin: str) -> ComputeDomainConfig:
     """Strictly decode one ``compute-domain.nvidia.com`` opaque ``parameters`` object."""
-    if not isinstance(params, dict):
-        raise ConfigError(f"{origin}: parameters must be an object, got {type(params).__name__}")
-    api_version, kind = params.get("apiVersion"), params.get("kind")
-    if api_version != API_VERSION:
-        raise ConfigError(
-            f"{origin}: unsupported apiVersion {api_version!r}; expected {API_VERSION}"
-        )
-    if not isinstance(kind, str) or kind not in _KINDS:
-        raise ConfigError(
-            f"{origin}: unknown kind {kind!r}; expected one of {', '.join(_KINDS)} "
-            f"({API_VERSION}, driver {CD_DRIVER})"
-        )
-    try:
-        return msgspec.convert(params, type=_KINDS[kind])
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{origin} {kind}{describe(str(exc))}") from exc
+    config: ComputeDomainConfig = decode_strict(params, origin, _KINDS, f"driver {CD_DRIVER}")
+    return config
 
 
 def validate_compute_domain(config: ComputeDomainConfig, origin: str) -> None:

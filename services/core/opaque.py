@@ -9,6 +9,8 @@ error, e.g. ``config[0] (FromClaim) ComputeDomainChannelConfig.domainID: ...``.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -21,6 +23,30 @@ class ConfigError(ValueError):
 
 class Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
     """An opaque config: unknown fields are errors, never silently ignored."""
+
+
+T = TypeVar("T", bound=Strict)
+
+
+def decode_strict(params: Any, origin: str, kinds: Mapping[str, type[T]], known: str = "") -> T:
+    """One opaque ``parameters`` object as the kind it names: object, API version, kind,
+    then every field strictly. ``known`` adds to the list of kinds in the error."""
+    if not isinstance(params, dict):
+        raise ConfigError(f"{origin}: parameters must be an object, got {type(params).__name__}")
+    api_version, kind = params.get("apiVersion"), params.get("kind")
+    if api_version != API_VERSION:
+        raise ConfigError(
+            f"{origin}: unsupported apiVersion {api_version!r}; expected {API_VERSION}"
+        )
+    if not isinstance(kind, str) or kind not in kinds:
+        where = f"{API_VERSION}, {known}" if known else API_VERSION
+        raise ConfigError(
+            f"{origin}: unknown kind {kind!r}; expected one of {', '.join(kinds)} ({where})"
+        )
+    try:
+        return msgspec.convert(params, type=kinds[kind])
+    except msgspec.ValidationError as exc:
+        raise ConfigError(f"{origin} {kind}{describe(str(exc))}") from exc
 
 
 _AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")

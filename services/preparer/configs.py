@@ -28,7 +28,7 @@ from services.core.computedomain import CD_DRIVER as CD_DRIVER
 from services.core.computedomain import decode_compute_domain, validate_compute_domain
 from services.core.opaque import API_VERSION as API_VERSION
 from services.core.opaque import ConfigError as ConfigError
-from services.core.opaque import Strict, describe
+from services.core.opaque import Strict, decode_strict
 from services.core.resource import DeviceAllocationConfiguration, DeviceRequestAllocationResult
 
 DRIVER = "gpu.nvidia.com"
@@ -132,24 +132,8 @@ class ConfigGroup:
 
 def decode(params: Any, origin: str) -> DeviceConfig:
     """Strictly decode one opaque ``parameters`` object."""
-    if not isinstance(params, dict):
-        raise ConfigError(f"{origin}: parameters must be an object, got {type(params).__name__}")
-    api_version, kind = params.get("apiVersion"), params.get("kind")
-    if api_version != API_VERSION:
-        raise ConfigError(
-            f"{origin}: unsupported apiVersion {api_version!r}; expected {API_VERSION}"
-        )
-    if not isinstance(kind, str) or kind not in _KINDS:
-        raise ConfigError(
-            f"{origin}: unknown kind {kind!r}; expected one of {', '.join(_KINDS)} ({API_VERSION})"
-        )
-    try:
-        return msgspec.convert(params, type=_KINDS[kind])
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{origin} {kind}{_describe(str(exc))}") from exc
-
-
-_describe = describe
+    config: DeviceConfig = decode_strict(params, origin, _KINDS)
+    return config
 
 
 def collect(configs: Sequence[DeviceAllocationConfiguration] | None) -> list[SourcedConfig]:
