@@ -225,7 +225,7 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
             _say(line)
         ok = result.ok
     _say()
-    kubectl = stack.cp.command("kubectl")[0]
+    kubectl = " ".join(stack.cp.command("kubectl"))
     _say(f"kubeconfig: {stack.cp.kubeconfig}")
     _say(f"  {kubectl} --kubeconfig {stack.cp.kubeconfig} get resourceslices,resourceclaims -A")
     _say(f"logs: {stack.logs_dir}")

@@ -318,9 +318,13 @@ class ControlPlane:
         if self.binary is None:
             raise ControlPlaneError("no control-plane binary: call build_controlplane()")
         link = self.binary.parent / component
-        if link.exists():
-            return [str(link)]
-        return [str(self.binary), component]
+        argv = [str(link)] if link.exists() else [str(self.binary), component]
+        if component == "kubectl":
+            # kubectl caches discovery per host:port for minutes; a control plane of
+            # an earlier run on the same port (one that served other resource.k8s.io
+            # versions, say) would answer for this one.
+            argv += ["--cache-dir", str(self.workdir / "kubectl-cache")]
+        return argv
 
     # ---- lifecycle -------------------------------------------------------
 
