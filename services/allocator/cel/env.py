@@ -36,6 +36,7 @@ from typing import Any
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
+from services.allocator.cel import check as celcheck
 from services.allocator.cel import cost as celcost
 from services.allocator.cel import lib as cellib
 from services.allocator.cel import types as celtypes
@@ -124,16 +125,8 @@ class CelEnvironment:
         self.consumable_capacity = consumable_capacity
         self.cost_limit = cost_limit
         self.fields = DEVICE_FIELDS + ((MULTI_ALLOC_FIELD,) if consumable_capacity else ())
-        self._env = cel.NewEnv(
-            celtypes.POOL,
-            variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
-            extensions=[
-                ext_strings.ExtStrings(2),
-                ext_bindings.ExtBindings(),
-                ext_optional.ExtOptional(),
-            ],
-            functions=cellib.functions(),
-        )
+        self._env = _new_env({})
+        self._typed = _new_env(_typed_variables(consumable_capacity))
         self._cache: dict[str, Selector] = {}
 
     # ------------------------------------------------------------ compile
@@ -152,16 +145,12 @@ class CelEnvironment:
         except RuntimeError as exc:
             selector.error = "compilation failed: " + _status_text(str(exc))
             return selector
-        out = checked.return_type()
-        if out != cel.Type.BOOL and out != cel.Type.DYN:
-            selector.error = f"must evaluate to bool or the unknown type, not {_type_name(out)}"
-            return selector
         try:
             tree = parse(expression)
         except ParseError:
             selector.program = checked  # the runtime understood it; skip the extras
             return selector
-        problem = self._check_fields(tree)
+        problem = self._check_fields(tree) or self._check_types(expression, tree, checked)
         if problem:
             selector.error = problem
             return selector
@@ -174,9 +163,38 @@ class CelEnvironment:
             return selector
         selector.references = _references(tree)
         selector.facts = signature(tree)
-        rewritten = _default_domains(expression, tree)
-        selector.program = checked if rewritten == expression else self._env.compile(rewritten)
+        selector.program = self._program(expression, tree, checked)
         return selector
+
+    def _check_types(self, expression: str, tree: Node, checked: Any) -> str | None:
+        """Kubernetes' static checks: typed ``device`` fields, the result type and
+        homogeneous literals (see :mod:`services.allocator.cel.check`)."""
+        mixed = celcheck.heterogeneous_literal(expression, tree)
+        if mixed:
+            return "compilation failed: " + mixed
+        typed = celcheck.typed_rewrite(expression, tree)
+        if typed != expression:
+            try:
+                checked = self._typed.compile(typed)
+            except RuntimeError as exc:
+                return "compilation failed: " + _kubernetes_names(_status_text(str(exc)))
+        out = checked.return_type()
+        if out != cel.Type.BOOL and out != cel.Type.DYN:
+            return f"must evaluate to bool or the unknown type, not {_type_name(out)}"
+        return None
+
+    def _program(self, expression: str, tree: Node, checked: Any) -> Any:
+        """The program to run: unknown domains read as ``{}``, and cel-go's equality
+        for Semver and Quantity operands (kept out if the rewrite does not compile)."""
+        domains = _default_domain_edits(expression, tree)
+        for edits in (domains + celcheck.equality_edits(expression, tree), domains):
+            if not edits:
+                return checked
+            try:
+                return self._env.compile(celcheck.apply_edits(expression, edits))
+            except RuntimeError:
+                continue
+        return checked
 
     def _check_fields(self, tree: Node) -> str | None:
         for node in tree.walk():
@@ -229,7 +247,10 @@ class CelEnvironment:
         """Evaluate a compiled selector; raises :class:`CelError` (kind ``runtime``)."""
         if selector.program is None:
             raise CelError("compile", selector.error or "not compiled")
-        result = selector.program.eval(activation)
+        try:
+            result = selector.program.eval(activation)
+        except RuntimeError as exc:  # cel-cpp's own limits, e.g. its comprehension budget
+            raise CelError("runtime", _status_text(str(exc))) from exc
         kind = result.type()
         if kind == cel.Type.BOOL:
             return bool(result.value())
@@ -253,16 +274,47 @@ def _is_device_map(node: Node) -> bool:
     return device_path(node) in (["attributes"], ["capacity"])
 
 
-def _default_domains(expression: str, tree: Node) -> str:
+def _default_domain_edits(expression: str, tree: Node) -> list[celcheck.Edit]:
     """Rewrite ``device.attributes[k]`` as ``device.attributes[?k].orValue(dyn({}))``."""
-    edits: list[tuple[int, str]] = []
+    edits: list[celcheck.Edit] = []
     for node in tree.walk():
         if node.kind == "index" and not node.optional and _is_device_map(node.args[0]):
             bracket = expression.index("[", node.args[0].end)
-            edits += [(bracket + 1, "?"), (node.end, ".orValue(dyn({}))")]
-    for pos, text in sorted(edits, reverse=True):
-        expression = expression[:pos] + text + expression[pos:]
-    return expression
+            edits += [(bracket + 1, bracket + 1, "?"), (node.end, node.end, ".orValue(dyn({}))")]
+    return edits
+
+
+def _new_env(typed: dict[str, Any]) -> Any:
+    return cel.NewEnv(
+        celtypes.POOL,
+        variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN), **typed},
+        extensions=[
+            ext_strings.ExtStrings(2),
+            ext_bindings.ExtBindings(),
+            ext_optional.ExtOptional(),
+        ],
+        functions=cellib.functions(),
+    )
+
+
+def _typed_variables(consumable_capacity: bool) -> dict[str, Any]:
+    """``device.<field>`` as Kubernetes types it, one variable per field (check.py)."""
+    string, dyn = cel.Type.STRING, cel.Type.DYN
+    variables = {
+        "device_driver": string,
+        "device_attributes": cel.Type.Map(string, cel.Type.Map(string, dyn)),
+        "device_capacity": cel.Type.Map(string, cel.Type.Map(string, cellib.Q)),
+    }
+    if consumable_capacity:
+        variables["device_allowMultipleAllocations"] = cel.Type.BOOL
+    return variables
+
+
+def _kubernetes_names(text: str) -> str:
+    """Our message types by the names Kubernetes gives them."""
+    return text.replace(celtypes.QUANTITY_TYPE, "kubernetes.Quantity").replace(
+        celtypes.SEMVER_TYPE, "kubernetes.Semver"
+    )
 
 
 def signature(tree: Node) -> tuple[Fact, ...] | None:

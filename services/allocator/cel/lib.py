@@ -22,6 +22,7 @@ from typing import Any
 
 from cel_expr_python import cel
 
+from services.allocator.cel import check as celcheck
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -152,6 +153,14 @@ def _sets_intersects(a: list[Any], b: list[Any]) -> bool:
     return any(item in a for item in b)
 
 
+# ---------------------------------------------------------------- equality
+
+
+def _no_such_overload() -> bool:
+    """What cel-go says when a Semver or Quantity meets another type in ``==``."""
+    raise TypeError("no such overload")
+
+
 # ---------------------------------------------------------------- declarations
 
 
@@ -248,6 +257,7 @@ def functions() -> list[cel.FunctionDecl]:
             ("string_find_all", T.List(s), [s, s], True, _find_all),
             ("string_find_all_n", T.List(s), [s, s, i], True, _find_all),
         ),
+        _fn(celcheck.NO_SUCH_OVERLOAD, ("k8s_no_such_overload", b, [], False, _no_such_overload)),
         _fn("sets.contains", ("sets_contains", b, [LIST, LIST], False, _sets_contains)),
         _fn("sets.equivalent", ("sets_equivalent", b, [LIST, LIST], False, _sets_equivalent)),
         _fn("sets.intersects", ("sets_intersects", b, [LIST, LIST], False, _sets_intersects)),
