@@ -24,8 +24,6 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
-import msgspec
-
 from services.allocator.cel.env import CelEnvironment
 from services.core.quantity import Quantity, QuantityError
 from services.core.resource import (
@@ -476,7 +474,14 @@ def _device(device: Device, path: str) -> list[str]:
 
 
 def _attribute_json(attribute: Any) -> str:
-    return "resource.DeviceAttribute" + msgspec.json.encode(attribute).decode()
+    """The attribute as field.Error prints a Go struct (JSON of its Go field names)."""
+    fields = {
+        "IntValue": attribute.int_,
+        "BoolValue": attribute.bool_,
+        "StringValue": attribute.string,
+        "VersionValue": attribute.version,
+    }
+    return json.dumps(fields, separators=(",", ":"))
 
 
 def _q(text: str) -> Quantity:

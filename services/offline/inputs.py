@@ -107,15 +107,7 @@ def _check_quantities(obj: msgspec.Struct) -> None:
 
 def _check_claim(claim: ResourceClaim) -> None:
     if not claim.metadata.name:
-        raise ValueError("metadata.name: a claim needs a name")
-    for i, request in enumerate(
-        (claim.spec.devices.requests if claim.spec.devices else None) or []
-    ):
-        if (request.exactly is None) == (not request.first_available):
-            raise ValueError(
-                f"spec.devices.requests[{i}] ({request.name}): "
-                "exactly one of exactly or firstAvailable must be set"
-            )
+        raise ValueError("metadata.name: Required value: name or generateName is required")
 
 
 def load(paths: list[Path], features: Features | None = None) -> Inputs:

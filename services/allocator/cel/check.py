@@ -87,13 +87,13 @@ def heterogeneous_literal(expression: str, tree: Node) -> str | None:
             if first is None:
                 first = kind
             elif kind != first:
-                return _error_at(
+                return error_at(
                     expression, element.start, f"expected type '{first}' but found '{kind}'"
                 )
     return None
 
 
-def _error_at(expression: str, offset: int, message: str) -> str:
+def error_at(expression: str, offset: int, message: str) -> str:
     line_no = expression.count("\n", 0, offset) + 1
     line_start = expression.rfind("\n", 0, offset) + 1
     line_end = expression.find("\n", offset)

@@ -39,6 +39,7 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from services.allocator.cel import check as celcheck
 from services.allocator.cel import cost as celcost
 from services.allocator.cel import lib as cellib
+from services.allocator.cel import literals as celliterals
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.parse import Node, ParseError, device_path, parse
 from services.allocator.cel.semver import Semver
@@ -172,6 +173,9 @@ class CelEnvironment:
         mixed = celcheck.heterogeneous_literal(expression, tree)
         if mixed:
             return "compilation failed: " + mixed
+        problem = celliterals.literal_problem(expression, tree)
+        if problem:
+            return problem
         typed = celcheck.typed_rewrite(expression, tree)
         if typed != expression:
             try:
