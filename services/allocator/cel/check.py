@@ -16,7 +16,7 @@ literal mixes literal types, in cel-go's words.
 
 At run time cel-go compares a Semver or Quantity only with its own type: any
 other operand of ``==`` gives ``no such overload`` (cel-cpp answers false).
-:func:`equality_edits` guards each ``==`` / ``!=`` of a computed value with a
+:func:`equality_edits` guards each ``==`` of a computed value with a
 literal so that such an operand raises that error (lib.py's
 :data:`NO_SUCH_OVERLOAD`).
 """
@@ -109,25 +109,25 @@ def _plain_literal(node: Node) -> bool:
 def equality_edits(expression: str, tree: Node) -> list[Edit]:
     """Edits giving ``a == "lit"`` cel-go's answer when ``a`` holds a Semver or Quantity.
 
-    ``A op L`` (a computed operand and a plain literal, either order) becomes
+    ``A op L`` (a computed operand, then a plain literal) becomes
     ``cel.bind(__k8s_v, A, <A is a Semver or Quantity> ? <no such overload> :
-    __k8s_v op L)``: one evaluation of A, and the same result otherwise.
+    __k8s_v op L)``: one evaluation of A, and the same result otherwise. Only
+    the left operand's type decides in cel-go (its ``Equal`` is called), so
+    ``"1.0.0" == semver`` stays false, and ``!=`` never fails (measured against
+    reference-allocator: ``semver != "x"`` is true).
     """
     edits: list[Edit] = []
     for node in tree.walk():
-        if node.kind != "binary" or node.name not in ("==", "!="):
+        if node.kind != "binary" or node.name != "==":
             continue
         left, right = node.args
-        if _plain_literal(left) == _plain_literal(right):
+        if _plain_literal(left):
             continue
-        if _plain_literal(right):
-            literal = expression[right.start : right.end]
-            tail = f", {_GUARD} ? {NO_SUCH_OVERLOAD}() : {_BOUND} {node.name} {literal})"
-            edits += [(left.start, left.start, _BIND), (left.end, node.end, tail)]
-        else:
-            literal = expression[left.start : left.end]
-            tail = f", {_GUARD} ? {NO_SUCH_OVERLOAD}() : {literal} {node.name} {_BOUND})"
-            edits += [(node.start, right.start, _BIND), (right.end, right.end, tail)]
+        if not _plain_literal(right):
+            continue
+        literal = expression[right.start : right.end]
+        tail = f", {_GUARD} ? {NO_SUCH_OVERLOAD}() : {_BOUND} {node.name} {literal})"
+        edits += [(left.start, left.start, _BIND), (left.end, node.end, tail)]
     return edits
 
 
