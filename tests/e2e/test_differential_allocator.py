@@ -2,8 +2,9 @@
 k8s.io/dynamic-resource-allocation/structured v0.35) on seeded generated scenarios.
 
 Scenarios (test_differential_scenarios.py) are grouped into batches, one set of
-Kubernetes feature gates per batch, and written into one input file per
-batch; each allocator runs once per batch (ours in process through the CLI's
+Kubernetes feature gates per batch (every combination of the six 1.35 gates
+that change allocation, tests/helpers/scenarios.py GATE_SETS, in turn), and
+written into one input file per batch; each allocator runs once per batch (ours in process through the CLI's
 entry point, the reference as its binary, at the same time). For every claim
 both must give the same status; every allocation of either must pass the
 independent checker; and as each node's devices sit in one pool (so Go's
@@ -32,8 +33,8 @@ from tests.helpers.scenarios import GATE_SETS, Scenario, check, generate
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
-SCENARIOS = int(os.environ.get("GPUDRA_DIFF_SCENARIOS", "240"))
-PER_BATCH = 24
+SCENARIOS = int(os.environ.get("GPUDRA_DIFF_SCENARIOS", "512"))
+PER_BATCH = 8  # 512 scenarios: each of the 64 gate combinations once
 BATCHES = range((SCENARIOS + PER_BATCH - 1) // PER_BATCH)
 
 

@@ -48,13 +48,27 @@ DRIVER_GATES = ("", "", "DynamicMIG=true", "PassthroughSupport=true")
 RK = "resource.kubernetes.io"
 
 
-GATE_SETS = (
-    "",
-    "DRAPartitionableDevices=true",
-    "DRADeviceTaints=true",
-    "DRAPartitionableDevices=true,DRADeviceTaints=true",
-    "DRAConsumableCapacity=true",
+# Every Kubernetes 1.35 gate that changes structured allocation (the ones
+# services/allocator/structured/features.py knows), in all 64 combinations,
+# each written out in full; the first is 1.35's defaults.
+KUBE_GATES = (
+    "DRAAdminAccess",
+    "DRAPrioritizedList",
+    "DRAPartitionableDevices",
+    "DRADeviceTaints",
+    "DRAConsumableCapacity",
+    "DRADeviceBindingConditions",
 )
+_DEFAULT_ON = 0b000011  # DRAAdminAccess, DRAPrioritizedList
+
+
+def _gate_set(bits: int) -> str:
+    return ",".join(
+        f"{name}={'true' if bits >> i & 1 else 'false'}" for i, name in enumerate(KUBE_GATES)
+    )
+
+
+GATE_SETS = tuple(_gate_set(bits ^ _DEFAULT_ON) for bits in range(2 ** len(KUBE_GATES)))
 
 
 ERR = object()  # a CEL evaluation error
@@ -380,6 +394,8 @@ def generate(seed: int, index: int, gates: str) -> Scenario:
             slice_["spec"]["driver"] = sc.driver
         if rng.random() < 0.3:
             _taint(rng, slices)
+        if rng.random() < 0.25:
+            _binding_conditions(rng, slices)
         sc.slices += slices
     devices = sc.devices()
     facts = {
@@ -417,6 +433,16 @@ def _taint(rng: random.Random, slices: list[dict[str, Any]]) -> None:
             if rng.random() < 0.3:
                 effect = rng.choice(["NoSchedule", "NoExecute", "None"])
                 device["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": effect}]
+
+
+def _binding_conditions(rng: random.Random, slices: list[dict[str, Any]]) -> None:
+    """Binding conditions on some devices of one slice (dropped with the gate off;
+    with it on, both allocators try such devices and their pools last)."""
+    devices = rng.choice(slices)["spec"].get("devices") or []
+    for device in devices:
+        if rng.random() < 0.5:
+            device["bindingConditions"] = ["attached"]
+            device["bindingFailureConditions"] = ["failed"]
 
 
 def _request_body(
@@ -490,7 +516,7 @@ def _claim(
     requests = []
     for r in range(rng.choice([1, 1, 1, 2, 2, 3])):
         request: dict[str, Any] = {"name": f"r{r}"}
-        if rng.random() < 0.2:
+        if rng.random() < 0.2 and _gate(sc.gates, "DRAPrioritizedList"):
             subs = []
             for s in range(rng.randint(2, 3)):
                 sub = _request_body(rng, sc, (name, f"r{r}/s{s}"), facts)
@@ -498,7 +524,7 @@ def _claim(
             request["firstAvailable"] = subs
         else:
             body = _request_body(rng, sc, (name, f"r{r}"), facts)
-            if rng.random() < 0.05:
+            if rng.random() < 0.05 and _gate(sc.gates, "DRAAdminAccess"):
                 body["adminAccess"] = True
             request["exactly"] = body
         requests.append(request)
