@@ -67,10 +67,13 @@ def _by_claim(document: dict[str, Any], namespace: str) -> dict[str, dict[str, A
 
 
 def _choice(entry: dict[str, Any]) -> str:
-    """Node and the whole allocation (results with every field, configs, node selector)."""
-    return json.dumps(
-        {"node": entry.get("node"), "allocation": entry.get("allocation")}, sort_keys=True
-    )
+    """Node and the whole allocation (results with every field, configs, node selector);
+    a share ID is random in both, so only its presence counts."""
+    allocation = json.loads(json.dumps(entry.get("allocation")))
+    for result in ((allocation or {}).get("devices") or {}).get("results") or []:
+        if result.get("shareID"):
+            result["shareID"] = "<random>"
+    return json.dumps({"node": entry.get("node"), "allocation": allocation}, sort_keys=True)
 
 
 def _compare(sc: Scenario, ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:

@@ -42,7 +42,16 @@ TEMPLATE_NODE = "tmplnode"
 FLEETS = ("dgx-a100", "dgx-h100", "h200x8", "l4x4", "mixed")
 
 
-DRIVER_GATES = ("", "", "DynamicMIG=true", "PassthroughSupport=true")
+# Driver gates of the rendered slices; after ";" a --consumable-shares mode
+# (shared devices with capacity request policies, as the publisher renders them).
+DRIVER_GATES = (
+    "",
+    "",
+    "DynamicMIG=true",
+    "PassthroughSupport=true",
+    "ConsumableShares=true;memory",
+    "ConsumableShares=true;4",
+)
 
 
 RK = "resource.kubernetes.io"
@@ -330,9 +339,14 @@ def selector(d: str, rng: random.Random, facts: dict[str, list[str]]) -> Sel:
 def rendered(fleet: str, gates: str) -> str:
     """Our publisher's slices for a node named TEMPLATE_NODE, as JSON text."""
     argv = ["slices", "--fleet", fleet, "--node", TEMPLATE_NODE, "-o", "json"]
+    gates, _, shares = gates.partition(";")
+    if gates:
+        argv += ["--feature-gates", gates]
+    if shares:
+        argv += ["--consumable-shares", shares]
     out = io.StringIO()
     with redirect_stdout(out):
-        assert gpudra([*argv, "--feature-gates", gates] if gates else argv) == 0
+        assert gpudra(argv) == 0
     return json.dumps(json.loads(out.getvalue())["items"])
 
 
@@ -458,6 +472,10 @@ def _request_body(
         body["allocationMode"] = "All"
     else:
         body["count"] = rng.choice([1, 1, 1, 1, 2, 2, 3, 4])
+    if _gate(sc.gates, "DRAConsumableCapacity") and rng.random() < 0.3:
+        name = rng.choice(["memory", "shares"])
+        value = rng.choice(["1Gi", "4Gi", "10Gi"] if name == "memory" else ["1", "2"])
+        body["capacity"] = {"requests": {name: value}}
     if rng.random() < 0.25:
         toleration: dict[str, Any] = {"key": "gpu.nvidia.com/xid", "operator": "Exists"}
         if rng.random() < 0.5:
@@ -727,8 +745,8 @@ def check(sc: Scenario, outcomes: dict[str, dict[str, Any]]) -> list[str]:
         problems += [f"{where}: {p}" for p in _check_claim(sc, claim, out, devices)]
         for r in out["allocation"]["devices"]["results"]:
             key = (r["driver"], r["pool"], r["device"])
-            if r.get("adminAccess"):
-                continue
+            if r.get("adminAccess") or r.get("shareID"):
+                continue  # shares of one device: the exact comparison of choices covers them
             if key in in_use:
                 problems.append(f"{where}: {'/'.join(key)} already used by {in_use[key]}")
             in_use[key] = name
