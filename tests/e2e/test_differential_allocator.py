@@ -4,12 +4,13 @@ k8s.io/dynamic-resource-allocation/structured v0.35) on seeded generated scenari
 Scenarios (test_differential_scenarios.py) are grouped into batches, one set of
 Kubernetes feature gates per batch (every combination of the six 1.35 gates
 that change allocation, tests/helpers/scenarios.py GATE_SETS, in turn), and
-written into one input file per batch; each allocator runs once per batch (ours in process through the CLI's
-entry point, the reference as its binary, at the same time). For every claim
-both must give the same status; every allocation of either must pass the
-independent checker; and as each node's devices sit in one pool (so Go's
-random map order over pools cannot change which device comes first), both
-must choose the same node and devices.
+written into one input file per batch; each allocator runs once per batch
+(ours in process through the CLI's entry point, the reference as its binary,
+at the same time). For every claim both must give the same status; every
+allocation of either must pass the independent checker; and as each node's
+devices sit in one pool (so Go's random map order over pools cannot change
+which device comes first), both must choose the same node and devices (share
+IDs, random in both, by presence).
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_allocator.py``;
 a failure prints the seed, the scenario, and the file with its objects.
