@@ -413,6 +413,74 @@ OUTCOMES = [
 ]
 
 
+LIBRARIES = [
+    cel("ip", "ip('10.0.0.1').family() == 4 && ip('::1').isLoopback()", "allocated"),
+    cel(
+        "ip-predicates",
+        "isIP('1.2.3.4') && !isIP('1.2.3') && ip.isCanonical('10.0.0.1')",
+        "allocated",
+    ),
+    cel(
+        "cidr",
+        "cidr('10.0.0.0/8').containsIP(ip('10.1.1.1')) && cidr('10.0.0.0/8').prefixLength() == 8",
+        "allocated",
+    ),
+    cel("cidr-contains-cidr", "cidr('10.0.0.0/8').containsCIDR('10.1.0.0/16')", "allocated"),
+    cel(
+        "url",
+        "url('https://x.io:8443/a?b=c').getHost() == 'x.io:8443' && isURL('https://x')",
+        "allocated",
+    ),
+    cel(
+        "url-parts",
+        "url('https://x.io:8443/a').getPort() == '8443' && "
+        "url('https://x.io/a').getEscapedPath() == '/a'",
+        "allocated",
+    ),
+    cel("ip-bad", "ip('x').family() == 4", "error"),
+    cel("cidr-bad", "cidr('x').prefixLength() == 1", "error"),
+    cel("url-bad", "url('::').getHost() == ''", "error"),
+    cel(
+        "lists-ext",
+        "[3, 1].sort() == [1, 3] && [[1], [2]].flatten() == [1, 2] && [1, 2, 3].slice(1, 2) == [2]",
+        "allocated",
+    ),
+    cel(
+        "lists-ext-3",
+        "[1, 1, 2].distinct() == [1, 2] && [1, 2].reverse() == [2, 1] && "
+        "lists.range(3) == [0, 1, 2]",
+        "allocated",
+    ),
+    cel("list-index-of", "[1, 2].indexOf(2) == 1 && [1, 2, 1].lastIndexOf(1) == 2", "allocated"),
+    cel(
+        "string-and-list-index-of", "'abc'.indexOf('c') == 2 && [1, 2].indexOf(2) == 1", "allocated"
+    ),
+    refused(
+        "list-index-of-strings",
+        "['a', 'b'].indexOf('b') == 1",
+        "Forbidden: too complex, exceeds cost limit",
+    ),
+    cel("two-var-all", "[1, 2].all(i, v, v > i)", "allocated"),
+    cel(
+        "two-var-exists",
+        "{'a': 1}.exists(k, v, k == 'a' && v == 1) && [5].existsOne(i, v, i == 0)",
+        "allocated",
+    ),
+    cel(
+        "two-var-transform-list",
+        "[1, 2].transformList(i, v, v * 2) == [2, 4] && "
+        "[1, 2].transformList(i, v, i > 0, v) == [2]",
+        "allocated",
+    ),
+    cel(
+        "two-var-transform-map",
+        "{'a': 1}.transformMap(k, v, v + 1)['a'] == 2 && "
+        "[7].transformMapEntry(i, v, {string(v): i}) == {'7': 0}",
+        "allocated",
+    ),
+]
+
+
 BINDING = "DRADeviceBindingConditions=true"
 
 
@@ -458,4 +526,4 @@ def _binding_case() -> Case:
     )
 
 
-CASES = [*VALIDATION, *OUTCOMES, _binding_case()]
+CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case()]

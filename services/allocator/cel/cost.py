@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF
 from services.allocator.cel.parse import Node, device_path
 
 COST_LIMIT = 1_000_000
@@ -136,6 +137,10 @@ class _Estimator:
             return Estimate(init.cost + body.cost, body.size)
         if name == "has" and len(node.args) == 1:
             return self.visit(node.args[0], scope)
+        if name in (INDEX_OF, LAST_INDEX_OF) and node.target and _string_list(node.args[0]):
+            # Measured against kube-apiserver 1.35: Kubernetes' list indexOf over
+            # strings is estimated with strings of unbounded size, over the limit.
+            return Estimate(COST_LIMIT + 1, 1)
         args = [self.visit(a, scope) for a in node.args]
         base = sum(a.cost for a in args)
         first = args[0].size if args else 1
@@ -157,3 +162,10 @@ class _Estimator:
         inner = {**scope, var: UNKNOWN_SIZE}
         step = sum(self.visit(a, inner).cost for a in node.args[2:]) + 1
         return Estimate(target.cost + 1 + target.size * step, target.size)
+
+
+def _string_list(node: Node) -> bool:
+    """A list known to hold strings: a literal with a string element, or ``split``'s result."""
+    if node.kind == "list":
+        return any(a.kind == "lit" and isinstance(a.value, str) for a in node.args)
+    return node.kind == "call" and node.name == "split"

@@ -40,6 +40,7 @@ from services.allocator.cel import check as celcheck
 from services.allocator.cel import cost as celcost
 from services.allocator.cel import lib as cellib
 from services.allocator.cel import literals as celliterals
+from services.allocator.cel import macros as celmacros
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.parse import Node, ParseError, device_path, parse
 from services.allocator.cel.semver import Semver
@@ -144,8 +145,15 @@ class CelEnvironment:
         try:
             checked = self._env.compile(expression)
         except RuntimeError as exc:
-            selector.error = "compilation failed: " + _status_text(str(exc))
-            return selector
+            rewritten = celmacros.rewrite(expression)
+            try:
+                checked = self._env.compile(rewritten) if rewritten else None
+            except RuntimeError:
+                checked = None
+            if checked is None or rewritten is None:
+                selector.error = "compilation failed: " + _status_text(str(exc))
+                return selector
+            expression = rewritten
         try:
             tree = parse(expression)
         except ParseError:

@@ -7,10 +7,12 @@ the quantity and semver libraries, the lists library, the regex ``find`` /
 an implementation becomes a CEL error value carrying its message, which is how
 ``quantity("x")`` fails at run time exactly like in Kubernetes.
 
-Not provided: URL, IP/CIDR, format, authz and image libraries (meaningless for
-device selection), two-variable comprehensions, and the lists library's
-``indexOf``/``lastIndexOf`` (their name collides with the strings extension in
-cel-expr-python).
+The IP, CIDR and URL libraries are in netlib.py, cel-go's lists extension
+(version 3) and the lists ``indexOf``/``lastIndexOf`` in listslib.py,
+two-variable comprehensions in macros.py (a rewrite). Not provided: the
+authz libraries (no request to authorize in a selector) and the format
+library's compile-time check of literal format strings (``format`` itself
+works, from the strings extension).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from services.allocator.cel import check as celcheck
+from services.allocator.cel import listslib, netlib
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -207,6 +210,10 @@ def _comparison(name: str, ret: cel.Type, result: Callable[[int], Any]) -> cel.F
 
 def functions() -> list[cel.FunctionDecl]:
     """Every function declaration of the DRA environment beyond the runtime's own."""
+    return _kubernetes() + netlib.functions() + listslib.functions()
+
+
+def _kubernetes() -> list[cel.FunctionDecl]:
     b, i, d, s = T.BOOL, T.INT, T.DOUBLE, T.STRING
     return [
         _fn("quantity", ("string_to_quantity", Q, [s], False, _quantity)),

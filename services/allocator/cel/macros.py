@@ -1,0 +1,90 @@
+"""What cel-expr-python cannot parse or declare, rewritten into what it can.
+
+* Two-variable comprehensions (cel-go's ext.TwoVarComprehensions, in the
+  Kubernetes 1.35 environment): ``l.all(i, v, p)``, ``exists``, ``existsOne``,
+  ``transformList``, ``transformMap``, ``transformMapEntry``, over lists
+  (index, element) and maps (key, value). Each becomes a one-variable macro over
+  ``__k8s_entries(l)`` (a list of ``[i, v]`` pairs) with ``cel.bind`` naming the
+  two variables, so every result and error is the same.
+* Kubernetes' list ``indexOf`` / ``lastIndexOf``: renamed to functions that
+  serve lists and strings (listslib.py).
+
+:func:`rewrite` is only tried when a selector does not compile as written, so
+errors in other selectors keep the runtime's words and columns.
+"""
+
+from __future__ import annotations
+
+from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF
+from services.allocator.cel.parse import Node, ParseError, parse
+
+ENTRIES = "__k8s_entries"
+ZIP = "__k8s_zip"
+MERGE = "__k8s_merge"
+_E = "__k8s_e"
+_KEPT = "__k8s_kept"
+_RENAMED = {"indexOf": INDEX_OF, "lastIndexOf": LAST_INDEX_OF}
+_TWO_VAR = ("all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry")
+
+
+def rewrite(expression: str) -> str | None:
+    """The expression with the rewrites above, or None when there is nothing to rewrite."""
+    try:
+        tree = parse(expression)
+    except ParseError:
+        return None
+    out = _Renderer(expression).render(tree)
+    return out if out != expression else None
+
+
+def _two_var(node: Node) -> bool:
+    if node.kind != "call" or not node.target or node.name not in _TWO_VAR:
+        return False
+    params = node.args[1:3]
+    return len(node.args) in (4, 5) and all(p.kind == "ident" for p in params)
+
+
+class _Renderer:
+    def __init__(self, expression: str) -> None:
+        self.text = expression
+
+    def render(self, node: Node) -> str:
+        if _two_var(node):
+            return self._comprehension(node)
+        out, pos = [], node.start
+        for index, child in enumerate(sorted(node.args, key=lambda n: n.start)):
+            gap = self.text[pos : child.start]
+            if index == 1 and node.kind == "call" and node.target and node.name in _RENAMED:
+                gap = gap.replace(f".{node.name}", f".{_RENAMED[node.name]}", 1)
+            out += [gap, self.render(child)]
+            pos = child.end
+        tail = self.text[pos : node.end]
+        if node.kind == "call" and node.target and node.name in _RENAMED and len(node.args) == 1:
+            tail = tail.replace(f".{node.name}", f".{_RENAMED[node.name]}", 1)
+        out.append(tail)
+        return "".join(out)
+
+    def _bound(self, first: str, second: str, body: Node) -> str:
+        inner = self.render(body)
+        return f"cel.bind({first}, {_E}[0], cel.bind({second}, {_E}[1], {inner}))"
+
+    def _comprehension(self, node: Node) -> str:
+        target, first, second, *rest = node.args
+        entries = f"{ENTRIES}({self.render(target)})"
+        a, b = first.name, second.name
+        last = self._bound(a, b, rest[-1])
+        if node.name in ("all", "exists"):
+            return f"{entries}.{node.name}({_E}, {last})"
+        if node.name == "existsOne":
+            return f"{entries}.exists_one({_E}, {last})"
+        source = entries
+        if len(rest) == 2:
+            source = f"{entries}.filter({_E}, {self._bound(a, b, rest[0])})"
+        if node.name == "transformList":
+            return f"{source}.map({_E}, {last})"
+        if node.name == "transformMap":
+            return (
+                f"cel.bind({_KEPT}, {source}, "
+                f"{ZIP}({_KEPT}.map({_E}, {_E}[0]), {_KEPT}.map({_E}, {last})))"
+            )
+        return f"{MERGE}({source}.map({_E}, {last}))"
