@@ -29,6 +29,9 @@ class Case:
     gates: str = ""
 
 
+ANY_CLASS = {"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}}
+
+
 def _device(index: int) -> dict[str, Any]:
     return {
         "name": f"gpu-{index}",
@@ -50,7 +53,7 @@ def base() -> list[dict[str, Any]]:
             "metadata": {"name": "gpu"},
             "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
         },
-        {"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}},
+        ANY_CLASS,
         {
             "apiVersion": V1,
             "kind": "ResourceSlice",
@@ -527,3 +530,174 @@ def _binding_case() -> Case:
 
 
 CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case()]
+
+
+# ---------------------------------------------------------------- deviations
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """Where upstream 1.35 has a bug and gpudra keeps the correct outcome
+    (docs/differences.md, "The allocator against kube-scheduler 1.35")."""
+
+    name: str
+    objects: list[dict[str, Any]]
+    ours: dict[str, str]  # claim -> status
+    reference: dict[str, str]
+    gates: str = ""
+
+
+def _slice(
+    name: str, driver: str, devices: list[dict[str, Any]], counters: bool = False
+) -> list[dict[str, Any]]:
+    """One pool ``p`` on n1; with ``counters``, a counter set ``set`` (c: 1) in a second slice."""
+    pool = {"name": "p", "generation": 1, "resourceSliceCount": 2 if counters else 1}
+    spec = {"driver": driver, "nodeName": "n1", "pool": pool, "devices": devices}
+    out = [{"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}]
+    if counters:
+        shared = {
+            "driver": driver,
+            "allNodes": True,
+            "pool": pool,
+            "sharedCounters": [{"name": "set", "counters": {"c": {"value": "1"}}}],
+        }
+        meta = {"name": f"{name}-counters"}
+        out.append({"apiVersion": V1, "kind": "ResourceSlice", "metadata": meta, "spec": shared})
+    return out
+
+
+def _any(name: str, *selectors: str, **fields: Any) -> dict[str, Any]:
+    request = exactly(None, deviceClassName="any", **fields)
+    if selectors:
+        request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    out = claim(request)
+    out["metadata"] = {"name": name, "namespace": "default"}
+    return out
+
+
+_CONSUMES = [{"counterSet": "set", "counters": {"c": {"value": "1"}}}]
+_BIG = "100000000000000000000"  # beyond int64: held as inf.Dec upstream
+_MEMORY = "device.capacity['d.example.com'].memory"
+_ADD = f"{_MEMORY}.add(quantity('10Gi')).compareTo(quantity('1Gi')) > 0"
+
+
+def _deviations() -> list[Deviation]:
+    later_all = claim(
+        {
+            "name": "r",
+            "firstAvailable": [
+                {
+                    "name": "s0",
+                    "deviceClassName": "any",
+                    "allocationMode": "All",
+                    "selectors": [
+                        {"cel": {"expression": "device.attributes['d.example.com'].i == 5"}}
+                    ],
+                },
+                {
+                    "name": "s1",
+                    "deviceClassName": "any",
+                    "allocationMode": "All",
+                    "selectors": [
+                        {"cel": {"expression": "device.attributes['d.example.com'].i >= 0"}}
+                    ],
+                },
+            ],
+        }
+    )
+    indexed = [{"name": n, "attributes": {"i": {"int": i}}} for i, n in enumerate("xy")]
+    big = [
+        {"name": n, "attributes": {"i": {"int": i}}, "capacity": {"memory": {"value": _BIG}}}
+        for i, n in enumerate("xy")
+    ]
+    pc = "DRAPartitionableDevices=true"
+    shared = {"name": "x", "allowMultipleAllocations": True, "consumesCounters": _CONSUMES}
+    return [
+        # structured/internal/experimental allocator_experimental.go allocateOne: after
+        # the first device of an "All" subrequest it recurses with subRequestIndex 0.
+        Deviation(
+            "later-all-subrequest-keeps-its-selectors",
+            [*_slice("s", "d.example.com", indexed), later_all],
+            ours={"c": "allocated"},
+            reference={"c": "unschedulable"},
+        ),
+        # k8s.io/apiserver/pkg/cel/library/quantity.go quantityAdd: `copy := *q` is
+        # shallow, so Add changes the device's own inf.Dec value.
+        Deviation(
+            "quantity-add-leaves-the-device-alone",
+            [
+                *_slice("s", "d.example.com", big),
+                _any("c1", f"{_ADD} && device.attributes['d.example.com'].i == 1"),
+                _any("c2", f"{_MEMORY}.compareTo(quantity('{_BIG}')) == 0"),
+            ],
+            ours={"c1": "allocated", "c2": "allocated"},
+            reference={"c1": "allocated", "c2": "unschedulable"},
+        ),
+        # allocator_experimental.go checkAvailableCounters: availableCounters and
+        # consumedCounters are keyed by pool.PoolID.Pool, the pool name alone.
+        Deviation(
+            "counters-of-two-drivers-with-one-pool-name",
+            [
+                *_slice("a", "a.example.com", [{"name": "x", "consumesCounters": _CONSUMES}], True),
+                *_slice("b", "b.example.com", [{"name": "x", "consumesCounters": _CONSUMES}], True),
+                claim(
+                    {
+                        "name": "a",
+                        "exactly": {
+                            "deviceClassName": "any",
+                            "selectors": [
+                                {"cel": {"expression": "device.driver == 'a.example.com'"}}
+                            ],
+                        },
+                    },
+                    {
+                        "requests": [
+                            {
+                                "name": "a",
+                                "exactly": {
+                                    "deviceClassName": "any",
+                                    "selectors": [
+                                        {"cel": {"expression": "device.driver == 'a.example.com'"}}
+                                    ],
+                                },
+                            },
+                            {
+                                "name": "b",
+                                "exactly": {
+                                    "deviceClassName": "any",
+                                    "selectors": [
+                                        {"cel": {"expression": "device.driver == 'b.example.com'"}}
+                                    ],
+                                },
+                            },
+                        ]
+                    },
+                ),
+            ],
+            ours={"c": "allocated"},
+            reference={"c": "unschedulable"},
+            gates=pc,
+        ),
+        # kube-scheduler's allocated-device tracking (dynamicresources
+        # foreachAllocatedDevice) counts a shared result by share ID only, and the
+        # allocator's counter check reads AllocatedDevices: a share consumes no counters.
+        Deviation(
+            "a-shared-device-consumes-its-counters",
+            [
+                *_slice(
+                    "s",
+                    "d.example.com",
+                    [shared, {"name": "y", "consumesCounters": _CONSUMES}],
+                    True,
+                ),
+                _any("c1", "device.allowMultipleAllocations"),
+                _any("c2", "!device.allowMultipleAllocations"),
+            ],
+            ours={"c1": "allocated", "c2": "unschedulable"},
+            reference={"c1": "allocated", "c2": "allocated"},
+            gates=f"{pc},DRAConsumableCapacity=true",
+        ),
+    ]
+
+
+DEVIATIONS = _deviations()

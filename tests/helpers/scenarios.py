@@ -538,6 +538,10 @@ def _claim(
             subs = []
             for s in range(rng.randint(2, 3)):
                 sub = _request_body(rng, sc, (name, f"r{r}/s{s}"), facts)
+                if s > 0 and sub.pop("allocationMode", None):
+                    # A later "All" subrequest is a documented deviation
+                    # (docs/differences.md; tests/helpers/diffcases.py DEVIATIONS).
+                    sub["count"] = 1
                 subs.append({"name": f"s{s}", **sub})
             request["firstAvailable"] = subs
         else:
