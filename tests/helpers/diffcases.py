@@ -170,6 +170,12 @@ VALIDATION = [
     ),
     refused("cel-regex", "device.driver.matches('[')", "invalid matches argument"),
     refused("cel-find", "device.driver.find('[') == ''", "error parsing regexp"),
+    refused(
+        "cel-format-decimal",
+        "'%d'.format(['a']) == 'x'",
+        "1:14: error during formatting: decimal clause can only be used on integers",
+    ),
+    refused("cel-format-fixed", "'%.2f'.format([1]) != ''", "fixed-point clause can only be used"),
     Case(
         "count-negative",
         [claim(exactly(count=-1))],
@@ -403,6 +409,7 @@ OUTCOMES = [
     cel("bad-semver-at-run-time", "semver('x').major() == 1", "error"),
     cel("sets", "sets.contains([1, 2], [1])", "allocated"),
     cel("strings-format", "'%s'.format(['a']) == 'a'", "allocated"),
+    cel("strings-format-scientific-at-run-time", "'%e'.format(['a']) != ''", "error"),
     cel("strings-ext", "'abc'.charAt(1) == 'b'", "allocated"),
     cel("regex-find", f"{PRODUCT}.find('[0-9]+GB') == '80GB'", "allocated"),
     cel("optional", "optional.of(1).hasValue()", "allocated"),

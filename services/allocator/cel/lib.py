@@ -9,10 +9,10 @@ an implementation becomes a CEL error value carrying its message, which is how
 
 The IP, CIDR and URL libraries are in netlib.py, cel-go's lists extension
 (version 3) and the lists ``indexOf``/``lastIndexOf`` in listslib.py,
-two-variable comprehensions in macros.py (a rewrite). Not provided: the
-authz libraries (no request to authorize in a selector) and the format
-library's compile-time check of literal format strings (``format`` itself
-works, from the strings extension).
+two-variable comprehensions in macros.py (a rewrite), the checks cel-go makes
+on literals in literals.py. Not provided: the authz libraries (no request to
+authorize in a selector) and Kubernetes' ``format`` library (``format.named``
+and its validators; ``string.format`` itself comes with the strings extension).
 """
 
 from __future__ import annotations
