@@ -315,9 +315,55 @@ def atoms(d: str, rng: random.Random, facts: dict[str, list[str]]) -> list[Calla
             lambda dev: dev.driver != "",
         )
 
+    # The Kubernetes CEL environment beyond the basics (issue 16): cel-go's
+    # equality for Semver operands, the lists and IP libraries, two-variable
+    # comprehensions, quantity and string functions.
+    def semver_equals_string() -> Sel:  # a Semver on the left: "no such overload"
+        return Sel(f'{attrs}.driverVersion == "570.124.6"', lambda dev: ERR)
+
+    def string_equals_semver() -> Sel:  # a string on the left: false
+        return Sel(
+            f'"570.124.6" == {attrs}.driverVersion',
+            lambda dev: _with(_attr(dev, d, "driverVersion"), lambda v: False),
+        )
+
+    def memory_is_integer() -> Sel:
+        def fn(dev: Dev) -> Tri:
+            return ERR if dev.capacity.get((d, "memory")) is None else True
+
+        return Sel(f'device.capacity["{d}"].memory.isInteger()', fn)
+
+    def name_words() -> Sel:
+        return Sel(
+            f'{attrs}.productName.split(" ").sort().size() > 2',
+            lambda dev: _with(_attr(dev, d, "productName"), lambda v: len(v.split(" ")) > 2),
+        )
+
+    def two_variables() -> Sel:
+        name = rng.choice(["profile", "uuid", "parentUUID"])
+        return Sel(
+            f'device.attributes["{d}"].exists(k, v, k == "{name}")',
+            lambda dev: (d, name) in dev.attributes,
+        )
+
+    def index_of() -> Sel:
+        part = rng.choice(["H1", "A100", "L4"])
+        return Sel(
+            f'{attrs}.productName.indexOf("{part}") >= 0',
+            lambda dev: _with(_attr(dev, d, "productName"), lambda v: part in v),
+        )
+
+    def not_an_ip() -> Sel:
+        return Sel(
+            f'!isIP(device.attributes["{RK}"].pciBusID)',
+            lambda dev: _with(_attr(dev, RK, "pciBusID"), lambda v: True),
+        )
+
     common = [product, product_prefix, memory, has_memory, compute, driver_major]
     common += [numa, architecture, brand, profile, other_domain]
-    rare = [misspelt] + ([profile_in] if facts["profile"] else [])
+    common += [string_equals_semver, memory_is_integer, name_words, two_variables, index_of]
+    rare = [misspelt, semver_equals_string, not_an_ip]
+    rare += [profile_in] if facts["profile"] else []
     return common * 4 + rare
 
 

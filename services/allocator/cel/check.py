@@ -16,21 +16,17 @@ literal mixes literal types, in cel-go's words.
 
 At run time cel-go compares a Semver or Quantity only with its own type: any
 other operand of ``==`` gives ``no such overload`` (cel-cpp answers false).
-:func:`equality_edits` guards each ``==`` of a computed value with a
-literal so that such an operand raises that error (lib.py's
-:data:`NO_SUCH_OVERLOAD`).
+:func:`equality_edits` passes the computed side of each ``==`` with a literal
+through :data:`PLAIN` (lib.py), which raises that error for such an operand.
 """
 
 from __future__ import annotations
 
-from services.allocator.cel import types as celtypes
 from services.allocator.cel.parse import Node
 
 TYPED_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
-NO_SUCH_OVERLOAD = "__k8s_no_such_overload"
-_BOUND = "__k8s_v"
-_BIND = f"cel.bind({_BOUND}, "
-_GUARD = f"(type({_BOUND}) == {celtypes.SEMVER_TYPE} || type({_BOUND}) == {celtypes.QUANTITY_TYPE})"
+PLAIN = "__k8s_plain"
+
 
 Edit = tuple[int, int, str]  # replace text[start:end] with the string
 
@@ -109,25 +105,22 @@ def _plain_literal(node: Node) -> bool:
 def equality_edits(expression: str, tree: Node) -> list[Edit]:
     """Edits giving ``a == "lit"`` cel-go's answer when ``a`` holds a Semver or Quantity.
 
-    ``A op L`` (a computed operand, then a plain literal) becomes
-    ``cel.bind(__k8s_v, A, <A is a Semver or Quantity> ? <no such overload> :
-    __k8s_v op L)``: one evaluation of A, and the same result otherwise. Only
-    the left operand's type decides in cel-go (its ``Equal`` is called), so
-    ``"1.0.0" == semver`` stays false, and ``!=`` never fails (measured against
-    reference-allocator: ``semver != "x"`` is true).
+    ``A == L`` (a computed operand, then a plain literal) becomes
+    ``__k8s_plain(A) == L``: A unchanged, unless it is one of our message types,
+    which raises ``no such overload``. Only the left operand's type decides in
+    cel-go (its ``Equal`` is called), so ``"1.0.0" == semver`` stays false, and
+    ``!=`` never fails (measured against reference-allocator: ``semver != "x"``
+    is true). (Not ``cel.bind``: cel-cpp loses an error raised in a bind's
+    initializer next to a comprehension over a function's result.)
     """
     edits: list[Edit] = []
     for node in tree.walk():
         if node.kind != "binary" or node.name != "==":
             continue
         left, right = node.args
-        if _plain_literal(left):
+        if _plain_literal(left) or not _plain_literal(right):
             continue
-        if not _plain_literal(right):
-            continue
-        literal = expression[right.start : right.end]
-        tail = f", {_GUARD} ? {NO_SUCH_OVERLOAD}() : {_BOUND} {node.name} {literal})"
-        edits += [(left.start, left.start, _BIND), (left.end, node.end, tail)]
+        edits += [(left.start, left.start, f"{PLAIN}("), (left.end, left.end, ")")]
     return edits
 
 

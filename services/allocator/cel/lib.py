@@ -159,9 +159,39 @@ def _sets_intersects(a: list[Any], b: list[Any]) -> bool:
 # ---------------------------------------------------------------- equality
 
 
-def _no_such_overload() -> bool:
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _no_such_overload(value: Any) -> Any:
     """What cel-go says when a Semver or Quantity meets another type in ``==``."""
     raise TypeError("no such overload")
+
+
+def _plain_decl() -> cel.FunctionDecl:
+    """check.PLAIN: every value unchanged, except our message types (one runtime kind)."""
+    kinds = {
+        "int": T.INT,
+        "uint": T.UINT,
+        "double": T.DOUBLE,
+        "string": T.STRING,
+        "bool": T.BOOL,
+        "bytes": T.BYTES,
+        "list": LIST,
+        "map": T.Map(T.DYN, T.DYN),
+        "null": T.NULL,
+        "timestamp": T.TIMESTAMP,
+        "duration": T.DURATION,
+    }
+    overloads = [
+        cel.Overload(f"k8s_plain_{name}", T.DYN, [kind], is_member=False, impl=_plain)
+        for name, kind in kinds.items()
+    ]
+    overloads.append(
+        cel.Overload("k8s_plain_message", T.DYN, [Q], is_member=False, impl=_no_such_overload)
+    )
+    overloads.append(cel.Overload("k8s_plain_semver", T.DYN, [S], is_member=False))
+    return cel.FunctionDecl(celcheck.PLAIN, overloads)
 
 
 # ---------------------------------------------------------------- declarations
@@ -264,7 +294,7 @@ def _kubernetes() -> list[cel.FunctionDecl]:
             ("string_find_all", T.List(s), [s, s], True, _find_all),
             ("string_find_all_n", T.List(s), [s, s, i], True, _find_all),
         ),
-        _fn(celcheck.NO_SUCH_OVERLOAD, ("k8s_no_such_overload", b, [], False, _no_such_overload)),
+        _plain_decl(),
         _fn("sets.contains", ("sets_contains", b, [LIST, LIST], False, _sets_contains)),
         _fn("sets.equivalent", ("sets_equivalent", b, [LIST, LIST], False, _sets_equivalent)),
         _fn("sets.intersects", ("sets_intersects", b, [LIST, LIST], False, _sets_intersects)),

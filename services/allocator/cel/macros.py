@@ -33,7 +33,8 @@ def rewrite(expression: str) -> str | None:
         tree = parse(expression)
     except ParseError:
         return None
-    out = _Renderer(expression).render(tree)
+    # The root's span leaves out parentheses around the whole expression.
+    out = expression[: tree.start] + _Renderer(expression).render(tree) + expression[tree.end :]
     return out if out != expression else None
 
 
@@ -64,27 +65,29 @@ class _Renderer:
         out.append(tail)
         return "".join(out)
 
-    def _bound(self, first: str, second: str, body: Node) -> str:
+    def _bound(self, e: str, first: str, second: str, body: Node) -> str:
         inner = self.render(body)
-        return f"cel.bind({first}, {_E}[0], cel.bind({second}, {_E}[1], {inner}))"
+        return f"cel.bind({first}, {e}[0], cel.bind({second}, {e}[1], {inner}))"
 
     def _comprehension(self, node: Node) -> str:
         target, first, second, *rest = node.args
         entries = f"{ENTRIES}({self.render(target)})"
+        # Names unique per macro: cel-cpp mixes up nested variables of one name.
+        e, kept = f"{_E}{node.start}", f"{_KEPT}{node.start}"
         a, b = first.name, second.name
-        last = self._bound(a, b, rest[-1])
+        last = self._bound(e, a, b, rest[-1])
         if node.name in ("all", "exists"):
-            return f"{entries}.{node.name}({_E}, {last})"
+            return f"{entries}.{node.name}({e}, {last})"
         if node.name == "existsOne":
-            return f"{entries}.exists_one({_E}, {last})"
+            return f"{entries}.exists_one({e}, {last})"
         source = entries
         if len(rest) == 2:
-            source = f"{entries}.filter({_E}, {self._bound(a, b, rest[0])})"
+            source = f"{entries}.filter({e}, {self._bound(e, a, b, rest[0])})"
         if node.name == "transformList":
-            return f"{source}.map({_E}, {last})"
+            return f"{source}.map({e}, {last})"
         if node.name == "transformMap":
             return (
-                f"cel.bind({_KEPT}, {source}, "
-                f"{ZIP}({_KEPT}.map({_E}, {_E}[0]), {_KEPT}.map({_E}, {last})))"
+                f"cel.bind({kept}, {source}, "
+                f"{ZIP}({kept}.map({e}, {e}[0]), {kept}.map({e}, {last})))"
             )
-        return f"{MERGE}({source}.map({_E}, {last}))"
+        return f"{MERGE}({source}.map({e}, {last}))"
