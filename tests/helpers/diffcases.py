@@ -470,6 +470,10 @@ LIBRARIES = [
         "['a', 'b'].indexOf('b') == 1",
         "Forbidden: too complex, exceeds cost limit",
     ),
+    cel("cross-type-numeric-order", "1.5 > 1 && 2 < 2.5 && 1u <= 1", "allocated"),
+    cel("int-plus-double-at-run-time", f"device.attributes['{DRIVER}'].index + 1.5 > 0", "error"),
+    cel("string-below-int-at-run-time", f"{PRODUCT} < 5", "error"),
+    refused("type-is-too-complex", "type(device.driver) == string", "too complex"),
     cel("two-var-all", "[1, 2].all(i, v, v > i)", "allocated"),
     cel(
         "two-var-exists",

@@ -137,6 +137,9 @@ class _Estimator:
             return Estimate(init.cost + body.cost, body.size)
         if name == "has" and len(node.args) == 1:
             return self.visit(node.args[0], scope)
+        if name == "type" and not node.target:
+            # Measured against kube-apiserver 1.35: any type() is over the limit.
+            return Estimate(COST_LIMIT + 1, 1)
         if name in (INDEX_OF, LAST_INDEX_OF) and node.target and _string_list(node.args[0]):
             # Measured against kube-apiserver 1.35: Kubernetes' list indexOf over
             # strings is estimated with strings of unbounded size, over the limit.

@@ -15,6 +15,7 @@ from typing import Any
 
 from cel_expr_python import cel
 
+ORDERING = {"<": "__k8s_lt", "<=": "__k8s_le", ">": "__k8s_gt", ">=": "__k8s_ge"}
 INDEX_OF = "__k8s_indexOf"
 LAST_INDEX_OF = "__k8s_lastIndexOf"
 LIST = cel.Type.List(cel.Type.DYN)
@@ -119,6 +120,41 @@ def _by_kind(oid: str, ret: Any, impl: Any) -> list[tuple[str, Any, list[Any], b
     return [(f"{oid}_{name}", ret, [LIST, kind], True, impl) for name, kind in kinds.items()]
 
 
+_ORDER_TESTS = {
+    "__k8s_lt": lambda a, b: a < b,
+    "__k8s_le": lambda a, b: a <= b,
+    "__k8s_gt": lambda a, b: a > b,
+    "__k8s_ge": lambda a, b: a >= b,
+}
+
+
+def _ordering() -> list[Any]:
+    """macros.py's ordering calls: numbers of any two kinds (exactly, as cel-go's
+    cross-type comparisons), and strings, bytes, bools, timestamps and durations
+    each with their own kind."""
+    t = cel.Type
+    numbers = {"int": t.INT, "uint": t.UINT, "double": t.DOUBLE}
+    pairs = [(f"{a}_{b}", x, y) for a, x in numbers.items() for b, y in numbers.items()]
+    for name, kind in (
+        ("string", t.STRING),
+        ("bytes", t.BYTES),
+        ("bool", t.BOOL),
+        ("timestamp", t.TIMESTAMP),
+        ("duration", t.DURATION),
+    ):
+        pairs.append((f"{name}_{name}", kind, kind))
+    return [
+        cel.FunctionDecl(
+            fn,
+            [
+                cel.Overload(f"{fn}_{pair}", t.BOOL, [x, y], is_member=False, impl=test)
+                for pair, x, y in pairs
+            ],
+        )
+        for fn, test in _ORDER_TESTS.items()
+    ]
+
+
 def _decl(name: str, *overloads: tuple[str, Any, list[Any], bool, Any]) -> Any:
     return cel.FunctionDecl(
         name,
@@ -130,6 +166,7 @@ def functions() -> list[Any]:
     i, s, dyn = cel.Type.INT, cel.Type.STRING, cel.Type.DYN
     pairs, anymap = cel.Type.List(LIST), cel.Type.Map(dyn, dyn)
     return [
+        *_ordering(),
         _decl(
             "__k8s_entries",
             ("k8s_list_entries", pairs, [LIST], False, _entries),

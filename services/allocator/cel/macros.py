@@ -8,6 +8,10 @@
   two variables, so every result and error is the same.
 * Kubernetes' list ``indexOf`` / ``lastIndexOf``: renamed to functions that
   serve lists and strings (listslib.py).
+* Ordering across numeric types (``1.5 > 1``, ``x + 1.5 > 0``), which cel-go
+  allows (CrossTypeNumericComparisons) and cel-cpp's checker does not declare:
+  ``<``, ``<=``, ``>``, ``>=`` become calls of listslib's :data:`ORDERING`
+  functions, which order numbers of any kind and each other type with itself.
 
 :func:`rewrite` is only tried when a selector does not compile as written, so
 errors in other selectors keep the runtime's words and columns.
@@ -15,7 +19,7 @@ errors in other selectors keep the runtime's words and columns.
 
 from __future__ import annotations
 
-from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF
+from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF, ORDERING
 from services.allocator.cel.parse import Node, ParseError, parse
 
 ENTRIES = "__k8s_entries"
@@ -52,6 +56,11 @@ class _Renderer:
     def render(self, node: Node) -> str:
         if _two_var(node):
             return self._comprehension(node)
+        if node.kind == "binary" and node.name in ORDERING:
+            left, right = node.args
+            gap = self.text[left.end : right.start].replace(node.name, ",", 1)
+            name = ORDERING[node.name]
+            return f"{name}({self.render(left)}{gap}{self.render(right)})"
         out, pos = [], node.start
         for index, child in enumerate(sorted(node.args, key=lambda n: n.start)):
             gap = self.text[pos : child.start]
