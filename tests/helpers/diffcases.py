@@ -474,6 +474,18 @@ LIBRARIES = [
     cel("int-plus-double-at-run-time", f"device.attributes['{DRIVER}'].index + 1.5 > 0", "error"),
     cel("string-below-int-at-run-time", f"{PRODUCT} < 5", "error"),
     refused("type-is-too-complex", "type(device.driver) == string", "too complex"),
+    refused(
+        "result-dyn",
+        f"dyn({PRODUCT}.size() > 1)",
+        "must evaluate to bool or the unknown type, not dyn",
+    ),
+    refused("negated-attribute", f"-{PRODUCT}", "not dyn"),
+    cel("attribute-as-result", f"device.attributes['{DRIVER}'].index", "error"),
+    refused(
+        "two-var-over-an-attribute",
+        f"{PRODUCT}.all(k, v, v != null)",
+        "expression of type 'any' cannot be range of a comprehension",
+    ),
     cel("two-var-all", "[1, 2].all(i, v, v > i)", "allocated"),
     cel(
         "two-var-exists",

@@ -115,6 +115,9 @@ def runtime_message(text: str) -> str:
     return text
 
 
+_UNKNOWN_TYPE_NAMES = ("google.protobuf.Any", "ERROR", "error")
+
+
 def _type_name(t: Any) -> str:
     name = str(t.name()).lower()
     return {"list": "list(dyn)", "map": "map(dyn, dyn)"}.get(name, name)
@@ -142,6 +145,7 @@ class CelEnvironment:
 
     def _compile(self, expression: str) -> Selector:
         selector = Selector(expression)
+        typed_source = expression
         try:
             checked = self._env.compile(expression)
         except RuntimeError as exc:
@@ -153,13 +157,16 @@ class CelEnvironment:
             if checked is None or rewritten is None:
                 selector.error = "compilation failed: " + _status_text(str(exc))
                 return selector
+            typed_source = celmacros.rewrite(expression, for_check=True) or rewritten
             expression = rewritten
         try:
             tree = parse(expression)
         except ParseError:
             selector.program = checked  # the runtime understood it; skip the extras
             return selector
-        problem = self._check_fields(tree) or self._check_types(expression, tree, checked)
+        problem = self._check_fields(tree) or self._check_types(
+            expression, tree, checked, typed_source
+        )
         if problem:
             selector.error = problem
             return selector
@@ -175,25 +182,36 @@ class CelEnvironment:
         selector.program = self._program(expression, tree, checked)
         return selector
 
-    def _check_types(self, expression: str, tree: Node, checked: Any) -> str | None:
+    def _check_types(
+        self, expression: str, tree: Node, checked: Any, typed_source: str
+    ) -> str | None:
         """Kubernetes' static checks: typed ``device`` fields, the result type and
-        homogeneous literals (see :mod:`services.allocator.cel.check`)."""
+        homogeneous literals (see :mod:`services.allocator.cel.check`).
+        ``typed_source`` is the text to type-check (macros.py's checking form)."""
         mixed = celcheck.heterogeneous_literal(expression, tree)
         if mixed:
             return "compilation failed: " + mixed
         problem = celliterals.literal_problem(expression, tree)
         if problem:
             return problem
-        typed = celcheck.typed_rewrite(expression, tree)
+        if typed_source != expression:
+            try:
+                tree = parse(typed_source)
+            except ParseError:
+                typed_source, tree = expression, tree
+        typed = celcheck.typed_rewrite(typed_source, tree)
         if typed != expression:
             try:
                 checked = self._typed.compile(typed)
             except RuntimeError as exc:
                 return "compilation failed: " + _kubernetes_names(_status_text(str(exc)))
         out = checked.return_type()
-        if out != cel.Type.BOOL and out != cel.Type.DYN:
-            return f"must evaluate to bool or the unknown type, not {_type_name(out)}"
-        return None
+        # An attribute value has Kubernetes' "unknown type" (google.protobuf.Any,
+        # which cel-cpp reports as an error type): a selector may return one as
+        # it is, and it is checked at run time; dyn is refused, as in cel-go.
+        if out == cel.Type.BOOL or str(out.name()) in _UNKNOWN_TYPE_NAMES:
+            return None
+        return f"must evaluate to bool or the unknown type, not {_type_name(out)}"
 
     def _program(self, expression: str, tree: Node, checked: Any) -> Any:
         """The program to run: unknown domains read as ``{}``, and cel-go's equality
@@ -309,12 +327,15 @@ def _new_env(typed: dict[str, Any]) -> Any:
     )
 
 
+_ANY = cel.Type("google.protobuf.Any")  # Kubernetes' AnyType for attribute values
+
+
 def _typed_variables(consumable_capacity: bool) -> dict[str, Any]:
     """``device.<field>`` as Kubernetes types it, one variable per field (check.py)."""
-    string, dyn = cel.Type.STRING, cel.Type.DYN
+    string = cel.Type.STRING
     variables = {
         "device_driver": string,
-        "device_attributes": cel.Type.Map(string, cel.Type.Map(string, dyn)),
+        "device_attributes": cel.Type.Map(string, cel.Type.Map(string, _ANY)),
         "device_capacity": cel.Type.Map(string, cel.Type.Map(string, cellib.Q)),
     }
     if consumable_capacity:
@@ -323,10 +344,10 @@ def _typed_variables(consumable_capacity: bool) -> dict[str, Any]:
 
 
 def _kubernetes_names(text: str) -> str:
-    """Our message types by the names Kubernetes gives them."""
-    return text.replace(celtypes.QUANTITY_TYPE, "kubernetes.Quantity").replace(
-        celtypes.SEMVER_TYPE, "kubernetes.Semver"
-    )
+    """Our message types by the names Kubernetes gives them, in cel-go's words."""
+    text = text.replace(celtypes.QUANTITY_TYPE, "kubernetes.Quantity")
+    text = text.replace(celtypes.SEMVER_TYPE, "kubernetes.Semver")
+    return text.replace("cannot be the range of", "cannot be range of")
 
 
 def signature(tree: Node) -> tuple[Fact, ...] | None:

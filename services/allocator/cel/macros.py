@@ -31,14 +31,20 @@ _RENAMED = {"indexOf": INDEX_OF, "lastIndexOf": LAST_INDEX_OF}
 _TWO_VAR = ("all", "exists", "existsOne", "transformList", "transformMap", "transformMapEntry")
 
 
-def rewrite(expression: str) -> str | None:
-    """The expression with the rewrites above, or None when there is nothing to rewrite."""
+def rewrite(expression: str, for_check: bool = False) -> str | None:
+    """The expression with the rewrites above, or None when there is nothing to rewrite.
+
+    ``for_check``: the form to type-check instead, where ``all``, ``exists`` and
+    ``existsOne`` stay comprehensions over their own range (so a range that is
+    no list or map is refused as cel-go refuses it), both variables ``dyn``.
+    """
     try:
         tree = parse(expression)
     except ParseError:
         return None
+    renderer = _Renderer(expression, for_check)
     # The root's span leaves out parentheses around the whole expression.
-    out = expression[: tree.start] + _Renderer(expression).render(tree) + expression[tree.end :]
+    out = expression[: tree.start] + renderer.render(tree) + expression[tree.end :]
     return out if out != expression else None
 
 
@@ -50,8 +56,9 @@ def _two_var(node: Node) -> bool:
 
 
 class _Renderer:
-    def __init__(self, expression: str) -> None:
+    def __init__(self, expression: str, for_check: bool = False) -> None:
         self.text = expression
+        self.for_check = for_check
 
     def render(self, node: Node) -> str:
         if _two_var(node):
@@ -84,6 +91,11 @@ class _Renderer:
         # Names unique per macro: cel-cpp mixes up nested variables of one name.
         e, kept = f"{_E}{node.start}", f"{_KEPT}{node.start}"
         a, b = first.name, second.name
+        if self.for_check and node.name in ("all", "exists", "existsOne"):
+            body = self.render(rest[-1])
+            macro = "exists_one" if node.name == "existsOne" else node.name
+            bound = f"cel.bind({a}, dyn({e}), cel.bind({b}, dyn({e}), {body}))"
+            return f"{self.render(target)}.{macro}({e}, {bound})"
         last = self._bound(e, a, b, rest[-1])
         if node.name in ("all", "exists"):
             return f"{entries}.{node.name}({e}, {last})"
