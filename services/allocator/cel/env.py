@@ -115,6 +115,7 @@ def runtime_message(text: str) -> str:
     return text
 
 
+_CONVERSIONS = frozenset(("int", "uint", "double", "string", "bytes", "bool"))
 _UNKNOWN_TYPE_NAMES = ("google.protobuf.Any", "ERROR", "error")
 
 
@@ -191,7 +192,7 @@ class CelEnvironment:
         mixed = celcheck.heterogeneous_literal(expression, tree)
         if mixed:
             return "compilation failed: " + mixed
-        problem = celliterals.literal_problem(expression, tree)
+        problem = celliterals.literal_problem(expression, tree) or self._folded(expression, tree)
         if problem:
             return problem
         if typed_source != expression:
@@ -212,6 +213,23 @@ class CelEnvironment:
         if out == cel.Type.BOOL or str(out.name()) in _UNKNOWN_TYPE_NAMES:
             return None
         return f"must evaluate to bool or the unknown type, not {_type_name(out)}"
+
+    def _folded(self, expression: str, tree: Node) -> str | None:
+        """cel-go folds a type conversion of a constant when it plans the program; one
+        that fails (``uint(dyn(b'x'))``) fails the program, which the API server refuses."""
+        for node in tree.walk():
+            if node.kind != "call" or node.target or node.name not in _CONVERSIONS:
+                continue
+            if any(n.kind == "ident" or n.target for n in node.walk()):
+                continue
+            try:
+                result = self._env.compile(expression[node.start : node.end]).eval()
+            except RuntimeError:
+                continue
+            if result.type() == cel.Type.ERROR:
+                message = runtime_message(str(result.value()))
+                return celliterals.INSTANTIATION + message
+        return None
 
     def _program(self, expression: str, tree: Node, checked: Any) -> Any:
         """The program to run: unknown domains read as ``{}``, and cel-go's equality
