@@ -21,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -91,9 +92,23 @@ def _compare(sc: Scenario, ours: dict[str, Any], theirs: dict[str, Any]) -> list
             )
         elif a["status"] == "allocated" and _choice(a) != _choice(b):
             problems.append(f"{name}: ours chose {_choice(a)}, reference {_choice(b)}")
+        elif a["status"] == "unschedulable":
+            problems += _explained(name, a, b)
     problems += [f"ours: {p}" for p in check(sc, mine)]
     problems += [f"reference: {p}" for p in check(sc, ref)]
     return problems
+
+
+def _explained(name: str, ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """Our explanation of an unschedulable claim names a cause and, where the
+    scheduler tried nodes ("0/N nodes are available"), as many nodes."""
+    explanation = ours.get("explanation") or {}
+    if not (explanation.get("requests") or explanation.get("claim")):
+        return [f"{name}: unschedulable without a cause: {explanation}"]
+    tried = re.match(r"0/(\d+) nodes are available", theirs.get("explanation") or "")
+    if tried and int(tried.group(1)) != explanation.get("nodes"):
+        return [f"{name}: explained over {explanation.get('nodes')} nodes, tried {tried.group(1)}"]
+    return []
 
 
 @pytest.fixture(scope="module")
