@@ -20,7 +20,7 @@ errors in other selectors keep the runtime's words and columns.
 from __future__ import annotations
 
 from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF, ORDERING
-from services.allocator.cel.parse import Node, ParseError, parse
+from services.allocator.cel.parse import Node, ParseError, device_path, parse
 
 ENTRIES = "__k8s_entries"
 ZIP = "__k8s_zip"
@@ -55,6 +55,11 @@ def _two_var(node: Node) -> bool:
     return len(node.args) in (4, 5) and all(p.kind == "ident" for p in params)
 
 
+def _device_domain(node: Node) -> bool:
+    """``device.attributes[...]`` or ``device.capacity[...]``: a map."""
+    return node.kind == "index" and device_path(node.args[0]) in (["attributes"], ["capacity"])
+
+
 class _Renderer:
     def __init__(self, expression: str, for_check: bool = False) -> None:
         self.text = expression
@@ -81,6 +86,21 @@ class _Renderer:
         out.append(tail)
         return "".join(out)
 
+    def _checked(self, name: str, target: Node, a: str, b: str, body: Node, e: str) -> str:
+        """The checking form: the range's own comprehension, the variables typed as
+        cel-go types them where the range is known to be a list (index int,
+        element) or a map (key, value), ``dyn`` otherwise."""
+        source = self.render(target)
+        if target.kind == "list":
+            first, second = "0", e
+        elif target.kind == "map" or _device_domain(target):
+            first, second = e, f"{source}[{e}]"
+        else:
+            first = second = f"dyn({e})"
+        macro = "exists_one" if name == "existsOne" else name
+        inner = self.render(body)
+        return f"{source}.{macro}({e}, cel.bind({a}, {first}, cel.bind({b}, {second}, {inner})))"
+
     def _bound(self, e: str, first: str, second: str, body: Node) -> str:
         inner = self.render(body)
         return f"cel.bind({first}, {e}[0], cel.bind({second}, {e}[1], {inner}))"
@@ -92,10 +112,7 @@ class _Renderer:
         e, kept = f"{_E}{node.start}", f"{_KEPT}{node.start}"
         a, b = first.name, second.name
         if self.for_check and node.name in ("all", "exists", "existsOne"):
-            body = self.render(rest[-1])
-            macro = "exists_one" if node.name == "existsOne" else node.name
-            bound = f"cel.bind({a}, dyn({e}), cel.bind({b}, dyn({e}), {body}))"
-            return f"{self.render(target)}.{macro}({e}, {bound})"
+            return self._checked(node.name, target, a, b, rest[-1], e)
         last = self._bound(e, a, b, rest[-1])
         if node.name in ("all", "exists"):
             return f"{entries}.{node.name}({e}, {last})"
