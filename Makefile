@@ -99,6 +99,7 @@ bench: venv
 	$(BIN)/python bench/allocate.py
 	$(BIN)/python bench/prepare.py
 	$(BIN)/python bench/trail.py
+	$(BIN)/python bench/domains.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

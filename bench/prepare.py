@@ -435,7 +435,11 @@ class NodeStack:
         sizes = {name: peak_rss_mb(pid) for name, pid in self.pids.items() if name != "bench"}
         parts = ", ".join(f"{name} {mb:.1f} MB" for name, mb in sizes.items())
         both = sizes["front"] + sizes["preparer"]
-        return f"peak RSS: {parts}; front + preparer {both:.1f} MB"
+        uss = {name: private_mb(self.pids[name]) for name in ("front", "preparer")}
+        return (
+            f"peak RSS: {parts}; front + preparer {both:.1f} MB; now private to each (USS): "
+            f"front {uss['front']:.1f} MB, preparer {uss['preparer']:.1f} MB"
+        )
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -444,6 +448,16 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM in /proc/{pid}/status")
+
+
+def private_mb(pid: int) -> float:
+    """Unique set size: the pages only ``pid`` maps (RSS also counts the interpreter's and
+    the shared libraries' pages, which the node's other Python processes map too)."""
+    kb = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith(("Private_Clean:", "Private_Dirty:")):
+            kb += int(line.split()[1])
+    return kb / 1024
 
 
 @contextlib.asynccontextmanager

@@ -41,9 +41,11 @@ class Role(enum.StrEnum):
     FRONT = "kubeletplugin"  # per node
     AUDITOR = "auditor"  # read-only: streams and buckets
     SIM = "sim"  # `gpudra sim`: changes simulated GPUs (local stacks and tests)
+    DOMAINS = "domains"  # the ComputeDomain controller
+    IMEX = "imex-daemon"  # per node: the IMEX daemon wrapper of one ComputeDomain
 
 
-NODE_ROLES = frozenset({Role.DISCOVERY, Role.PREPARER, Role.FRONT})
+NODE_ROLES = frozenset({Role.DISCOVERY, Role.PREPARER, Role.FRONT, Role.IMEX})
 
 #: Claim events each service may publish (the others' are refused by the server).
 ALLOCATOR_EVENTS: tuple[ClaimEventName, ...] = (
@@ -192,7 +194,10 @@ def _discovery(who: Identity) -> Permissions:
 def _preparer(who: Identity) -> Permissions:
     node = subjects.escape_token(who.node)
     grant = _Grant().kv_read(
-        subjects.CLAIMS_BUCKET, subjects.INVENTORY_BUCKET, subjects.PREPARED_BUCKET
+        subjects.CLAIMS_BUCKET,
+        subjects.INVENTORY_BUCKET,
+        subjects.PREPARED_BUCKET,
+        subjects.DOMAINS_BUCKET,  # a ComputeDomain channel waits for its node's daemon
     )
     grant.kv_write(subjects.PREPARED_BUCKET, subjects.prepared_key(who.node))
     grant.publish += _events(node, PREPARER_EVENTS)
@@ -222,6 +227,25 @@ def _auditor(who: Identity) -> Permissions:
     return grant.done(who)
 
 
+def _domains(who: Identity) -> Permissions:
+    """The ComputeDomain controller: reads members, writes indices (and removes a gone
+    domain's keys), announces each domain's status."""
+    grant = _Grant().kv_read(subjects.DOMAINS_BUCKET)
+    grant.kv_write(subjects.DOMAINS_BUCKET, f"*.{subjects.INDEX}.*")
+    grant.kv_write(subjects.DOMAINS_BUCKET, f"*.{subjects.MEMBER}.*")  # removal of a gone domain's
+    grant.publish.append(subjects.domain_status_all())
+    return grant.done(who)
+
+
+def _imex(who: Identity) -> Permissions:
+    """A node's IMEX daemon: its own member key in every domain; reads its peers."""
+    grant = _Grant().kv_read(subjects.DOMAINS_BUCKET)
+    grant.kv_write(
+        subjects.DOMAINS_BUCKET, f"*.{subjects.MEMBER}.{subjects.escape_token(who.node)}"
+    )
+    return grant.done(who)
+
+
 def _sim(who: Identity) -> Permissions:
     grant = _Grant().kv_read(subjects.SIM_BUCKET).kv_write(subjects.SIM_BUCKET, ">")
     grant.publish.append(f"{subjects.SIM_ROOT}.>")
@@ -237,6 +261,8 @@ _RULES = {
     Role.FRONT: _front,
     Role.AUDITOR: _auditor,
     Role.SIM: _sim,
+    Role.DOMAINS: _domains,
+    Role.IMEX: _imex,
 }
 
 

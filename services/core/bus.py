@@ -63,6 +63,7 @@ BUCKETS: Mapping[str, int] = {  # bucket -> history depth
     subjects.SIM_BUCKET: 1,
     subjects.PREPARED_BUCKET: 1,
     subjects.PUBLISHERS_BUCKET: 1,
+    subjects.DOMAINS_BUCKET: 1,
 }
 
 

@@ -44,6 +44,7 @@ DEFAULTS: dict[str, Limits] = {
     subjects.PREPARED_BUCKET: Limits(0, 64 * MIB, 256 * KIB),
     # The max age is the publisher replicas' lease TTL: a lease not renewed is gone.
     subjects.PUBLISHERS_BUCKET: Limits(6, 1 * MIB, 1 * KIB),
+    subjects.DOMAINS_BUCKET: Limits(0, 64 * MIB, 4 * KIB),
 }
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(s|m|h|d)?\s*$")
@@ -62,6 +63,7 @@ BUCKETS = frozenset(
         subjects.SIM_BUCKET,
         subjects.PREPARED_BUCKET,
         subjects.PUBLISHERS_BUCKET,
+        subjects.DOMAINS_BUCKET,
     }
 )
 

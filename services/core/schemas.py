@@ -101,6 +101,20 @@ class GpuHealth(msgspec.Struct, frozen=True, kw_only=True):
     unmonitored: bool = False
 
 
+class GpuFabric(msgspec.Struct, frozen=True, kw_only=True):
+    """The GPU's multi-node NVLink facts, as nvmlDeviceGetGpuFabricInfo reports them.
+
+    Absent (None on the Gpu) where NVML says NOT_SUPPORTED: a GPU outside any
+    NVLink fabric. ``state`` is nvmlGpuFabricState_t (3: COMPLETED), ``status``
+    the nvmlReturn_t of the fabric probe (0: success).
+    """
+
+    cluster_uuid: str  # "8c6a1c1e-....", all zeros when the fabric manager set none
+    clique_id: int
+    state: int
+    status: int
+
+
 class VfioInfo(msgspec.Struct, frozen=True, kw_only=True):
     """PCI facts the VFIO twin of a GPU is published with."""
 
@@ -133,6 +147,7 @@ class Gpu(msgspec.Struct, frozen=True, kw_only=True):
     mig_profiles: list[MigProfile] = []
     mig_devices: list[MigDevice] = []
     vfio: VfioInfo | None = None
+    fabric: GpuFabric | None = None
     health: GpuHealth = GpuHealth()
     error: str | None = None  # NVML failed on this GPU; the rest is best effort
 
@@ -212,6 +227,59 @@ class PluginPresence(msgspec.Struct, frozen=True, kw_only=True):
     driver: str
     endpoint: str
     registered_at: float = msgspec.field(default_factory=now)
+
+
+# ---------------------------------------------------------------- ComputeDomains
+
+DomainNodeState = Literal["Ready", "NotReady", "Failed"]
+
+
+class DomainMember(msgspec.Struct, frozen=True, kw_only=True):
+    """KV ``domains``, key ``<uid>.member.<node>``: one node's IMEX daemon in a domain.
+
+    Written only by that node's daemon, with compare-and-set on its own key, so
+    concurrent joins never lose a peer. ``status`` is the daemon's readiness,
+    ``reason`` why it is not Ready (a daemon that cannot start says so here, and
+    the controller carries it to the ComputeDomain's Events).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    domain_uid: str
+    node: str
+    ip_address: str
+    clique_id: str  # "" on a node outside an NVLink fabric
+    status: DomainNodeState = "NotReady"
+    reason: str = ""
+    pod: str = ""  # the daemon pod "<namespace>/<name>", when it runs in one
+    updated_at: float = msgspec.field(default_factory=now)
+
+
+class DomainIndex(msgspec.Struct, frozen=True, kw_only=True):
+    """KV ``domains``, key ``<uid>.index.<node>``: the node's index within its clique.
+
+    Assigned once by the controller (the lowest free one in the clique; -1 outside
+    a fabric) and kept while the node stays a member, so a daemon restart never
+    renumbers the IMEX peers (NVIDIA/k8s-dra-driver-gpu#1418).
+    """
+
+    schema_version: int = SCHEMA_VERSION
+    domain_uid: str
+    node: str
+    clique_id: str
+    index: int
+
+
+class DomainStatusEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """``dra.domain.<uid>.status``: the controller's view of a domain, on every change."""
+
+    schema_version: int = SCHEMA_VERSION
+    domain_uid: str
+    namespace: str
+    name: str
+    status: Literal["Ready", "NotReady"]
+    ready_nodes: list[str] = []
+    not_ready_nodes: list[str] = []
+    timestamp: float = msgspec.field(default_factory=now)
 
 
 # ---------------------------------------------------------------- claims

@@ -20,6 +20,7 @@ PRESENCE_BUCKET = "presence"
 SIM_BUCKET = "simnvml"
 PREPARED_BUCKET = "prepared"  # key = node: devices its prepared claims hold
 PUBLISHERS_BUCKET = "publishers"  # publisher replicas' shard leases (services.publisher.shards)
+DOMAINS_BUCKET = "domains"  # ComputeDomain membership: <uid>.member.<node>, <uid>.index.<node>
 
 # Subject roots.
 CLAIM_ROOT = "dra.claim"
@@ -27,6 +28,7 @@ HEALTH_ROOT = "dra.health"
 INVENTORY_ROOT = "dra.inventory"
 NODE_ROOT = "dra.node"
 SIM_ROOT = "dra.sim"
+DOMAIN_ROOT = "dra.domain"
 
 _SAFE = re.compile(r"[A-Za-z0-9_-]")
 
@@ -148,6 +150,43 @@ def node_prepare(node: str) -> str:
 
 def node_unprepare(node: str) -> str:
     return f"{NODE_ROOT}.{escape_token(node)}.unprepare"
+
+
+# ComputeDomains: membership (one key per domain and node) and status events.
+MEMBER, INDEX = "member", "index"
+
+
+def domain_member_key(uid: str, node: str) -> str:
+    """A node's IMEX daemon in one domain; written only by that node's daemon."""
+    return f"{escape_token(uid)}.{MEMBER}.{escape_token(node)}"
+
+
+def domain_index_key(uid: str, node: str) -> str:
+    """A node's index in its clique; written only by the controller, kept across restarts."""
+    return f"{escape_token(uid)}.{INDEX}.{escape_token(node)}"
+
+
+def domain_keys(uid: str) -> str:
+    return f"{escape_token(uid)}.>"
+
+
+def parse_domain_key(key: str) -> tuple[str, str, str] | None:
+    """``(uid, "member"|"index", node)`` for a key of the domains bucket, else None."""
+    parts = key.split(".")
+    if len(parts) != 3 or parts[1] not in (MEMBER, INDEX):
+        return None
+    try:
+        return unescape_token(parts[0]), parts[1], unescape_token(parts[2])
+    except (ValueError, UnicodeDecodeError):
+        return None
+
+
+def domain_status(uid: str) -> str:
+    return f"{DOMAIN_ROOT}.{escape_token(uid)}.status"
+
+
+def domain_status_all() -> str:
+    return f"{DOMAIN_ROOT}.*.status"
 
 
 # Simulated NVML control (tests and `gpudra sim`).

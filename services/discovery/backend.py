@@ -146,6 +146,27 @@ class MigInstance(msgspec.Struct, frozen=True, kw_only=True):
     uuid: str
 
 
+# nvmlGpuFabricState_t
+FABRIC_STATE_NOT_SUPPORTED = 0
+FABRIC_STATE_NOT_STARTED = 1
+FABRIC_STATE_IN_PROGRESS = 2
+FABRIC_STATE_COMPLETED = 3
+
+
+class FabricInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """nvmlGpuFabricInfo_t: the GPU's place in a multi-node NVLink fabric.
+
+    ``cluster_uuid`` is the 16 raw bytes formatted as a UUID (all zeros when the
+    fabric manager assigned none), ``status`` an nvmlReturn_t (0: the probe
+    succeeded), ``state`` one of the FABRIC_STATE_* values.
+    """
+
+    cluster_uuid: str
+    clique_id: int
+    state: int
+    status: int
+
+
 class NvmlEvent(msgspec.Struct, frozen=True, kw_only=True):
     """An XID critical error as nvmlEventSetWait delivers it."""
 
@@ -200,6 +221,9 @@ class Backend(Protocol):
         ...
 
     def vfio_info(self, index: int) -> VfioInfo | None: ...
+    def gpu_fabric_info(self, index: int) -> FabricInfo:
+        """nvmlDeviceGetGpuFabricInfo; raises NotSupported on GPUs outside an NVLink fabric."""
+        ...
 
     # MIG
     def mig_mode(self, index: int) -> tuple[bool, bool]:

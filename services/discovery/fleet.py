@@ -35,12 +35,23 @@ class FleetGpu(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     mig: list[str] | None = None  # MIG mode on, with these "profile@start" devices
 
 
+class FleetFabric(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Every GPU of the node sits in one multi-node NVLink clique (GB200 NVL72).
+
+    The cluster UUID is derived from (fleet, seed): the nodes started with one
+    seed are one rack, so they share it and the clique id.
+    """
+
+    clique_id: int
+
+
 class Fleet(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     name: str
     description: str
     driver_version: str
     cuda_driver_version: str  # "12.8"
     iommu_fd: bool = False
+    nvlink_fabric: FleetFabric | None = None  # None: GetGpuFabricInfo is NOT_SUPPORTED
     gpus: list[FleetGpu]
 
     def cuda_driver_version_int(self) -> int:
@@ -88,6 +99,8 @@ def parse_fleet(source: str, text: str) -> Fleet:
         raise FleetError(f"{source}: cuda_driver_version {fleet.cuda_driver_version!r}: want N.M")
     if not fleet.gpus:
         raise FleetError(f"{source}: no gpus")
+    if fleet.nvlink_fabric is not None and not 0 <= fleet.nvlink_fabric.clique_id < 2**32:
+        raise FleetError(f"{source}: nvlink_fabric.clique_id: want a uint32")
     seen: set[str] = set()
     minors: set[int] = set()
     for i, gpu in enumerate(fleet.gpus):

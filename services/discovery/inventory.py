@@ -15,7 +15,7 @@ from typing import TypeVar
 
 import msgspec
 
-from services.core.schemas import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory
+from services.core.schemas import Gpu, GpuFabric, MigDevice, MigPlacement, MigProfile, NodeInventory
 from services.discovery import backend as nv
 from services.discovery.backend import Backend
 from services.discovery.models import MIB
@@ -138,6 +138,7 @@ class _GpuScan:
             mig_profiles=profiles,
             mig_devices=self._mig_devices(profiles) if enabled else [],
             vfio=self.query("VFIO facts", lambda: be.vfio_info(i), None, required=False),
+            fabric=self._fabric(),
             error="; ".join(self.errors) or None,
         )
 
@@ -151,6 +152,26 @@ class _GpuScan:
         except nv.NvmlError as exc:
             self.errors.append(f"memory: {exc}")
             return self.prev.memory_bytes if self.prev else 0
+
+    def _fabric(self) -> GpuFabric | None:
+        """The NVLink fabric facts; None for a GPU outside a fabric (NOT_SUPPORTED)."""
+        try:
+            info = self.be.gpu_fabric_info(self.index)
+        except nv.NotSupported:
+            return None
+        except nv.GpuLost:
+            raise
+        except nv.NvmlError as exc:
+            self.errors.append(f"fabric info: {exc}")
+            return self.prev.fabric if self.prev else None
+        if info.state == nv.FABRIC_STATE_NOT_SUPPORTED:
+            return None  # Hopper outside a fabric answers so (a real HGX H100, driver 580)
+        return GpuFabric(
+            cluster_uuid=info.cluster_uuid,
+            clique_id=info.clique_id,
+            state=info.state,
+            status=info.status,
+        )
 
     def _mig_mode(self) -> tuple[bool, bool] | None:
         """(current, pending), or None for a GPU without MIG."""

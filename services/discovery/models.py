@@ -63,7 +63,9 @@ class GpuModel(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     memory_mib: int
     pci_device_id: int
     addressable_memory_mib: int
-    addressing_mode: str | None = None  # "ATS"/"HMM"/"None" on coherent platforms only
+    # NVML's answer: "ATS"/"HMM" on coherent platforms, "None" where the call is
+    # supported but inactive (Hopper on x86 with driver 580), absent where unsupported.
+    addressing_mode: str | None = None
     mig: MigSpec | None = None
 
 

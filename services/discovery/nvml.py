@@ -17,6 +17,7 @@ import importlib
 import logging
 import math
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
@@ -227,6 +228,17 @@ class NvmlBackend:
     def vfio_info(self, index: int) -> VfioInfo | None:
         bus_id = self.pci_info(index).bus_id
         return sysfs.vfio_info(bus_id, self.sysfs_root, self.dev_root, self.pci_ids)
+
+    def gpu_fabric_info(self, index: int) -> nv.FabricInfo:
+        """nvmlDeviceGetGpuFabricInfo, the call go-nvlib's IsFabricAttached makes."""
+        info = self.lib.c_nvmlGpuFabricInfo_t()
+        self._call(self.lib.nvmlDeviceGetGpuFabricInfo, self._handle(index), ctypes.byref(info))
+        return nv.FabricInfo(
+            cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
+            clique_id=int(info.cliqueId),
+            state=int(info.state),
+            status=int(info.status),
+        )
 
     # ------------------------------------------------------------ MIG queries
 

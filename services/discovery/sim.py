@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import queue
 import time
+import uuid
 
 from services.core.schemas import VfioInfo
 from services.discovery import backend as nv
@@ -38,6 +39,8 @@ from services.discovery.simstate import (
 )
 
 NVIDIA_VENDOR_ID = 0x10DE
+# GPUs whose NVML answers nvmlDeviceGetGpuFabricInfo (Hopper and newer).
+FABRIC_ARCHITECTURES = frozenset({"Hopper", "Blackwell"})
 
 
 class SimStateError(ValueError):
@@ -167,6 +170,26 @@ class SimNvml:
             iommu_fd_enabled=self.state.iommu_fd,
             addressable_memory_bytes=model.addressable_memory_mib * MIB,
             product_name=pciids.builtin().device_name(NVIDIA_VENDOR_ID, model.pci_device_id),
+        )
+
+    def gpu_fabric_info(self, index: int) -> nv.FabricInfo:
+        fabric = self._gpu(index).fabric
+        if fabric is None and self._model(index).architecture in FABRIC_ARCHITECTURES:
+            # What a real H100 outside a fabric answered (an HGX host, driver 580.159.04):
+            # success, state NOT_SUPPORTED, a zero cluster UUID.
+            return nv.FabricInfo(
+                cluster_uuid=str(uuid.UUID(int=0)),
+                clique_id=0,
+                state=nv.FABRIC_STATE_NOT_SUPPORTED,
+                status=0,
+            )
+        if fabric is None:  # NVML has the call for Hopper and newer only
+            raise nv.NotSupported(f"GPU {index} is not attached to an NVLink fabric")
+        return nv.FabricInfo(
+            cluster_uuid=fabric.cluster_uuid,
+            clique_id=fabric.clique_id,
+            state=fabric.state,
+            status=fabric.status,
         )
 
     # ------------------------------------------------------------ MIG queries

@@ -40,6 +40,15 @@ class SimGpuInstance(msgspec.Struct, kw_only=True):
     compute_instances: list[SimComputeInstance] = []
 
 
+class SimFabric(msgspec.Struct, kw_only=True):
+    """What nvmlDeviceGetGpuFabricInfo answers for a GPU in an NVLink fabric."""
+
+    cluster_uuid: str
+    clique_id: int
+    state: int = 3  # NVML_GPU_FABRIC_STATE_COMPLETED
+    status: int = 0  # NVML_SUCCESS
+
+
 class SimGpu(msgspec.Struct, kw_only=True):
     index: int
     minor: int
@@ -55,6 +64,7 @@ class SimGpu(msgspec.Struct, kw_only=True):
     lost: bool = False
     mig_serial: int = 0  # MIG devices ever created here; part of their UUIDs
     xid_events: bool = True  # False: registering for its XID events fails (unmonitored)
+    fabric: SimFabric | None = None  # None: GetGpuFabricInfo is NOT_SUPPORTED
 
 
 class SimEvent(msgspec.Struct, kw_only=True):
@@ -113,6 +123,21 @@ def mig_uuid(fleet: str, seed: int, node: str, index: int, serial: int) -> str:
     return derived_uuid("MIG", "mig", fleet, seed, node, index, serial)
 
 
+def fabric_cluster_uuid(fleet: str, seed: int) -> str:
+    """The NVLink cluster UUID every node of one fleet and seed shares (one rack)."""
+    h = hashlib.sha256(f"fabric:{fleet}:{seed}".encode()).hexdigest()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:32]}"
+
+
+def _fabric(fleet: Fleet, seed: int) -> SimFabric | None:
+    if fleet.nvlink_fabric is None:
+        return None
+    return SimFabric(
+        cluster_uuid=fabric_cluster_uuid(fleet.name, seed),
+        clique_id=fleet.nvlink_fabric.clique_id,
+    )
+
+
 def new_state(node: str, fleet: Fleet, seed: int) -> SimNodeState:
     """The node as it boots: GPUs from the fleet, MIG mode off (layouts applied by the sim)."""
     gpus = [
@@ -125,6 +150,7 @@ def new_state(node: str, fleet: Fleet, seed: int) -> SimNodeState:
             pcie_root=g.pcie_root,
             numa_node=g.numa_node,
             iommu_group=g.iommu_group,
+            fabric=_fabric(fleet, seed),
         )
         for i, g in enumerate(fleet.gpus)
     ]

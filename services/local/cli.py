@@ -202,7 +202,7 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
             f"  {node.name:15} fleet {node.spec.fleet}: discovery, preparer, kubeletplugin, "
             f"{kubelet}"
         )
-    _say("  cluster-wide    publisher, allocator (claim watcher)")
+    _say("  cluster-wide    publisher, allocator (claim watcher), domains (ComputeDomains)")
     if stack.webhook:
         _say("  admission       gpudra webhook (ValidatingWebhookConfiguration gpudra-webhook)")
     if stack.jaeger is not None:

@@ -43,6 +43,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+import yaml
+
 CONTROLPLANE_DIR = Path(__file__).resolve().parent / "controlplane"
 BUILD_SCRIPT = CONTROLPLANE_DIR / "build.sh"
 
@@ -800,3 +802,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def install_crd(cp: ControlPlane, text: str, timeout: float = 60.0) -> None:
+    """Apply CustomResourceDefinitions and wait until the API server serves them."""
+    cp.apply(text)
+    for doc in yaml.safe_load_all(text):
+        if doc and doc.get("kind") == "CustomResourceDefinition":
+            name = doc["metadata"]["name"]
+            cp.kubectl(
+                "wait", "--for=condition=Established", f"crd/{name}", f"--timeout={int(timeout)}s"
+            )

@@ -5,11 +5,12 @@ Start order (stopped by PID in the reverse order)::
     jaeger (with ``jaeger=True``: every gpudra process exports its spans to it)
     nats-server (JetStream)
     etcd -> kube-apiserver -> kube-scheduler -> kube-controller-manager, Nodes
-    DeviceClasses (deploy/deviceclasses.yaml)
+    DeviceClasses (deploy/deviceclasses.yaml), the ComputeDomain CRD (deploy/computedomains.yaml)
     per node: gpudra discovery (simulated fleet), gpudra preparer, gpudra kubeletplugin
     per node: kubelet-dra (the kubelet's DRA + plugin manager, same kubelet root),
               waited for until it has wiped its node's ResourceSlices
-    gpudra publisher, gpudra allocator (claim watcher), cluster-wide
+    gpudra publisher, gpudra allocator (claim watcher), gpudra domains (the
+    ComputeDomain controller, daemons in namespace gpudra), cluster-wide
 
 With ``real_nodes=True`` every node is a real one (services/local/node.py):
 its private mount namespace with the simulated driver root comes first (the
@@ -72,11 +73,14 @@ from services.local.cluster import (
     KubeletDRA,
     Process,
     build_controlplane,
+    install_crd,
 )
 from services.local.jaeger import Jaeger
 from services.local.node import NodeTools, RealNode
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
+COMPUTE_DOMAIN_CRD = REPO / "deploy" / "computedomains.yaml"
+DRIVER_NAMESPACE = "gpudra"  # where `gpudra domains` puts the IMEX DaemonSets
 
 #: Driver gates the examples need. DynamicMIG stays off: it cannot be combined
 #: with MPSSupport or PassthroughSupport, so MIG devices come from the fleet's
@@ -233,6 +237,10 @@ class Stack:
         self._started.append("controlplane")
         self.cp.start()
         self.cp.apply(DEVICE_CLASSES.read_text())
+        install_crd(self.cp, COMPUTE_DOMAIN_CRD.read_text())
+        self.cp.apply(
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRIVER_NAMESPACE}}
+        )
         if self.webhook:
             self.start_webhook()
         if self.real_nodes:
@@ -247,6 +255,7 @@ class Stack:
         self.start_kubelets(list(self.nodes))
         self._add("publisher")
         self._add("allocator", ready='"claim watcher synced"')
+        self._add("domains", ready='"domain controller synced"')
         for name in self.nodes:
             self.wait_slices(name)
 
@@ -290,7 +299,10 @@ class Stack:
         kubeconfig = ["--kubeconfig", str(self.cp.kubeconfig)]
         if node is None:
             if service == "publisher":
-                return ["publisher", *common, *kubeconfig, "--feature-gates", self.gates]
+                return ["publisher", *common, *kubeconfig, "--feature-gates", self.gates,
+                        "--gpu-clique-label"]  # fmt: skip
+            if service == "domains":
+                return ["domains", *common, *kubeconfig, "--namespace", DRIVER_NAMESPACE]
             threshold = f"{self.pending_threshold}s"
             return ["allocator", *common, *kubeconfig, "--pending-threshold", threshold]
         where = self.nodes[node]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import logging
 import os
@@ -66,16 +68,48 @@ def plugin_dir(kubelet_root: Path) -> Path:
     return kubelet_root / "plugins" / nvidia.DRIVER_NAME
 
 
-def lock_plugin_dir(directory: Path) -> int:
-    """One preparer per node: a second one would undo the first one's work at start-up."""
-    directory.mkdir(parents=True, exist_ok=True)
-    fd = os.open(directory / "preparer.lock", os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
-        raise SystemExit(f"another preparer holds {directory / 'preparer.lock'}") from None
-    return fd
+LOCK_POLL_S = 0.5
+
+
+def _open_lock(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+
+
+async def hold_plugin_dir(directory: Path, stop: asyncio.Event) -> int | None:
+    """One preparer per node: a second one would undo the first one's work at start-up.
+
+    A second one waits here rather than exiting: in a rolling update the new node pod
+    starts beside the old one (the kubelet plugin's sockets are per pod), and its
+    preparer takes over the moment the old one stops. Exiting instead made the
+    container back off (10, 20, 40... s) and the update wait minutes for it. The lock
+    file is the node's own: flock, released by the kernel when its holder dies.
+    None: asked to stop before the lock came free.
+    """
+    path = directory / "preparer.lock"
+    fd = _open_lock(path)
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if not waiting:
+                log.warning(
+                    "another preparer holds the node's lock: waiting for it to stop",
+                    extra={"lock": str(path)},
+                )
+                waiting = True
+        else:
+            if waiting:
+                log.info(
+                    "the other preparer stopped: this one takes over", extra={"lock": str(path)}
+                )
+            return fd
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), LOCK_POLL_S)
+        if stop.is_set():
+            os.close(fd)
+            return None
 
 
 def _has_api(settings: Settings) -> bool:
@@ -149,7 +183,9 @@ def _check_cdi(ops: DeviceOps, inventory: InventoryView) -> None:
 async def run(settings: Settings) -> int:
     stop = runner.stop_event()
     pdir = plugin_dir(settings.kubelet_root)
-    lock_fd = lock_plugin_dir(pdir)
+    lock_fd = await hold_plugin_dir(pdir, stop)
+    if lock_fd is None:
+        return 0
     bus = await Bus.connect(
         settings.nats_url,
         name=f"gpudra-preparer-{settings.node}",

@@ -15,7 +15,6 @@ names its request (or names no request and fits the device type) wins.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -25,10 +24,14 @@ import msgspec
 
 from services.core import featuregates as fg
 from services.core import quantity
+from services.core.computedomain import CD_DRIVER as CD_DRIVER
+from services.core.computedomain import decode_compute_domain, validate_compute_domain
+from services.core.opaque import API_VERSION as API_VERSION
+from services.core.opaque import ConfigError as ConfigError
+from services.core.opaque import Strict, describe
 from services.core.resource import DeviceAllocationConfiguration, DeviceRequestAllocationResult
 
 DRIVER = "gpu.nvidia.com"
-API_VERSION = "resource.nvidia.com/v1beta1"
 GPU_CONFIG = "GpuConfig"
 MIG_DEVICE_CONFIG = "MigDeviceConfig"
 VFIO_DEVICE_CONFIG = "VfioDeviceConfig"
@@ -42,12 +45,7 @@ DeviceKind = Literal["gpu", "mig", "vfio"]
 MIB = 2**20
 
 
-class ConfigError(ValueError):
-    """A config that cannot be used; the message names the config and the field."""
-
-
-class _Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
-    pass
+_Strict = Strict
 
 
 class TimeSlicingConfig(_Strict, kw_only=True):
@@ -151,18 +149,7 @@ def decode(params: Any, origin: str) -> DeviceConfig:
         raise ConfigError(f"{origin} {kind}{_describe(str(exc))}") from exc
 
 
-_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
-_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
-
-
-def _describe(error: str) -> str:
-    """Turn msgspec's ``msg - at `$.a.b``` into ``.a.b: msg`` (unknown fields get their name)."""
-    match = _AT.match(error)
-    msg, path = (match["msg"], match["path"] or "") if match else (error, "")
-    unknown = _UNKNOWN.match(msg)
-    if unknown:
-        return f"{path}.{unknown['name']}: unknown field"
-    return f"{path}: {msg[0].lower()}{msg[1:]}" if msg else path
+_describe = describe
 
 
 def collect(configs: Sequence[DeviceAllocationConfiguration] | None) -> list[SourcedConfig]:
@@ -392,65 +379,7 @@ def _winner(
 # NVIDIA/k8s-dra-driver-gpu#1349); their fields are the reference's
 # (api/nvidia.com/resource/v1beta1/computedomainconfig.go).
 
-CD_DRIVER = "compute-domain.nvidia.com"
-CD_CHANNEL_CONFIG = "ComputeDomainChannelConfig"
-CD_DAEMON_CONFIG = "ComputeDomainDaemonConfig"
-ALLOCATION_MODES = ("Single", "All")
-
-
-class ComputeDomainChannelConfig(_Strict, kw_only=True):
-    api_version: str = API_VERSION
-    kind: str = CD_CHANNEL_CONFIG
-    domain_id: str = msgspec.field(default="", name="domainID")
-    allocation_mode: str | None = None
-
-
-class ComputeDomainDaemonConfig(_Strict, kw_only=True):
-    api_version: str = API_VERSION
-    kind: str = CD_DAEMON_CONFIG
-    domain_id: str = msgspec.field(default="", name="domainID")
-
-
-ComputeDomainConfig = ComputeDomainChannelConfig | ComputeDomainDaemonConfig
-
-_CD_KINDS: Mapping[str, type[ComputeDomainChannelConfig] | type[ComputeDomainDaemonConfig]] = {
-    CD_CHANNEL_CONFIG: ComputeDomainChannelConfig,
-    CD_DAEMON_CONFIG: ComputeDomainDaemonConfig,
-}
 DRIVERS = (DRIVER, CD_DRIVER)
-
-
-def decode_compute_domain(params: Any, origin: str) -> ComputeDomainConfig:
-    """Strictly decode one ``compute-domain.nvidia.com`` opaque ``parameters`` object."""
-    if not isinstance(params, dict):
-        raise ConfigError(f"{origin}: parameters must be an object, got {type(params).__name__}")
-    api_version, kind = params.get("apiVersion"), params.get("kind")
-    if api_version != API_VERSION:
-        raise ConfigError(
-            f"{origin}: unsupported apiVersion {api_version!r}; expected {API_VERSION}"
-        )
-    if not isinstance(kind, str) or kind not in _CD_KINDS:
-        raise ConfigError(
-            f"{origin}: unknown kind {kind!r}; expected one of {', '.join(_CD_KINDS)} "
-            f"({API_VERSION}, driver {CD_DRIVER})"
-        )
-    try:
-        return msgspec.convert(params, type=_CD_KINDS[kind])
-    except msgspec.ValidationError as exc:
-        raise ConfigError(f"{origin} {kind}{_describe(str(exc))}") from exc
-
-
-def validate_compute_domain(config: ComputeDomainConfig, origin: str) -> None:
-    """The reference's ``Validate()`` (domainID required) plus the allocation-mode enum."""
-    where = f"{origin} {config.kind}"
-    if not config.domain_id:
-        raise ConfigError(f"{where}.domainID: must not be empty (the ComputeDomain's UID)")
-    if isinstance(config, ComputeDomainChannelConfig) and config.allocation_mode is not None:
-        if config.allocation_mode not in ALLOCATION_MODES:
-            raise ConfigError(
-                f"{where}.allocationMode: unknown allocation mode {config.allocation_mode!r}; "
-                f"valid: {', '.join(ALLOCATION_MODES)}"
-            )
 
 
 def check_opaque(driver: str, params: Any, origin: str, gates: fg.FeatureGates) -> bool:

@@ -82,6 +82,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=float(config.env("resync-interval", "600")),
         help="seconds between full comparisons of all slices with the API server",
     )
+    parser.add_argument(
+        "--gpu-clique-label",
+        action="store_true",
+        default=config.env("gpu-clique-label", "") == "true",
+        help="label each node nvidia.com/gpu.clique=<clusterUUID>.<cliqueID> from its GPUs' "
+        "NVLink fabric facts (as GPU Feature Discovery does; removed where there is none)",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -137,6 +144,12 @@ async def _serve(args: argparse.Namespace) -> None:
     )
     tasks = supervisor.current()
     publisher = Publisher(api, settings)
+    if args.gpu_clique_label:
+        from services.publisher.cliquelabel import CliqueLabeler
+
+        labeler = CliqueLabeler(api.api)
+        publisher.on_inventory = labeler.set_inventory
+        tasks.spawn("clique labels", labeler.run, fatal=True)
     if args.replica_id:
         from services.publisher.shards import Shards
 

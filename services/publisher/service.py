@@ -86,6 +86,8 @@ class Publisher:
         self.published: set[str] = set()  # nodes whose slices we made exist
         self.seen: set[str] = set()  # nodes with slices seen in a listing or the watch
         self.on_synced: Callable[[str, float], None] | None = None  # (node, seconds dirty)
+        # Told every inventory change (the clique labeler, when it is on).
+        self.on_inventory: Callable[[str, NodeInventory | None], None] | None = None
         self._dirty: dict[str, float] = {}  # node -> when it became dirty
         self._busy: set[str] = set()
         self._events_while_busy: dict[str, list[WatchEvent]] = {}
@@ -390,6 +392,8 @@ class Publisher:
             )
             return
         self.set_inventory(node, update.value)
+        if self.on_inventory is not None:
+            self.on_inventory(node, update.value)
 
     def apply_presence(self, update: KvUpdate[PluginPresence]) -> None:
         node_token, _, driver_token = update.key.partition(".")

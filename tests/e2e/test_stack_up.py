@@ -141,7 +141,7 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
         assert "resourceclaim.resource.k8s.io/cuda-gpu-" in kubectl.stdout
         # One metrics port per gpudra process, each serving its own service's families.
         ports = dict(re.findall(r"^  (\S+) +http://127\.0\.0\.1:(\d+)/metrics$", out, re.M))
-        assert set(ports) == {"publisher", "allocator", "webhook"} | {
+        assert set(ports) == {"publisher", "allocator", "domains", "webhook"} | {
             f"{s}-{n}" for s in ("discovery", "preparer", "kubeletplugin") for n in NODES
         }, out
         for name, port in ports.items():

@@ -6,6 +6,7 @@ The real (pynvml) backend runs against it in unit and integration tests.
 from __future__ import annotations
 
 import os
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -99,8 +100,18 @@ class FakeNvml:
             pciDeviceId=info.device_id << 16 | info.vendor_id,
         )
 
+    def nvmlDeviceGetGpuFabricInfo(self, h: tuple[str, int], ref: Any) -> int:
+        info = self._run(self.sim.gpu_fabric_info, h[1])
+        out = ref._obj  # pynvml passes ctypes.byref(c_nvmlGpuFabricInfo_t())
+        out.clusterUuid[:] = list(uuid.UUID(info.cluster_uuid).bytes)
+        out.cliqueId, out.state, out.status = info.clique_id, info.state, info.status
+        return int(pynvml.NVML_SUCCESS)
+
     def nvmlDeviceGetAddressingMode(self, h: tuple[str, int]) -> int:
-        raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        mode = self._run(self.sim.addressing_mode, h[1])
+        if mode is None:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        return {"None": 0, "HMM": 1, "ATS": 2}[mode]  # NVML's DEVICE_ADDRESSING_MODE_*
 
     # MIG
     def nvmlDeviceGetMigMode(self, h: tuple[str, int]) -> list[int]:

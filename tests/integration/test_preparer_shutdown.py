@@ -17,6 +17,7 @@ import pytest
 from services.core import nvidia
 from services.core.bus import RequestFailed
 from services.core.schemas import NodeReply
+from tests.helpers.discovery import wait_logged
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, ref
 
@@ -50,3 +51,28 @@ async def test_sigterm_mid_prepare_loses_no_event_of_an_answered_prepare(node: N
     assert all(isinstance(r, NodeReply | RequestFailed) for r in done), done
     prepared = {e.claim.uid for e in await stored_claim_events(node.bus) if e.event == "prepared"}
     assert answered <= prepared, f"answered without an event: {answered - prepared}"
+
+
+async def test_a_second_preparer_waits_for_the_first_and_takes_over(node: Node) -> None:
+    """A rolling update starts the new node pod beside the old one: its preparer waits
+    for the node's lock (it never exits into a crash-loop back-off) and serves the
+    moment the old one has stopped; a waiting one told to stop exits 0 at once."""
+    await node.start_discovery()
+    first = await node.start_preparer()
+    second = await node.start_preparer(ready=False)
+    third = await node.start_preparer(ready=False)
+    for waiting in (second, third):
+        await wait_logged(waiting.log, "another preparer holds the node's lock")
+    claim = await node.put_claim(make_claim(node.name, [Dev("gpu", "gpu-0")]))
+    reply = await node.prepare(claim)  # the first one still serves
+    assert reply.claims[ref(claim).uid].error == "", reply
+
+    assert await asyncio.to_thread(third.stop) == 0, third.output()
+    assert second.alive(), second.output()
+    assert await asyncio.to_thread(first.stop) == 0, first.output()
+    await node.wait_preparer(second)
+    await wait_logged(second.log, "this one takes over")
+    # The second one recovered the first one's claim from the checkpoint.
+    reply = await node.unprepare(claim)
+    assert reply.claims[ref(claim).uid].error == "", reply
+    assert not node.cdi_files()

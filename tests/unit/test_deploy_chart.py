@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from services.cli import build_parser
-from services.core import nvidia, resource, retention
+from services.core import computedomain, nvidia, resource, retention
 from services.kubeletplugin.sockets import SocketPaths
 from services.local.helm import KUBE_VERSION, Helm, HelmError, set_args
 from tests.helpers.helm import helm, objects_by_kind, one, pod_specs
@@ -56,6 +56,17 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
     "preparer": {
         ("resource.k8s.io", "resourceclaims", "get"),
         *(("", "pods", v) for v in ("get", "list", "watch")),
+    },
+    "domains": {
+        *(("resource.nvidia.com", "computedomains", v) for v in ("list", "watch", "patch")),
+        ("resource.nvidia.com", "computedomains/status", "patch"),
+        *(
+            (g, r, v)
+            for g, r in (("resource.k8s.io", "resourceclaimtemplates"), ("apps", "daemonsets"))
+            for v in ("get", "list", "create", "patch", "delete")
+        ),
+        *(("", "nodes", v) for v in ("list", "patch")),
+        ("", "events", "create"),
     },
     "kubeletplugin": set(),
     "discovery": set(),
@@ -148,11 +159,12 @@ def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_ca
         used |= set(re.findall(r"serviceAccountName: \{\{ \$full \}\}-([\w-]+)", text))
     with_rules = {c for c, r in _values()["rbac"]["rules"].items() if r}
     assert used == {
-        "publisher", "allocator", "preparer", "nats-auth", "provision", "nats-keygen", "webhook"
+        "publisher", "allocator", "preparer", "nats-auth", "provision", "nats-keygen", "webhook",
+        "domains",
     }  # fmt: skip
-    assert with_rules == {"publisher", "allocator", "preparer", "nats-auth"}
+    assert with_rules == {"publisher", "allocator", "preparer", "nats-auth", "domains"}
     rbac = _template_texts()["rbac.yaml"]
-    assert '$accounts := list "publisher" "allocator" "preparer"' in rbac
+    assert '$accounts := list "publisher" "allocator" "preparer" "domains"' in rbac
     assert '(list "nats-auth" "provision")' in rbac  # the bus identities without API rules
     node = _template_texts()["node.yaml"]
     # The node pod carries the preparer's account; only the preparer mounts the token.
@@ -163,10 +175,21 @@ def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_ca
 
 
 def test_device_classes_are_the_models_and_the_deploy_file() -> None:
-    models = [resource.to_builtins(c) for c in nvidia.device_classes()]
+    classes = [*nvidia.device_classes(), *computedomain.device_classes()]
+    models = [resource.to_builtins(c) for c in classes]
     in_chart = list(yaml.safe_load_all((TEMPLATES / "deviceclasses.yaml").read_text()))
     deploy_file = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
     assert in_chart == deploy_file == models
+
+
+def test_the_compute_domain_crd_in_the_chart_is_the_deploy_file() -> None:
+    in_chart = list(yaml.safe_load_all((CHART / "crds" / "computedomains.yaml").read_text()))
+    deploy_file = list(yaml.safe_load_all((REPO / "deploy" / "computedomains.yaml").read_text()))
+    assert in_chart == deploy_file
+    (crd,) = deploy_file
+    assert crd["metadata"]["name"] == "computedomains.resource.nvidia.com"
+    (version,) = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1beta1", True, True)
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
@@ -231,17 +254,22 @@ def test_only_gpudra_components_may_reach_the_nats_client_port() -> None:
 
 # The bus role each container connects as: its sub-command, but the provisioning Job's.
 ROLE_OF = {"discovery": "discovery", "preparer": "preparer", "kubeletplugin": "kubeletplugin",
-           "publisher": "publisher", "allocator": "allocator", "provision": "admin"}  # fmt: skip
+           "publisher": "publisher", "allocator": "allocator", "provision": "admin",
+           "domains": "domains"}  # fmt: skip
 
 
 def _containers(text: str) -> list[tuple[str, str]]:
     """(sub-command, the container's text up to the next container) for each container."""
     starts = [(m.start(), m[1]) for m in re.finditer(r'args: \["([a-z-]+)"', text)]
+    if not starts:
+        return []  # a document without containers (a ServiceAccount)
     ends = [s for s, _ in starts[1:]] + [len(text)]
     return [(cmd, text[start:end]) for (start, cmd), end in zip(starts, ends, strict=True)]
 
 
-@pytest.mark.parametrize("template", ["node.yaml", "controllers.yaml", "nats-auth.yaml"])
+@pytest.mark.parametrize(
+    "template", ["node.yaml", "controllers.yaml", "nats-auth.yaml", "domains.yaml"]
+)
 def test_each_bus_client_mounts_only_its_own_token_and_the_ca(template: str) -> None:
     """A token's audience names its role; a container that could read another's token
     could take that role, so each mounts only its own (and the CA, nothing else)."""
@@ -272,8 +300,9 @@ def test_the_grants_give_each_role_to_the_account_its_pod_runs_as() -> None:
     grants = dict(pairs)
     assert grants == {"discovery": "preparer", "preparer": "preparer",
                       "kubeletplugin": "preparer", "publisher": "publisher",
-                      "allocator": "allocator", "admin": "provision"}  # fmt: skip
-    for template in ("node.yaml", "controllers.yaml", "nats-auth.yaml"):
+                      "allocator": "allocator", "domains": "domains",
+                      "admin": "provision"}  # fmt: skip
+    for template in ("node.yaml", "controllers.yaml", "nats-auth.yaml", "domains.yaml"):
         text = (TEMPLATES / template).read_text()
         for doc in text.split("\n---\n"):
             account = re.search(r"serviceAccountName: \{\{ \$full \}\}-([\w-]+)", doc)
@@ -314,7 +343,8 @@ def test_the_bus_runs_tls_auth_callout_and_monitoring_on_localhost_only() -> Non
 def test_every_component_has_its_own_metrics_port_and_scrapers_find_them() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     ports = values["metrics"]["ports"]
-    assert set(ports) == {"discovery", "preparer", "kubeletplugin", "publisher", "allocator"}
+    assert set(ports) == {"discovery", "preparer", "kubeletplugin", "publisher", "allocator",
+                          "domains"}  # fmt: skip
     assert len(set(ports.values())) == len(ports)  # the node pod's three share a network
     names = {f"metrics-{c}"[:15] for c in ports}
     assert len(names) == len(ports) and all(len(n) <= 15 for n in names)  # IANA port names
@@ -326,6 +356,8 @@ def test_every_component_has_its_own_metrics_port_and_scrapers_find_them() -> No
     controllers = (TEMPLATES / "controllers.yaml").read_text()
     for component in ("publisher", "allocator"):
         assert f'include "gpudra.scrapeAnnotations" (list . "{component}")' in controllers
+    domains = (TEMPLATES / "domains.yaml").read_text()
+    assert 'include "gpudra.scrapeAnnotations" (list . "domains")' in domains
     assert "prometheus.io/scrape" in _helper("gpudra.scrapeAnnotations")
 
 
@@ -371,7 +403,7 @@ VARIANTS: dict[str, dict[str, object]] = {
         "node.kubeletplugin.rollingUpdateSockets": True,
         "node.preparer.trustClaimsBucket": True, "node.nodeSelector": {"gpu": "yes"},
         "metrics.podMonitor.enabled": True, "otlp.endpoint": "http://otel:4317",
-        "publisher.additionalXidsToIgnore": "48,63",
+        "publisher.additionalXidsToIgnore": "48,63", "publisher.gpuCliqueLabelEnabled": True,
     },
     "quiet": {"metrics.enabled": False, "networkPolicy.enabled": False},
     "webhook": {"webhook.enabled": True, "featureGates": {"MPSSupport": True}},
@@ -444,6 +476,8 @@ def test_rendered_rbac_is_the_least_privilege_table(
         expected = {c: g for c, g in expected.items() if c not in ("nats-auth", "provision")}
     if variant == "preparer-without-api":
         del expected["preparer"]
+    if VARIANTS[variant].get("publisher.gpuCliqueLabelEnabled"):  # the clique label only
+        expected["publisher"] = expected["publisher"] | {("", "nodes", "patch")}
     assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in roles.items()} == expected
     bindings = objects_by_kind(docs, "ClusterRoleBinding")
     assert set(bindings) == set(roles)
@@ -615,7 +649,8 @@ def test_rendered_settings_follow_the_values(rendered: dict[str, list[dict[str, 
             if container["name"] != "nats":
                 assert container["image"] == "ghcr.io/gpudra/gpudra:0.1.0"  # appVersion
     external = envs(rendered["external-bus"])
-    assert set(external) == {"discovery", "preparer", "kubeletplugin", "publisher", "allocator"}
+    assert set(external) == {"discovery", "preparer", "kubeletplugin", "publisher", "allocator",
+                             "domains"}  # fmt: skip
     assert external["publisher"]["GPUDRA_NATS_URL"] == "tls://nats.example:4222"
     assert external["publisher"]["GPUDRA_NATS_REPLICAS"] == "3"
     assert not [d for d in rendered["external-bus"] if "nats" in d["metadata"]["name"]]
@@ -625,7 +660,7 @@ def test_rendered_settings_follow_the_values(rendered: dict[str, list[dict[str, 
         assert template["spec"]["dnsPolicy"] == "ClusterFirstWithHostNet", name
     for name, template in pod_specs(rendered["defaults"]).items():
         assert "hostNetwork" not in template["spec"], name
-    api_users = {"preparer", "publisher", "allocator", "nats-auth", "nats-keygen"}
+    api_users = {"preparer", "publisher", "allocator", "nats-auth", "nats-keygen", "domains"}
     for name, got in envs(host).items():
         assert (got.get("KUBERNETES_SERVICE_HOST"), got.get("KUBERNETES_SERVICE_PORT")) == (
             ("127.0.0.1", "16443") if name in api_users else (None, None)), name  # fmt: skip

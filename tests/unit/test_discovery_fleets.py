@@ -49,7 +49,7 @@ def test_cli_unknown_fleet_from_a_real_process() -> None:
         timeout=60,
     )
     assert proc.returncode == 2
-    assert "valid fleets: dgx-a100, dgx-h100, h200x8, l4x4, mixed" in proc.stderr
+    assert "valid fleets: dgx-a100, dgx-h100, gb200-nvl72, h200x8, l4x4, mixed" in proc.stderr
 
 
 def test_sim_fleets_lists_them(capsys: pytest.CaptureFixture[str]) -> None:

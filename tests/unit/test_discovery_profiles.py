@@ -121,6 +121,7 @@ def test_l4_has_no_mig_and_model_list() -> None:
     assert model_names() == [
         "A100-SXM4-40GB",
         "A100-SXM4-80GB",
+        "GB200",
         "H100-SXM5-80GB",
         "H200-141GB",
         "L4",

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from services.core import natsjwt
-from services.core.access import Identity, Role
+from services.core.access import NODE_ROLES, Identity, Role
 from services.core.natsauth import authorization, new_seed, public_key
 
 NOW = 1_800_000_000
@@ -58,8 +58,7 @@ def test_a_user_jwt_has_the_v2_header_claims_and_jti_hash() -> None:
 def test_user_permissions_are_the_static_configurations() -> None:
     """One place for the rules: the user JWT says what the static config says."""
     for role in Role:
-        identity = Identity(role, "n1" if role.value in ("discovery", "preparer",
-                                                         "kubeletplugin") else "")  # fmt: skip
+        identity = Identity(role, "n1" if role in NODE_ROLES else "")
         static = authorization({identity: "UKEY"})["users"][0]["permissions"]
         jwt = natsjwt.jwt_permissions(identity.permissions())
         assert jwt["pub"] == static["publish"]
@@ -71,6 +70,8 @@ def test_user_permissions_are_the_static_configurations() -> None:
     "tamper, error",
     [
         (lambda t: t.rsplit(".", 1)[0] + "." + natsjwt._b64(b"x" * 64), "bad signature"),
+        (lambda t: t.rsplit(".", 1)[0] + "." + natsjwt._b64(b"x" * 10), "bad signature"),
+        (lambda t: t.rsplit(".", 1)[0] + ".", "bad signature"),
         (lambda t: t.split(".", 1)[0] + "." + natsjwt._b64(FORGED) + ".xxxx", "public nkey"),
         (lambda t: "garbage", "three parts"),
         (lambda t: "a.b.c", "not JSON"),

@@ -47,8 +47,15 @@ def test_the_built_in_subset_names_every_simulated_gpu_model() -> None:
     assert db.source == pciids.BUILTIN and db.version == "2025.07.11"
     for name in model_names():
         device = get_model(name).pci_device_id
-        assert db.device_name(NVIDIA_VENDOR_ID, device) != pciids.UNKNOWN_DEVICE, name
+        named = db.device_name(NVIDIA_VENDOR_ID, device) != pciids.UNKNOWN_DEVICE
+        assert named != (name in UNNAMED_MODELS), name
     assert db.device_name(NVIDIA_VENDOR_ID, 0x2330) == "GH100 [H100 SXM5 80GB]"
+
+
+# Models whose PCI id (GB200: 10de:2941, as lspci shows it on a GB200 tray) we could
+# not confirm in the pinned 2025.07.11 database: go-nvlib then says UNKNOWN_DEVICE,
+# and so do we, rather than add an entry that release may not have.
+UNNAMED_MODELS = frozenset({"GB200"})
 
 
 def _system() -> pciids.PciIds:

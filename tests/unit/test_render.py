@@ -14,7 +14,7 @@ import msgspec
 import pytest
 import yaml
 
-from services.core import featuregates, nvidia, quantity, resource
+from services.core import computedomain, featuregates, nvidia, quantity, resource
 from services.core.resource import Device, ResourceSlice
 from services.core.schemas import (
     Gpu,
@@ -536,9 +536,12 @@ def test_taints_lower_the_device_limit_per_slice_to_64() -> None:
 
 def test_deployed_device_classes_are_the_models() -> None:
     deployed = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
-    assert deployed == [resource.to_builtins(c) for c in nvidia.device_classes()]
+    models = [*nvidia.device_classes(), *computedomain.device_classes()]
+    assert deployed == [resource.to_builtins(c) for c in models]
     by_name = {c["metadata"]["name"]: c for c in deployed}
-    assert set(by_name) == {"gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com"}
+    assert set(by_name) == {"gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com",
+                            "compute-domain-daemon.nvidia.com",
+                            "compute-domain-default-channel.nvidia.com"}  # fmt: skip
     assert by_name["gpu.nvidia.com"]["spec"]["extendedResourceName"] == "nvidia.com/gpu"
     assert by_name["mig.nvidia.com"]["spec"]["selectors"][0]["cel"]["expression"] == (
         "device.driver == 'gpu.nvidia.com' && device.attributes['gpu.nvidia.com'].type == 'mig'"

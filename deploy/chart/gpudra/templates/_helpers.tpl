@@ -142,7 +142,7 @@ signed the NATS servers' certificate, nothing else of the TLS Secret. */}}
 {{- $full := include "gpudra.fullname" . -}}
 {{- $ns := .Release.Namespace -}}
 {{- $grants := list -}}
-{{- range $role, $account := dict "discovery" "preparer" "preparer" "preparer" "kubeletplugin" "preparer" "publisher" "publisher" "allocator" "allocator" "admin" "provision" -}}
+{{- range $role, $account := dict "discovery" "preparer" "preparer" "preparer" "kubeletplugin" "preparer" "publisher" "publisher" "allocator" "allocator" "domains" "domains" "admin" "provision" -}}
 {{- $grants = append $grants (printf "%s=%s/%s-%s" $role $ns $full $account) -}}
 {{- end -}}
 {{- join "," $grants -}}

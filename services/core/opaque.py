@@ -1,0 +1,37 @@
+"""What every opaque config of ours shares: the API version, strict decoding, errors.
+
+Both NVIDIA drivers (``gpu.nvidia.com`` in services/preparer/configs.py and
+``compute-domain.nvidia.com`` in services/core/computedomain.py) decode their
+``resource.nvidia.com/v1beta1`` parameters strictly, and name the field in every
+error, e.g. ``config[0] (FromClaim) ComputeDomainChannelConfig.domainID: ...``.
+"""
+
+from __future__ import annotations
+
+import re
+
+import msgspec
+
+API_VERSION = "resource.nvidia.com/v1beta1"
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the config and the field."""
+
+
+class Strict(msgspec.Struct, forbid_unknown_fields=True, rename="camel", omit_defaults=True):
+    """An opaque config: unknown fields are errors, never silently ignored."""
+
+
+_AT = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<path>[^`]*)`)?$")
+_UNKNOWN = re.compile(r"^Object contains unknown field `(?P<name>[^`]*)`$")
+
+
+def describe(error: str) -> str:
+    """Turn msgspec's ``msg - at `$.a.b``` into ``.a.b: msg`` (unknown fields get their name)."""
+    match = _AT.match(error)
+    msg, path = (match["msg"], match["path"] or "") if match else (error, "")
+    unknown = _UNKNOWN.match(msg)
+    if unknown:
+        return f"{path}.{unknown['name']}: unknown field"
+    return f"{path}: {msg[0].lower()}{msg[1:]}" if msg else path

@@ -1,0 +1,123 @@
+"""``gpudra domains``: the ComputeDomain controller (docs/computedomains.md).
+
+gpudra domains [--kubeconfig F] [--namespace gpudra] [--daemon-image IMAGE]
+               [--daemon-env GPUDRA_NATS_URL=...] [--status-batch 0.1] [--sweep-interval 600]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+from typing import Any
+
+from services.core import computedomain as cd
+from services.core import config, runner, supervisor
+
+log = logging.getLogger(__name__)
+
+
+def env_pair(value: str) -> tuple[str, str]:
+    """``NAME=value`` -> (NAME, value); the name must be a valid variable name."""
+    name, sep, rest = value.partition("=")
+    if not sep or not name.replace("_", "a").isalnum() or name[0].isdigit():
+        raise argparse.ArgumentTypeError(f"want NAME=value with a variable name, got {value!r}")
+    return name, rest
+
+
+def positive(value: str) -> float:
+    number = float(value)
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be greater than 0, got {value}")
+    return number
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser(
+        "domains",
+        help="the ComputeDomain controller: templates and IMEX DaemonSets, status from the bus",
+    )
+    config.add_common_flags(parser)
+    parser.add_argument(
+        "--kubeconfig",
+        default=config.env("kubeconfig", ""),
+        help="kubeconfig file (empty: the pod's service account)",
+    )
+    parser.add_argument(
+        "--namespace",
+        default=config.env("namespace", "gpudra"),
+        help="the driver's namespace: where the IMEX DaemonSets and their templates go",
+    )
+    parser.add_argument("--daemon-image", default=config.env("daemon-image", "gpudra:latest"))
+    parser.add_argument(
+        "--daemon-image-pull-policy", default=config.env("daemon-image-pull-policy", "IfNotPresent")
+    )
+    parser.add_argument(
+        "--daemon-imex-mode",
+        choices=("real", "simulated"),
+        default=config.env("daemon-imex-mode", "real"),
+        help="what the daemons run: NVIDIA's nvidia-imex, or the simulated stand-in",
+    )
+    parser.add_argument(
+        "--daemon-env",
+        type=env_pair,
+        action="append",
+        default=[],
+        help="NAME=value for the IMEX daemon containers (repeatable; e.g. the bus settings)",
+    )
+    parser.add_argument(
+        "--max-nodes-per-imex-domain",
+        type=int,
+        default=int(config.env("max-nodes-per-imex-domain", str(cd.MAX_NODES_PER_IMEX_DOMAIN))),
+        help="indices per clique (the reference's MAX_NODES_PER_IMEX_DOMAIN)",
+    )
+    parser.add_argument(
+        "--status-batch",
+        type=positive,
+        default=positive(config.env("status-batch", "0.1")),
+        help="seconds a status write waits to take several membership changes at once",
+    )
+    parser.add_argument(
+        "--sweep-interval",
+        type=positive,
+        default=positive(config.env("sweep-interval", "600")),
+        help="seconds between sweeps for what deleted domains left behind",
+    )
+    parser.set_defaults(func=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return runner.run("domains", args, _serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    from services.core.access import Identity, Role
+    from services.core.bus import Bus
+    from services.core.kube import http_api
+    from services.core.resourceapi import versioned
+    from services.domains.objects import DaemonSettings
+    from services.domains.service import Controller, ControllerConfig
+
+    settings = ControllerConfig(
+        daemon=DaemonSettings(
+            namespace=args.namespace,
+            image=args.daemon_image,
+            image_pull_policy=args.daemon_image_pull_policy,
+            max_nodes=args.max_nodes_per_imex_domain,
+            feature_gates=args.feature_gates.spec(),
+            env={"GPUDRA_IMEX_MODE": args.daemon_imex_mode, **dict(args.daemon_env)},
+        ),
+        batch_s=args.status_batch,
+        sweep_s=args.sweep_interval,
+    )
+    stop = runner.stop_event()
+    bus = await Bus.connect(args.nats_url, name="domains", identity=Identity(Role.DOMAINS))
+    api = versioned(await http_api(args.kubeconfig or None))
+    tasks = supervisor.current()
+    tasks.spawn("domains", Controller(api, bus, settings).run, fatal=True)
+    await stop.wait()
+    log.info("domain controller stopping")
+    await tasks.cancel("domains")
+    with contextlib.suppress(Exception):
+        await api.close()
+    await bus.close()

@@ -1,0 +1,101 @@
+"""``gpudra imex-daemon run|check``: what the ComputeDomain daemon container runs.
+
+Its environment comes from the DaemonSet (NODE_NAME, POD_IP, POD_NAME, ...) and
+from the daemon claim's CDI edits (COMPUTE_DOMAIN_UUID, CLIQUE_ID, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from services.core import config, runner, supervisor
+
+log = logging.getLogger(__name__)
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--imexd-dir", type=Path, default=Path(config.env("imexd-dir", "/imexd")))
+    parser.add_argument(
+        "--mode",
+        choices=("real", "simulated"),
+        default=config.env("imex-mode", "real"),
+        help="real: NVIDIA's nvidia-imex; simulated: a stand-in READY only when its peers answer",
+    )
+    parser.add_argument("--imex-binary", default=config.env("imex-binary", "nvidia-imex"))
+    parser.add_argument("--imex-ctl", default=config.env("imex-ctl", "nvidia-imex-ctl"))
+    parser.add_argument(
+        "--server-port", type=int, default=int(config.env("imex-server-port", "50000"))
+    )
+    parser.add_argument("--cmd-port", type=int, default=int(config.env("imex-cmd-port", "50005")))
+    parser.add_argument("--probe-interval", type=float, default=1.0)
+
+
+def register(subparsers: Any) -> None:
+    parser = subparsers.add_parser("imex-daemon", help="the ComputeDomain IMEX daemon wrapper")
+    sub = parser.add_subparsers(dest="imex_command", required=True)
+    run = sub.add_parser("run", help="join the domain and run IMEX until stopped")
+    config.add_common_flags(run)
+    _flags(run)
+    run.set_defaults(func=_run)
+    check = sub.add_parser("check", help="exit 0 when IMEX is READY (the pod's probes)")
+    _flags(check)
+    check.set_defaults(func=_check)
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from services.imexdaemon.daemon import DaemonSettings
+
+    return DaemonSettings.from_env(
+        args.imexd_dir, dict(os.environ), simulated=args.mode == "simulated",
+        imex_binary=args.imex_binary, imex_ctl=args.imex_ctl, server_port=args.server_port,
+        cmd_port=args.cmd_port, probe_s=args.probe_interval,
+    )  # fmt: skip
+
+
+def _check(args: argparse.Namespace) -> int:
+    from services.imexdaemon.daemon import StartError, check
+
+    try:
+        settings = _settings(args)
+    except StartError as exc:
+        print(f"gpudra imex-daemon check: {exc}", file=sys.stderr)
+        return 1
+    if not settings.config_path.exists() and settings.clique_id:
+        print(f"gpudra imex-daemon check: {settings.config_path} not written yet", file=sys.stderr)
+        return 1
+    ready = asyncio.run(check(settings))
+    print("READY" if ready else "NOT_READY")
+    return 0 if ready else 1
+
+
+def _run(args: argparse.Namespace) -> int:
+    from services.imexdaemon.daemon import StartError
+
+    try:
+        settings = _settings(args)
+    except StartError as exc:
+        print(f"gpudra imex-daemon run: {exc}", file=sys.stderr)
+        return 1
+    return runner.run("imex-daemon", args, _serve(settings, args))
+
+
+async def _serve(settings: Any, args: argparse.Namespace) -> None:
+    from services.core.access import Identity, Role
+    from services.core.bus import Bus
+    from services.imexdaemon.daemon import Daemon
+
+    stop = runner.stop_event()
+    identity = Identity(Role.IMEX, settings.node)
+    bus = await Bus.connect(args.nats_url, name="imex-daemon", identity=identity)
+    tasks = supervisor.current()
+    tasks.spawn("imex-daemon", Daemon(bus, settings).run, fatal=True)
+    await stop.wait()
+    log.info("imex daemon stopping")
+    await tasks.cancel("imex-daemon")
+    await bus.close()

@@ -1,0 +1,216 @@
+"""``gpudra imex-daemon run``: render, join, run IMEX, keep the peers current, report.
+
+The steps, as the reference's ``compute-domain-daemon run`` with the bus in place
+of its clique objects: refuse to start without the CDI edits
+(``COMPUTE_DOMAIN_UUID``); a node outside a fabric (empty ``CLIQUE_ID``) joins as
+Ready and idles; otherwise write ``imexd.cfg``, join with its member key,
+render ``nodes.cfg`` from the bus on every change (and tell IMEX with SIGUSR1),
+run IMEX under a watchdog that restarts it, and set the member's status from the
+readiness check. A binary that cannot start marks the member Failed with why. On
+SIGTERM it stops IMEX and leaves (deletes its key).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import logging
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from services.core import subjects
+from services.core.bus import Bus
+from services.core.schemas import DomainIndex, DomainMember
+from services.imexdaemon import imexcfg
+from services.imexdaemon.member import MemberKey
+from services.imexdaemon.peers import Peers
+
+log = logging.getLogger(__name__)
+CDI_MISSING = "CDI container edits did not apply -- is CDI enabled in your container runtime?"
+BUCKET = subjects.DOMAINS_BUCKET
+PR_SET_PDEATHSIG = 1  # prctl(2)
+
+
+class StartError(RuntimeError):
+    """The daemon cannot run at all (missing environment)."""
+
+
+@dataclass
+class DaemonSettings:
+    imexd_dir: Path
+    node: str
+    pod_ip: str
+    domain_uid: str
+    clique_id: str
+    simulated: bool = True
+    imex_binary: str = "nvidia-imex"
+    imex_ctl: str = "nvidia-imex-ctl"
+    server_port: int = imexcfg.SERVER_PORT
+    cmd_port: int = imexcfg.CMD_PORT
+    probe_s: float = 1.0
+    restart_s: float = 1.0
+    pod: str = ""
+    extra_env: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, imexd_dir: Path, env: dict[str, str], **options: object) -> DaemonSettings:
+        uid = env.get("COMPUTE_DOMAIN_UUID", "")
+        if not uid:
+            raise StartError(CDI_MISSING)
+        for name in ("NODE_NAME", "POD_IP"):
+            if not env.get(name):
+                raise StartError(f"{name} is not set (the DaemonSet's downward API sets it)")
+        pod = f"{env.get('POD_NAMESPACE', '')}/{env.get('POD_NAME', '')}".strip("/")
+        return cls(imexd_dir=imexd_dir, node=env["NODE_NAME"], pod_ip=env["POD_IP"],
+                   domain_uid=uid, clique_id=env.get("CLIQUE_ID", ""), pod=pod,
+                   **options)  # type: ignore[arg-type]  # fmt: skip
+
+    @property
+    def config_path(self) -> Path:
+        return self.imexd_dir / imexcfg.CONFIG
+
+    def imex_config(self) -> imexcfg.ImexConfig:
+        return imexcfg.ImexConfig(
+            bind_ip=self.pod_ip,
+            nodes_file=self.imexd_dir / imexcfg.NODES,
+            server_port=self.server_port,
+            cmd_port=self.cmd_port,
+        )
+
+    def command(self) -> list[str]:
+        if self.simulated:
+            import sys
+
+            return [
+                sys.executable,
+                "-m",
+                "services.imexdaemon.standin",
+                "-c",
+                str(self.config_path),
+            ]
+        return [self.imex_binary, "-c", str(self.config_path)]
+
+
+class Daemon:
+    def __init__(self, bus: Bus, settings: DaemonSettings) -> None:
+        self.bus, self.s = bus, settings
+        member = DomainMember(
+            domain_uid=settings.domain_uid, node=settings.node, ip_address=settings.pod_ip,
+            clique_id=settings.clique_id, pod=settings.pod,
+        )  # fmt: skip
+        self.key = MemberKey(bus, member)
+        self.peers = Peers(settings.domain_uid, settings.clique_id)
+        self.proc: asyncio.subprocess.Process | None = None
+        self.failure = ""  # why IMEX cannot run, when it cannot
+
+    async def run(self) -> None:
+        try:
+            if not self.s.clique_id:
+                await self.key.set("Ready")  # no fabric: nothing to broker, as the reference
+                await asyncio.Event().wait()
+            self.s.imexd_dir.mkdir(parents=True, exist_ok=True)
+            imexcfg.write_atomic(self.s.config_path, self.s.imex_config().render())
+            imexcfg.write_atomic(self.s.imex_config().nodes_file, "")
+            await self.key.set("NotReady", "starting")
+            async with asyncio.TaskGroup() as group:
+                group.create_task(self._follow(DomainMember, subjects.MEMBER))
+                group.create_task(self._follow(DomainIndex, subjects.INDEX))
+                group.create_task(self._watchdog())
+                group.create_task(self._readiness())
+        finally:
+            await self._stop_imex()
+            with contextlib.suppress(Exception):
+                await self.key.leave()
+
+    async def _follow(self, kind: type[DomainMember] | type[DomainIndex], what: str) -> None:
+        pattern = f"{subjects.escape_token(self.s.domain_uid)}.{what}.*"
+        async for update in self.bus.watch_kv(BUCKET, kind, pattern):
+            parsed = subjects.parse_domain_key(update.key)
+            if parsed is None:
+                continue
+            table = self.peers.members if what == subjects.MEMBER else self.peers.indices
+            if update.value is None:
+                table.pop(parsed[2], None)
+            else:
+                table[parsed[2]] = update.value  # type: ignore[assignment]
+            self._render_peers()
+
+    def _render_peers(self) -> None:
+        if imexcfg.write_atomic(self.s.imex_config().nodes_file, self.peers.render()):
+            log.info("peers changed", extra={"peers": self.peers.node_list()})
+            # The real binary rereads its node list on SIGUSR1; the stand-in per query.
+            if not self.s.simulated and self.proc is not None and self.proc.returncode is None:
+                self.proc.send_signal(signal.SIGUSR1)
+
+    async def _watchdog(self) -> None:
+        """Run IMEX; start it again when it exits (after ``restart_s``)."""
+        while True:
+            try:
+                self.proc = await asyncio.create_subprocess_exec(
+                    *self.s.command(),
+                    env={**os.environ, **self.s.extra_env},
+                    preexec_fn=_die_with_parent,
+                )
+            except OSError as exc:
+                self.failure = f"cannot start {self.s.command()[0]}: {exc.strerror or exc}"
+                await self.key.set("Failed", self.failure)
+                await asyncio.sleep(self.s.restart_s * 10)
+                continue
+            self.failure = ""
+            code = await self.proc.wait()
+            log.warning("IMEX exited; restarting", extra={"code": code})
+            self.failure = f"IMEX exited with code {code}"
+            await asyncio.sleep(self.s.restart_s)
+
+    async def _readiness(self) -> None:
+        while True:
+            ok = await check(self.s) if not self.failure else False
+            if ok:
+                await self.key.set("Ready")
+            elif self.failure.startswith("cannot start"):
+                pass  # the watchdog has said Failed
+            else:
+                await self.key.set("NotReady", self.failure or "IMEX not READY: peers missing")
+            await asyncio.sleep(self.s.probe_s)
+
+    async def _stop_imex(self) -> None:
+        proc = self.proc
+        if proc is not None and proc.returncode is None:
+            proc.terminate()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(proc.wait(), 5)
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGKILL when the wrapper dies, however it dies.
+
+    In a pod the container's end takes IMEX with it; on a simulated node (a local
+    process) nothing else would, and an orphaned IMEX would keep answering its peers.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+async def check(settings: DaemonSettings) -> bool:
+    """The readiness probe: IMEX says exactly READY (an idle non-fabric daemon always is)."""
+    if not settings.clique_id:
+        return True
+    if settings.simulated:
+        from services.imexdaemon.standin import query
+
+        try:
+            return await query(imexcfg.read(settings.config_path)) == "READY\n"
+        except (OSError, TimeoutError, imexcfg.ConfigError):
+            return False
+    proc = await asyncio.create_subprocess_exec(
+        settings.imex_ctl, "-c", str(settings.config_path), "-q",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL,
+    )  # fmt: skip
+    out, _ = await proc.communicate()
+    return out == b"READY\n"

@@ -1,0 +1,68 @@
+"""IMEX daemons as real processes (``gpudra imex-daemon run --mode simulated``) for tests.
+
+Each simulated node binds its own loopback address, so several share the ports as
+real nodes would. Each daemon runs in its own process group: killing the group
+kills its IMEX stand-in too, as a container's death does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from services.core.access import Role
+from services.core.natsserver import NatsServer
+from services.local.cluster import free_port
+
+CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
+
+
+class Daemons:
+    def __init__(self, server: NatsServer, root: Path, addresses: dict[str, str]) -> None:
+        self.server, self.root = server, root
+        self.addresses = addresses
+        self.port, self.cmd = free_port(), free_port()
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+
+    def start(self, node: str, *, uid: str, clique: str = CLIQUE, **env: str) -> Path:
+        imexd = self.root / node
+        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
+                "--imexd-dir", str(imexd), "--server-port", str(self.port),
+                "--cmd-port", str(self.cmd), "--probe-interval", "0.2",
+                *self.server.client_argv(Role.IMEX, node)]  # fmt: skip
+        environ = {**os.environ, "NODE_NAME": node, "POD_IP": self.addresses.get(node, "127.0.0.9"),
+                   "COMPUTE_DOMAIN_UUID": uid, "CLIQUE_ID": clique, **env}  # fmt: skip
+        log = open(self.root / f"{node}.log", "ab")
+        # Its own process group: killing it kills its IMEX too, as a container's death does.
+        self.procs[node] = subprocess.Popen(
+            argv, env=environ, stdout=log, stderr=log, start_new_session=True
+        )
+        return imexd
+
+    def stop(self, node: str) -> None:
+        proc = self.procs.pop(node)
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=20)
+
+    def check(self, node: str, uid: str) -> subprocess.CompletedProcess[str]:
+        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "check", "--mode",
+                "simulated", "--imexd-dir", str(self.root / node),
+                "--server-port", str(self.port), "--cmd-port", str(self.cmd)]  # fmt: skip
+        env = {**os.environ, "NODE_NAME": node, "POD_IP": self.addresses[node],
+               "COMPUTE_DOMAIN_UUID": uid, "CLIQUE_ID": CLIQUE}  # fmt: skip
+        return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+
+    def kill(self, node: str) -> None:
+        """The daemon dies (with its IMEX) without leaving: its key stays."""
+        proc = self.procs.pop(node)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=20)
+
+    def kill_all(self) -> None:
+        for node in list(self.procs):
+            self.kill(node)

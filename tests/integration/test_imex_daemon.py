@@ -1,0 +1,178 @@
+"""``gpudra imex-daemon`` against a real nats-server, each daemon a real process.
+
+Two simulated daemons of one domain bind 127.0.0.2 and 127.0.0.3 (the same
+ports, as two nodes would); the test gives indices as the controller would (as
+the admin identity) and reads every result from the bus and the files the
+daemons render. Readiness is earned: a daemon is Ready only once its stand-in
+reaches every peer, and loses it when a peer dies.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.core import subjects
+from services.core.access import Role
+from services.core.bus import Bus
+from services.core.natsserver import NatsServer
+from services.core.schemas import DomainIndex, DomainMember
+from tests.helpers.bus import connect
+from tests.helpers.imex import CLIQUE, Daemons
+
+pytestmark = [pytest.mark.integration]
+UID = "0b7f6a52-1111-4222-8333-444455556666"
+BUCKET = subjects.DOMAINS_BUCKET
+NODES = {"tray-a": "127.0.0.2", "tray-b": "127.0.0.3"}  # as tests/helpers/imex.py
+
+
+@pytest.fixture
+async def setup(nats_server: NatsServer, tmp_path: Path) -> AsyncIterator[tuple[Daemons, Bus]]:
+    daemons = Daemons(nats_server, tmp_path, NODES)
+    admin = await connect(nats_server)
+    try:
+        yield daemons, admin
+    finally:
+        daemons.kill_all()
+        await admin.close()
+
+
+async def member(bus: Bus, node: str, uid: str = UID) -> DomainMember | None:
+    got = await bus.kv_get(BUCKET, subjects.domain_member_key(uid, node), DomainMember)
+    return got[0] if got else None
+
+
+async def until(check: Callable[[], Awaitable[Any]], timeout: float = 30.0) -> Any:
+    async def loop() -> Any:
+        while not (value := await check()):
+            await asyncio.sleep(0.05)
+        return value
+
+    return await asyncio.wait_for(loop(), timeout)
+
+
+async def status_is(bus: Bus, node: str, want: str) -> bool:
+    found = await member(bus, node)
+    return found is not None and found.status == want
+
+
+async def give_indices(bus: Bus) -> None:
+    """The controller's part: index 0 and 1, in the clique."""
+    for index, node in enumerate(NODES):
+        value = DomainIndex(domain_uid=UID, node=node, clique_id=CLIQUE, index=index)
+        await bus.kv_put(BUCKET, subjects.domain_index_key(UID, node), value)
+
+
+async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) -> None:
+    daemons, bus = setup
+    imexd = daemons.start("tray-a", uid=UID)
+    await until(lambda: member(bus, "tray-a"))
+    config = (imexd / "imexd.cfg").read_text()
+    assert "IMEX_CMD_BIND_INTERFACE_IP=127.0.0.2\n" in config
+    assert f"IMEX_NODE_CONFIG_FILE={imexd / 'nodes.cfg'}\n" in config
+    await asyncio.sleep(1.0)
+    assert await status_is(bus, "tray-a", "NotReady")  # no index yet: not in its own list
+    daemons.start("tray-b", uid=UID)
+    await until(lambda: member(bus, "tray-b"))
+    await give_indices(bus)
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+    await until(lambda: status_is(bus, "tray-b", "Ready"))
+    assert (imexd / "nodes.cfg").read_text() == "127.0.0.2\n127.0.0.3\n"  # index order
+    assert daemons.check("tray-a", UID).stdout == "READY\n"
+    daemons.kill("tray-b")  # dies without leaving: its key stays, nothing answers
+    await until(lambda: status_is(bus, "tray-a", "NotReady"))
+    assert daemons.check("tray-a", UID).returncode == 1
+    daemons.start("tray-b", uid=UID)  # comes back, same index
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+    daemons.stop("tray-b")  # SIGTERM: it leaves, its key goes
+    await until(lambda: _absent(bus, "tray-b"))
+    await until(lambda: _list_is(imexd, "127.0.0.2\n"))
+
+
+async def _list_is(imexd: Path, text: str) -> bool:
+    return (imexd / "nodes.cfg").read_text() == text
+
+
+async def _absent(bus: Bus, node: str) -> bool:
+    return await member(bus, node) is None
+
+
+async def test_a_node_outside_a_fabric_joins_ready_and_idles(setup: tuple[Daemons, Bus]) -> None:
+    daemons, bus = setup
+    daemons.start("plain", uid=UID, clique="")
+    found = await until(lambda: member(bus, "plain"))
+    assert (found.status, found.clique_id, found.ip_address) == ("Ready", "", "127.0.0.9")
+
+
+async def test_a_binary_that_cannot_start_marks_the_member_failed(
+    setup: tuple[Daemons, Bus], nats_server: NatsServer, tmp_path: Path
+) -> None:
+    daemons, bus = setup
+    argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "real",
+            "--imex-binary", str(tmp_path / "no-such-nvidia-imex"), "--imexd-dir",
+            str(tmp_path / "real"), *nats_server.client_argv(Role.IMEX, "tray-a")]  # fmt: skip
+    env = {**os.environ, "NODE_NAME": "tray-a", "POD_IP": "127.0.0.2",
+           "COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE}  # fmt: skip
+    daemons.procs["tray-a"] = subprocess.Popen(  # noqa: ASYNC220 - started, not awaited
+        argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True
+    )
+    found = await until(lambda: _failed(bus, "tray-a"))
+    assert "cannot start" in found.reason and "no-such-nvidia-imex" in found.reason
+
+
+async def _failed(bus: Bus, node: str) -> DomainMember | None:
+    found = await member(bus, node)
+    return found if found is not None and found.status == "Failed" else None
+
+
+def test_without_the_cdi_edits_it_refuses_to_start(tmp_path: Path) -> None:
+    argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--imexd-dir",
+            str(tmp_path)]  # fmt: skip
+    env = {k: v for k, v in os.environ.items() if k != "COMPUTE_DOMAIN_UUID"}
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert "CDI container edits did not apply -- is CDI enabled" in proc.stderr
+
+
+async def test_a_daemon_may_write_only_its_own_member_key(nats_server: NatsServer) -> None:
+    bus = await connect(nats_server, Role.IMEX, "tray-a")
+    try:
+        mine = DomainMember(domain_uid=UID, node="tray-a", ip_address="127.0.0.2", clique_id="")
+        await bus.kv_put(BUCKET, subjects.domain_member_key(UID, "tray-a"), mine)
+        forged = DomainMember(domain_uid=UID, node="tray-b", ip_address="6.6.6.6", clique_id="")
+        with pytest.raises(Exception, match=r"(?i)permission|timeout"):
+            await bus.kv_put(BUCKET, subjects.domain_member_key(UID, "tray-b"), forged)
+        index = DomainIndex(domain_uid=UID, node="tray-a", clique_id="", index=0)
+        with pytest.raises(Exception, match=r"(?i)permission|timeout"):
+            await bus.kv_put(BUCKET, subjects.domain_index_key(UID, "tray-a"), index)
+    finally:
+        await bus.close()
+
+
+async def test_imex_dies_with_its_wrapper(setup: tuple[Daemons, Bus]) -> None:
+    """Even a wrapper killed outright (no chance to stop it) takes its IMEX along."""
+    daemons, bus = setup
+    daemons.start("tray-a", uid=UID)
+    await until(lambda: member(bus, "tray-a"))
+    wrapper = daemons.procs["tray-a"]
+    children = await until(lambda: asyncio.to_thread(_children, wrapper.pid))
+    os.kill(wrapper.pid, signal.SIGKILL)  # the wrapper only, not its group
+    wrapper.wait(timeout=20)
+    await until(lambda: asyncio.to_thread(_all_gone, children))
+
+
+def _children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def _all_gone(pids: list[int]) -> bool:
+    return not any(Path(f"/proc/{p}").exists() for p in pids)
