@@ -22,7 +22,16 @@ from typing import Any
 import pytest
 
 from services.cli import main as gpudra
-from tests.helpers.diffcases import ANY_CLASS, CASES, DEVIATIONS, Case, Deviation, base
+from tests.helpers.diffcases import (
+    ANY_CLASS,
+    CASES,
+    DEVIATIONS,
+    Case,
+    Deviation,
+    base,
+    claim,
+    exactly,
+)
 
 pytestmark = pytest.mark.e2e
 
@@ -92,3 +101,24 @@ def test_documented_deviations(deviation: Deviation, reference: Path, tmp_path: 
     ours = {n: e["status"] for n, e in _claims(stdout).items()}
     assert theirs == deviation.reference, ref.stdout
     assert ours == deviation.ours, stdout
+
+
+def test_a_compact_json_file_of_a_buffer_multiple_is_read_whole(
+    reference: Path, tmp_path: Path
+) -> None:
+    """reference-allocator once read a one-line JSON file of 12288 bytes as nothing
+    (the YAML reader's 4096-byte buffer): every claim must still be reported."""
+    items = [*base(), claim(exactly())]
+    document = {"apiVersion": "v1", "kind": "List", "items": items}
+    text = json.dumps(document)
+    items[-1]["metadata"]["annotations"] = {"pad": "x" * (8192 - len(text) - 28)}
+    text = json.dumps(document)
+    assert len(text) == 8192, len(text)
+    path = tmp_path / "compact.json"
+    path.write_text(text)
+    ref = subprocess.run(
+        [str(reference), "-f", str(path), "-o", "json"], capture_output=True, text=True
+    )
+    code, stdout, stderr = _ours(path, "")
+    assert (code, ref.returncode) == (0, 0), (stderr, ref.stderr)
+    assert list(_claims(stdout)) == list(_claims(ref.stdout)) == ["c"]
