@@ -3,8 +3,10 @@
 Contract (external scenario suites call it):
 ``gpudra allocate -f FILE [-f FILE ...] [--node NODE] [--feature-gates NAME=bool,...]
 [-o json|yaml|text]`` prints ``{"claims": [{namespace, name, status, node,
-allocation, error, explanation}]}``; exit 0 whenever the input parsed, 2 with a
-message naming the file and document when it did not. ``gpudra explain`` takes
+allocation, error, explanation}]}``; exit 0 whenever the input was read, 2 with a
+message naming the file and document when it was not, or when kube-apiserver
+1.35 would refuse an object under the given gates (then also the object, the
+field and the API server's reason; services/offline/apivalidate.py). ``gpudra explain`` takes
 the same arguments and prints, for people, why each claim is or is not allocated.
 """
 

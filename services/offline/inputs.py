@@ -1,9 +1,13 @@
-"""Read DeviceClasses, ResourceSlices, ResourceClaims and Nodes from YAML or JSON files.
+"""Read DeviceClasses, ResourceSlices, ResourceClaims, Nodes and Namespaces from YAML or JSON.
 
 A file may hold several YAML documents, one JSON object, or a ``kind: List``.
 Anything we cannot use is refused with :class:`InputError` naming the file and
 the document (1-based; ``item`` for entries of a List), so a what-if run never
-silently drops an object.
+silently drops an object. Each object is decoded strictly and validated as
+kube-apiserver does on create (:mod:`services.offline.strict`,
+:mod:`services.offline.apivalidate`), so what a cluster would refuse is refused
+here in the API server's words. Namespaces are read first wherever they stand,
+as their labels decide whether a claim may ask for adminAccess.
 """
 
 from __future__ import annotations
@@ -16,12 +20,15 @@ from typing import Any
 import msgspec
 import yaml
 
+from services.allocator.cel.env import CelEnvironment
 from services.allocator.structured.admission import admit_claim, admit_slice
 from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.snapshot import Inputs
 from services.core.quantity import Quantity, QuantityError
 from services.core.resource import API_VERSION, DeviceClass, ResourceClaim, ResourceSlice
+from services.offline import apivalidate
+from services.offline.strict import StrictError, strict
 
 _KINDS: dict[str, type[msgspec.Struct]] = {
     "DeviceClass": DeviceClass,
@@ -100,48 +107,82 @@ def _check_quantities(obj: msgspec.Struct) -> None:
 
 def _check_claim(claim: ResourceClaim) -> None:
     if not claim.metadata.name:
-        raise ValueError("metadata.name: a claim needs a name")
-    for i, request in enumerate(
-        (claim.spec.devices.requests if claim.spec.devices else None) or []
-    ):
-        if (request.exactly is None) == (not request.first_available):
-            raise ValueError(
-                f"spec.devices.requests[{i}] ({request.name}): "
-                "exactly one of exactly or firstAvailable must be set"
-            )
+        raise ValueError("metadata.name: Required value: name or generateName is required")
 
 
 def load(paths: list[Path], features: Features | None = None) -> Inputs:
     """Read every file; raises :class:`InputError` at the first unusable document.
 
     With ``features``, each object is admitted as the API server would store it
-    under those gates (see :mod:`services.allocator.structured.admission`).
+    under those gates (see :mod:`services.allocator.structured.admission`) and
+    validated under them.
     """
-    inputs = Inputs()
-    for path in paths:
-        for where, doc in _documents(path):
-            _add(inputs, where, doc, features)
-    return inputs
+    documents = [(where, doc) for path in paths for where, doc in _documents(path)]
+    reader = _Reader(features)
+    for where, doc in documents:
+        if isinstance(doc, dict) and (doc.get("apiVersion"), doc.get("kind")) == (
+            "v1",
+            "Namespace",
+        ):
+            reader.namespace(where, doc)
+    for where, doc in documents:
+        reader.add(where, doc)
+    return reader.inputs
 
 
-def _add(inputs: Inputs, where: str, doc: Any, features: Features | None = None) -> None:
-    if not isinstance(doc, dict):
-        raise InputError(f"{where}: expected an object, got {type(doc).__name__}")
-    api_version, kind = doc.get("apiVersion"), doc.get("kind")
-    if api_version == "v1" and kind == "Node":
+class _Reader:
+    """One load: the objects so far, the Namespaces' labels and the CEL environment."""
+
+    def __init__(self, features: Features | None) -> None:
+        self.inputs = Inputs()
+        self.features = features
+        self.namespaces: dict[str, dict[str, str]] = {}
+        consumable = features.consumable_capacity if features else True
+        self.env = CelEnvironment(consumable_capacity=consumable)
+
+    def namespace(self, where: str, doc: dict[str, Any]) -> None:
+        meta = doc.get("metadata") or {}
+        name, labels = meta.get("name"), meta.get("labels") or {}
+        if not isinstance(name, str) or not name or not isinstance(labels, dict):
+            raise InputError(f"{where}: Namespace needs metadata.name and string labels")
+        self.namespaces[name] = {str(k): str(v) for k, v in labels.items()}
+
+    def add(self, where: str, doc: Any) -> None:
+        if not isinstance(doc, dict):
+            raise InputError(f"{where}: expected an object, got {type(doc).__name__}")
+        api_version, kind = doc.get("apiVersion"), doc.get("kind")
+        if api_version == "v1" and kind == "Namespace":
+            return  # read first, see load()
+        if api_version == "v1" and kind == "Node":
+            self._node(where, doc)
+            return
+        if api_version != API_VERSION or kind not in _KINDS:
+            raise InputError(
+                f"{where}: unsupported object apiVersion={api_version!r} kind={kind!r}; expected "
+                f"{API_VERSION} DeviceClass, ResourceSlice or ResourceClaim, or v1 Node or "
+                "Namespace"
+            )
+        try:
+            strict(doc, _KINDS[kind])
+            obj = msgspec.convert(doc, _KINDS[kind])
+        except (msgspec.ValidationError, StrictError) as exc:
+            raise InputError(f"{where}: invalid {kind}: {exc}") from exc
+        label = _label(obj)
+        try:
+            self._admit(obj)
+        except ValueError as exc:
+            raise InputError(f"{where}: invalid {kind} {label}: {exc}") from exc
+        self._keep(where, obj, label)
+
+    def _node(self, where: str, doc: dict[str, Any]) -> None:
         meta = doc.get("metadata") or {}
         name, labels = meta.get("name"), meta.get("labels") or {}
         if not isinstance(name, str) or not name or not isinstance(labels, dict):
             raise InputError(f"{where}: Node needs metadata.name and string labels")
-        inputs.nodes[name] = Node(name, {str(k): str(v) for k, v in labels.items()})
-        return
-    if api_version != API_VERSION or kind not in _KINDS:
-        raise InputError(
-            f"{where}: unsupported object apiVersion={api_version!r} kind={kind!r}; expected "
-            f"{API_VERSION} DeviceClass, ResourceSlice or ResourceClaim, or v1 Node"
-        )
-    try:
-        obj = msgspec.convert(doc, _KINDS[kind])
+        self.inputs.nodes[name] = Node(name, {str(k): str(v) for k, v in labels.items()})
+
+    def _admit(self, obj: msgspec.Struct) -> None:
+        features = self.features
         if features is not None and isinstance(obj, ResourceSlice):
             admit_slice(obj, features)
         elif features is not None and isinstance(obj, ResourceClaim):
@@ -149,11 +190,38 @@ def _add(inputs: Inputs, where: str, doc: Any, features: Features | None = None)
         _check_quantities(obj)
         if isinstance(obj, ResourceClaim):
             _check_claim(obj)
-    except (msgspec.ValidationError, ValueError) as exc:
-        raise InputError(f"{where}: invalid {kind}: {exc}") from exc
-    if isinstance(obj, DeviceClass):
-        inputs.classes[obj.metadata.name] = obj
-    elif isinstance(obj, ResourceSlice):
-        inputs.slices.append(obj)
-    elif isinstance(obj, ResourceClaim):
-        inputs.claims.append(obj)
+        errors = self._validate(obj)
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    def _validate(self, obj: msgspec.Struct) -> list[str]:
+        if isinstance(obj, DeviceClass):
+            return apivalidate.validate_class(obj, self.env)
+        if isinstance(obj, ResourceSlice):
+            return apivalidate.validate_slice(obj)
+        if isinstance(obj, ResourceClaim):
+            errors = apivalidate.validate_claim(obj, self.env)
+            namespace = obj.metadata.namespace or "default"
+            return errors or apivalidate.authorized_for_admin(obj, self.namespaces.get(namespace))
+        return []
+
+    def _keep(self, where: str, obj: msgspec.Struct, label: str) -> None:
+        inputs = self.inputs
+        if isinstance(obj, DeviceClass):
+            if obj.metadata.name in inputs.classes:
+                raise InputError(f"{where}: DeviceClass {label} given twice")
+            inputs.classes[obj.metadata.name] = obj
+        elif isinstance(obj, ResourceSlice):
+            inputs.slices.append(obj)
+        elif isinstance(obj, ResourceClaim):
+            if any(_label(other) == label for other in inputs.claims):
+                raise InputError(f"{where}: ResourceClaim {label} given twice")
+            inputs.claims.append(obj)
+
+
+def _label(obj: msgspec.Struct) -> str:
+    meta = getattr(obj, "metadata", None)
+    name = getattr(meta, "name", "") or ""
+    if isinstance(obj, ResourceClaim):
+        return f"{obj.metadata.namespace or 'default'}/{name}"
+    return name

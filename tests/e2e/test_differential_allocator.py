@@ -2,13 +2,15 @@
 k8s.io/dynamic-resource-allocation/structured v0.35) on seeded generated scenarios.
 
 Scenarios (test_differential_scenarios.py) are grouped into batches, one set of
-Kubernetes feature gates per batch, and written into one input file per
-batch; each allocator runs once per batch (ours in process through the CLI's
-entry point, the reference as its binary, at the same time). For every claim
-both must give the same status; every allocation of either must pass the
-independent checker; and as each node's devices sit in one pool (so Go's
-random map order over pools cannot change which device comes first), both
-must choose the same node and devices.
+Kubernetes feature gates per batch (every combination of the six 1.35 gates
+that change allocation, tests/helpers/scenarios.py GATE_SETS, in turn), and
+written into one input file per batch; each allocator runs once per batch
+(ours in process through the CLI's entry point, the reference as its binary,
+at the same time). For every claim both must give the same status; every
+allocation of either must pass the independent checker; and as each node's
+devices sit in one pool (so Go's random map order over pools cannot change
+which device comes first), both must choose the same node and devices (share
+IDs, random in both, by presence).
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_allocator.py``;
 a failure prints the seed, the scenario, and the file with its objects.
@@ -19,6 +21,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
@@ -32,8 +35,8 @@ from tests.helpers.scenarios import GATE_SETS, Scenario, check, generate
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
-SCENARIOS = int(os.environ.get("GPUDRA_DIFF_SCENARIOS", "240"))
-PER_BATCH = 24
+SCENARIOS = int(os.environ.get("GPUDRA_DIFF_SCENARIOS", "512"))
+PER_BATCH = 8  # 512 scenarios: each of the 64 gate combinations once
 BATCHES = range((SCENARIOS + PER_BATCH - 1) // PER_BATCH)
 
 
@@ -66,10 +69,13 @@ def _by_claim(document: dict[str, Any], namespace: str) -> dict[str, dict[str, A
 
 
 def _choice(entry: dict[str, Any]) -> str:
-    """Node and the whole allocation (results with every field, configs, node selector)."""
-    return json.dumps(
-        {"node": entry.get("node"), "allocation": entry.get("allocation")}, sort_keys=True
-    )
+    """Node and the whole allocation (results with every field, configs, node selector);
+    a share ID is random in both, so only its presence counts."""
+    allocation = json.loads(json.dumps(entry.get("allocation")))
+    for result in ((allocation or {}).get("devices") or {}).get("results") or []:
+        if result.get("shareID"):
+            result["shareID"] = "<random>"
+    return json.dumps({"node": entry.get("node"), "allocation": allocation}, sort_keys=True)
 
 
 def _compare(sc: Scenario, ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
@@ -86,9 +92,23 @@ def _compare(sc: Scenario, ours: dict[str, Any], theirs: dict[str, Any]) -> list
             )
         elif a["status"] == "allocated" and _choice(a) != _choice(b):
             problems.append(f"{name}: ours chose {_choice(a)}, reference {_choice(b)}")
+        elif a["status"] == "unschedulable":
+            problems += _explained(name, a, b)
     problems += [f"ours: {p}" for p in check(sc, mine)]
     problems += [f"reference: {p}" for p in check(sc, ref)]
     return problems
+
+
+def _explained(name: str, ours: dict[str, Any], theirs: dict[str, Any]) -> list[str]:
+    """Our explanation of an unschedulable claim names a cause and, where the
+    scheduler tried nodes ("0/N nodes are available"), as many nodes."""
+    explanation = ours.get("explanation") or {}
+    if not (explanation.get("requests") or explanation.get("claim")):
+        return [f"{name}: unschedulable without a cause: {explanation}"]
+    tried = re.match(r"0/(\d+) nodes are available", theirs.get("explanation") or "")
+    if tried and int(tried.group(1)) != explanation.get("nodes"):
+        return [f"{name}: explained over {explanation.get('nodes')} nodes, tried {tried.group(1)}"]
+    return []
 
 
 @pytest.fixture(scope="module")

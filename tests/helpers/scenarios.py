@@ -42,19 +42,42 @@ TEMPLATE_NODE = "tmplnode"
 FLEETS = ("dgx-a100", "dgx-h100", "h200x8", "l4x4", "mixed")
 
 
-DRIVER_GATES = ("", "", "DynamicMIG=true", "PassthroughSupport=true")
+# Driver gates of the rendered slices; after ";" a --consumable-shares mode
+# (shared devices with capacity request policies, as the publisher renders them).
+DRIVER_GATES = (
+    "",
+    "",
+    "DynamicMIG=true",
+    "PassthroughSupport=true",
+    "ConsumableShares=true;memory",
+    "ConsumableShares=true;4",
+)
 
 
 RK = "resource.kubernetes.io"
 
 
-GATE_SETS = (
-    "",
-    "DRAPartitionableDevices=true",
-    "DRADeviceTaints=true",
-    "DRAPartitionableDevices=true,DRADeviceTaints=true",
-    "DRAConsumableCapacity=true",
+# Every Kubernetes 1.35 gate that changes structured allocation (the ones
+# services/allocator/structured/features.py knows), in all 64 combinations,
+# each written out in full; the first is 1.35's defaults.
+KUBE_GATES = (
+    "DRAAdminAccess",
+    "DRAPrioritizedList",
+    "DRAPartitionableDevices",
+    "DRADeviceTaints",
+    "DRAConsumableCapacity",
+    "DRADeviceBindingConditions",
 )
+_DEFAULT_ON = 0b000011  # DRAAdminAccess, DRAPrioritizedList
+
+
+def _gate_set(bits: int) -> str:
+    return ",".join(
+        f"{name}={'true' if bits >> i & 1 else 'false'}" for i, name in enumerate(KUBE_GATES)
+    )
+
+
+GATE_SETS = tuple(_gate_set(bits ^ _DEFAULT_ON) for bits in range(2 ** len(KUBE_GATES)))
 
 
 ERR = object()  # a CEL evaluation error
@@ -292,9 +315,55 @@ def atoms(d: str, rng: random.Random, facts: dict[str, list[str]]) -> list[Calla
             lambda dev: dev.driver != "",
         )
 
+    # The Kubernetes CEL environment beyond the basics (issue 16): cel-go's
+    # equality for Semver operands, the lists and IP libraries, two-variable
+    # comprehensions, quantity and string functions.
+    def semver_equals_string() -> Sel:  # a Semver on the left: "no such overload"
+        return Sel(f'{attrs}.driverVersion == "570.124.6"', lambda dev: ERR)
+
+    def string_equals_semver() -> Sel:  # a string on the left: false
+        return Sel(
+            f'"570.124.6" == {attrs}.driverVersion',
+            lambda dev: _with(_attr(dev, d, "driverVersion"), lambda v: False),
+        )
+
+    def memory_is_integer() -> Sel:
+        def fn(dev: Dev) -> Tri:
+            return ERR if dev.capacity.get((d, "memory")) is None else True
+
+        return Sel(f'device.capacity["{d}"].memory.isInteger()', fn)
+
+    def name_words() -> Sel:
+        return Sel(
+            f'{attrs}.productName.split(" ").sort().size() > 2',
+            lambda dev: _with(_attr(dev, d, "productName"), lambda v: len(v.split(" ")) > 2),
+        )
+
+    def two_variables() -> Sel:
+        name = rng.choice(["profile", "uuid", "parentUUID"])
+        return Sel(
+            f'device.attributes["{d}"].exists(k, v, k == "{name}")',
+            lambda dev: (d, name) in dev.attributes,
+        )
+
+    def index_of() -> Sel:
+        part = rng.choice(["H1", "A100", "L4"])
+        return Sel(
+            f'{attrs}.productName.indexOf("{part}") >= 0',
+            lambda dev: _with(_attr(dev, d, "productName"), lambda v: part in v),
+        )
+
+    def not_an_ip() -> Sel:
+        return Sel(
+            f'!isIP(device.attributes["{RK}"].pciBusID)',
+            lambda dev: _with(_attr(dev, RK, "pciBusID"), lambda v: True),
+        )
+
     common = [product, product_prefix, memory, has_memory, compute, driver_major]
     common += [numa, architecture, brand, profile, other_domain]
-    rare = [misspelt] + ([profile_in] if facts["profile"] else [])
+    common += [string_equals_semver, memory_is_integer, name_words, two_variables, index_of]
+    rare = [misspelt, semver_equals_string, not_an_ip]
+    rare += [profile_in] if facts["profile"] else []
     return common * 4 + rare
 
 
@@ -316,9 +385,14 @@ def selector(d: str, rng: random.Random, facts: dict[str, list[str]]) -> Sel:
 def rendered(fleet: str, gates: str) -> str:
     """Our publisher's slices for a node named TEMPLATE_NODE, as JSON text."""
     argv = ["slices", "--fleet", fleet, "--node", TEMPLATE_NODE, "-o", "json"]
+    gates, _, shares = gates.partition(";")
+    if gates:
+        argv += ["--feature-gates", gates]
+    if shares:
+        argv += ["--consumable-shares", shares]
     out = io.StringIO()
     with redirect_stdout(out):
-        assert gpudra([*argv, "--feature-gates", gates] if gates else argv) == 0
+        assert gpudra(argv) == 0
     return json.dumps(json.loads(out.getvalue())["items"])
 
 
@@ -380,6 +454,8 @@ def generate(seed: int, index: int, gates: str) -> Scenario:
             slice_["spec"]["driver"] = sc.driver
         if rng.random() < 0.3:
             _taint(rng, slices)
+        if rng.random() < 0.25:
+            _binding_conditions(rng, slices)
         sc.slices += slices
     devices = sc.devices()
     facts = {
@@ -419,6 +495,16 @@ def _taint(rng: random.Random, slices: list[dict[str, Any]]) -> None:
                 device["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": effect}]
 
 
+def _binding_conditions(rng: random.Random, slices: list[dict[str, Any]]) -> None:
+    """Binding conditions on some devices of one slice (dropped with the gate off;
+    with it on, both allocators try such devices and their pools last)."""
+    devices = rng.choice(slices)["spec"].get("devices") or []
+    for device in devices:
+        if rng.random() < 0.5:
+            device["bindingConditions"] = ["attached"]
+            device["bindingFailureConditions"] = ["failed"]
+
+
 def _request_body(
     rng: random.Random, sc: Scenario, key: tuple[str, str], facts: dict[str, list[str]]
 ) -> dict[str, Any]:
@@ -432,6 +518,10 @@ def _request_body(
         body["allocationMode"] = "All"
     else:
         body["count"] = rng.choice([1, 1, 1, 1, 2, 2, 3, 4])
+    if _gate(sc.gates, "DRAConsumableCapacity") and rng.random() < 0.3:
+        name = rng.choice(["memory", "shares"])
+        value = rng.choice(["1Gi", "4Gi", "10Gi"] if name == "memory" else ["1", "2"])
+        body["capacity"] = {"requests": {name: value}}
     if rng.random() < 0.25:
         toleration: dict[str, Any] = {"key": "gpu.nvidia.com/xid", "operator": "Exists"}
         if rng.random() < 0.5:
@@ -490,15 +580,19 @@ def _claim(
     requests = []
     for r in range(rng.choice([1, 1, 1, 2, 2, 3])):
         request: dict[str, Any] = {"name": f"r{r}"}
-        if rng.random() < 0.2:
+        if rng.random() < 0.2 and _gate(sc.gates, "DRAPrioritizedList"):
             subs = []
             for s in range(rng.randint(2, 3)):
                 sub = _request_body(rng, sc, (name, f"r{r}/s{s}"), facts)
+                if s > 0 and sub.pop("allocationMode", None):
+                    # A later "All" subrequest is a documented deviation
+                    # (docs/differences.md; tests/helpers/diffcases.py DEVIATIONS).
+                    sub["count"] = 1
                 subs.append({"name": f"s{s}", **sub})
             request["firstAvailable"] = subs
         else:
             body = _request_body(rng, sc, (name, f"r{r}"), facts)
-            if rng.random() < 0.05:
+            if rng.random() < 0.05 and _gate(sc.gates, "DRAAdminAccess"):
                 body["adminAccess"] = True
             request["exactly"] = body
         requests.append(request)
@@ -701,8 +795,8 @@ def check(sc: Scenario, outcomes: dict[str, dict[str, Any]]) -> list[str]:
         problems += [f"{where}: {p}" for p in _check_claim(sc, claim, out, devices)]
         for r in out["allocation"]["devices"]["results"]:
             key = (r["driver"], r["pool"], r["device"])
-            if r.get("adminAccess"):
-                continue
+            if r.get("adminAccess") or r.get("shareID"):
+                continue  # shares of one device: the exact comparison of choices covers them
             if key in in_use:
                 problems.append(f"{where}: {'/'.join(key)} already used by {in_use[key]}")
             in_use[key] = name

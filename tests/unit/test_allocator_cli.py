@@ -118,8 +118,17 @@ spec:
 @pytest.mark.parametrize(
     ("claim", "gates", "fragment"),
     [
-        (PRIORITIZED_CLAIM, "DRAPrioritizedList=false", "firstAvailable is dropped"),
-        (DISTINCT_CLAIM, "DRAConsumableCapacity=false", "distinctAttribute is dropped"),
+        (
+            PRIORITIZED_CLAIM,
+            "DRAPrioritizedList=false",
+            "spec.devices.requests[0]: Required value: exactly one of `exactly` or "
+            "`firstAvailable` is required",
+        ),
+        (
+            DISTINCT_CLAIM,
+            "DRAConsumableCapacity=false",
+            "spec.devices.constraints[0].matchAttribute: Required value",
+        ),
     ],
 )
 def test_objects_the_api_server_refuses_once_gated_fields_drop_exit_2(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF
 from services.allocator.cel.parse import Node, device_path
 
 COST_LIMIT = 1_000_000
@@ -24,6 +25,9 @@ MAX_ENTRIES = 32  # attributes + capacities per device
 MAX_STRING = 64  # attribute string / version length
 MAX_DRIVER = 63
 UNKNOWN_SIZE = MAX_STRING  # a value of unknown origin: bounded like a device string
+# What cel-go cannot bound: a field or element of an attribute value (Kubernetes'
+# unknown type) or of a function's result. Scanning one is over any limit.
+UNBOUNDED = 10**10
 _TRAVERSAL = 0.1
 
 _COMPREHENSIONS = {"all", "exists", "exists_one", "filter", "map"}
@@ -44,6 +48,7 @@ _STRING_SCANS = {
     "reverse",
     "format",
 }
+_CONSTRUCTORS = {"semver", "quantity", "ip", "cidr", "url"}
 _REGEX = {"matches", "find", "findAll"}
 _LIST_SCANS = {"isSorted", "sum", "min", "max", "indexOf", "lastIndexOf"}
 
@@ -84,14 +89,17 @@ class _Estimator:
         elif path in (["attributes"], ["capacity"]):
             size = MAX_ENTRIES
         else:
-            size = UNKNOWN_SIZE
+            size = _member_size(node.args[0], scope)
         return Estimate(inner.cost + 1, size)
 
     def _index(self, node: Node, scope: dict[str, int]) -> Estimate:
         inner = self.visit(node.args[0], scope)
         key = self.visit(node.args[1], scope)
         base = node.args[0]
-        size = MAX_ENTRIES if device_path(base) in (["attributes"], ["capacity"]) else UNKNOWN_SIZE
+        if device_path(base) in (["attributes"], ["capacity"]):
+            size = MAX_ENTRIES
+        else:
+            size = _member_size(base, scope)
         return Estimate(inner.cost + key.cost + 1, size)
 
     def _list(self, node: Node, scope: dict[str, int]) -> Estimate:
@@ -123,7 +131,9 @@ class _Estimator:
         if node.name == "in":
             return Estimate(base + 1 + right.size, 1)
         if node.name in ("==", "!=", "<", "<=", ">", ">="):
-            return Estimate(base + 1 + _scan(min(left.size, right.size)), 1)
+            # A value without a size (a Semver, a Quantity) compares in one step.
+            smaller = min(left.size, right.size)
+            return Estimate(base + 1 + (_scan(smaller) if smaller < UNBOUNDED else 0), 1)
         return Estimate(base + 1, 1)
 
     def _call(self, node: Node, scope: dict[str, int]) -> Estimate:
@@ -136,6 +146,17 @@ class _Estimator:
             return Estimate(init.cost + body.cost, body.size)
         if name == "has" and len(node.args) == 1:
             return self.visit(node.args[0], scope)
+        if name in _CONSTRUCTORS and not node.target:
+            # Measured: cel-go keeps no size for these values, so scanning one (after
+            # dyn()) is over the limit.
+            return Estimate(sum(self.visit(a, scope).cost for a in node.args) + 1, UNBOUNDED)
+        if name == "type" and not node.target:
+            # Measured against kube-apiserver 1.35: any type() is over the limit.
+            return Estimate(COST_LIMIT + 1, 1)
+        if name in (INDEX_OF, LAST_INDEX_OF) and node.target and _string_list(node.args[0]):
+            # Measured against kube-apiserver 1.35: Kubernetes' list indexOf over
+            # strings is estimated with strings of unbounded size, over the limit.
+            return Estimate(COST_LIMIT + 1, 1)
         args = [self.visit(a, scope) for a in node.args]
         base = sum(a.cost for a in args)
         first = args[0].size if args else 1
@@ -157,3 +178,20 @@ class _Estimator:
         inner = {**scope, var: UNKNOWN_SIZE}
         step = sum(self.visit(a, inner).cost for a in node.args[2:]) + 1
         return Estimate(target.cost + 1 + target.size * step, target.size)
+
+
+def _string_list(node: Node) -> bool:
+    """A list known to hold strings: a literal with a string element, or ``split``'s result."""
+    if node.kind == "list":
+        return any(a.kind == "lit" and isinstance(a.value, str) for a in node.args)
+    return node.kind == "call" and node.name == "split"
+
+
+def _member_size(base: Node, scope: dict[str, int]) -> int:
+    """The size of ``base.x`` / ``base[x]``: an attribute or capacity of a device, or
+    an element of a literal or a variable, is bounded; anything deeper is not."""
+    if base.kind == "index" and device_path(base.args[0]) in (["attributes"], ["capacity"]):
+        return UNKNOWN_SIZE
+    if base.kind in ("list", "map", "lit") or (base.kind == "ident" and base.name in scope):
+        return UNKNOWN_SIZE
+    return UNBOUNDED

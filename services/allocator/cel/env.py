@@ -36,8 +36,11 @@ from typing import Any
 from cel_expr_python import cel
 from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
+from services.allocator.cel import check as celcheck
 from services.allocator.cel import cost as celcost
 from services.allocator.cel import lib as cellib
+from services.allocator.cel import literals as celliterals
+from services.allocator.cel import macros as celmacros
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.parse import Node, ParseError, device_path, parse
 from services.allocator.cel.semver import Semver
@@ -112,6 +115,10 @@ def runtime_message(text: str) -> str:
     return text
 
 
+_CONVERSIONS = frozenset(("int", "uint", "double", "string", "bytes", "bool"))
+_UNKNOWN_TYPE_NAMES = ("google.protobuf.Any", "ERROR", "error")
+
+
 def _type_name(t: Any) -> str:
     name = str(t.name()).lower()
     return {"list": "list(dyn)", "map": "map(dyn, dyn)"}.get(name, name)
@@ -124,16 +131,8 @@ class CelEnvironment:
         self.consumable_capacity = consumable_capacity
         self.cost_limit = cost_limit
         self.fields = DEVICE_FIELDS + ((MULTI_ALLOC_FIELD,) if consumable_capacity else ())
-        self._env = cel.NewEnv(
-            celtypes.POOL,
-            variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN)},
-            extensions=[
-                ext_strings.ExtStrings(2),
-                ext_bindings.ExtBindings(),
-                ext_optional.ExtOptional(),
-            ],
-            functions=cellib.functions(),
-        )
+        self._env = _new_env({})
+        self._typed = _new_env(_typed_variables(consumable_capacity))
         self._cache: dict[str, Selector] = {}
 
     # ------------------------------------------------------------ compile
@@ -147,21 +146,28 @@ class CelEnvironment:
 
     def _compile(self, expression: str) -> Selector:
         selector = Selector(expression)
+        typed_source = expression
         try:
             checked = self._env.compile(expression)
         except RuntimeError as exc:
-            selector.error = "compilation failed: " + _status_text(str(exc))
-            return selector
-        out = checked.return_type()
-        if out != cel.Type.BOOL and out != cel.Type.DYN:
-            selector.error = f"must evaluate to bool or the unknown type, not {_type_name(out)}"
-            return selector
+            rewritten = celmacros.rewrite(expression)
+            try:
+                checked = self._env.compile(rewritten) if rewritten else None
+            except RuntimeError:
+                checked = None
+            if checked is None or rewritten is None:
+                selector.error = "compilation failed: " + _status_text(str(exc))
+                return selector
+            typed_source = celmacros.rewrite(expression, for_check=True) or rewritten
+            expression = rewritten
         try:
             tree = parse(expression)
         except ParseError:
             selector.program = checked  # the runtime understood it; skip the extras
             return selector
-        problem = self._check_fields(tree)
+        problem = self._check_fields(tree) or self._check_types(
+            expression, tree, checked, typed_source
+        )
         if problem:
             selector.error = problem
             return selector
@@ -174,9 +180,69 @@ class CelEnvironment:
             return selector
         selector.references = _references(tree)
         selector.facts = signature(tree)
-        rewritten = _default_domains(expression, tree)
-        selector.program = checked if rewritten == expression else self._env.compile(rewritten)
+        selector.program = self._program(expression, tree, checked)
         return selector
+
+    def _check_types(
+        self, expression: str, tree: Node, checked: Any, typed_source: str
+    ) -> str | None:
+        """Kubernetes' static checks: typed ``device`` fields, the result type and
+        homogeneous literals (see :mod:`services.allocator.cel.check`).
+        ``typed_source`` is the text to type-check (macros.py's checking form)."""
+        mixed = celcheck.heterogeneous_literal(expression, tree)
+        if mixed:
+            return "compilation failed: " + mixed
+        problem = celliterals.literal_problem(expression, tree) or self._folded(expression, tree)
+        if problem:
+            return problem
+        if typed_source != expression:
+            try:
+                tree = parse(typed_source)
+            except ParseError:
+                typed_source, tree = expression, tree
+        typed = celcheck.typed_rewrite(typed_source, tree)
+        if typed != expression:
+            try:
+                checked = self._typed.compile(typed)
+            except RuntimeError as exc:
+                return "compilation failed: " + _kubernetes_names(_status_text(str(exc)))
+        out = checked.return_type()
+        # An attribute value has Kubernetes' "unknown type" (google.protobuf.Any,
+        # which cel-cpp reports as an error type): a selector may return one as
+        # it is, and it is checked at run time; dyn is refused, as in cel-go.
+        if out == cel.Type.BOOL or str(out.name()) in _UNKNOWN_TYPE_NAMES:
+            return None
+        return f"must evaluate to bool or the unknown type, not {_type_name(out)}"
+
+    def _folded(self, expression: str, tree: Node) -> str | None:
+        """cel-go folds a type conversion of a constant when it plans the program; one
+        that fails (``uint(dyn(b'x'))``) fails the program, which the API server refuses."""
+        for node in tree.walk():
+            if node.kind != "call" or node.target or node.name not in _CONVERSIONS:
+                continue
+            if any(n.kind == "ident" or n.target for n in node.walk()):
+                continue
+            try:
+                result = self._env.compile(expression[node.start : node.end]).eval()
+            except RuntimeError:
+                continue
+            if result.type() == cel.Type.ERROR:
+                message = runtime_message(str(result.value()))
+                return celliterals.INSTANTIATION + message
+        return None
+
+    def _program(self, expression: str, tree: Node, checked: Any) -> Any:
+        """The program to run: unknown domains read as ``{}``, and cel-go's equality
+        for Semver and Quantity operands (kept out if the rewrite does not compile)."""
+        domains = _default_domain_edits(expression, tree)
+        for edits in (domains + celcheck.equality_edits(expression, tree), domains):
+            if not edits:
+                return checked
+            try:
+                return self._env.compile(celcheck.apply_edits(expression, edits))
+            except RuntimeError:
+                continue
+        return checked
 
     def _check_fields(self, tree: Node) -> str | None:
         for node in tree.walk():
@@ -229,7 +295,10 @@ class CelEnvironment:
         """Evaluate a compiled selector; raises :class:`CelError` (kind ``runtime``)."""
         if selector.program is None:
             raise CelError("compile", selector.error or "not compiled")
-        result = selector.program.eval(activation)
+        try:
+            result = selector.program.eval(activation)
+        except RuntimeError as exc:  # cel-cpp's own limits, e.g. its comprehension budget
+            raise CelError("runtime", _status_text(str(exc))) from exc
         kind = result.type()
         if kind == cel.Type.BOOL:
             return bool(result.value())
@@ -253,16 +322,50 @@ def _is_device_map(node: Node) -> bool:
     return device_path(node) in (["attributes"], ["capacity"])
 
 
-def _default_domains(expression: str, tree: Node) -> str:
+def _default_domain_edits(expression: str, tree: Node) -> list[celcheck.Edit]:
     """Rewrite ``device.attributes[k]`` as ``device.attributes[?k].orValue(dyn({}))``."""
-    edits: list[tuple[int, str]] = []
+    edits: list[celcheck.Edit] = []
     for node in tree.walk():
         if node.kind == "index" and not node.optional and _is_device_map(node.args[0]):
             bracket = expression.index("[", node.args[0].end)
-            edits += [(bracket + 1, "?"), (node.end, ".orValue(dyn({}))")]
-    for pos, text in sorted(edits, reverse=True):
-        expression = expression[:pos] + text + expression[pos:]
-    return expression
+            edits += [(bracket + 1, bracket + 1, "?"), (node.end, node.end, ".orValue(dyn({}))")]
+    return edits
+
+
+def _new_env(typed: dict[str, Any]) -> Any:
+    return cel.NewEnv(
+        celtypes.POOL,
+        variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN), **typed},
+        extensions=[
+            ext_strings.ExtStrings(2),
+            ext_bindings.ExtBindings(),
+            ext_optional.ExtOptional(),
+        ],
+        functions=cellib.functions(),
+    )
+
+
+_ANY = cel.Type("google.protobuf.Any")  # Kubernetes' AnyType for attribute values
+
+
+def _typed_variables(consumable_capacity: bool) -> dict[str, Any]:
+    """``device.<field>`` as Kubernetes types it, one variable per field (check.py)."""
+    string = cel.Type.STRING
+    variables = {
+        "device_driver": string,
+        "device_attributes": cel.Type.Map(string, cel.Type.Map(string, _ANY)),
+        "device_capacity": cel.Type.Map(string, cel.Type.Map(string, cellib.Q)),
+    }
+    if consumable_capacity:
+        variables["device_allowMultipleAllocations"] = cel.Type.BOOL
+    return variables
+
+
+def _kubernetes_names(text: str) -> str:
+    """Our message types by the names Kubernetes gives them, in cel-go's words."""
+    text = text.replace(celtypes.QUANTITY_TYPE, "kubernetes.Quantity")
+    text = text.replace(celtypes.SEMVER_TYPE, "kubernetes.Semver")
+    return text.replace("cannot be the range of", "cannot be range of")
 
 
 def signature(tree: Node) -> tuple[Fact, ...] | None:

@@ -7,10 +7,12 @@ the quantity and semver libraries, the lists library, the regex ``find`` /
 an implementation becomes a CEL error value carrying its message, which is how
 ``quantity("x")`` fails at run time exactly like in Kubernetes.
 
-Not provided: URL, IP/CIDR, format, authz and image libraries (meaningless for
-device selection), two-variable comprehensions, and the lists library's
-``indexOf``/``lastIndexOf`` (their name collides with the strings extension in
-cel-expr-python).
+The IP, CIDR and URL libraries are in netlib.py, cel-go's lists extension
+(version 3) and the lists ``indexOf``/``lastIndexOf`` in listslib.py,
+two-variable comprehensions in macros.py (a rewrite), the checks cel-go makes
+on literals in literals.py. Not provided: the authz libraries (no request to
+authorize in a selector) and Kubernetes' ``format`` library (``format.named``
+and its validators; ``string.format`` itself comes with the strings extension).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import Any
 
 from cel_expr_python import cel
 
+from services.allocator.cel import check as celcheck
+from services.allocator.cel import listslib, netlib
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -152,6 +156,44 @@ def _sets_intersects(a: list[Any], b: list[Any]) -> bool:
     return any(item in a for item in b)
 
 
+# ---------------------------------------------------------------- equality
+
+
+def _plain(value: Any) -> Any:
+    return value
+
+
+def _no_such_overload(value: Any) -> Any:
+    """What cel-go says when a Semver or Quantity meets another type in ``==``."""
+    raise TypeError("no such overload")
+
+
+def _plain_decl() -> cel.FunctionDecl:
+    """check.PLAIN: every value unchanged, except our message types (one runtime kind)."""
+    kinds = {
+        "int": T.INT,
+        "uint": T.UINT,
+        "double": T.DOUBLE,
+        "string": T.STRING,
+        "bool": T.BOOL,
+        "bytes": T.BYTES,
+        "list": LIST,
+        "map": T.Map(T.DYN, T.DYN),
+        "null": T.NULL,
+        "timestamp": T.TIMESTAMP,
+        "duration": T.DURATION,
+    }
+    overloads = [
+        cel.Overload(f"k8s_plain_{name}", T.DYN, [kind], is_member=False, impl=_plain)
+        for name, kind in kinds.items()
+    ]
+    overloads.append(
+        cel.Overload("k8s_plain_message", T.DYN, [Q], is_member=False, impl=_no_such_overload)
+    )
+    overloads.append(cel.Overload("k8s_plain_semver", T.DYN, [S], is_member=False))
+    return cel.FunctionDecl(celcheck.PLAIN, overloads)
+
+
 # ---------------------------------------------------------------- declarations
 
 
@@ -198,6 +240,10 @@ def _comparison(name: str, ret: cel.Type, result: Callable[[int], Any]) -> cel.F
 
 def functions() -> list[cel.FunctionDecl]:
     """Every function declaration of the DRA environment beyond the runtime's own."""
+    return _kubernetes() + netlib.functions() + listslib.functions()
+
+
+def _kubernetes() -> list[cel.FunctionDecl]:
     b, i, d, s = T.BOOL, T.INT, T.DOUBLE, T.STRING
     return [
         _fn("quantity", ("string_to_quantity", Q, [s], False, _quantity)),
@@ -248,6 +294,7 @@ def functions() -> list[cel.FunctionDecl]:
             ("string_find_all", T.List(s), [s, s], True, _find_all),
             ("string_find_all_n", T.List(s), [s, s, i], True, _find_all),
         ),
+        _plain_decl(),
         _fn("sets.contains", ("sets_contains", b, [LIST, LIST], False, _sets_contains)),
         _fn("sets.equivalent", ("sets_equivalent", b, [LIST, LIST], False, _sets_equivalent)),
         _fn("sets.intersects", ("sets_intersects", b, [LIST, LIST], False, _sets_intersects)),

@@ -21,6 +21,10 @@ from services.core.quantity import Quantity
 PACKAGE = "gpudra.cel"
 QUANTITY_TYPE = f"{PACKAGE}.Quantity"
 SEMVER_TYPE = f"{PACKAGE}.Semver"
+# The network and URL libraries' types, by the names Kubernetes gives them.
+IP_TYPE = "net.IP"
+CIDR_TYPE = "net.CIDR"
+URL_TYPE = "kubernetes.URL"
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -37,12 +41,23 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
     semver.field.add(name="pre", number=4, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
+    for package, names in (("net", ("IP", "CIDR")), ("kubernetes", ("URL",))):
+        texts = descriptor_pb2.FileDescriptorProto(
+            name=f"gpudra/cel_{package}.proto", package=package, syntax="proto3"
+        )
+        for name in names:
+            message = texts.message_type.add(name=name)
+            message.field.add(name="text", number=1, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
+        pool.Add(texts)
     return pool
 
 
 POOL = _build_pool()
 QuantityMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(QUANTITY_TYPE))
 SemverMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(SEMVER_TYPE))
+IPMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(IP_TYPE))
+CIDRMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(CIDR_TYPE))
+URLMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(URL_TYPE))
 
 
 def quantity_message(value: Quantity) -> Any:

@@ -20,7 +20,9 @@ before allocating; objects read back from a cluster are unchanged by this.
 
 When a drop leaves an object the API server then refuses (a request with
 neither ``exactly`` nor ``firstAvailable``, an empty constraint, a slice with no
-node selection), :class:`AdmissionError` says so.
+node selection), validation (services/offline/apivalidate.py) refuses it next,
+in the API server's words, as kube-apiserver's Validate does after
+PrepareForCreate.
 """
 
 from __future__ import annotations
@@ -34,22 +36,12 @@ from services.core.resource import (
 )
 
 
-class AdmissionError(ValueError):
-    """The object, after the drops, is one the API server would refuse."""
-
-
 def admit_slice(slice_: ResourceSlice, features: Features) -> None:
     """Drop disabled fields in place."""
     spec = slice_.spec
     if not features.partitionable_devices:
-        had_per_device = spec.per_device_node_selection is not None
         spec.shared_counters = None
         spec.per_device_node_selection = None
-        if had_per_device and not (spec.node_name or spec.all_nodes or spec.node_selector):
-            raise AdmissionError(
-                "spec.perDeviceNodeSelection is dropped while DRAPartitionableDevices is off, "
-                "leaving no node selection (the API server refuses the slice)"
-            )
     for device in spec.devices or []:
         if not features.partitionable_devices:
             device.consumes_counters = None
@@ -68,15 +60,9 @@ def admit_slice(slice_: ResourceSlice, features: Features) -> None:
 def admit_claim(claim: ResourceClaim, features: Features) -> None:
     """Drop disabled fields in place (spec as on create, status as the scheduler's update)."""
     devices = claim.spec.devices
-    for i, request in enumerate((devices.requests if devices else None) or []):
+    for request in (devices.requests if devices else None) or []:
         if not features.prioritized_list and request.first_available:
             request.first_available = None
-            if request.exactly is None:
-                raise AdmissionError(
-                    f"spec.devices.requests[{i}] ({request.name}): firstAvailable is dropped "
-                    "while DRAPrioritizedList is off, leaving an empty request "
-                    "(the API server refuses the claim)"
-                )
         bodies: list[ExactDeviceRequest | DeviceSubRequest] = list(request.first_available or [])
         if request.exactly is not None:
             bodies.append(request.exactly)
@@ -87,15 +73,9 @@ def admit_claim(claim: ResourceClaim, features: Features) -> None:
                 body.capacity = None
         if request.exactly is not None and not features.admin_access:
             request.exactly.admin_access = None
-    for i, constraint in enumerate((devices.constraints if devices else None) or []):
-        if not features.consumable_capacity and constraint.distinct_attribute is not None:
+    for constraint in (devices.constraints if devices else None) or []:
+        if not features.consumable_capacity:
             constraint.distinct_attribute = None
-            if constraint.match_attribute is None:
-                raise AdmissionError(
-                    f"spec.devices.constraints[{i}]: distinctAttribute is dropped while "
-                    "DRAConsumableCapacity is off, leaving an empty constraint "
-                    "(the API server refuses the claim)"
-                )
     allocation = claim.status.allocation if claim.status else None
     results = allocation.devices.results if allocation and allocation.devices else None
     for result in results or []:

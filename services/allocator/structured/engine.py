@@ -11,12 +11,13 @@ differential test against kube-scheduler agrees (each is commented where it
 happens): counters a device took stay taken within one search when a taint or
 a constraint then rejects it; ``distinctAttribute`` remembers one value per
 request; a claim config naming several requests is copied once per request;
-an "All" subrequest after the first continues as the first subrequest after
-its first device; every position of a request scans all devices (orderings,
-not sets). tests/e2e/test_differential_allocator.py checks this against the
-upstream allocator on generated scenarios.
-Deviations, also commented: pools are ordered by first appearance (upstream:
-Go map order), counters are keyed by driver and pool (upstream: pool name only).
+every position of a request scans all devices (orderings, not sets).
+tests/e2e/test_differential_allocator.py checks this against the upstream
+allocator on generated scenarios.
+Deviations, also commented and listed in docs/differences.md: pools are
+ordered by first appearance (upstream: Go map order), counters are keyed by
+driver and pool (upstream: pool name only), an "All" subrequest after the
+first keeps its own selectors (upstream: the first subrequest's).
 """
 
 from __future__ import annotations
@@ -477,11 +478,11 @@ class _Search:
             undo = self._allocate_device(data, data.all_devices[di], must=True)
             if undo is None:
                 return False
-            # Upstream 1.35 goes on with subrequest index 0 here (so an "All"
-            # subrequest after the first continues as the first subrequest,
-            # usually ending after one device); reproduced, as kube-scheduler
-            # does it.
-            return self._descend(undo, ri, 0, di, in_sub)
+            # Upstream 1.35 goes on with subrequest index 0 here, so an "All"
+            # subrequest after the first continues with the first one's data
+            # (its selectors and device list) and usually fails; we go on with
+            # this subrequest (docs/differences.md, allocator deviations).
+            return self._descend(undo, ri, si, di, in_sub)
         # Every device of the node for every position, as upstream: the search
         # visits orderings, not just sets, which matters where the outcome
         # depends on order (distinctAttribute remembers one value per request;

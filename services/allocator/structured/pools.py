@@ -161,20 +161,52 @@ def gather_pools(
 
     ``cache`` shares built pools between nodes: a pool built from the same slices
     is the same whichever node asks (counter slices are seen from every node).
+    As upstream's GatherPools, slices with binding-condition devices come after
+    the others of their pool, and pools with such devices after every other
+    pool: the allocator prefers devices that need no binding conditions.
     """
     index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
     built: PoolCache = {} if cache is None else cache
     grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
+    deferred: list[ResourceSlice] = []
     for slice_ in index.for_node(node):
         if not _slice_for_node(slice_, node, features):
             continue
-        key = (slice_.spec.driver, slice_.spec.pool.name)
-        current = grouped.get(key)
-        generation = slice_.spec.pool.generation
-        if current is None or generation > current[0].spec.pool.generation:
-            grouped[key] = [slice_]
-        elif generation == current[0].spec.pool.generation:
-            current.append(slice_)
+        if not slice_.spec.shared_counters and _has_binding_conditions(slice_):
+            deferred.append(slice_)
+            continue
+        _group(grouped, slice_)
+    for slice_ in deferred:
+        _group(grouped, slice_)
+    pools = _pools(index, grouped, built, features)
+    return [p for p in pools if not _pool_binds(p)] + [p for p in pools if _pool_binds(p)]
+
+
+def _has_binding_conditions(slice_: ResourceSlice) -> bool:
+    return any(d.binding_conditions is not None for d in slice_.spec.devices or [])
+
+
+def _pool_binds(pool: Pool) -> bool:
+    return any(_has_binding_conditions(s) for s in pool.slices)
+
+
+def _group(grouped: dict[tuple[str, str], list[ResourceSlice]], slice_: ResourceSlice) -> None:
+    """addSlice: keep the newest generation of each pool."""
+    key = (slice_.spec.driver, slice_.spec.pool.name)
+    current = grouped.get(key)
+    generation = slice_.spec.pool.generation
+    if current is None or generation > current[0].spec.pool.generation:
+        grouped[key] = [slice_]
+    elif generation == current[0].spec.pool.generation:
+        current.append(slice_)
+
+
+def _pools(
+    index: SliceIndex,
+    grouped: dict[tuple[str, str], list[ResourceSlice]],
+    built: PoolCache,
+    features: Features,
+) -> list[Pool]:
     pools: list[Pool] = []
     for (driver, name), members in grouped.items():
         wanted = members[0].spec.pool.resource_slice_count

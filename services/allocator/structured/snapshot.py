@@ -34,6 +34,8 @@ from services.core.resource import (
     to_builtins,
 )
 
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
 Status = Literal["allocated", "unschedulable", "error"]
 
 
@@ -56,7 +58,9 @@ class Inputs:
         return sorted(names)
 
     def node(self, name: str) -> Node:
-        return self.nodes.get(name) or Node(name)
+        """A Node object as given, or a node known only by name with the
+        ``kubernetes.io/hostname`` label its kubelet would give it."""
+        return self.nodes.get(name) or Node(name, {HOSTNAME_LABEL: name})
 
 
 @dataclass(slots=True)

@@ -214,7 +214,17 @@ func (in *allocatorInput) readFile(file string) error {
 		defer f.Close()
 		r = f
 	}
-	reader := utilyaml.NewYAMLReader(bufio.NewReader(r))
+	// Read it whole and end it with a newline: the YAML reader drops a last
+	// line without one whose length is a multiple of its 4096-byte buffer
+	// (a compact JSON file of 12288 bytes read as nothing).
+	content, err := io.ReadAll(r)
+	if err != nil {
+		return inputErrorf("%s: %v", file, err)
+	}
+	if len(content) > 0 && content[len(content)-1] != '\n' {
+		content = append(content, '\n')
+	}
+	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(content)))
 	for doc := 1; ; doc++ {
 		data, err := reader.Read()
 		if err == io.EOF {

@@ -1,0 +1,137 @@
+"""Type checks cel-expr-python leaves out, and the equality cel-go applies to our types.
+
+Kubernetes declares ``device`` as an object type: ``driver`` a string,
+``attributes`` a map of maps of dyn, ``capacity`` a map of maps of
+``kubernetes.Quantity``, ``allowMultipleAllocations`` a bool. The runtime here
+sees ``device`` as a map of dyn (it cannot declare an object with fields of
+different types), so ``device.capacity["d"].memory == "x"`` and a selector
+that returns ``device.driver`` would compile. :func:`typed_rewrite` spells
+each ``device.<field>`` as a variable of its own with the same length
+(``device_<field>``), so a second compile checks the types with the error
+columns of the original text.
+
+Kubernetes' environment also enables homogeneous aggregate literals
+(``[1, "a"]`` does not compile): :func:`heterogeneous_literal` says where a list
+literal mixes literal types, in cel-go's words.
+
+At run time cel-go compares a Semver or Quantity only with its own type: any
+other operand of ``==`` gives ``no such overload`` (cel-cpp answers false).
+:func:`equality_edits` passes the computed side of each ``==`` with a literal
+through :data:`PLAIN` (lib.py), which raises that error for such an operand.
+"""
+
+from __future__ import annotations
+
+from services.allocator.cel.parse import Node
+
+TYPED_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
+PLAIN = "__k8s_plain"
+
+
+Edit = tuple[int, int, str]  # replace text[start:end] with the string
+
+
+def _device_field(node: Node, expression: str) -> bool:
+    return (
+        node.kind == "select"
+        and not node.optional
+        and node.args[0].kind == "ident"
+        and node.args[0].name == "device"
+        and node.name in TYPED_FIELDS
+        and expression[node.start : node.end] == f"device.{node.name}"
+    )
+
+
+def typed_rewrite(expression: str, tree: Node) -> str:
+    """The expression with every plain ``device.<field>`` as ``device_<field>``
+    (except directly inside ``has()``, which needs a field selection)."""
+    in_has = {
+        id(arg)
+        for node in tree.walk()
+        if node.kind == "call" and node.name == "has"
+        for arg in node.args
+    }
+    text = list(expression)
+    for node in tree.walk():
+        if _device_field(node, expression) and id(node) not in in_has:
+            text[node.start + len("device")] = "_"
+    return "".join(text)
+
+
+_LITERAL_TYPES = {bool: "bool", int: "int", float: "double", str: "string", bytes: "bytes"}
+
+
+def _literal_type(node: Node, expression: str) -> str | None:
+    if node.kind != "lit" or node.value is None:
+        return None
+    name = _LITERAL_TYPES.get(type(node.value))
+    if name == "int" and expression[node.start : node.end].lower().endswith("u"):
+        return "uint"
+    return name
+
+
+def heterogeneous_literal(expression: str, tree: Node) -> str | None:
+    """cel-go's error for the first list literal mixing literal element types."""
+    for node in tree.walk():
+        if node.kind != "list":
+            continue
+        first: str | None = None
+        for element in node.args:
+            kind = _literal_type(element, expression)
+            if kind is None:
+                continue
+            if first is None:
+                first = kind
+            elif kind != first:
+                return error_at(
+                    expression, element.start, f"expected type '{first}' but found '{kind}'"
+                )
+    return None
+
+
+def error_at(expression: str, offset: int, message: str) -> str:
+    line_no = expression.count("\n", 0, offset) + 1
+    line_start = expression.rfind("\n", 0, offset) + 1
+    line_end = expression.find("\n", offset)
+    line = expression[line_start : line_end if line_end >= 0 else len(expression)]
+    column = offset - line_start + 1
+    return f"ERROR: <input>:{line_no}:{column}: {message}\n | {line}\n | {'.' * (column - 1)}^"
+
+
+def _plain_literal(node: Node) -> bool:
+    return node.kind == "lit" and node.value is not None
+
+
+def equality_edits(expression: str, tree: Node) -> list[Edit]:
+    """Edits giving ``a == "lit"`` cel-go's answer when ``a`` holds a Semver or Quantity.
+
+    ``A == L`` (a computed operand, then a plain literal) becomes
+    ``__k8s_plain(A) == L``: A unchanged, unless it is one of our message types,
+    which raises ``no such overload``. Only the left operand's type decides in
+    cel-go (its ``Equal`` is called), so ``"1.0.0" == semver`` stays false, and
+    ``!=`` never fails (measured against reference-allocator: ``semver != "x"``
+    is true). (Not ``cel.bind``: cel-cpp loses an error raised in a bind's
+    initializer next to a comprehension over a function's result.)
+    """
+    edits: list[Edit] = []
+    for node in tree.walk():
+        if node.kind != "binary" or node.name != "==":
+            continue
+        left, right = node.args
+        if _plain_literal(left) or not _plain_literal(right):
+            continue
+        edits += [(left.start, left.start, f"{PLAIN}("), (left.end, left.end, ")")]
+    return edits
+
+
+def apply_edits(expression: str, edits: list[Edit]) -> str:
+    """Apply non-overlapping edits; at one position, insertions go before replacements."""
+    ordered = sorted(edits, key=lambda e: (e[0], e[1] != e[0], e[1]))
+    out: list[str] = []
+    pos = 0
+    for start, end, text in ordered:
+        out.append(expression[pos:start])
+        out.append(text)
+        pos = max(pos, end)
+    out.append(expression[pos:])
+    return "".join(out)

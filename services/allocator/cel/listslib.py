@@ -1,0 +1,201 @@
+"""cel-go's lists extension at version 3 (ext.Lists(ext.ListsVersion(3)), in the
+Kubernetes 1.35 environment) and Kubernetes' list ``indexOf`` / ``lastIndexOf``.
+
+``slice``, ``flatten``, ``sort``, ``reverse``, ``distinct`` and ``lists.range``
+are declared as they are there. The lists ``indexOf`` / ``lastIndexOf`` cannot
+be declared beside the strings extension's functions of the same name in
+cel-expr-python, so a selector that needs them is compiled with the calls
+renamed (macros.py) to :data:`INDEX_OF` / :data:`LAST_INDEX_OF`, which serve
+strings and lists alike.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from cel_expr_python import cel
+
+ORDERING = {"<": "__k8s_lt", "<=": "__k8s_le", ">": "__k8s_gt", ">=": "__k8s_ge"}
+INDEX_OF = "__k8s_indexOf"
+LAST_INDEX_OF = "__k8s_lastIndexOf"
+LIST = cel.Type.List(cel.Type.DYN)
+
+
+def _slice(items: list[Any], start: int, end: int) -> list[Any]:
+    if start < 0 or end < 0:
+        raise ValueError(f"cannot slice({start}, {end}), negative indexes not supported")
+    if start > end:
+        raise ValueError(
+            f"cannot slice({start}, {end}), start index must be less than or equal to end index"
+        )
+    if end > len(items):
+        raise ValueError(f"cannot slice({start}, {end}), list is length {len(items)}")
+    return list(items[start:end])
+
+
+def _flatten(items: list[Any], depth: int = 1) -> list[Any]:
+    if depth < 0:
+        raise ValueError("level must be non-negative")
+    out: list[Any] = []
+    for item in items:
+        if isinstance(item, list) and depth > 0:
+            out.extend(_flatten(item, depth - 1))
+        else:
+            out.append(item)
+    return out
+
+
+def _sort(items: list[Any]) -> list[Any]:
+    kinds = {type(item) for item in items}
+    if len(kinds) > 1 and not kinds <= {int, float}:
+        raise ValueError("list elements must have the same type")
+    return sorted(items)
+
+
+def _distinct(items: list[Any]) -> list[Any]:
+    out: list[Any] = []
+    for item in items:
+        if not any(_same(item, seen) for seen in out):
+            out.append(item)
+    return out
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _index_of(target: Any, value: Any, offset: int | None = None) -> int:
+    if isinstance(target, str):
+        start = offset or 0
+        if start < 0 or start > len(target):
+            raise ValueError(f"index out of range: {start}")
+        return target.find(value, start)
+    return next((i for i, item in enumerate(target) if _same(item, value)), -1)
+
+
+def _last_index_of(target: Any, value: Any, offset: int | None = None) -> int:
+    if isinstance(target, str):
+        end = len(target) if offset is None else offset + len(value)
+        if offset is not None and (offset < 0 or offset > len(target)):
+            raise ValueError(f"index out of range: {offset}")
+        return target.rfind(value, 0, end)
+    found = [i for i, item in enumerate(target) if _same(item, value)]
+    return found[-1] if found else -1
+
+
+def _entries(value: Any) -> list[list[Any]]:
+    """Two-variable comprehensions (macros.py): [index, element] or [key, value] pairs."""
+    if isinstance(value, dict):
+        return [[k, v] for k, v in value.items()]
+    return [[i, item] for i, item in enumerate(value)]
+
+
+def _zip(keys: list[Any], values: list[Any]) -> dict[Any, Any]:
+    return dict(zip(keys, values, strict=True))
+
+
+def _merge(entries: list[dict[Any, Any]]) -> dict[Any, Any]:
+    out: dict[Any, Any] = {}
+    for entry in entries:
+        for key, value in entry.items():
+            if key in out:
+                raise ValueError(f"insert failed: key {key} already exists")
+            out[key] = value
+    return out
+
+
+def _by_kind(oid: str, ret: Any, impl: Any) -> list[tuple[str, Any, list[Any], bool, Any]]:
+    """One overload per element kind: the runtime dispatches on kinds, and a ``dyn``
+    parameter matches none at run time."""
+    kinds = {
+        "int": cel.Type.INT,
+        "uint": cel.Type.UINT,
+        "double": cel.Type.DOUBLE,
+        "string": cel.Type.STRING,
+        "bool": cel.Type.BOOL,
+        "bytes": cel.Type.BYTES,
+    }
+    return [(f"{oid}_{name}", ret, [LIST, kind], True, impl) for name, kind in kinds.items()]
+
+
+_ORDER_TESTS = {
+    "__k8s_lt": lambda a, b: a < b,
+    "__k8s_le": lambda a, b: a <= b,
+    "__k8s_gt": lambda a, b: a > b,
+    "__k8s_ge": lambda a, b: a >= b,
+}
+
+
+def _ordering() -> list[Any]:
+    """macros.py's ordering calls: numbers of any two kinds (exactly, as cel-go's
+    cross-type comparisons), and strings, bytes, bools, timestamps and durations
+    each with their own kind."""
+    t = cel.Type
+    numbers = {"int": t.INT, "uint": t.UINT, "double": t.DOUBLE}
+    pairs = [(f"{a}_{b}", x, y) for a, x in numbers.items() for b, y in numbers.items()]
+    for name, kind in (
+        ("string", t.STRING),
+        ("bytes", t.BYTES),
+        ("bool", t.BOOL),
+        ("timestamp", t.TIMESTAMP),
+        ("duration", t.DURATION),
+    ):
+        pairs.append((f"{name}_{name}", kind, kind))
+    return [
+        cel.FunctionDecl(
+            fn,
+            [
+                cel.Overload(f"{fn}_{pair}", t.BOOL, [x, y], is_member=False, impl=test)
+                for pair, x, y in pairs
+            ],
+        )
+        for fn, test in _ORDER_TESTS.items()
+    ]
+
+
+def _decl(name: str, *overloads: tuple[str, Any, list[Any], bool, Any]) -> Any:
+    return cel.FunctionDecl(
+        name,
+        [cel.Overload(o, r, p, is_member=m, impl=f) for o, r, p, m, f in overloads],
+    )
+
+
+def functions() -> list[Any]:
+    i, s, dyn = cel.Type.INT, cel.Type.STRING, cel.Type.DYN
+    pairs, anymap = cel.Type.List(LIST), cel.Type.Map(dyn, dyn)
+    return [
+        *_ordering(),
+        _decl(
+            "__k8s_entries",
+            ("k8s_list_entries", pairs, [LIST], False, _entries),
+            ("k8s_map_entries", pairs, [anymap], False, _entries),
+        ),
+        _decl("__k8s_zip", ("k8s_zip", anymap, [LIST, LIST], False, _zip)),
+        _decl("__k8s_merge", ("k8s_merge", anymap, [cel.Type.List(anymap)], False, _merge)),
+        _decl("slice", ("list_slice", LIST, [LIST, i, i], True, _slice)),
+        _decl(
+            "flatten",
+            ("list_flatten", LIST, [LIST], True, _flatten),
+            ("list_flatten_int", LIST, [LIST, i], True, _flatten),
+        ),
+        _decl("sort", ("list_sort", LIST, [LIST], True, _sort)),
+        _decl("reverse", ("list_reverse", LIST, [LIST], True, lambda items: list(items)[::-1])),
+        _decl("distinct", ("list_distinct", LIST, [LIST], True, _distinct)),
+        _decl(
+            "lists.range", ("lists_range", cel.Type.List(i), [i], False, lambda n: list(range(n)))
+        ),
+        _decl(
+            INDEX_OF,
+            ("k8s_string_index_of", i, [s, s], True, _index_of),
+            ("k8s_string_index_of_offset", i, [s, s, i], True, _index_of),
+            *_by_kind("k8s_list_index_of", i, _index_of),
+        ),
+        _decl(
+            LAST_INDEX_OF,
+            ("k8s_string_last_index_of", i, [s, s], True, _last_index_of),
+            ("k8s_string_last_index_of_offset", i, [s, s, i], True, _last_index_of),
+            *_by_kind("k8s_list_last_index_of", i, _last_index_of),
+        ),
+    ]

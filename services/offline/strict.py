@@ -1,0 +1,99 @@
+"""Strict decoding of input documents, as kube-apiserver decodes a create request.
+
+The shared resource.k8s.io models ignore unknown fields (objects read back from
+a newer cluster must still load), but an object written by hand with a
+misspelt field is one the API server refuses: ``strict decoding error: unknown
+field "spec.devices.requests[0].exactly.bogus"``. :func:`strict` walks a
+document against the model's fields and says the same. It also reads a
+quantity written as a YAML or JSON number (``value: 80``) as the API server
+does (``resource.Quantity`` accepts a JSON number), by turning it into its
+string before the model decodes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import msgspec.inspect as mi
+
+# Every field of metav1.ObjectMeta (our model keeps only the ones we use).
+_OBJECT_META = frozenset(
+    (
+        "name generateName namespace selfLink uid resourceVersion generation "
+        "creationTimestamp deletionTimestamp deletionGracePeriodSeconds labels annotations "
+        "ownerReferences finalizers managedFields"
+    ).split()
+)
+
+# Fields (by encoded name, on the struct that holds them) whose strings are quantities.
+_QUANTITY_FIELDS = frozenset(
+    {
+        ("DeviceCapacity", "value"),
+        ("Counter", "value"),
+        ("CapacityRequestPolicy", "default"),
+        ("CapacityRequestPolicy", "validValues"),
+        ("CapacityRequestPolicyRange", "min"),
+        ("CapacityRequestPolicyRange", "max"),
+        ("CapacityRequestPolicyRange", "step"),
+        ("CapacityRequirements", "requests"),
+        ("DeviceRequestAllocationResult", "consumedCapacity"),
+    }
+)
+
+
+class StrictError(ValueError):
+    """A field the API server does not know."""
+
+
+def strict(doc: dict[str, Any], model: type[msgspec.Struct]) -> None:
+    """Raise :class:`StrictError` for the first unknown field; numeric quantities become
+    strings in place."""
+    _walk(doc, mi.type_info(model), "", False)
+
+
+def _join(path: str, name: str) -> str:
+    return f"{path}.{name}" if path else name
+
+
+def _walk(value: Any, info: mi.Type, path: str, quantity: bool) -> Any:
+    """The value to keep (a numeric quantity comes back as its string)."""
+    if isinstance(info, mi.UnionType):
+        for option in info.types:
+            if not isinstance(option, mi.NoneType):
+                return _walk(value, option, path, quantity) if value is not None else value
+        return value
+    if isinstance(info, mi.StructType) and isinstance(value, dict):
+        _struct(value, info, path)
+    elif isinstance(info, mi.ListType) and isinstance(value, list):
+        for i, item in enumerate(value):
+            value[i] = _walk(item, info.item_type, f"{path}[{i}]", quantity)
+    elif isinstance(info, mi.DictType) and isinstance(value, dict):
+        for key in list(value):
+            value[key] = _walk(value[key], info.value_type, f"{path}[{key}]", quantity)
+    elif quantity and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return _number_text(value)
+    return value
+
+
+def _struct(value: dict[str, Any], info: mi.StructType, path: str) -> None:
+    name = info.cls.__name__
+    if name == "ObjectMeta":
+        unknown = [key for key in value if key not in _OBJECT_META]
+        if unknown:
+            raise StrictError(f'strict decoding error: unknown field "{_join(path, unknown[0])}"')
+        return
+    fields = {f.encode_name: f for f in info.fields}
+    for key in list(value):
+        found = fields.get(key)
+        if found is None:
+            raise StrictError(f'strict decoding error: unknown field "{_join(path, key)}"')
+        quantity = (name, key) in _QUANTITY_FIELDS
+        value[key] = _walk(value[key], found.type, _join(path, key), quantity)
+
+
+def _number_text(value: float) -> str:
+    """A JSON number as resource.Quantity reads it."""
+    if isinstance(value, float) and value.is_integer() and abs(value) < 1e18:
+        return str(int(value))
+    return repr(value) if isinstance(value, float) else str(value)

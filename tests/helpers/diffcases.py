@@ -1,0 +1,726 @@
+"""Hand-written differential cases: one per class of input on which ``gpudra allocate``
+and ``reference-allocator`` once disagreed (API-server validation, CEL compile and
+run-time rules, the Kubernetes CEL libraries, inputs gpudra could not read, outcome
+rules). tests/e2e/test_differential_cases.py runs both tools on each and asserts
+they agree, and that the outcome is the one the case is about (so a case cannot
+agree by both tools failing on something else).
+
+Each case adds its objects to :func:`base`: one node ``n1`` with two GPUs in pool
+``n1`` of driver ``gpu.example.com``, a DeviceClass ``gpu`` for them and a
+DeviceClass ``any`` for every device.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+DRIVER = "gpu.example.com"
+V1 = "resource.k8s.io/v1"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    objects: list[dict[str, Any]]
+    rc: int = 0  # 2: both refuse the input
+    says: str = ""  # rc 2: a fragment of the API server's message both must print
+    statuses: dict[str, str] = field(default_factory=dict)  # claim -> status (rc 0)
+    gates: str = ""
+
+
+ANY_CLASS = {"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}}
+
+
+def _device(index: int) -> dict[str, Any]:
+    return {
+        "name": f"gpu-{index}",
+        "attributes": {
+            "type": {"string": "gpu"},
+            "index": {"int": index},
+            "productName": {"string": "Example GPU 80GB"},
+            "driverVersion": {"version": "570.124.6"},
+        },
+        "capacity": {"memory": {"value": "80Gi"}},
+    }
+
+
+def base() -> list[dict[str, Any]]:
+    return [
+        {
+            "apiVersion": V1,
+            "kind": "DeviceClass",
+            "metadata": {"name": "gpu"},
+            "spec": {"selectors": [{"cel": {"expression": f"device.driver == '{DRIVER}'"}}]},
+        },
+        ANY_CLASS,
+        {
+            "apiVersion": V1,
+            "kind": "ResourceSlice",
+            "metadata": {"name": "n1-gpus"},
+            "spec": {
+                "driver": DRIVER,
+                "nodeName": "n1",
+                "pool": {"name": "n1", "generation": 1, "resourceSliceCount": 1},
+                "devices": [_device(0), _device(1)],
+            },
+        },
+    ]
+
+
+def claim(
+    request: dict[str, Any], extra: dict[str, Any] | None = None, namespace: str = "default"
+) -> dict[str, Any]:
+    devices: dict[str, Any] = {"requests": [request], **(extra or {})}
+    return {
+        "apiVersion": V1,
+        "kind": "ResourceClaim",
+        "metadata": {"name": "c", "namespace": namespace},
+        "spec": {"devices": devices},
+    }
+
+
+def exactly(selector: str | None = None, **fields: Any) -> dict[str, Any]:
+    body: dict[str, Any] = {"deviceClassName": "gpu", **fields}
+    if selector is not None:
+        body["selectors"] = [{"cel": {"expression": selector}}]
+    return {"name": "r", "exactly": body}
+
+
+def cel(name: str, expression: str, status: str) -> Case:
+    """A selector that compiles in both and gives ``status`` on the base devices."""
+    return Case(name, [claim(exactly(expression))], statuses={"c": status})
+
+
+def refused(name: str, expression: str, says: str) -> Case:
+    """A selector the API server refuses."""
+    return Case(name, [claim(exactly(expression))], rc=2, says=says)
+
+
+def slice_with(device: dict[str, Any], node: dict[str, Any] | None = None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "driver": "other.example.com",
+        "pool": {"name": "extra", "generation": 1, "resourceSliceCount": 1},
+        "devices": [device],
+    }
+    spec.update(node if node is not None else {"nodeName": "n2"})
+    return {"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": "extra"}, "spec": spec}
+
+
+def _named_node(node: str) -> dict[str, Any]:
+    """A slice of another driver that makes ``node`` known by name only."""
+    return {
+        "apiVersion": V1,
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{node}-named"},
+        "spec": {
+            "driver": "named.example.com",
+            "nodeName": node,
+            "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+            "devices": [{"name": "other"}],
+        },
+    }
+
+
+def _policy(policy: dict[str, Any], multi: bool = True) -> dict[str, Any]:
+    device: dict[str, Any] = {
+        "name": "shared",
+        "capacity": {"memory": {"value": "10Gi", "requestPolicy": policy}},
+    }
+    if multi:
+        device["allowMultipleAllocations"] = True
+    return slice_with(device)
+
+
+CC = "DRAConsumableCapacity=true"
+MEMORY = f"device.capacity['{DRIVER}'].memory"
+VERSION = f"device.attributes['{DRIVER}'].driverVersion"
+PRODUCT = f"device.attributes['{DRIVER}'].productName"
+OTHER_MEMORY = (
+    "device.driver == 'other.example.com' && "
+    "device.capacity['other.example.com'].memory.compareTo(quantity('80')) == 0"
+)
+
+
+VALIDATION = [
+    refused("cel-syntax", "device.driver ==", "Syntax error: mismatched input '<EOF>'"),
+    refused(
+        "cel-not-bool", "device.driver", "must evaluate to bool or the unknown type, not string"
+    ),
+    refused("cel-undeclared", "foo == 1", "undeclared reference to 'foo'"),
+    refused(
+        "cel-no-overload",
+        f"{MEMORY} == 'x'",
+        "found no matching overload for '_==_' applied to '(kubernetes.Quantity, string)'",
+    ),
+    refused(
+        "cel-mixed-list", "device.driver in ['a', 1]", "expected type 'string' but found 'int'"
+    ),
+    refused(
+        "cel-cost",
+        f"{PRODUCT}.split(' ').all(a, {PRODUCT}.split(' ').all(b, "
+        f"{PRODUCT}.split(' ').all(c, a + b + c != '')))",
+        "Forbidden: too complex, exceeds cost limit",
+    ),
+    refused("cel-const-int", "int('abc') == 1", "program instantiation failed: type conversion"),
+    refused("cel-const-uint", "uint(-1) == 1u", "unsigned integer overflow"),
+    refused("cel-duration", "duration('x') > duration('1s')", "invalid duration argument"),
+    refused(
+        "cel-timestamp", "timestamp('bad') < timestamp('2020-01-01T00:00:00Z')", "invalid timestamp"
+    ),
+    refused("cel-regex", "device.driver.matches('[')", "invalid matches argument"),
+    refused("cel-find", "device.driver.find('[') == ''", "error parsing regexp"),
+    refused(
+        "cel-format-decimal",
+        "'%d'.format(['a']) == 'x'",
+        "1:14: error during formatting: decimal clause can only be used on integers",
+    ),
+    refused("cel-format-fixed", "'%.2f'.format([1]) != ''", "fixed-point clause can only be used"),
+    Case(
+        "count-negative",
+        [claim(exactly(count=-1))],
+        rc=2,
+        says="count: Invalid value: -1: must be greater than zero",
+    ),
+    Case(
+        "count-with-all",
+        [claim(exactly(allocationMode="All", count=2))],
+        rc=2,
+        says="must not be specified when allocationMode is 'All'",
+    ),
+    Case(
+        "mode-unknown",
+        [claim(exactly(allocationMode="Some"))],
+        rc=2,
+        says='Unsupported value: "Some"',
+    ),
+    Case(
+        "nine-subrequests",
+        [
+            claim(
+                {
+                    "name": "r",
+                    "firstAvailable": [
+                        {"name": f"s{i}", "deviceClassName": "gpu"} for i in range(9)
+                    ],
+                }
+            )
+        ],
+        rc=2,
+        says="firstAvailable: Too many: 9: must have at most 8 items",
+    ),
+    Case(
+        "exactly-and-first-available",
+        [claim({**exactly(), "firstAvailable": [{"name": "a", "deviceClassName": "gpu"}]})],
+        rc=2,
+        says="exactly one of `exactly` or `firstAvailable` is required, but multiple fields",
+    ),
+    Case(
+        "request-name",
+        [claim({"name": "R_1", "exactly": {"deviceClassName": "gpu"}})],
+        rc=2,
+        says="RFC 1123 label",
+    ),
+    Case(
+        "constraint-unknown-request",
+        [
+            claim(
+                exactly(),
+                {"constraints": [{"requests": ["zz"], "matchAttribute": f"{DRIVER}/index"}]},
+            )
+        ],
+        rc=2,
+        says='constraints[0].requests[0]: Invalid value: "zz": must be the name of a request',
+    ),
+    Case(
+        "constraint-unqualified",
+        [claim(exactly(), {"constraints": [{"matchAttribute": "index"}]})],
+        rc=2,
+        says="a fully qualified name must be a domain and a name separated by a slash",
+    ),
+    Case(
+        "config-unknown-request",
+        [
+            claim(
+                exactly(),
+                {"config": [{"requests": ["zz"], "opaque": {"driver": DRIVER, "parameters": {}}}]},
+            )
+        ],
+        rc=2,
+        says='config[0].requests[0]: Invalid value: "zz"',
+    ),
+    Case(
+        "attribute-two-values",
+        [slice_with({"name": "d", "attributes": {"a": {"int": 1, "string": "x"}}})],
+        rc=2,
+        says="exactly one value must be specified",
+    ),
+    Case(
+        "attribute-bad-semver",
+        [slice_with({"name": "d", "attributes": {"v": {"version": "1.2"}}})],
+        rc=2,
+        says="must be a string compatible with semver.org spec 2.0.0",
+    ),
+    Case(
+        "policy-valid-values-without-default",
+        [_policy({"validValues": ["1Gi"]})],
+        rc=2,
+        says="requestPolicy.default: Required value: required when validValues is defined",
+        gates=CC,
+    ),
+    Case(
+        "policy-default-off-step",
+        [_policy({"default": "3Gi", "validRange": {"min": "2Gi", "step": "2Gi"}})],
+        rc=2,
+        says="value is not a multiple of a given step (2Gi) from (2Gi)",
+        gates=CC,
+    ),
+    Case(
+        "policy-not-multi-allocatable",
+        [_policy({"default": "1Gi", "validRange": {"min": "1Gi"}}, multi=False)],
+        rc=2,
+        says="requestPolicy: Forbidden: allowMultipleAllocations must be true",
+        gates=CC,
+    ),
+    Case("unknown-field", [{**claim(exactly()), "bogus": 1}], rc=2, says='unknown field "bogus"'),
+    Case(
+        "unknown-nested-field",
+        [claim({"name": "r", "exactly": {"deviceClassName": "gpu", "bogus": 1}})],
+        rc=2,
+        says='unknown field "spec.devices.requests[0].exactly.bogus"',
+    ),
+    Case(
+        "class-selector",
+        [
+            {
+                "apiVersion": V1,
+                "kind": "DeviceClass",
+                "metadata": {"name": "bad"},
+                "spec": {"selectors": [{"cel": {"expression": "device.driver =="}}]},
+            }
+        ],
+        rc=2,
+        says="spec.selectors[0].cel.expression: Invalid value",
+    ),
+    Case(
+        "admin-namespace-unlabelled",
+        [
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team"}},
+            claim(exactly(adminAccess=True), namespace="team"),
+        ],
+        rc=2,
+        says="admin access to devices requires the `resource.kubernetes.io/admin-access: true`",
+    ),
+]
+
+
+OUTCOMES = [
+    Case(
+        "class-missing",
+        [claim({"name": "r", "exactly": {"deviceClassName": "nope"}})],
+        statuses={"c": "unschedulable"},
+    ),
+    Case(
+        "subrequest-class-missing",
+        [
+            claim(
+                {
+                    "name": "r",
+                    "firstAvailable": [
+                        {"name": "a", "deviceClassName": "nope"},
+                        {"name": "b", "deviceClassName": "gpu"},
+                    ],
+                }
+            )
+        ],
+        statuses={"c": "unschedulable"},
+    ),
+    Case(
+        "admin-namespace-labelled",
+        [
+            claim(exactly(adminAccess=True), namespace="team"),
+            {
+                "apiVersion": "v1",
+                "kind": "Namespace",
+                "metadata": {
+                    "name": "team",
+                    "labels": {"resource.kubernetes.io/admin-access": "true"},
+                },
+            },
+        ],
+        statuses={"c": "allocated"},
+    ),
+    Case(
+        "quantity-as-number",
+        [
+            slice_with({"name": "d", "capacity": {"memory": {"value": 80}}}),
+            claim(exactly(OTHER_MEMORY, deviceClassName="any")),
+        ],
+        statuses={"c": "allocated"},
+    ),
+    Case(
+        "hostname-of-name-only-node",
+        [
+            slice_with(
+                {"name": "d"},
+                {
+                    "nodeSelector": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {
+                                        "key": "kubernetes.io/hostname",
+                                        "operator": "In",
+                                        "values": ["n2"],
+                                    }
+                                ]
+                            }
+                        ]
+                    }
+                },
+            ),
+            _named_node("n2"),
+            claim(exactly("device.driver == 'other.example.com'", deviceClassName="any")),
+        ],
+        statuses={"c": "allocated"},
+    ),
+    cel("semver-equals-string", f"{VERSION} == '570.124.6'", "error"),
+    cel("semver-not-equals-string", f"{VERSION} != '570.124.6'", "allocated"),
+    cel("string-equals-semver", f"'570.124.6' == {VERSION}", "unschedulable"),
+    cel("semver-compare", f"{VERSION}.isGreaterThan(semver('500.0.0'))", "allocated"),
+    cel("quantity-beyond-int64", "quantity('100000000000000000000').asInteger() > 0", "error"),
+    cel(
+        "quantity-beyond-int64-is-integer",
+        "!quantity('100000000000000000000').isInteger()",
+        "allocated",
+    ),
+    cel("quantity-compare", f"{MEMORY}.compareTo(quantity('1Gi')) > 0", "allocated"),
+    cel("int-of-attribute", f"int({PRODUCT}) == 1", "error"),
+    cel("division-by-zero", "1 / 0 == 1", "error"),
+    cel("integer-overflow", "9223372036854775807 + 1 > 0", "error"),
+    cel("unknown-attribute", f"device.attributes['{DRIVER}'].nothere == 'x'", "error"),
+    cel(
+        "unknown-domain-is-empty",
+        "device.attributes['nothere.example.com'].size() == 0",
+        "allocated",
+    ),
+    cel("int-equals-string", f"device.attributes['{DRIVER}'].index == 'x'", "unschedulable"),
+    cel("bad-quantity-at-run-time", "quantity('bad').isInteger()", "error"),
+    cel("bad-semver-at-run-time", "semver('x').major() == 1", "error"),
+    cel("sets", "sets.contains([1, 2], [1])", "allocated"),
+    cel("strings-format", "'%s'.format(['a']) == 'a'", "allocated"),
+    cel("strings-format-scientific-at-run-time", "'%e'.format(['a']) != ''", "error"),
+    cel("strings-ext", "'abc'.charAt(1) == 'b'", "allocated"),
+    cel("regex-find", f"{PRODUCT}.find('[0-9]+GB') == '80GB'", "allocated"),
+    cel("optional", "optional.of(1).hasValue()", "allocated"),
+    cel("bind", "cel.bind(x, 1, x == 1)", "allocated"),
+    cel("lists-k8s", "[1, 2].isSorted() && [1, 2].sum() == 3 && [1, 2].min() == 1", "allocated"),
+    cel(
+        "timestamps",
+        "timestamp('2020-01-01T00:00:00Z') < timestamp('2021-01-01T00:00:00Z')",
+        "allocated",
+    ),
+]
+
+
+LIBRARIES = [
+    cel("ip", "ip('10.0.0.1').family() == 4 && ip('::1').isLoopback()", "allocated"),
+    cel(
+        "ip-predicates",
+        "isIP('1.2.3.4') && !isIP('1.2.3') && ip.isCanonical('10.0.0.1')",
+        "allocated",
+    ),
+    cel(
+        "cidr",
+        "cidr('10.0.0.0/8').containsIP(ip('10.1.1.1')) && cidr('10.0.0.0/8').prefixLength() == 8",
+        "allocated",
+    ),
+    cel("cidr-contains-cidr", "cidr('10.0.0.0/8').containsCIDR('10.1.0.0/16')", "allocated"),
+    cel(
+        "url",
+        "url('https://x.io:8443/a?b=c').getHost() == 'x.io:8443' && isURL('https://x')",
+        "allocated",
+    ),
+    cel(
+        "url-parts",
+        "url('https://x.io:8443/a').getPort() == '8443' && "
+        "url('https://x.io/a').getEscapedPath() == '/a'",
+        "allocated",
+    ),
+    cel("ip-bad", "ip('x').family() == 4", "error"),
+    cel("cidr-bad", "cidr('x').prefixLength() == 1", "error"),
+    cel("url-bad", "url('::').getHost() == ''", "error"),
+    cel(
+        "lists-ext",
+        "[3, 1].sort() == [1, 3] && [[1], [2]].flatten() == [1, 2] && [1, 2, 3].slice(1, 2) == [2]",
+        "allocated",
+    ),
+    cel(
+        "lists-ext-3",
+        "[1, 1, 2].distinct() == [1, 2] && [1, 2].reverse() == [2, 1] && "
+        "lists.range(3) == [0, 1, 2]",
+        "allocated",
+    ),
+    cel("list-index-of", "[1, 2].indexOf(2) == 1 && [1, 2, 1].lastIndexOf(1) == 2", "allocated"),
+    cel(
+        "string-and-list-index-of", "'abc'.indexOf('c') == 2 && [1, 2].indexOf(2) == 1", "allocated"
+    ),
+    refused(
+        "list-index-of-strings",
+        "['a', 'b'].indexOf('b') == 1",
+        "Forbidden: too complex, exceeds cost limit",
+    ),
+    cel("cross-type-numeric-order", "1.5 > 1 && 2 < 2.5 && 1u <= 1", "allocated"),
+    cel("int-plus-double-at-run-time", f"device.attributes['{DRIVER}'].index + 1.5 > 0", "error"),
+    cel("string-below-int-at-run-time", f"{PRODUCT} < 5", "error"),
+    refused("type-is-too-complex", "type(device.driver) == string", "too complex"),
+    refused(
+        "result-dyn",
+        f"dyn({PRODUCT}.size() > 1)",
+        "must evaluate to bool or the unknown type, not dyn",
+    ),
+    refused("negated-attribute", f"-{PRODUCT}", "not dyn"),
+    cel("attribute-as-result", f"device.attributes['{DRIVER}'].index", "error"),
+    refused(
+        "two-var-over-an-attribute",
+        f"{PRODUCT}.all(k, v, v != null)",
+        "expression of type 'any' cannot be range of a comprehension",
+    ),
+    cel("two-var-all", "[1, 2].all(i, v, v > i)", "allocated"),
+    cel(
+        "two-var-exists",
+        "{'a': 1}.exists(k, v, k == 'a' && v == 1) && [5].existsOne(i, v, i == 0)",
+        "allocated",
+    ),
+    cel(
+        "two-var-transform-list",
+        "[1, 2].transformList(i, v, v * 2) == [2, 4] && "
+        "[1, 2].transformList(i, v, i > 0, v) == [2]",
+        "allocated",
+    ),
+    cel(
+        "two-var-transform-map",
+        "{'a': 1}.transformMap(k, v, v + 1)['a'] == 2 && "
+        "[7].transformMapEntry(i, v, {string(v): i}) == {'7': 0}",
+        "allocated",
+    ),
+]
+
+
+BINDING = "DRADeviceBindingConditions=true"
+
+
+def _binding_case() -> Case:
+    """Devices with binding conditions, and their pools, are tried last."""
+    objects: list[dict[str, Any]] = []
+    for pool, devices in (
+        (
+            "a",
+            [
+                {
+                    "name": "d0",
+                    "bindingConditions": ["ready"],
+                    "bindingFailureConditions": ["failed"],
+                },
+                {"name": "d1"},
+            ],
+        ),
+        ("b", [{"name": "d0"}]),
+    ):
+        objects.append(
+            {
+                "apiVersion": V1,
+                "kind": "ResourceSlice",
+                "metadata": {"name": f"bind-{pool}"},
+                "spec": {
+                    "driver": "bind.example.com",
+                    "nodeName": "n1",
+                    "pool": {"name": pool, "generation": 1, "resourceSliceCount": 1},
+                    "devices": devices,
+                },
+            }
+        )
+    select = "device.driver == 'bind.example.com'"
+    one = claim(exactly(select, deviceClassName="any"))
+    two = claim(exactly(select, deviceClassName="any", count=2))
+    two["metadata"] = {"name": "c2", "namespace": "default"}
+    return Case(
+        "binding-conditions-last",
+        [*objects, one, two],
+        statuses={"c": "allocated", "c2": "allocated"},
+        gates=BINDING,
+    )
+
+
+CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case()]
+
+
+# ---------------------------------------------------------------- deviations
+
+
+@dataclass(frozen=True)
+class Deviation:
+    """Where upstream 1.35 has a bug and gpudra keeps the correct outcome
+    (docs/differences.md, "The allocator against kube-scheduler 1.35")."""
+
+    name: str
+    objects: list[dict[str, Any]]
+    ours: dict[str, str]  # claim -> status
+    reference: dict[str, str]
+    gates: str = ""
+
+
+def _slice(
+    name: str, driver: str, devices: list[dict[str, Any]], counters: bool = False
+) -> list[dict[str, Any]]:
+    """One pool ``p`` on n1; with ``counters``, a counter set ``set`` (c: 1) in a second slice."""
+    pool = {"name": "p", "generation": 1, "resourceSliceCount": 2 if counters else 1}
+    spec = {"driver": driver, "nodeName": "n1", "pool": pool, "devices": devices}
+    out = [{"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": name}, "spec": spec}]
+    if counters:
+        shared = {
+            "driver": driver,
+            "allNodes": True,
+            "pool": pool,
+            "sharedCounters": [{"name": "set", "counters": {"c": {"value": "1"}}}],
+        }
+        meta = {"name": f"{name}-counters"}
+        out.append({"apiVersion": V1, "kind": "ResourceSlice", "metadata": meta, "spec": shared})
+    return out
+
+
+def _any(name: str, *selectors: str, **fields: Any) -> dict[str, Any]:
+    request = exactly(None, deviceClassName="any", **fields)
+    if selectors:
+        request["exactly"]["selectors"] = [{"cel": {"expression": e}} for e in selectors]
+    out = claim(request)
+    out["metadata"] = {"name": name, "namespace": "default"}
+    return out
+
+
+_CONSUMES = [{"counterSet": "set", "counters": {"c": {"value": "1"}}}]
+_BIG = "100000000000000000000"  # beyond int64: held as inf.Dec upstream
+_MEMORY = "device.capacity['d.example.com'].memory"
+_ADD = f"{_MEMORY}.add(quantity('10Gi')).compareTo(quantity('1Gi')) > 0"
+
+
+def _deviations() -> list[Deviation]:
+    later_all = claim(
+        {
+            "name": "r",
+            "firstAvailable": [
+                {
+                    "name": "s0",
+                    "deviceClassName": "any",
+                    "allocationMode": "All",
+                    "selectors": [
+                        {"cel": {"expression": "device.attributes['d.example.com'].i == 5"}}
+                    ],
+                },
+                {
+                    "name": "s1",
+                    "deviceClassName": "any",
+                    "allocationMode": "All",
+                    "selectors": [
+                        {"cel": {"expression": "device.attributes['d.example.com'].i >= 0"}}
+                    ],
+                },
+            ],
+        }
+    )
+    indexed = [{"name": n, "attributes": {"i": {"int": i}}} for i, n in enumerate("xy")]
+    big = [
+        {"name": n, "attributes": {"i": {"int": i}}, "capacity": {"memory": {"value": _BIG}}}
+        for i, n in enumerate("xy")
+    ]
+    pc = "DRAPartitionableDevices=true"
+    shared = {"name": "x", "allowMultipleAllocations": True, "consumesCounters": _CONSUMES}
+    return [
+        # structured/internal/experimental allocator_experimental.go allocateOne: after
+        # the first device of an "All" subrequest it recurses with subRequestIndex 0.
+        Deviation(
+            "later-all-subrequest-keeps-its-selectors",
+            [*_slice("s", "d.example.com", indexed), later_all],
+            ours={"c": "allocated"},
+            reference={"c": "unschedulable"},
+        ),
+        # k8s.io/apiserver/pkg/cel/library/quantity.go quantityAdd: `copy := *q` is
+        # shallow, so Add changes the device's own inf.Dec value.
+        Deviation(
+            "quantity-add-leaves-the-device-alone",
+            [
+                *_slice("s", "d.example.com", big),
+                _any("c1", f"{_ADD} && device.attributes['d.example.com'].i == 1"),
+                _any("c2", f"{_MEMORY}.compareTo(quantity('{_BIG}')) == 0"),
+            ],
+            ours={"c1": "allocated", "c2": "allocated"},
+            reference={"c1": "allocated", "c2": "unschedulable"},
+        ),
+        # allocator_experimental.go checkAvailableCounters: availableCounters and
+        # consumedCounters are keyed by pool.PoolID.Pool, the pool name alone.
+        Deviation(
+            "counters-of-two-drivers-with-one-pool-name",
+            [
+                *_slice("a", "a.example.com", [{"name": "x", "consumesCounters": _CONSUMES}], True),
+                *_slice("b", "b.example.com", [{"name": "x", "consumesCounters": _CONSUMES}], True),
+                claim(
+                    {
+                        "name": "a",
+                        "exactly": {
+                            "deviceClassName": "any",
+                            "selectors": [
+                                {"cel": {"expression": "device.driver == 'a.example.com'"}}
+                            ],
+                        },
+                    },
+                    {
+                        "requests": [
+                            {
+                                "name": "a",
+                                "exactly": {
+                                    "deviceClassName": "any",
+                                    "selectors": [
+                                        {"cel": {"expression": "device.driver == 'a.example.com'"}}
+                                    ],
+                                },
+                            },
+                            {
+                                "name": "b",
+                                "exactly": {
+                                    "deviceClassName": "any",
+                                    "selectors": [
+                                        {"cel": {"expression": "device.driver == 'b.example.com'"}}
+                                    ],
+                                },
+                            },
+                        ]
+                    },
+                ),
+            ],
+            ours={"c": "allocated"},
+            reference={"c": "unschedulable"},
+            gates=pc,
+        ),
+        # kube-scheduler's allocated-device tracking (dynamicresources
+        # foreachAllocatedDevice) counts a shared result by share ID only, and the
+        # allocator's counter check reads AllocatedDevices: a share consumes no counters.
+        Deviation(
+            "a-shared-device-consumes-its-counters",
+            [
+                *_slice(
+                    "s",
+                    "d.example.com",
+                    [shared, {"name": "y", "consumesCounters": _CONSUMES}],
+                    True,
+                ),
+                _any("c1", "device.allowMultipleAllocations"),
+                _any("c2", "!device.allowMultipleAllocations"),
+            ],
+            ours={"c1": "allocated", "c2": "unschedulable"},
+            reference={"c1": "allocated", "c2": "allocated"},
+            gates=f"{pc},DRAConsumableCapacity=true",
+        ),
+    ]
+
+
+DEVIATIONS = _deviations()
