@@ -122,6 +122,17 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free ports: each socket is held until all are chosen (ports
+    chosen one after another may repeat, and a component would then find its port
+    taken by another of the same control plane)."""
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [int(sock.getsockname()[1]) for sock in sockets]
+
+
 def wait_until(
     check: Callable[[], T | None],
     timeout: float,
@@ -349,8 +360,8 @@ class ControlPlane:
         raise AssertionError("unreachable")
 
     def _start(self) -> None:
-        for name in ("etcd-client", "etcd-peer", "apiserver", "scheduler", "controller-manager"):
-            self.ports[name] = free_port()
+        names = ("etcd-client", "etcd-peer", "apiserver", "scheduler", "controller-manager")
+        self.ports.update(zip(names, free_ports(len(names)), strict=True))
         make_pki(self.pki)
         (self.workdir / "tokens.csv").write_text(
             f'{self.token},gpudra-e2e-admin,gpudra-e2e-admin,"system:masters"\n'
@@ -410,6 +421,10 @@ class ControlPlane:
 
         try:
             wait_until(probe, self.startup_timeout, what, interval=0.1)
+            # Healthy only if it is our process that answered: one that failed to bind
+            # its port exits a moment later, while whoever holds the port answers.
+            time.sleep(0.2)
+            probe()
         except ControlPlaneError:
             raise
         except TimeoutError as e:
