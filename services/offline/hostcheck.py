@@ -25,6 +25,7 @@ from typing import Any
 import msgspec
 
 from services.core import featuregates, resource
+from services.core.schemas import NodeInventory
 from services.discovery import backend as nv
 from services.discovery.fleet import Fleet, FleetGpu
 from services.discovery.inventory import scan
@@ -126,8 +127,7 @@ def check(
         report["gpus"].append(entry)
     report["differences"] = differences
     report["problems"] = []
-    report["scan"] = _time_scans(be, node, scans)
-    inventory = scan(be, node).inventory
+    report["scan"], inventory = _time_scans(be, node, scans)
     report["inventory"] = msgspec.to_builtins(inventory)
     report["slices"], problems = _slices(inventory)
     report["problems"] += problems
@@ -209,18 +209,20 @@ def _compare_profiles(real: Any, sim: Any) -> list[str]:
     return out
 
 
-def _time_scans(be: nv.Backend, node: str, n: int) -> dict[str, float]:
+def _time_scans(be: nv.Backend, node: str, n: int) -> tuple[dict[str, float], NodeInventory]:
+    """``n`` timed inventory scans, and the last one's inventory."""
     times = []
     for _ in range(max(n, 1)):
         start = time.perf_counter()
-        scan(be, node)
+        inventory = scan(be, node).inventory
         times.append((time.perf_counter() - start) * 1000)
     times.sort()
-    return {
+    figures = {
         "scans": len(times),
         "p50_ms": round(times[len(times) // 2], 3),
         "p99_ms": round(times[min(len(times) - 1, int(len(times) * 0.99))], 3),
     }
+    return figures, inventory
 
 
 def _slices(inventory: Any) -> tuple[list[dict[str, Any]], list[str]]:
