@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from services.core import logs
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
+from services.local.cluster import ControlPlaneError, build_controlplane
 from tests.helpers.bus import connect
 
 logs.quiet_tls_eof_warnings()
@@ -35,3 +37,15 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
         yield client
     finally:
         await client.close()
+
+
+@pytest.fixture(scope="session")
+def controlplane_binary() -> Path:
+    """The multi-call binary from services/local/controlplane/build.sh (cached)."""
+    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
+        # build.sh can still answer from its cache without a toolchain.
+        try:
+            return build_controlplane()
+        except ControlPlaneError as e:
+            pytest.skip(f"no Go toolchain and no cached control-plane binary: {e}")
+    return build_controlplane()

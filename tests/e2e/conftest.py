@@ -13,13 +13,12 @@ Set ``GPUDRA_E2E_KEEP=1`` to always keep it.
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Generator, Iterator
 from pathlib import Path
 
 import pytest
 
-from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
+from services.local.cluster import ControlPlane
 
 E2E_NODES = ("e2e-node-1", "e2e-node-2")
 
@@ -30,18 +29,6 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers",
         "realnode: runs real nodes (containerd, runc, the real kubelet; root and cgroups)",
     )
-
-
-@pytest.fixture(scope="session")
-def controlplane_binary() -> Path:
-    """The multi-call binary from services/local/controlplane/build.sh (cached)."""
-    if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
-        # build.sh can still answer from its cache without a toolchain.
-        try:
-            return build_controlplane()
-        except ControlPlaneError as e:
-            pytest.skip(f"no Go toolchain and no cached control-plane binary: {e}")
-    return build_controlplane()
 
 
 @pytest.hookimpl(wrapper=True)

@@ -27,7 +27,7 @@ from services.core import subjects
 from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import GpuHealth, NodeInventory, Xid
-from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
+from services.local.cluster import ControlPlane
 from services.offline.slices import fleet_inventory
 from tests.helpers.publisher import PublisherProcess
 
@@ -38,12 +38,8 @@ MANAGER = "gpudra-publisher-"
 
 
 @pytest.fixture(scope="module")
-def apiserver() -> Iterator[ControlPlane]:
-    try:
-        binary = build_controlplane()
-    except ControlPlaneError as exc:
-        pytest.skip(f"no control-plane binary: {exc}")
-    with ControlPlane(binary, nodes=NODES) as cp:
+def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(controlplane_binary, nodes=NODES) as cp:
         yield cp
 
 

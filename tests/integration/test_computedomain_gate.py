@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,7 @@ from services.core.bus import Bus
 from services.core.kube import KubeApi, http_api
 from services.core.natsserver import NatsServer
 from services.core.schemas import DomainMember
-from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane, install_crd
+from services.local.cluster import ControlPlane, install_crd
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from services.preparer.computedomain.gate import DomainGate, GateError
 from tests.helpers.bus import connect
@@ -33,12 +34,8 @@ NODE = "gate-node"
 
 
 @pytest.fixture(scope="module")
-def apiserver() -> Iterator[ControlPlane]:
-    try:
-        binary = build_controlplane()
-    except ControlPlaneError as exc:
-        pytest.skip(f"no control-plane binary: {exc}")
-    with ControlPlane(binary, nodes=[NODE]) as cp:
+def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(controlplane_binary, nodes=[NODE]) as cp:
         install_crd(cp, COMPUTE_DOMAIN_CRD.read_text())
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team-b"}})
         yield cp

@@ -27,7 +27,7 @@ from services.core.resourceapi import versioned
 from services.core.schemas import DomainIndex, DomainMember, DomainNodeState
 from services.domains.objects import DaemonSettings
 from services.domains.service import Controller, ControllerConfig
-from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane, install_crd
+from services.local.cluster import ControlPlane, install_crd
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from tests.helpers.bus import connect
 from tests.helpers.imex import Daemons
@@ -42,12 +42,8 @@ CLIQUE = "7d1c3e0a-0000-4000-8000-000000000001.1"
 
 
 @pytest.fixture(scope="module")
-def apiserver() -> Iterator[ControlPlane]:
-    try:
-        binary = build_controlplane()
-    except ControlPlaneError as exc:
-        pytest.skip(f"no control-plane binary: {exc}")
-    with ControlPlane(binary, nodes=NODES) as cp:
+def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(controlplane_binary, nodes=NODES) as cp:
         install_crd(cp, COMPUTE_DOMAIN_CRD.read_text())
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRIVER_NS}})
         yield cp

@@ -15,6 +15,7 @@ import asyncio
 import itertools
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import msgspec
 import pytest
@@ -23,7 +24,7 @@ from services.core import featuregates
 from services.core.kube import http_api
 from services.core.schemas import GpuHealth, NodeInventory, Xid
 from services.discovery.fleet import fleet_names
-from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
+from services.local.cluster import ControlPlane
 from services.offline import slicecheck
 from services.offline.slices import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
@@ -36,13 +37,9 @@ NODE = "pub-node-1"
 
 
 @pytest.fixture(scope="module")
-def apiserver() -> Iterator[ControlPlane]:
-    try:
-        binary = build_controlplane()
-    except ControlPlaneError as exc:
-        pytest.skip(f"no control-plane binary: {exc}")
+def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
     gates = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
-    with ControlPlane(binary, nodes=[NODE], feature_gates=gates) as cp:
+    with ControlPlane(controlplane_binary, nodes=[NODE], feature_gates=gates) as cp:
         yield cp
 
 

@@ -10,12 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from services.core import nvidia
 from services.core.kube import KubeApi, http_api
-from services.local.cluster import ControlPlane, ControlPlaneError, build_controlplane
+from services.local.cluster import ControlPlane
 from services.offline.slices import fleet_inventory
 from services.publisher.cliquelabel import CliqueLabeler
 
@@ -24,12 +25,8 @@ TRAY, PLAIN = "tray-1", "h100-1"
 
 
 @pytest.fixture(scope="module")
-def apiserver() -> Iterator[ControlPlane]:
-    try:
-        binary = build_controlplane()
-    except ControlPlaneError as exc:
-        pytest.skip(f"no control-plane binary: {exc}")
-    with ControlPlane(binary, nodes=[TRAY, PLAIN]) as cp:
+def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
+    with ControlPlane(controlplane_binary, nodes=[TRAY, PLAIN]) as cp:
         yield cp
 
 
