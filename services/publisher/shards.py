@@ -35,7 +35,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from services.core import retention, subjects
-from services.core.bus import Bus
+from services.core.bus import Bus, open_watcher
 from services.publisher.tuning import DEFAULT_SHARDS
 
 log = logging.getLogger(__name__)
@@ -152,7 +152,7 @@ class Shards:
         return seen is None or now - seen[1] >= self.ttl
 
     async def _watch(self, kv: KeyValue) -> None:
-        watcher = await kv.watch(">")
+        watcher = await open_watcher(kv, ">")
         try:
             async for entry in watcher:
                 if entry is None:

@@ -69,7 +69,7 @@ class Front:
         except subprocess.TimeoutExpired:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-            raise
+            raise AssertionError(f"no exit {timeout} s after SIGTERM:\n{self.output()}") from None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
