@@ -16,6 +16,23 @@ from tests.helpers.bus import connect
 
 logs.quiet_tls_eof_warnings()
 
+# Modules that change the host the way a real node does (cgroups, mount namespaces):
+# never two at once, because each compares the host before and after itself.
+HOST_NODE_MODULES = {"test_realnode_host.py"}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for `make test`'s two workers (pytest-xdist, ``--dist loadgroup``).
+
+    A module's tests stay together on one worker, so its module fixtures (a control
+    plane, a stack) start once; every module that runs real nodes shares one group.
+    """
+    real = {item.path for item in items if item.get_closest_marker("realnode")}
+    real |= {item.path for item in items if item.path.name in HOST_NODE_MODULES}
+    for item in items:
+        group = "real-nodes" if item.path in real else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
 
 @pytest.fixture
 def nats_server(tmp_path: Path) -> Iterator[NatsServer]:
