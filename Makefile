@@ -82,11 +82,11 @@ node-packages:
 		|| echo "runc/busybox-static not installed: the real-node tests skip"
 
 # Two workers (pytest-xdist): most tests wait on the processes they start, so two
-# at once halve the wall time on two cores; tests/conftest.py says what runs together.
+# at once nearly halve the wall time on two cores; tests/conftest.py says what runs together.
 TEST_WORKERS ?= 2
 
 test: lint typecheck controlplane jaeger realnode helm image pciids
-	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadgroup tests
+	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 # Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset
 # against (best effort: as root with apt-get; the test says so when it has none).

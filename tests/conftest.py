@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -16,22 +17,32 @@ from tests.helpers.bus import connect
 
 logs.quiet_tls_eof_warnings()
 
-# Modules that change the host the way a real node does (cgroups, mount namespaces):
-# never two at once, because each compares the host before and after itself.
-HOST_NODE_MODULES = {"test_realnode_host.py"}
+# Modules that run real nodes (cgroups and mount namespaces on this host): never two
+# at once, because each compares the host before and after itself.
+REAL_NODE_MODULES = frozenset(
+    {"test_chart_install.py", "test_real_nodes.py", "test_stack_up.py", "test_realnode_host.py"}
+)
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for `make test`'s two workers (pytest-xdist, ``--dist loadgroup``).
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`make test`'s two workers (pytest-xdist) get whole modules, so a module's
+    fixtures (a control plane, a stack) start once, and every real-node module goes
+    to the same worker, one after another."""
+    from xdist.scheduler import LoadFileScheduling  # type: ignore[import-untyped]
 
-    A module's tests stay together on one worker, so its module fixtures (a control
-    plane, a stack) start once; every module that runs real nodes shares one group.
-    """
-    real = {item.path for item in items if item.get_closest_marker("realnode")}
-    real |= {item.path for item in items if item.path.name in HOST_NODE_MODULES}
+    class ModuleScheduling(LoadFileScheduling):  # type: ignore[misc]
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return "real-nodes" if Path(module).name in REAL_NODE_MODULES else module
+
+    return ModuleScheduling(config, log)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that runs real nodes in a module not listed above would run beside another."""
     for item in items:
-        group = "real-nodes" if item.path in real else item.nodeid.split("::")[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+        if item.get_closest_marker("realnode") and item.path.name not in REAL_NODE_MODULES:
+            raise pytest.UsageError(f"{item.path.name}: add it to REAL_NODE_MODULES (conftest)")
 
 
 @pytest.fixture

@@ -48,10 +48,12 @@ def test_rolling_update_names_carry_the_pod_uid() -> None:
     )
 
 
-def test_relative_root_becomes_absolute(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.chdir(tmp_path)
-    paths = SocketPaths.for_driver(Path("k"), DRIVER)
-    assert paths.dra.is_absolute() and paths.dra == tmp_path / "k/plugins/gpu.nvidia.com/dra.sock"
+def test_relative_root_becomes_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
+    with tempfile.TemporaryDirectory(dir="/tmp") as short:  # tmp_path can pass 107 bytes
+        monkeypatch.chdir(short)
+        paths = SocketPaths.for_driver(Path("k"), DRIVER)
+        assert paths.dra.is_absolute()
+        assert paths.dra == Path(short) / "k/plugins/gpu.nvidia.com/dra.sock"
 
 
 @pytest.mark.parametrize("uid", ["../x", "a/b", ".hidden", "a b", "x" * 64, "*"])
