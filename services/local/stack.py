@@ -300,7 +300,7 @@ class Stack:
         if node is None:
             if service == "publisher":
                 return ["publisher", *common, *kubeconfig, "--feature-gates", self.gates,
-                        "--gpu-clique-label"]  # fmt: skip
+                        "--gpu-clique-label", "--compute-domains"]  # fmt: skip
             if service == "domains":
                 return ["domains", *common, *kubeconfig, "--namespace", DRIVER_NAMESPACE]
             threshold = f"{self.pending_threshold}s"
@@ -319,9 +319,11 @@ class Stack:
                 "--kubelet-root", str(where.kubelet_root),
                 "--cdi-root", str(where.cdi_root),
                 "--feature-gates", self.gates,
+                "--compute-domains",
                 *driver,
             ]  # fmt: skip
-        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root)]
+        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root),
+                  "--compute-domains"]  # fmt: skip
         if self.prepare_timeout is not None:
             plugin += ["--prepare-timeout", str(self.prepare_timeout)]
         return plugin
