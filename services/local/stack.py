@@ -11,6 +11,8 @@ Start order (stopped by PID in the reverse order)::
               waited for until it has wiped its node's ResourceSlices
     gpudra publisher, gpudra allocator (claim watcher), gpudra domains (the
     ComputeDomain controller, daemons in namespace gpudra), cluster-wide
+    the daemon pods' runner: each IMEX daemon pod Running on a simulated node
+    becomes a local ``gpudra imex-daemon run`` (services/local/daemonpods.py)
 
 With ``real_nodes=True`` every node is a real one (services/local/node.py):
 its private mount namespace with the simulated driver root comes first (the
@@ -54,9 +56,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +74,7 @@ from services.local.cluster import (
     build_controlplane,
     install_crd,
 )
+from services.local.daemonpods import DaemonNode, DaemonPods
 from services.local.jaeger import Jaeger
 from services.local.node import NodeTools, RealNode
 
@@ -93,6 +93,13 @@ DEMO_KUBE_GATES: Mapping[str, bool] = {"DRAExtendedResource": True}
 
 #: Driver of the slice that shows when a starting kubelet-dra has wiped its node.
 SENTINEL_DRIVER = "wipe-sentinel.gpudra.dev"
+
+#: Simulated nodes: the IMEX daemons of a ComputeDomain are a DaemonSet's pods, which
+#: the node's runner runs as local processes (services/local/daemonpods.py).
+SIMULATED_CONTROLLERS = (*DEFAULT_CONTROLLERS, "daemonset-controller")
+
+#: Simulated node i's IMEX daemons bind 127.0.0.<DAEMON_ADDRESS_BASE + i>.
+DAEMON_ADDRESS_BASE = 10
 
 #: The longest unix socket path (sun_path is 108 bytes with the NUL).
 _MAX_SOCKET_PATH = 107
@@ -193,7 +200,7 @@ class Stack:
             workdir=self.workdir,
             nodes=[] if real_nodes else names,  # real nodes register themselves
             feature_gates=DEMO_KUBE_GATES if kube_feature_gates is None else kube_feature_gates,
-            controllers=REAL_NODE_CONTROLLERS if real_nodes else DEFAULT_CONTROLLERS,
+            controllers=REAL_NODE_CONTROLLERS if real_nodes else SIMULATED_CONTROLLERS,
             startup_timeout=startup_timeout,
         )
         # With ``jaeger``, every gpudra process exports its spans to a Jaeger started first.
@@ -204,6 +211,7 @@ class Stack:
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
         self._paused: set[str] = set()  # stopped on purpose, to be started again
+        self.daemon_pods: DaemonPods | None = None  # IMEX daemon pods of simulated nodes
         try:
             self._check_socket_paths()
         except StackError:
@@ -256,6 +264,7 @@ class Stack:
         self._add("publisher")
         self._add("allocator", ready='"claim watcher synced"')
         self._add("domains", ready='"domain controller synced"')
+        self._start_daemon_pods()
         for name in self.nodes:
             self.wait_slices(name)
 
@@ -271,6 +280,8 @@ class Stack:
                 self.cp.stop()
             elif name.startswith("kubelet-dra-"):
                 self.cp.stop_kubelet_dra(name.removeprefix("kubelet-dra-"))
+            elif name == "daemon-pods" and self.daemon_pods is not None:
+                self.daemon_pods.stop()
             elif name.startswith("node-") and name.removeprefix("node-") in self.real:
                 self.real[name.removeprefix("node-")].stop()
             elif name in self.processes:
@@ -289,6 +300,27 @@ class Stack:
         self.stop()
 
     # ---- gpudra services -----------------------------------------------------
+
+    def _start_daemon_pods(self) -> None:
+        """IMEX daemon pods on simulated nodes run as local processes (real nodes run
+        their containers): each node's daemons bind an address of its own."""
+        simulated = [n for n in self.nodes.values() if n.name not in self.real]
+        nodes = [
+            DaemonNode(n.name, n.cdi_root, f"127.0.0.{DAEMON_ADDRESS_BASE + i}")
+            for i, n in enumerate(simulated)
+        ]
+        # Every node's daemon identity now, not at a daemon's start: a new identity
+        # reloads nats-server, and a reload drops the reply permissions of requests in
+        # flight (a channel prepare waiting for that very daemon could never answer).
+        argv = {
+            n.name: [*self.nats.client_argv(Role.IMEX, n.name), "--log-level", self.log_level]
+            for n in nodes
+        }
+        self.daemon_pods = DaemonPods(
+            self.cp.api_get, nodes, argv.__getitem__, self.logs_dir, self.service_env
+        )
+        self._started.append("daemon-pods")
+        self.daemon_pods.start()
 
     def _service_argv(self, service: str, node: str | None) -> list[str]:
         role = Role(service)
@@ -576,17 +608,7 @@ class Stack:
 
     def api_get(self, path: str, **params: str) -> Any:
         """GET ``path`` from the API server as JSON (None for 404)."""
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        request = urllib.request.Request(
-            self.cp.server + path + query, headers={"Authorization": f"Bearer {self.cp.token}"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10, context=self.cp.ssl_context()) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
+        return self.cp.api_get(path, **params)
 
     def slices(self, node: str) -> list[dict[str, Any]]:
         """Our driver's ResourceSlices of ``node``."""
