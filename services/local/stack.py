@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.core import computedomain as cd
 from services.core import featuregates, nvidia
 from services.core.access import Role
 from services.core.natsserver import NatsServer, free_port
@@ -633,7 +634,7 @@ class Stack:
 
     def _check_socket_paths(self) -> None:
         for node in self.nodes.values():
-            longest = node.kubelet_root / "plugins_registry" / f"{nvidia.DRIVER_NAME}-reg.sock"
+            longest = node.kubelet_root / "plugins_registry" / f"{cd.CD_DRIVER}-reg.sock"
             if len(str(longest).encode()) > _MAX_SOCKET_PATH:
                 raise StackError(
                     f"work directory {self.workdir} is too deep: the kubelet socket {longest} "

@@ -267,6 +267,12 @@ async def test_refusals_name_their_reason_and_leave_nothing(setup: Setup) -> Non
          "domainID: must not be empty"),
         (await setup.claim("bad-mode", "team-a", "channel-0", channel(ours, allocationMode="Few")),
          "allocationMode"),
+        # Hostile: a domainID that is a path (it never reaches one: no domain has it),
+        # and a device of this driver that it never publishes.
+        (await setup.claim("escape", "team-a", "channel-0", channel("../../../etc")),
+         "ComputeDomain not found: ../../../etc"),
+        (await setup.claim("stranger", "team-a", "gpu-0", channel(ours)),
+         "'gpu-0' is not a compute-domain.nvidia.com device"),
     ]  # fmt: skip
     for claim, needle in cases:
         error, ids = await setup.prepare(claim)
