@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from services.core import computedomain as cd
-from services.core import subjects
+from services.core import subjects, tracing
 from services.core.bus import Bus
 from services.core.kube import KubeApi, http_api
 from services.core.natsserver import NatsServer
@@ -33,6 +33,7 @@ from services.local.kubelet import Claim, FakeKubelet
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from services.preparer import checkpoint
 from tests.helpers.events import stored_claim_events
+from tests.helpers.otlp import OtlpReceiver
 from tests.helpers.preparer import Node
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
@@ -56,6 +57,7 @@ class Setup:
     bus: Bus
     kubelet: FakeKubelet
     kubeconfig: str
+    traces: OtlpReceiver  # what the front and the preparer export
 
     @property
     def cd_root(self) -> Path:
@@ -147,22 +149,26 @@ async def setup(
 ) -> AsyncIterator[Setup]:
     node = Node(short_root, nats_server, bus, name=NODE, fleet="gb200-nvl72")
     api = await http_api(str(apiserver.kubeconfig))
+    traces = await OtlpReceiver().start()
+    env = {"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     try:
         await node.start_discovery()
         await node.start_preparer(
             claims="none",
             extra=["--kubeconfig", str(apiserver.kubeconfig), "--compute-domains"],
+            env=env,
         )
-        node.start_front("--compute-domains")
+        node.start_front("--compute-domains", env=env)
         registration = node.kubelet_root / "plugins_registry" / f"{cd.CD_DRIVER}-reg.sock"
         async with FakeKubelet(node.kubelet_root, driver=cd.CD_DRIVER) as kubelet:
             deadline = time.monotonic() + 20
             while not registration.is_socket() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)
             await kubelet.register(registration)
-            yield Setup(node, api, bus, kubelet, str(apiserver.kubeconfig))
+            yield Setup(node, api, bus, kubelet, str(apiserver.kubeconfig), traces)
     finally:
         await node.stop_all()
+        await traces.stop()
         await api.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {cd.DOMAIN_LABEL: None}}})
         await api.close()
 
@@ -227,6 +233,26 @@ async def test_a_channel_claim_waits_for_its_daemon_then_gets_the_imex_channel(
     assert setup.entries() == {}
     assert setup.specs() == []
     assert await setup.unprepare(claim) == ""
+
+
+async def test_a_claims_prepare_and_unprepare_are_spans_in_the_claims_own_trace(
+    setup: Setup,
+) -> None:
+    uid = await setup.domain(unique("traced"))
+    await setup.member(uid, "Ready")
+    claim = await setup.claim("traced", "team-a", "channel-0", channel(uid))
+    assert (await setup.prepare(claim))[0] == ""
+    assert await setup.unprepare(claim) == ""
+    trace_id = tracing.claim_trace_hex(claim.uid)
+    for op in ("prepare", "unprepare"):
+        [send] = await setup.traces.wait_for(f"send dra.node.{{node}}.domain.{op}", 1)
+        [hop] = await setup.traces.wait_for(f"process dra.node.{{node}}.domain.{op}", 1)
+        assert send.trace_id == hop.trace_id == trace_id
+        assert hop.parent_span_id == send.span_id  # the front's send, then the preparer
+        assert hop.attributes[tracing.ATTR_UID] == claim.uid
+        assert hop.attributes[tracing.ATTR_OUTCOME] == "ok"
+    [hop] = await setup.traces.wait_for("process dra.node.{node}.domain.prepare", 1)
+    assert hop.attributes[tracing.ATTR_DEVICES] == ["channel-0"]
 
 
 async def test_the_label_stays_while_another_channel_claim_of_its_domain_is_prepared(
