@@ -12,6 +12,7 @@ Skipped where the control plane cannot be built.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 import uuid
@@ -57,7 +58,7 @@ class Setup:
     bus: Bus
     kubelet: FakeKubelet
     kubeconfig: str
-    traces: OtlpReceiver  # what the front and the preparer export
+    traces: OtlpReceiver  # what the front and the preparer export (``traced`` only)
 
     @property
     def cd_root(self) -> Path:
@@ -143,14 +144,19 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:6]}"
 
 
-@pytest.fixture
-async def setup(
-    apiserver: ControlPlane, short_root: Path, nats_server: NatsServer, bus: Bus
+@contextlib.asynccontextmanager
+async def running(
+    apiserver: ControlPlane, root: Path, nats_server: NatsServer, bus: Bus, traced: bool
 ) -> AsyncIterator[Setup]:
-    node = Node(short_root, nats_server, bus, name=NODE, fleet="gb200-nvl72")
+    """Discovery, the preparer and the front of one GB200 node, the fake kubelet registered
+    on the compute-domain driver's socket. ``traced``: the processes export spans to an
+    OTLP receiver in this test's loop (only where a test reads them: a process stopped
+    while the loop is blocked would wait out its last export)."""
+    node = Node(root, nats_server, bus, name=NODE, fleet="gb200-nvl72")
     api = await http_api(str(apiserver.kubeconfig))
     traces = await OtlpReceiver().start()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
+    env = env if traced else {}
     try:
         await node.start_discovery()
         await node.start_preparer(
@@ -171,6 +177,22 @@ async def setup(
         await traces.stop()
         await api.patch(f"/api/v1/nodes/{NODE}", {"metadata": {"labels": {cd.DOMAIN_LABEL: None}}})
         await api.close()
+
+
+@pytest.fixture
+async def setup(
+    apiserver: ControlPlane, short_root: Path, nats_server: NatsServer, bus: Bus
+) -> AsyncIterator[Setup]:
+    async with running(apiserver, short_root, nats_server, bus, traced=False) as ready:
+        yield ready
+
+
+@pytest.fixture
+async def traced(
+    apiserver: ControlPlane, short_root: Path, nats_server: NatsServer, bus: Bus
+) -> AsyncIterator[Setup]:
+    async with running(apiserver, short_root, nats_server, bus, traced=True) as ready:
+        yield ready
 
 
 async def wait_for(check: Any, what: str, timeout: float = 30) -> Any:
@@ -236,8 +258,9 @@ async def test_a_channel_claim_waits_for_its_daemon_then_gets_the_imex_channel(
 
 
 async def test_a_claims_prepare_and_unprepare_are_spans_in_the_claims_own_trace(
-    setup: Setup,
+    traced: Setup,
 ) -> None:
+    setup = traced
     uid = await setup.domain(unique("traced"))
     await setup.member(uid, "Ready")
     claim = await setup.claim("traced", "team-a", "channel-0", channel(uid))
