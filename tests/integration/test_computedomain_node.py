@@ -383,6 +383,7 @@ async def test_a_daemon_claim_gets_its_domain_identity_and_directory(setup: Setu
     assert await setup.label() is None  # a daemon claim never labels
     assert await setup.unprepare(claim) == ""
     assert setup.entries() == {} and setup.specs() == []
+    assert not is_dir(mount["hostPath"])  # the domain's last daemon here: its folder goes
 
 
 async def _equals(value: Any, want: str) -> str | None:

@@ -19,7 +19,8 @@ A daemon claim needs its domain (in any namespace: it lives in the driver's),
 gets the domain's directory under the plugin directory and the daemon's edits.
 
 Unprepare removes the spec and the entry; the last channel entry of a domain
-on this node takes the label off (only if it names that domain). An unknown
+on this node takes the label off (only if it names that domain), the last daemon
+entry the domain's folder. An unknown
 claim's unprepare succeeds. Operations on one claim run one at a time; the
 label's check-and-set runs under one node-wide lock, the readiness wait outside it.
 """
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import time
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -249,7 +251,7 @@ class DomainEngine:
             major = self.facts.imex_major() if clique else 0
             container = edits.channel_edits(p.config.mode, clique, major)
         else:
-            host_dir = self.plugin_dir / "domains" / domain.uid
+            host_dir = self._domain_dir(domain.uid)
             host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
             cap = self.facts.fabric_cap() if clique else None
             caps_major = self.facts.caps_major() if clique else 0
@@ -299,7 +301,19 @@ class DomainEngine:
                     )
                 await self.gate.unlabel(domain)
             await self.store.remove(ref.uid, before=lambda: self._delete_spec(ref.uid))
+            daemons = [e for e in self.store.claims.values() if not holds_channel(e)]
+            last = not any(domain_of(e) == domain for e in daemons)
+            if domain and not holds_channel(entry) and last:
+                # The domain's last daemon here: its folder goes with it (a later daemon
+                # claim makes it again; its wrapper writes the IMEX config afresh).
+                shutil.rmtree(self._domain_dir(domain), ignore_errors=True)
         self.claims.forget(ref)
+
+    def _domain_dir(self, uid: str) -> Path:
+        """``<plugin dir>/domains/<uid>``; a UID is one plain path component."""
+        if not uid or "/" in uid or uid in (".", ".."):
+            raise DomainClaimError(f"ComputeDomain UID {uid!r} is not a plain name")
+        return self.plugin_dir / "domains" / uid
 
 
 def _plan(results: Sequence[DeviceRequestAllocationResult], devices: Any) -> list[_Planned]:
