@@ -45,9 +45,11 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
 
 
 def domain_files(stack: Stack) -> list[str]:
-    """The node driver's CDI specs and checkpointed claims."""
+    """The node driver's CDI specs, checkpointed claims and domain folders."""
     node = stack.nodes[NODE]
     found = [p.name for p in node.cdi_root.glob("k8s.compute-domain.nvidia.com-*")]
+    domains = node.kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
+    found += [f"domain folder {p.name}" for p in domains.glob("*")]
     path = node.kubelet_root / "plugins" / cd.CD_DRIVER / "checkpoint.json"
     if path.exists():
         found += list(checkpoint.decode(path.read_bytes()).claims)
