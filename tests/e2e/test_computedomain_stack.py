@@ -10,6 +10,7 @@ plane cannot be built.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from collections.abc import Iterator
@@ -22,6 +23,8 @@ from services.core import computedomain as cd
 from services.local.stack import DRIVER_NAMESPACE, NodeSpec, Stack
 from services.preparer import checkpoint
 from services.preparer.computedomain.engine import spec_path
+from tests.helpers.bus import connect
+from tests.helpers.events import stored_claim_events
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 NODE = "gb-node-1"
@@ -54,6 +57,19 @@ def domain_files(stack: Stack) -> list[str]:
     if path.exists():
         found += list(checkpoint.decode(path.read_bytes()).claims)
     return found
+
+
+def trail(stack: Stack, claim_uid: str) -> list[str]:
+    """The claim's events as the CLAIMS stream keeps them, oldest first."""
+
+    async def read() -> list[str]:
+        bus = await connect(stack.nats, name="e2e-domains")
+        try:
+            return [e.event for e in await stored_claim_events(bus) if e.claim.uid == claim_uid]
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
 
 
 def node_label(stack: Stack) -> Any:
@@ -112,3 +128,11 @@ def test_a_workload_pod_runs_once_its_daemon_joined_and_leaves_nothing(stack: St
     assert stack.daemon_pods is not None
     runner = stack.daemon_pods
     stack.wait_for(lambda: not runner.running, "the local daemon stopped (by its PID)")
+
+    # The channel claim's trail is complete, as a GPU claim's: allocated ... deleted.
+    events = stack.wait_for(
+        lambda: (found := trail(stack, claim_uid)) and found[-1] == "deleted" and found,
+        "the channel claim's deleted event",
+    )
+    assert events[0] == "allocated", events
+    assert {"prepare.requested", "prepared", "unprepared"} <= set(events), events
