@@ -4,8 +4,8 @@ One simulated GB200 node (in an NVLink fabric): the controller makes the daemon
 DaemonSet, the workload's channel claim labels the node, the DaemonSet's pod runs
 (as a local `gpudra imex-daemon run`, services/local/daemonpods.py) and joins, and
 only then does the workload's prepare finish, with the IMEX channel in its CDI spec.
-Deleting the pod and the domain leaves nothing on the node. Skipped where the control
-plane cannot be built.
+Deleting the domain while the pod runs, then the pod, leaves nothing on the node.
+Skipped where the control plane cannot be built.
 """
 
 from __future__ import annotations
@@ -117,8 +117,12 @@ def test_a_workload_pod_runs_once_its_daemon_joined_and_leaves_nothing(stack: St
     assert (member["name"], member["status"], member["ipAddress"]) == (NODE, "Ready", "127.0.0.10")
     assert member["cliqueID"]  # a GB200 tray: in a fabric
 
-    stack.cp.kubectl("delete", "pod", "worker", "-n", "default", "--timeout=60s")
+    # The domain deleted while its workload runs (issue 14's bad input): the daemon and
+    # the label go; the running pod keeps its channel until it ends.
     stack.cp.kubectl("delete", "computedomain", "job", "-n", "default", "--timeout=60s")
+    stack.wait_for(lambda: node_label(stack) is None, "the node label removed by the controller")
+    assert running() is not None
+    stack.cp.kubectl("delete", "pod", "worker", "-n", "default", "--timeout=60s")
 
     def clean() -> bool:
         pods = stack.api_get(f"/api/v1/namespaces/{DRIVER_NAMESPACE}/pods")["items"]
