@@ -27,6 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.core import subjects
+from services.core.computedomain import CD_DRIVER
+from services.core.nvidia import DRIVER_NAME
 from services.core.schemas import ClaimEventName
 
 JS_API = "$JS.API"
@@ -202,15 +204,24 @@ def _preparer(who: Identity) -> Permissions:
     grant.kv_write(subjects.PREPARED_BUCKET, subjects.prepared_key(who.node))
     grant.publish += _events(node, PREPARER_EVENTS)
     grant.publish.append(subjects.sim_control(who.node))  # dynamic MIG on simulated GPUs
-    grant.subscribe += [subjects.node_prepare(who.node), subjects.node_unprepare(who.node)]
+    grant.subscribe += _node_operations(who.node)
     return grant.done(who, responds=True)
+
+
+def _node_operations(node: str) -> list[str]:
+    """One node's prepare and unprepare subjects, of both kubelet plugin drivers."""
+    return [
+        op(node, driver)
+        for driver in (DRIVER_NAME, CD_DRIVER)
+        for op in (subjects.node_prepare, subjects.node_unprepare)
+    ]
 
 
 def _front(who: Identity) -> Permissions:
     node = subjects.escape_token(who.node)
     grant = _Grant().kv_read(subjects.PRESENCE_BUCKET, subjects.INVENTORY_BUCKET)
     grant.kv_write(subjects.PRESENCE_BUCKET, f"{node}.>")
-    grant.publish += [subjects.node_prepare(who.node), subjects.node_unprepare(who.node)]
+    grant.publish += _node_operations(who.node)
     grant.subscribe.append(subjects.health(who.node))
     return grant.done(who)
 

@@ -21,6 +21,7 @@ import yaml
 
 from services.core import subjects
 from services.core.claimtrail import SEQ_HEADER
+from services.core.computedomain import CD_DRIVER
 from services.core.resource import ResourceClaim
 from services.core.schemas import (
     SCHEMA_VERSION,
@@ -71,6 +72,12 @@ CHANNELS = (
             "The claims of one kubelet NodePrepareResources call (request/reply)."),
     Channel("nodeUnprepare", subjects.node_unprepare, ("node",), NodeRequest,
             "The claims of one kubelet NodeUnprepareResources call (request/reply)."),
+    Channel("domainPrepare", lambda node: subjects.node_prepare(node, CD_DRIVER), ("node",),
+            NodeRequest, "The compute-domain.nvidia.com driver's claims of one kubelet "
+            "NodePrepareResources call (request/reply)."),
+    Channel("domainUnprepare", lambda node: subjects.node_unprepare(node, CD_DRIVER), ("node",),
+            NodeRequest, "The compute-domain.nvidia.com driver's claims of one kubelet "
+            "NodeUnprepareResources call (request/reply)."),
     Channel("simControl", subjects.sim_control, ("node",), SimMigRequest,
             "A MIG change on a simulated GPU (request/reply)."),
     Channel("inventoryKey", lambda node: f"$KV.{subjects.INVENTORY_BUCKET}."
@@ -88,7 +95,8 @@ CHANNELS = (
             "KV presence: the node's kubelet plugin is registered.", subjects.PRESENCE_BUCKET),
 )  # fmt: skip
 
-REPLIES = {"nodePrepare": NodeReply, "nodeUnprepare": NodeReply, "simControl": SimMigReply}
+REPLIES = {"nodePrepare": NodeReply, "nodeUnprepare": NodeReply, "domainPrepare": NodeReply,
+           "domainUnprepare": NodeReply, "simControl": SimMigReply}  # fmt: skip
 
 #: Who sends and who receives each channel (the operations); see docs/bus.md.
 OPERATIONS = (
@@ -101,6 +109,10 @@ OPERATIONS = (
     ("answerPrepare", "receive", "nodePrepare", "the node's preparer prepares and answers"),
     ("requestUnprepare", "send", "nodeUnprepare", "the front asks its node's preparer"),
     ("answerUnprepare", "receive", "nodeUnprepare", "the node's preparer undoes and answers"),
+    ("requestDomainPrepare", "send", "domainPrepare", "the front (--compute-domains)"),
+    ("answerDomainPrepare", "receive", "domainPrepare", "the preparer (--compute-domains)"),
+    ("requestDomainUnprepare", "send", "domainUnprepare", "the front (--compute-domains)"),
+    ("answerDomainUnprepare", "receive", "domainUnprepare", "the preparer (--compute-domains)"),
     ("requestSimControl", "send", "simControl", "gpudra sim or a simulated preparer"),
     ("answerSimControl", "receive", "simControl", "a simulated node's discovery"),
     ("writeInventory", "send", "inventoryKey", "discovery writes its node's inventory"),

@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import re
 
+from services.core.computedomain import CD_DRIVER
+from services.core.nvidia import DRIVER_NAME
+
 # Streams and buckets.
 CLAIMS_STREAM = "CLAIMS"
 HEALTH_STREAM = "HEALTH"
@@ -144,12 +147,23 @@ def claim_key(node: str, uid: str) -> str:
     return f"{escape_token(node)}.{escape_token(uid)}"
 
 
-def node_prepare(node: str) -> str:
-    return f"{NODE_ROOT}.{escape_token(node)}.prepare"
+#: The kubelet plugins' drivers, each with its own prepare/unprepare subjects: the
+#: GPU driver's are ``dra.node.<node>.prepare``, the ComputeDomain driver's
+#: ``dra.node.<node>.domain.prepare`` (so that a grant names each one exactly).
+_DRIVER_PART = {DRIVER_NAME: "", CD_DRIVER: "domain."}
 
 
-def node_unprepare(node: str) -> str:
-    return f"{NODE_ROOT}.{escape_token(node)}.unprepare"
+def node_prepare(node: str, driver: str = DRIVER_NAME) -> str:
+    return f"{NODE_ROOT}.{escape_token(node)}.{_DRIVER_PART[driver]}prepare"
+
+
+def node_unprepare(node: str, driver: str = DRIVER_NAME) -> str:
+    return f"{NODE_ROOT}.{escape_token(node)}.{_DRIVER_PART[driver]}unprepare"
+
+
+def node_operation_template(op: str, driver: str = DRIVER_NAME) -> str:
+    """The subject with ``{node}`` in place of the node, for span names."""
+    return f"{NODE_ROOT}.{{node}}.{_DRIVER_PART[driver]}{op}"
 
 
 # ComputeDomains: membership (one key per domain and node) and status events.

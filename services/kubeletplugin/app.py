@@ -1,5 +1,9 @@
 """The kubelet plugin process: sockets up in the kubelet's order, down in reverse.
 
+One process serves the GPU driver and, with ``--compute-domains``, the
+``compute-domain.nvidia.com`` driver too, each with its own pair of sockets,
+presence record and bus subjects, started one driver after the other.
+
 Start: remove stale sockets, serve the DRA socket (DRAPlugin v1 + v1beta1,
 DRAResourceHealth, grpc.health.v1), and only then the registration socket,
 because the kubelet dials the endpoint as soon as it sees the registration.
@@ -12,12 +16,14 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from services.core import computedomain as cd
 from services.core import nvidia, runner, supervisor
 from services.core.access import Identity, Role
 from services.core.bus import Bus
@@ -37,58 +43,89 @@ class Settings:
     prepare_timeout: float = 45.0
     shutdown_grace: float = 5.0
     driver: str = field(default=nvidia.DRIVER_NAME)
+    # Also serve compute-domain.nvidia.com (the reference's chart runs its plugin
+    # only where ComputeDomains are enabled): its own sockets, presence and subjects.
+    compute_domains: bool = False
+
+    def drivers(self) -> list[str]:
+        return [self.driver, *([cd.CD_DRIVER] if self.compute_domains else [])]
+
+
+class DriverFront:
+    """One driver's kubelet-facing half: its DRA and registration sockets, its presence.
+
+    The GPU driver also serves DRAResourceHealth (its devices have health); the
+    ComputeDomain driver's two devices have none.
+    """
+
+    def __init__(self, settings: Settings, bus: Bus, driver: str) -> None:
+        self.driver = driver
+        self.paths = sockets.SocketPaths.for_driver(
+            settings.kubelet_root, driver, settings.rolling_update_uid
+        )
+        endpoint = str(self.paths.dra)
+        self.presence = Presence(bus, settings.node, driver, endpoint)
+        self.board = health.HealthBoard(settings.node) if driver == nvidia.DRIVER_NAME else None
+        self.forwarder = Forwarder(
+            bus, settings.node, Timing(default=settings.prepare_timeout), driver=driver
+        )
+        self.grpc_health = grpc_health.aio.HealthServicer()
+        self.dra_server = grpc.aio.server()
+        versions = draservice.add_to_server(self.dra_server, self.forwarder)
+        if self.board is not None:
+            versions.append(health.add_to_server(self.dra_server, self.board))
+        health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.dra_server)
+        self.registration = registration.RegistrationServicer(
+            driver, endpoint, versions, self.presence
+        )
+        self.registration_server = grpc.aio.server()
+        registration.add_to_server(self.registration_server, self.registration)
 
 
 class KubeletPlugin:
     def __init__(self, settings: Settings, bus: Bus) -> None:
         self.settings = settings
         self.bus = bus
-        self.paths = sockets.SocketPaths.for_driver(
-            settings.kubelet_root, settings.driver, settings.rolling_update_uid
-        )
-        endpoint = str(self.paths.dra)
-        self.presence = Presence(bus, settings.node, settings.driver, endpoint)
-        self.board = health.HealthBoard(settings.node)
-        self.forwarder = Forwarder(bus, settings.node, Timing(default=settings.prepare_timeout))
-        self.grpc_health = grpc_health.aio.HealthServicer()
-        self.dra_server = grpc.aio.server()
-        versions = draservice.add_to_server(self.dra_server, self.forwarder)
-        versions.append(health.add_to_server(self.dra_server, self.board))
-        health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.dra_server)
-        self.registration = registration.RegistrationServicer(
-            settings.driver, endpoint, versions, self.presence
-        )
-        self.registration_server = grpc.aio.server()
-        registration.add_to_server(self.registration_server, self.registration)
+        self.fronts = [DriverFront(settings, bus, driver) for driver in settings.drivers()]
         self._bound: list[Path] = []  # only sockets we created are ours to remove
 
     async def start(self) -> None:
-        for path in self.paths.all():
-            sockets.ensure_dir(path.parent)
-            if sockets.remove_stale(path):
-                log.info("removed stale socket", extra={"path": str(path)})
+        for front in self.fronts:
+            for path in front.paths.all():
+                sockets.ensure_dir(path.parent)
+                if sockets.remove_stale(path):
+                    log.info("removed stale socket", extra={"path": str(path)})
         tasks = supervisor.current()
-        tasks.spawn("health-board", lambda: self.board.follow(self.bus))
-        tasks.spawn("presence", self.presence.keep)
-        await self._serve(self.dra_server, self.paths.dra)
-        await self.grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
-        await self._serve(self.registration_server, self.paths.registration)
-        log.info(
-            "serving the kubelet",
-            extra={"dra": str(self.paths.dra), "registration": str(self.paths.registration)},
-        )
+        for front in self.fronts:
+            if front.board is not None:
+                tasks.spawn(f"health-board-{front.driver}", partial(front.board.follow, self.bus))
+            tasks.spawn(f"presence-{front.driver}", front.presence.keep)
+            await self._serve(front.dra_server, front.paths.dra)
+            await front.grpc_health.set("", health_pb2.HealthCheckResponse.SERVING)
+            await self._serve(front.registration_server, front.paths.registration)
+            log.info(
+                "serving the kubelet",
+                extra={
+                    "driver": front.driver,
+                    "dra": str(front.paths.dra),
+                    "registration": str(front.paths.registration),
+                },
+            )
 
     async def stop(self) -> None:
+        """Each driver in reverse order of start, each as the kubelet expects."""
         grace = self.settings.shutdown_grace
-        await self.registration_server.stop(None)
-        self._unbind(self.paths.registration)
-        await self.presence.withdraw()
-        await self.grpc_health.enter_graceful_shutdown()
-        await self.dra_server.stop(grace)
-        self._unbind(self.paths.dra)
         tasks = supervisor.current()
-        await tasks.cancel("health-board")
-        await tasks.cancel("presence")
+        for front in reversed(self.fronts):
+            await front.registration_server.stop(None)
+            self._unbind(front.paths.registration)
+            await front.presence.withdraw()
+            await front.grpc_health.enter_graceful_shutdown()
+            await front.dra_server.stop(grace)
+            self._unbind(front.paths.dra)
+            if front.board is not None:
+                await tasks.cancel(f"health-board-{front.driver}")
+            await tasks.cancel(f"presence-{front.driver}")
         log.info("stopped")
 
     async def _serve(self, server: grpc.aio.Server, path: Path) -> None:

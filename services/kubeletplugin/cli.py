@@ -27,6 +27,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=_positive_seconds(config.env("prepare-timeout", "45")),
         help="longest wait for the preparer, in seconds (the kubelet's deadline may cut it)",
     )
+    parser.add_argument(
+        "--compute-domains",
+        action="store_true",
+        default=config.env("compute-domains", "") == "true",
+        help="also serve the compute-domain.nvidia.com driver (its own registration and DRA "
+        "sockets), forwarding its claims to the preparer",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -49,5 +56,6 @@ def _run(args: argparse.Namespace) -> int:
         nats_url=args.nats_url,
         rolling_update_uid=args.rolling_update_uid,
         prepare_timeout=args.prepare_timeout,
+        compute_domains=args.compute_domains,
     )
     return runner.run("kubeletplugin", args, run(settings))

@@ -19,7 +19,7 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
-from services.core import subjects, tracing
+from services.core import nvidia, subjects, tracing
 from services.core.backoff import Backoff
 from services.core.bus import Bus, RequestFailed, RequestTimeout
 from services.core.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError
@@ -62,12 +62,14 @@ class Forwarder:
         node: str,
         timing: Timing | None = None,
         tracer: trace.Tracer | None = None,
+        driver: str = nvidia.DRIVER_NAME,
     ) -> None:
+        """``driver``: whose claims these are; each driver's preparer has its own subjects."""
         self.bus = bus
         self.node = node
         self.timing = timing or Timing()
         self.tracer = tracer or _tracer
-        self._names = {op: _Names.of(op, node) for op in ("prepare", "unprepare")}
+        self._names = {op: _Names.of(op, node, driver) for op in ("prepare", "unprepare")}
 
     async def prepare(
         self, claims: Sequence[ClaimRef], remaining: float | None, parent: Context | None = None
@@ -247,9 +249,11 @@ class _Names:
     send_attributes: dict[str, AttributeValue]
 
     @classmethod
-    def of(cls, op: Operation, node: str) -> _Names:
-        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(node)
-        template = f"{subjects.NODE_ROOT}.{{node}}.{op}"
+    def of(cls, op: Operation, node: str, driver: str) -> _Names:
+        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(
+            node, driver
+        )
+        template = subjects.node_operation_template(op, driver)
         attributes = tracing.messaging_attributes("send", subject, template)
         attributes.update({"rpc.system": "grpc", "rpc.method": f"Node{op.capitalize()}Resources"})
         return cls(

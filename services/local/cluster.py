@@ -37,6 +37,7 @@ import sys
 import tempfile
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -570,6 +571,20 @@ class ControlPlane:
 
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
+
+    def api_get(self, path: str, **params: str) -> Any:
+        """GET ``path`` from the API server as JSON (None for 404)."""
+        query = f"?{urllib.parse.urlencode(params)}" if params else ""
+        request = urllib.request.Request(
+            self.server + path + query, headers={"Authorization": f"Bearer {self.token}"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=10, context=self.ssl_context()) as r:
+                return json.load(r)
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
 
     def _get(self, path: str) -> str:
         req = urllib.request.Request(

@@ -11,6 +11,8 @@ Start order (stopped by PID in the reverse order)::
               waited for until it has wiped its node's ResourceSlices
     gpudra publisher, gpudra allocator (claim watcher), gpudra domains (the
     ComputeDomain controller, daemons in namespace gpudra), cluster-wide
+    the daemon pods' runner: each IMEX daemon pod Running on a simulated node
+    becomes a local ``gpudra imex-daemon run`` (services/local/daemonpods.py)
 
 With ``real_nodes=True`` every node is a real one (services/local/node.py):
 its private mount namespace with the simulated driver root comes first (the
@@ -54,14 +56,12 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.parse
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from services.core import computedomain as cd
 from services.core import featuregates, nvidia
 from services.core.access import Role
 from services.core.natsserver import NatsServer, free_port
@@ -75,6 +75,7 @@ from services.local.cluster import (
     build_controlplane,
     install_crd,
 )
+from services.local.daemonpods import DaemonNode, DaemonPods
 from services.local.jaeger import Jaeger
 from services.local.node import NodeTools, RealNode
 
@@ -93,6 +94,13 @@ DEMO_KUBE_GATES: Mapping[str, bool] = {"DRAExtendedResource": True}
 
 #: Driver of the slice that shows when a starting kubelet-dra has wiped its node.
 SENTINEL_DRIVER = "wipe-sentinel.gpudra.dev"
+
+#: Simulated nodes: the IMEX daemons of a ComputeDomain are a DaemonSet's pods, which
+#: the node's runner runs as local processes (services/local/daemonpods.py).
+SIMULATED_CONTROLLERS = (*DEFAULT_CONTROLLERS, "daemonset-controller")
+
+#: Simulated node i's IMEX daemons bind 127.0.0.<DAEMON_ADDRESS_BASE + i>.
+DAEMON_ADDRESS_BASE = 10
 
 #: The longest unix socket path (sun_path is 108 bytes with the NUL).
 _MAX_SOCKET_PATH = 107
@@ -193,7 +201,7 @@ class Stack:
             workdir=self.workdir,
             nodes=[] if real_nodes else names,  # real nodes register themselves
             feature_gates=DEMO_KUBE_GATES if kube_feature_gates is None else kube_feature_gates,
-            controllers=REAL_NODE_CONTROLLERS if real_nodes else DEFAULT_CONTROLLERS,
+            controllers=REAL_NODE_CONTROLLERS if real_nodes else SIMULATED_CONTROLLERS,
             startup_timeout=startup_timeout,
         )
         # With ``jaeger``, every gpudra process exports its spans to a Jaeger started first.
@@ -204,6 +212,7 @@ class Stack:
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
         self._paused: set[str] = set()  # stopped on purpose, to be started again
+        self.daemon_pods: DaemonPods | None = None  # IMEX daemon pods of simulated nodes
         try:
             self._check_socket_paths()
         except StackError:
@@ -256,6 +265,7 @@ class Stack:
         self._add("publisher")
         self._add("allocator", ready='"claim watcher synced"')
         self._add("domains", ready='"domain controller synced"')
+        self._start_daemon_pods()
         for name in self.nodes:
             self.wait_slices(name)
 
@@ -271,6 +281,8 @@ class Stack:
                 self.cp.stop()
             elif name.startswith("kubelet-dra-"):
                 self.cp.stop_kubelet_dra(name.removeprefix("kubelet-dra-"))
+            elif name == "daemon-pods" and self.daemon_pods is not None:
+                self.daemon_pods.stop()
             elif name.startswith("node-") and name.removeprefix("node-") in self.real:
                 self.real[name.removeprefix("node-")].stop()
             elif name in self.processes:
@@ -290,6 +302,27 @@ class Stack:
 
     # ---- gpudra services -----------------------------------------------------
 
+    def _start_daemon_pods(self) -> None:
+        """IMEX daemon pods on simulated nodes run as local processes (real nodes run
+        their containers): each node's daemons bind an address of its own."""
+        simulated = [n for n in self.nodes.values() if n.name not in self.real]
+        nodes = [
+            DaemonNode(n.name, n.cdi_root, f"127.0.0.{DAEMON_ADDRESS_BASE + i}")
+            for i, n in enumerate(simulated)
+        ]
+        # Every node's daemon identity now, not at a daemon's start: a new identity
+        # reloads nats-server, and a reload drops the reply permissions of requests in
+        # flight (a channel prepare waiting for that very daemon could never answer).
+        argv = {
+            n.name: [*self.nats.client_argv(Role.IMEX, n.name), "--log-level", self.log_level]
+            for n in nodes
+        }
+        self.daemon_pods = DaemonPods(
+            self.cp.api_get, nodes, argv.__getitem__, self.logs_dir, self.service_env
+        )
+        self._started.append("daemon-pods")
+        self.daemon_pods.start()
+
     def _service_argv(self, service: str, node: str | None) -> list[str]:
         role = Role(service)
         name = service if node is None else f"{service}-{node}"
@@ -300,7 +333,7 @@ class Stack:
         if node is None:
             if service == "publisher":
                 return ["publisher", *common, *kubeconfig, "--feature-gates", self.gates,
-                        "--gpu-clique-label"]  # fmt: skip
+                        "--gpu-clique-label", "--compute-domains"]  # fmt: skip
             if service == "domains":
                 return ["domains", *common, *kubeconfig, "--namespace", DRIVER_NAMESPACE]
             threshold = f"{self.pending_threshold}s"
@@ -319,9 +352,11 @@ class Stack:
                 "--kubelet-root", str(where.kubelet_root),
                 "--cdi-root", str(where.cdi_root),
                 "--feature-gates", self.gates,
+                "--compute-domains",
                 *driver,
             ]  # fmt: skip
-        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root)]
+        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root),
+                  "--compute-domains"]  # fmt: skip
         if self.prepare_timeout is not None:
             plugin += ["--prepare-timeout", str(self.prepare_timeout)]
         return plugin
@@ -574,17 +609,7 @@ class Stack:
 
     def api_get(self, path: str, **params: str) -> Any:
         """GET ``path`` from the API server as JSON (None for 404)."""
-        query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        request = urllib.request.Request(
-            self.cp.server + path + query, headers={"Authorization": f"Bearer {self.cp.token}"}
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=10, context=self.cp.ssl_context()) as r:
-                return json.load(r)
-        except urllib.error.HTTPError as exc:
-            if exc.code == 404:
-                return None
-            raise
+        return self.cp.api_get(path, **params)
 
     def slices(self, node: str) -> list[dict[str, Any]]:
         """Our driver's ResourceSlices of ``node``."""
@@ -609,7 +634,7 @@ class Stack:
 
     def _check_socket_paths(self) -> None:
         for node in self.nodes.values():
-            longest = node.kubelet_root / "plugins_registry" / f"{nvidia.DRIVER_NAME}-reg.sock"
+            longest = node.kubelet_root / "plugins_registry" / f"{cd.CD_DRIVER}-reg.sock"
             if len(str(longest).encode()) > _MAX_SOCKET_PATH:
                 raise StackError(
                     f"work directory {self.workdir} is too deep: the kubelet socket {longest} "

@@ -62,6 +62,7 @@ class Settings:
     faults: faults.Faults = field(default_factory=faults.Faults)
     checkpoint_recovery: Recovery = DEFAULT_RECOVERY
     shares: SharesMode = DISABLED
+    compute_domains: bool = False  # also prepare compute-domain.nvidia.com claims
 
 
 def plugin_dir(kubelet_root: Path) -> Path:
@@ -212,6 +213,7 @@ async def run(settings: Settings) -> int:
             "see docs/operations.md)"
         ) from None
     claims, pods, api = await _claim_source(settings, bus)
+    api_to_close: list[KubeApi] = []
     claims.follow()
     if pods is not None:
         pods.follow()
@@ -236,13 +238,25 @@ async def run(settings: Settings) -> int:
     report = await engine.recover()
     log.info("recovered", extra={"node": settings.node, **report})
     service = PreparerService(bus, engine, settings.node)
+    domain_service = None
+    if settings.compute_domains:
+        domain_service, gate_api = await _domain_service(
+            settings, bus, api, pods, inventory, service
+        )
+        if gate_api is not None and gate_api is not api:
+            api_to_close.append(gate_api)
+        await domain_service.start()
     await service.start()
     log.info(
         "preparer ready",
         extra={"node": settings.node, "claims": len(store.claims), "gates": settings.gates.spec()},
     )
     await stop.wait()
+    if domain_service is not None:
+        await domain_service.close()  # before the GPU one: it owns the shared event sink
     await service.close()  # no new requests; running ones answer; their events go out
+    for extra in api_to_close:
+        await extra.close()
     if pods is not None:
         await pods.close()
     await claims.close()
@@ -253,6 +267,55 @@ async def run(settings: Settings) -> int:
     await bus.close()
     os.close(lock_fd)
     return 0
+
+
+async def _domain_service(
+    settings: Settings,
+    bus: Bus,
+    api: KubeApi | None,
+    pods: NodePods | None,
+    inventory: InventoryView,
+    gpu_service: PreparerService,
+) -> tuple[PreparerService, KubeApi | None]:
+    """The compute-domain.nvidia.com driver's engine and service: its own checkpoint
+    and subjects, the GPU service's claim events. Its claims are checked as the GPU
+    driver's are; its gate needs the API server even with a trusted claims bucket."""
+    from services.core import computedomain as cd
+    from services.preparer.computedomain.engine import DomainEngine
+    from services.preparer.computedomain.gate import DomainGate
+    from services.preparer.computedomain.nodefacts import NodeFacts
+
+    if settings.trust_claims_bucket:
+        claims = ClaimSource(bus, settings.node, trust_bucket=True, driver=cd.CD_DRIVER)
+    elif api is not None and pods is not None:
+        claims = ClaimSource(bus, settings.node, KubernetesReader(api), pods, driver=cd.CD_DRIVER)
+    else:
+        claims = ClaimSource(bus, settings.node, driver=cd.CD_DRIVER)
+    gate_api = api
+    if gate_api is None and _has_api(settings):
+        from services.core import kube
+
+        gate_api = await kube.http_api(settings.kubeconfig)
+    store = CheckpointStore(
+        default_path(settings.kubelet_root, cd.CD_DRIVER), read_boot_id(settings.boot_id_file)
+    )
+    store.load(recovery=settings.checkpoint_recovery)
+    engine = DomainEngine(
+        settings.node,
+        store,
+        claims,
+        DomainGate(gate_api, bus, settings.node) if gate_api is not None else None,
+        inventory,
+        settings.cdi_root,
+        settings.kubelet_root / "plugins" / cd.CD_DRIVER,
+        NodeFacts(None if settings.simulated else Path("/proc")),
+    )
+    report = await engine.recover()
+    log.info("compute-domain claims recovered", extra={"node": settings.node, **report})
+    service = PreparerService(
+        bus, engine, settings.node, driver=cd.CD_DRIVER, events=gpu_service.events
+    )
+    return service, gate_api
 
 
 def _reference_adopter(

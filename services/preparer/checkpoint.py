@@ -121,11 +121,16 @@ class ShareState(_Rec, frozen=True, kw_only=True):
     thread_percentage: int = 100
 
 
+GpuKind = Literal["gpu", "mig", "vfio"]
+GPU_KINDS: tuple[GpuKind, ...] = ("gpu", "mig", "vfio")
+DeviceKind = GpuKind | Literal["channel", "daemon"]  # the last two: compute-domain.nvidia.com
+
+
 class PreparedDeviceState(_Rec, frozen=True, kw_only=True):
     """One allocated device and what preparing it produced."""
 
     name: str
-    kind: Literal["gpu", "mig", "vfio"]
+    kind: DeviceKind
     requests: list[str]
     pool: str
     cdi_device_ids: list[str] = []

@@ -153,9 +153,13 @@ class ClaimSource:
         pods: NodePods | None = None,
         *,
         trust_bucket: bool = False,
+        driver: str = verify.DRIVER,
     ) -> None:
+        """``driver``: the claims' driver (the allocation must hold devices of it here).
+        Only the first source built on ``pods`` reads claims ahead from its watch."""
         if (api is None) != (pods is None):
             raise ValueError("the API server's claims and the pod watch go together")
+        self.driver = driver
         self.bus = bus
         self.node = node
         self.api = api
@@ -166,7 +170,7 @@ class ClaimSource:
         self._users: dict[str, set[str]] = {}  # "ns/name" -> uids of this node's pods naming it
         self._fetching: dict[str, asyncio.Task[ResourceClaim | None]] = {}
         self._limit = asyncio.Semaphore(PREFETCH_CONCURRENCY)
-        if pods is not None:
+        if pods is not None and pods.on_change is None:
             pods.on_change = self.on_pod
 
     # ------------------------------------------------------------ the bucket's copies
@@ -332,7 +336,7 @@ class ClaimSource:
             return "not found in the API server"
         return (
             verify.identity(claim, ref)
-            or verify.allocation(claim, self.node)
+            or verify.allocation(claim, self.node, self.driver)
             or await self._reserved_here(ref, claim)
         )
 
@@ -400,7 +404,7 @@ class ClaimSource:
         claim = await self._from_bucket(ref, deadline)
         if claim is None:
             raise ClaimError(f"{who}: not found in the claims bucket")
-        problem = verify.identity(claim, ref) or verify.allocation(claim, self.node)
+        problem = verify.identity(claim, ref) or verify.allocation(claim, self.node, self.driver)
         if problem is not None:
             raise ClaimError(f"{who}: {problem}")
         return claim

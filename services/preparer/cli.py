@@ -69,6 +69,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "(empty: in-cluster if there; with neither, prepares are refused)",
     )
     parser.add_argument(
+        "--compute-domains",
+        action="store_true",
+        default=config.env("compute-domains", "") == "true",
+        help="also prepare compute-domain.nvidia.com claims (node label, readiness, IMEX "
+        "channels, daemon edits); needs the API server for ComputeDomains and this node",
+    )
+    parser.add_argument(
         "--trust-claims-bucket",
         action="store_true",
         default=config.env("trust-claims-bucket", "") == "true",
@@ -118,6 +125,7 @@ def _run(args: argparse.Namespace) -> int:
         boot_id_file=args.boot_id_file,
         faults=crash,
         checkpoint_recovery=args.checkpoint_recovery,
+        compute_domains=args.compute_domains,
         shares=config.consumable_shares(args, "preparer"),
     )
     return runner.run("preparer", args, run(settings))

@@ -14,7 +14,7 @@ import logging
 from services.core import subjects, supervisor
 from services.core.bus import Bus
 from services.core.schemas import HeldDevice, NodePreparedDevices
-from services.preparer.checkpoint import PREPARE_COMPLETED, CheckpointStore
+from services.preparer.checkpoint import GPU_KINDS, PREPARE_COMPLETED, CheckpointStore
 
 log = logging.getLogger(__name__)
 
@@ -26,6 +26,7 @@ def held_devices(store: CheckpointStore) -> list[HeldDevice]:
             for uid, entry in store.claims.items()
             if entry.state == PREPARE_COMPLETED
             for d in entry.devices
+            if d.kind in GPU_KINDS  # GPUs only: the publisher withdraws their twins
         ),
         key=lambda h: (h.device, h.claim_uid),
     )

@@ -32,7 +32,7 @@ import logging
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -45,6 +45,7 @@ from services.preparer.checkpoint import (
     CheckpointData,
     CheckpointError,
     ClaimEntry,
+    GpuKind,
     GroupState,
     MigState,
     PreparedDeviceState,
@@ -316,7 +317,7 @@ def _allocation(uid: str, status: dict[str, Any] | None) -> AllocationResult | N
 def _group(group: _Group, members: Sequence[PreparedDeviceState]) -> GroupState:
     """Time-slicing to reset on unprepare when the reference applied it (or could have: nil)."""
     kinds = {d.kind for d in members}
-    kind = _CONFIG_KIND[next(iter(kinds))] if len(kinds) == 1 else ""
+    kind = _CONFIG_KIND[cast(GpuKind, next(iter(kinds)))] if len(kinds) == 1 else ""
     applied = group.config_state.time_slice_applied is not False
     gpus = sorted({d.gpu_uuid for d in members if d.kind == nvidia.GPU_TYPE and d.gpu_uuid})
     return GroupState(kind=kind, origin=ORIGIN, time_slice_gpus=gpus if applied else [])

@@ -17,14 +17,14 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import Counter, Histogram
 
-from services.core import limits, metrics, subjects, tracing
+from services.core import limits, metrics, nvidia, subjects, tracing
 from services.core.access import Identity, Role
 from services.core.backoff import Backoff
 from services.core.bus import Bus, unavailable
@@ -38,8 +38,8 @@ from services.core.schemas import (
     NodeReply,
     NodeRequest,
 )
-from services.preparer.checkpoint import ClaimEntry
-from services.preparer.engine import Engine, Outcome
+from services.preparer.checkpoint import CheckpointStore, ClaimEntry
+from services.preparer.engine import Outcome
 from services.preparer.holdings import HoldingsPublisher
 from services.preparer.spanfacts import claim_facts
 
@@ -178,28 +178,60 @@ class _Pending:
     headers: dict[str, str]  # trace context
 
 
+class ClaimEngine(Protocol):
+    """What the service needs of a driver's engine (the GPU one, the ComputeDomain one)."""
+
+    store: CheckpointStore
+
+    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome: ...
+
+    async def unprepare(self, ref: ClaimRef) -> Outcome: ...
+
+
 class PreparerService:
     def __init__(
-        self, bus: Bus, engine: Engine, node: str, tracer: trace.Tracer | None = None
+        self,
+        bus: Bus,
+        engine: ClaimEngine,
+        node: str,
+        tracer: trace.Tracer | None = None,
+        *,
+        driver: str = nvidia.DRIVER_NAME,
+        events: EventSink | None = None,
     ) -> None:
+        """``driver``: whose claims (its own subjects); ``events``: a sink shared with
+        another driver's service (one stream of claim events per node). Only the GPU
+        driver's claims hold devices the publisher must withdraw (holdings)."""
         self.tracer = tracer or tracing.tracer("gpudra.preparer")
         self.bus = bus
         self.engine = engine
         self.node = node
-        self.events = EventSink(bus)
-        self.holdings = HoldingsPublisher(bus, node, engine.store)
-        self._names = {op: _Names.of(op, node) for op in ("prepare", "unprepare")}
+        self.driver = driver
+        self._own_events = events is None
+        self.events = events or EventSink(bus)
+        self.holdings = (
+            HoldingsPublisher(bus, node, engine.store) if driver == nvidia.DRIVER_NAME else None
+        )
+        self._names = {op: _Names.of(op, node, driver) for op in ("prepare", "unprepare")}
         self._holdings_due: asyncio.TimerHandle | None = None
 
     async def start(self) -> None:
-        self.events.start()
-        self.holdings.start()
+        if self._own_events:
+            self.events.start()
+        if self.holdings is not None:
+            self.holdings.start()
         front = Identity(Role.FRONT, self.node)  # the only one whose requests we answer
         await self.bus.serve(
-            subjects.node_prepare(self.node), NodeRequest, self.on_prepare, sender=front
+            subjects.node_prepare(self.node, self.driver),
+            NodeRequest,
+            self.on_prepare,
+            sender=front,
         )
         await self.bus.serve(
-            subjects.node_unprepare(self.node), NodeRequest, self.on_unprepare, sender=front
+            subjects.node_unprepare(self.node, self.driver),
+            NodeRequest,
+            self.on_unprepare,
+            sender=front,
         )
 
     async def close(self) -> None:
@@ -207,8 +239,10 @@ class PreparerService:
         await self.bus.stop_serving()
         if self._holdings_due is not None:
             self._holdings_due.cancel()
-        await self.holdings.close()
-        await self.events.close()
+        if self.holdings is not None:
+            await self.holdings.close()
+        if self._own_events:
+            await self.events.close()
 
     async def on_prepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
         async def prepare(ref: ClaimRef) -> Outcome:
@@ -259,6 +293,8 @@ class PreparerService:
         return NodeReply(claims={ref.uid: ClaimResult(error=error) for ref in request.claims})
 
     def _holdings_changed(self) -> None:
+        if self.holdings is None:
+            return
         """Announce holdings once per ``HOLDINGS_SETTLE``, not after every call.
 
         A burst of prepares and unprepares becomes one KV write of where it
@@ -272,7 +308,8 @@ class PreparerService:
 
     def _announce_holdings(self) -> None:
         self._holdings_due = None
-        self.holdings.changed()
+        if self.holdings is not None:
+            self.holdings.changed()
 
     async def _one(
         self,
@@ -387,9 +424,11 @@ class _Names:
     process_attributes: dict[str, AttributeValue]
 
     @classmethod
-    def of(cls, op: str, node: str) -> _Names:
-        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(node)
-        template = f"{subjects.NODE_ROOT}.{{node}}.{op}"
+    def of(cls, op: str, node: str, driver: str = nvidia.DRIVER_NAME) -> _Names:
+        subject = (subjects.node_prepare if op == "prepare" else subjects.node_unprepare)(
+            node, driver
+        )
+        template = subjects.node_operation_template(op, driver)
         return cls(
             process=tracing.messaging_span_name("process", template),
             process_attributes=tracing.messaging_attributes("process", subject, template),

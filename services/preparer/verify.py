@@ -41,21 +41,21 @@ def identity(claim: ResourceClaim, ref: ClaimRef) -> str | None:
     return None
 
 
-def our_results(claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
+def our_results(claim: ResourceClaim, driver: str = DRIVER) -> list[DeviceRequestAllocationResult]:
     """This driver's device results (other drivers' are theirs to prepare)."""
     allocation = claim.status.allocation if claim.status else None
     devices = allocation.devices if allocation else None
-    return [r for r in (devices.results if devices else None) or [] if r.driver == DRIVER]
+    return [r for r in (devices.results if devices else None) or [] if r.driver == driver]
 
 
-def allocation(claim: ResourceClaim, node: str) -> str | None:
+def allocation(claim: ResourceClaim, node: str, driver: str = DRIVER) -> str | None:
     """b: allocated, our devices in this node's pool, the nodeSelector naming this node."""
     allocated = claim.status.allocation if claim.status else None
     if allocated is None:
         return "the claim is not allocated (status.allocation is empty)"
-    results = our_results(claim)
+    results = our_results(claim, driver)
     if not results:
-        return f"allocation has no devices of driver {DRIVER} (empty request)"
+        return f"allocation has no devices of driver {driver} (empty request)"
     for r in results:
         if r.pool != node:
             return (

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
+import functools
 import logging
 import re
 
@@ -89,6 +91,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="label each node nvidia.com/gpu.clique=<clusterUUID>.<cliqueID> from its GPUs' "
         "NVLink fabric facts (as GPU Feature Discovery does; removed where there is none)",
     )
+    parser.add_argument(
+        "--compute-domains",
+        action="store_true",
+        default=config.env("compute-domains", "") == "true",
+        help="also publish the compute-domain.nvidia.com slices (channel-0, daemon-0) of every "
+        "node where that driver's kubelet plugin is registered",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -150,17 +159,32 @@ async def _serve(args: argparse.Namespace) -> None:
         labeler = CliqueLabeler(api.api)
         publisher.on_inventory = labeler.set_inventory
         tasks.spawn("clique labels", labeler.run, fatal=True)
+    publishers = [publisher]
+    if args.compute_domains:
+        from services.core.computedomain import CD_DRIVER
+
+        domain_api = KubeSliceApi(api.api, field_manager=api.field_manager, driver=CD_DRIVER)
+        publishers.append(Publisher(domain_api, dataclasses.replace(settings, driver=CD_DRIVER)))
+    for each in publishers:
+        name = f"publisher {each.config.driver}"
+        tasks.spawn(name, functools.partial(each.run, bus), fatal=True)
     if args.replica_id:
         from services.publisher.shards import Shards
 
         shards = Shards(bus, args.replica_id, count=args.shards)
-        publisher.owns = shards.owns
-        shards.on_gain = lambda gained: publisher.take(lambda n: shards.shard(n) in gained)
+        for each in publishers:
+            each.owns = shards.owns
+
+        def gained(shards_gained: set[int]) -> None:
+            for each in publishers:
+                each.take(lambda n: shards.shard(n) in shards_gained)
+
+        shards.on_gain = gained
         tasks.spawn("shard leases", shards.run, fatal=True)
-    tasks.spawn("publisher", lambda: publisher.run(bus), fatal=True)
     await stop.wait()
     log.info("publisher stopping")
-    await tasks.cancel("publisher")
+    for each in publishers:
+        await tasks.cancel(f"publisher {each.config.driver}")
     with contextlib.suppress(Exception):
         await api.close()
     await bus.close()

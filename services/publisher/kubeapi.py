@@ -48,8 +48,8 @@ class _Version(msgspec.Struct):
     minor: str
 
 
-def _selector(node: str | None) -> dict[str, str]:
-    selector = f"spec.driver={nvidia.DRIVER_NAME}"
+def _selector(node: str | None, driver: str) -> dict[str, str]:
+    selector = f"spec.driver={driver}"
     return {"fieldSelector": f"{selector},spec.nodeName={node}" if node else selector}
 
 
@@ -63,10 +63,15 @@ def _decode(data: bytes | msgspec.Raw, kind: type[T], what: str) -> T:
 class KubeSliceApi:
     """ResourceSlices in resource.k8s.io/v1, Nodes in core/v1, /version."""
 
-    def __init__(self, api: KubeApi, field_manager: str = "") -> None:
+    def __init__(
+        self, api: KubeApi, field_manager: str = "", driver: str = nvidia.DRIVER_NAME
+    ) -> None:
         """``field_manager``: the name the API server records for our writes (managedFields;
-        a replica's own name when replicas share the nodes, so each write says whose it is)."""
+        a replica's own name when replicas share the nodes, so each write says whose it is).
+        ``driver``: whose slices are listed and watched."""
         self.api = api
+        self.driver = driver
+        self.field_manager = field_manager
         self._query = f"?fieldManager={field_manager}" if field_manager else ""
 
     async def close(self) -> None:
@@ -89,12 +94,12 @@ class KubeSliceApi:
         return _decode(body, _Named, "Node").metadata.uid or None
 
     async def list_slices(self, node: str | None = None) -> SliceList:
-        listing = await self.api.list(SLICES_PATH, _selector(node))
+        listing = await self.api.list(SLICES_PATH, _selector(node, self.driver))
         items = [_decode(raw, ResourceSlice, "ResourceSlice") for raw in listing.items]
         return SliceList(items, listing.resource_version)
 
     async def slice_nodes(self) -> SliceNodes:
-        listing = await self.api.list(SLICES_PATH, _selector(None))
+        listing = await self.api.list(SLICES_PATH, _selector(None, self.driver))
         lite = (_decode(raw, _LiteSlice, "ResourceSlice") for raw in listing.items)
         nodes = {s.spec.node_name for s in lite if s.spec.node_name}
         return SliceNodes(nodes, listing.resource_version)
@@ -116,7 +121,9 @@ class KubeSliceApi:
         await self.api.delete(f"{SLICES_PATH}/{name}", options)
 
     async def watch(self, resource_version: str) -> AsyncGenerator[WatchEvent, None]:
-        async for event in self.api.watch(SLICES_PATH, _selector(None), resource_version):
+        async for event in self.api.watch(
+            SLICES_PATH, _selector(None, self.driver), resource_version
+        ):
             obj = _decode(event.object, _LiteSlice, "ResourceSlice in a watch event")
             meta = obj.metadata
             yield WatchEvent(event.type, meta.name, obj.spec.node_name, meta.resource_version)  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from services.core import quantity
+from services.core import nvidia, quantity
 from services.core.kube import ApiError
 from services.core.resource import (
     Counter,
@@ -115,6 +115,7 @@ def plan_pool(
     actual: Sequence[ResourceSlice],
     owner: OwnerReference | None,
     dropped: frozenset[DropKind] = frozenset(),
+    driver: str = nvidia.DRIVER_NAME,
 ) -> PoolPlan:
     """What to delete, replace and create; ``desired`` None removes the node's pool.
 
@@ -125,7 +126,7 @@ def plan_pool(
     """
     if desired is None:
         return PoolPlan(delete=list(actual))
-    names = [slice_name(node, i) for i in range(len(desired))]
+    names = [slice_name(node, i, driver) for i in range(len(desired))]
     by_name: dict[str, ResourceSlice] = {}
     obsolete: list[ResourceSlice] = []
     for s in actual:
@@ -134,7 +135,7 @@ def plan_pool(
         else:
             obsolete.append(s)
     generation = max((s.spec.pool.generation for s in actual), default=0)
-    wanted = build_slices(node, desired, generation=generation, owner=owner)
+    wanted = build_slices(node, desired, generation=generation, owner=owner, driver=driver)
     new = [w for w in wanted if w.metadata.name not in by_name]
     changed = [
         w
@@ -145,7 +146,7 @@ def plan_pool(
     bump = bool(new) or len(changed) > 1
     if bump:
         generation += 1
-        wanted = build_slices(node, desired, generation=generation, owner=owner)
+        wanted = build_slices(node, desired, generation=generation, owner=owner, driver=driver)
     to_update = wanted if bump else changed
     return PoolPlan(
         delete=obsolete,
@@ -351,8 +352,12 @@ class Reconciler:
     watch stream.
     """
 
-    def __init__(self, api: SliceApi, retry: RetryPolicy | None = None) -> None:
+    def __init__(
+        self, api: SliceApi, retry: RetryPolicy | None = None, driver: str = nvidia.DRIVER_NAME
+    ) -> None:
+        """``driver``: whose pools (its slices' names and spec.driver)."""
         self.api = api
+        self.driver = driver
         self.retry = retry or RetryPolicy()
         self.synced: dict[str, str] = {}  # node -> fingerprint in effect
         self.written: dict[str, str] = {}  # slice name -> resourceVersion we wrote
@@ -399,7 +404,7 @@ class Reconciler:
         if actual is None:
             actual = (await self.api.list_slices(node)).items
         owner = await self._owner(node) if desired is not None else None
-        plan = plan_pool(node, desired, actual, owner, self.dropped)
+        plan = plan_pool(node, desired, actual, owner, self.dropped, self.driver)
         result = SyncResult(generation=plan.generation if desired is not None else None)
         # Each kind of write goes out at once (the client's budget paces them);
         # deletes first, then updates, then creates, as one at a time did.

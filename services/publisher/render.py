@@ -23,6 +23,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
+from services.core import computedomain as cd
 from services.core import featuregates, nvidia, shares
 from services.core.featuregates import FeatureGates
 from services.core.resource import (
@@ -228,9 +229,9 @@ def render_contents(
     return contents or [SliceContent()]  # an empty pool still says "this node has no GPUs"
 
 
-def slice_name(node: str, index: int) -> str:
-    """``<node>-gpu.nvidia.com-<index>``; long node names are cut and disambiguated by a hash."""
-    suffix = f"-{nvidia.DRIVER_NAME}-{index}"
+def slice_name(node: str, index: int, driver: str = nvidia.DRIVER_NAME) -> str:
+    """``<node>-<driver>-<index>``; long node names are cut and disambiguated by a hash."""
+    suffix = f"-{driver}-{index}"
     if len(node) + len(suffix) <= _MAX_OBJECT_NAME:
         return node + suffix
     digest = hashlib.sha256(node.encode()).hexdigest()[:10]
@@ -249,16 +250,17 @@ def build_slices(
     *,
     generation: int = 0,
     owner: OwnerReference | None = None,
+    driver: str = nvidia.DRIVER_NAME,
 ) -> list[ResourceSlice]:
-    """Full ResourceSlice objects for a node's pool at ``generation``."""
+    """Full ResourceSlice objects for a node's pool of ``driver`` at ``generation``."""
     pool_size = len(contents)
     return [
         ResourceSlice(
             metadata=ObjectMeta(
-                name=slice_name(node, i), owner_references=[owner] if owner else None
+                name=slice_name(node, i, driver), owner_references=[owner] if owner else None
             ),
             spec=ResourceSliceSpec(
-                driver=nvidia.DRIVER_NAME,
+                driver=driver,
                 pool=ResourcePool(name=node, generation=generation, resource_slice_count=pool_size),
                 node_name=node,
                 devices=content.devices,
@@ -267,6 +269,13 @@ def build_slices(
         )
         for i, content in enumerate(contents)
     ]
+
+
+def render_domain_contents() -> list[SliceContent]:
+    """The compute-domain.nvidia.com pool of any node: ``channel-0`` and ``daemon-0``,
+    the same on every node (no clique attribute, as the reference; a node outside a
+    fabric publishes them too, and its daemon idles)."""
+    return [SliceContent(devices=cd.node_devices())]
 
 
 def render_slices(

@@ -27,6 +27,7 @@ from typing import TypeVar
 import msgspec
 from opentelemetry import trace
 
+from services.core import computedomain as cd
 from services.core import nvidia, subjects, tracing
 from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
@@ -46,7 +47,9 @@ from services.publisher.render import (
     Holdings,
     RenderError,
     RenderOptions,
+    SliceContent,
     render_contents,
+    render_domain_contents,
 )
 from services.publisher.sliceapi import SliceApi, WatchEvent
 from services.publisher.tuning import DEFAULT_WORKERS
@@ -54,7 +57,6 @@ from services.publisher.tuning import DEFAULT_WORKERS
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer("gpudra.publisher")
 T = TypeVar("T")
-_DRIVER_TOKEN = subjects.escape_token(nvidia.DRIVER_NAME)
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(NodeInventory)
 
@@ -64,6 +66,9 @@ class PublisherConfig:
     render: RenderOptions = field(default_factory=RenderOptions)
     kube_minor: int | None = None  # None: ask the API server
     force_registered: bool = False  # publish without a kubelet plugin presence record
+    # Whose slices: the GPU driver's (rendered from the inventory) or compute-domain.nvidia.com's
+    # (channel-0 and daemon-0 on every node with an inventory where its plugin is registered).
+    driver: str = nvidia.DRIVER_NAME
     workers: int = DEFAULT_WORKERS
     resync_s: float = 600.0
     retry_failed_s: float = 5.0
@@ -77,7 +82,8 @@ class Publisher:
     ) -> None:
         self.api = api
         self.config = config
-        self.reconciler = reconciler or Reconciler(api)
+        self.reconciler = reconciler or Reconciler(api, driver=config.driver)
+        self._driver_token = subjects.escape_token(config.driver)
         # Inventories are kept encoded: a thousand nodes of decoded structs are
         # millions of objects that every full GC pass walks (pauses of 300 ms).
         self._inventories: dict[str, bytes] = {}
@@ -163,12 +169,7 @@ class Publisher:
             return  # another replica's (it was marked before the lease moved, or by a watch)
         inventory = self.wanted(node)
         try:
-            holdings = self.holdings.get(node, NO_HOLDINGS)
-            contents = (
-                None
-                if inventory is None
-                else render_contents(inventory, self.config.render, holdings)
-            )
+            contents = None if inventory is None else self._render(inventory)
         except RenderError as exc:
             metrics.INVALID_INVENTORIES.labels(reason="render").inc()
             log.warning(
@@ -209,6 +210,12 @@ class Publisher:
                     "generation": result.generation,
                 },
             )
+
+    def _render(self, inventory: NodeInventory) -> list[SliceContent]:
+        if self.config.driver == cd.CD_DRIVER:
+            return render_domain_contents()
+        holdings = self.holdings.get(inventory.node, NO_HOLDINGS)
+        return render_contents(inventory, self.config.render, holdings)
 
     async def work(self) -> None:
         """One worker: take a dirty node nobody else is syncing, sync it, repeat."""
@@ -397,7 +404,7 @@ class Publisher:
 
     def apply_presence(self, update: KvUpdate[PluginPresence]) -> None:
         node_token, _, driver_token = update.key.partition(".")
-        if driver_token == _DRIVER_TOKEN:
+        if driver_token == self._driver_token:
             registered_at = None if update.value is None else update.value.registered_at
             self.set_present(subjects.unescape_token(node_token), registered_at)
 

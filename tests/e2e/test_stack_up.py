@@ -38,7 +38,7 @@ def workdir(controlplane_binary: Path) -> Iterator[Path]:
 
     Depends on ``controlplane_binary`` so that a missing toolchain skips and
     the build happens outside the command's timing."""
-    path = Path(tempfile.mkdtemp(prefix="gpudra-e2e-up-")) / "up"
+    path = Path(tempfile.mkdtemp(prefix="gu-")) / "up"  # both drivers' sockets fit
     yield path
     left = still_running(recorded_pids(path), timeout=0)
     for pid in left.values():  # only if a test failed half-way; never reached when green

@@ -319,11 +319,12 @@ class Node:
             return
         raise AssertionError(f"preparer not ready within {timeout}s:\n{proc.output()}")
 
-    def start_front(self, *extra: str) -> Proc:
+    def start_front(self, *extra: str, env: Mapping[str, str] | None = None) -> Proc:
         return self._spawn(
             "kubeletplugin",
             ["kubeletplugin", "--node-name", self.name, "--kubelet-root",
              str(self.kubelet_root), *self.nats.client_argv(Role.FRONT, self.name), *extra],
+            env=env,
         )  # fmt: skip
 
     def files(self) -> list[str]:

@@ -23,7 +23,8 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from services.core import subjects
+from services.core import computedomain as cd
+from services.core import nvidia, subjects
 from services.core.access import Identity, Role
 from services.core.bus import Bus, RequestTimeout
 from services.core.claimtrail import ClaimTrail
@@ -216,8 +217,12 @@ async def test_nobody_purges_or_deletes_the_audit_trail_or_a_bucket(
 
 async def test_a_rogue_cannot_answer_or_overhear_a_nodes_prepare(attacker) -> None:
     rogue = await attacker(Role.PREPARER, OTHER)
-    await rogue.nc.subscribe(subjects.node_prepare(VICTIM))
-    await rogue.denied(subjects.node_prepare(VICTIM))
+    for driver in (nvidia.DRIVER_NAME, cd.CD_DRIVER):  # both kubelet plugin drivers
+        await rogue.nc.subscribe(subjects.node_prepare(VICTIM, driver))
+        await rogue.denied(subjects.node_prepare(VICTIM, driver))
+    other_front = await attacker(Role.FRONT, OTHER)
+    await other_front.nc.publish(subjects.node_prepare(VICTIM, cd.CD_DRIVER), b"{}")
+    await other_front.denied(subjects.node_prepare(VICTIM, cd.CD_DRIVER))
     front_inbox = Identity(Role.FRONT, VICTIM).inbox_prefix + ".>"
     await rogue.nc.subscribe(front_inbox)  # read the front's replies
     await rogue.denied(front_inbox)

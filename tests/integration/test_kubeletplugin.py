@@ -49,6 +49,7 @@ pytestmark = pytest.mark.integration
 
 NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
+CD_DRIVER = "compute-domain.nvidia.com"
 REPO = Path(__file__).resolve().parents[2]
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
@@ -126,9 +127,9 @@ class FakePreparer:
     requests: list[tuple[str, NodeRequest, dict[str, str]]] = field(default_factory=list)
     hold: asyncio.Event | None = None  # when set, answers wait for it
 
-    async def serve(self, bus: Bus, node: str = NODE) -> None:
-        await bus.serve(subjects.node_prepare(node), NodeRequest, self._prepare)
-        await bus.serve(subjects.node_unprepare(node), NodeRequest, self._unprepare)
+    async def serve(self, bus: Bus, node: str = NODE, driver: str = DRIVER) -> None:
+        await bus.serve(subjects.node_prepare(node, driver), NodeRequest, self._prepare)
+        await bus.serve(subjects.node_unprepare(node, driver), NodeRequest, self._unprepare)
 
     async def _prepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
         self.requests.append(("prepare", request, headers))
@@ -313,6 +314,54 @@ def test_a_file_in_the_socket_path_is_refused_not_deleted(
     assert front.proc.wait(20) == 1
     assert squatter.read_text() == "not a socket"
     assert "is not a unix socket" in front.output()
+    assert not (root / "plugins" / DRIVER / "dra.sock").exists()
+
+
+async def test_compute_domain_driver_has_its_own_sockets_presence_and_subjects(
+    short_dir: Path, nats_server: NatsServer, bus: Bus
+) -> None:
+    """--compute-domains: a second driver in the same process, under the same socket rules,
+    whose claims reach only that driver's preparer subjects."""
+    root = short_dir / "kubelet"
+    reg = root / "plugins_registry" / f"{CD_DRIVER}-reg.sock"
+    dra = root / "plugins" / CD_DRIVER / "dra.sock"
+    reg.parent.mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as stale:
+        stale.bind(str(reg))  # left by a crashed plugin: replaced
+    gpu_preparer, cd_preparer = FakePreparer(), FakePreparer()
+    await gpu_preparer.serve(bus)
+    await cd_preparer.serve(bus, driver=CD_DRIVER)
+    front = start_front(root, nats_server, "--compute-domains")
+    key = subjects.presence_key(NODE, CD_DRIVER)
+    try:
+        async with FakeKubelet(root, driver=CD_DRIVER) as kubelet:
+
+            async def live() -> bool:
+                return dra.is_socket() and len(kubelet.registration_sockets()) == 2
+
+            await wait_for(live, what="both drivers' sockets")
+            info = await kubelet.register(reg)
+            assert (info.name, info.endpoint) == (CD_DRIVER, str(dra))
+            assert list(info.supported_versions) == ["v1.DRAPlugin", "v1beta1.DRAPlugin"]
+            for path in (reg, dra):
+                assert stat.S_IMODE(path.stat().st_mode) == 0o600
+            assert stat.S_IMODE(dra.parent.stat().st_mode) == 0o700
+            await wait_for(
+                lambda: bus.kv_get(subjects.PRESENCE_BUCKET, key, PluginPresence),
+                what="the compute-domain driver's presence",
+            )
+            # Its registration alone makes only its own driver present.
+            gpu_key = subjects.presence_key(NODE, DRIVER)
+            assert await bus.kv_get(subjects.PRESENCE_BUCKET, gpu_key, PluginPresence) is None
+            claim = Claim("uid-cd", "ns", "channel")
+            assert (await kubelet.prepare([claim]))[claim.uid].error == ""
+            assert await kubelet.unprepare([claim]) == {claim.uid: ""}
+            assert [op for op, _, _ in cd_preparer.requests] == ["prepare", "unprepare"]
+            assert gpu_preparer.requests == []  # never sent to the GPU driver's preparer
+    finally:
+        assert front.terminate() == 0
+    assert await bus.kv_get(subjects.PRESENCE_BUCKET, key, PluginPresence) is None
+    assert not reg.exists() and not dra.exists()
     assert not (root / "plugins" / DRIVER / "dra.sock").exists()
 
 

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
-from services.preparer.computedomain import edits
+from services.preparer.computedomain import edits, nodefacts
 
 PROC_DEVICES = """Character devices:
   1 mem
@@ -77,3 +79,22 @@ def test_cdi_ids_are_the_references() -> None:
     )
     with pytest.raises(ValueError, match="not a compute-domain"):
         edits.cdi_device_id("uid-9", "gpu-0")
+
+
+def test_node_facts_read_the_hosts_proc_and_a_simulated_node_answers_stand_ins(
+    tmp_path: Path,
+) -> None:
+    proc = tmp_path / "proc"
+    cap = proc / nodefacts.FABRIC_IMEX_MGMT
+    cap.parent.mkdir(parents=True)
+    (proc / "devices").write_text(PROC_DEVICES)
+    cap.write_text("DeviceFileMinor: 7\nDeviceFileMode: 256\n")
+    real = nodefacts.NodeFacts(proc)
+    assert (real.imex_major(), real.caps_major()) == (234, 236)
+    assert real.fabric_cap() == edits.CapFile(minor=7, mode=256)
+    cap.unlink()
+    with pytest.raises(edits.EditsError, match=r"cannot read .*fabric-imex-mgmt"):
+        real.fabric_cap()  # a claim error naming the file, not a crash
+    simulated = nodefacts.NodeFacts(None)
+    assert simulated.imex_major() == nodefacts.SIMULATED_IMEX_MAJOR
+    assert simulated.fabric_cap() == nodefacts.SIMULATED_CAP

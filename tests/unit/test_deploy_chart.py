@@ -411,6 +411,7 @@ VARIANTS: dict[str, dict[str, object]] = {
                              "webhook.tls.certManager.issuerRef": {"name": "ca",
                                                                    "kind": "ClusterIssuer"}},
     "preparer-without-api": {"rbac.rules.preparer": [], "node.preparer.trustClaimsBucket": True},
+    "no-compute-domains": {"computeDomains.enabled": False},
     # One node whose pods have only a loopback (tests/e2e/test_chart_install.py).
     "host-network": {
         "hostNetwork": True, "apiServer": {"host": "127.0.0.1", "port": "16443"},
@@ -478,6 +479,13 @@ def test_rendered_rbac_is_the_least_privilege_table(
         del expected["preparer"]
     if VARIANTS[variant].get("publisher.gpuCliqueLabelEnabled"):  # the clique label only
         expected["publisher"] = expected["publisher"] | {("", "nodes", "patch")}
+    if VARIANTS[variant].get("computeDomains.enabled", True) and "preparer" in expected:
+        # the channel claim's domain (by UID) and the node's domain label
+        expected["preparer"] = expected["preparer"] | {
+            ("resource.nvidia.com", "computedomains", "list"),
+            ("", "nodes", "get"),
+            ("", "nodes", "patch"),
+        }
     assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in roles.items()} == expected
     bindings = objects_by_kind(docs, "ClusterRoleBinding")
     assert set(bindings) == set(roles)
@@ -782,17 +790,26 @@ def test_no_hook_runs_after_the_workloads_so_helm_install_wait_cannot_deadlock(
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["provision"]
 
 
-@pytest.mark.parametrize("variant", ["defaults", "everything-on"])  # without and with a UID
-def test_the_plugin_is_ready_exactly_when_both_its_sockets_are_served(
+@pytest.mark.parametrize("variant", ["defaults", "everything-on", "no-compute-domains"])
+def test_the_plugin_is_ready_exactly_when_all_its_sockets_are_served(
     rendered: dict[str, list[dict[str, Any]]], variant: str
 ) -> None:
     """The readiness probe runs as the kubelet runs it (sh in the container's environment),
-    against sockets where services/kubeletplugin/sockets.py puts them."""
+    against sockets where services/kubeletplugin/sockets.py puts them: both drivers' with
+    computeDomains.enabled (the default), the GPU driver's alone without. With and
+    without a rolling-update UID."""
     with tempfile.TemporaryDirectory(prefix="kr-", dir="/tmp") as short:  # socket paths
-        _probe_against_sockets(rendered[variant], Path(short), variant == "everything-on")
+        _probe_against_sockets(
+            rendered[variant],
+            Path(short),
+            variant == "everything-on",
+            domains=variant != "no-compute-domains",
+        )
 
 
-def _probe_against_sockets(docs: list[dict[str, Any]], tmp_path: Path, rolling: bool) -> None:
+def _probe_against_sockets(
+    docs: list[dict[str, Any]], tmp_path: Path, rolling: bool, *, domains: bool
+) -> None:
     spec = pod_specs(docs)["gpudra-node"]["spec"]
     (plugin,) = [c for c in spec["containers"] if c["name"] == "kubeletplugin"]
     argv = plugin["readinessProbe"]["exec"]["command"]
@@ -801,13 +818,14 @@ def _probe_against_sockets(docs: list[dict[str, Any]], tmp_path: Path, rolling: 
     env = {"PATH": os.environ["PATH"], "GPUDRA_KUBELET_ROOT": str(tmp_path)}
     if uid:
         env["GPUDRA_ROLLING_UPDATE_UID"] = uid
-    paths = SocketPaths.for_driver(tmp_path, nvidia.DRIVER_NAME, uid)
+    drivers = [nvidia.DRIVER_NAME, *([computedomain.CD_DRIVER] if domains else [])]
+    paths = [p for d in drivers for p in SocketPaths.for_driver(tmp_path, d, uid).all()]
 
     def probe() -> int:
         return subprocess.run(argv, env=env, check=False, capture_output=True).returncode
 
     listeners = []
-    for path in paths.all():
+    for path in paths:
         assert probe() != 0, f"ready before {path} is served"
         path.parent.mkdir(parents=True, exist_ok=True)
         listener = socket.socket(socket.AF_UNIX)

@@ -33,6 +33,10 @@ def test_subjects_keep_user_names_in_one_token() -> None:
         "evil.node.>",
     ]
     assert subjects.node_prepare("n*1") == "dra.node.n=2A1.prepare"
+    domain = "compute-domain.nvidia.com"  # its own subjects, never under the GPU driver's
+    assert subjects.node_prepare("n.>", domain) == "dra.node.n=2E=3E.domain.prepare"
+    assert subjects.node_unprepare("n1", domain) == "dra.node.n1.domain.unprepare"
+    assert not subjects.matches(subjects.node_prepare("*"), subjects.node_prepare("n1", domain))
 
 
 @pytest.mark.parametrize(

@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from services.core import nvidia
+from services.core.computedomain import CD_DRIVER
 from services.core.resource import (
     DeviceRequestAllocationResult,
     NodeSelector,
@@ -27,13 +28,16 @@ from services.core.resource import (
 from services.core.schemas import ClaimRef, DeviceRef
 
 DRIVER = nvidia.DRIVER_NAME
+#: Both kubelet plugin drivers' claims have a lifecycle on the bus: a ComputeDomain
+#: claim's trail, like a GPU claim's, runs from ``allocated`` to ``deleted``.
+DRIVERS = frozenset({DRIVER, CD_DRIVER})
 HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 
 def our_results(claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
     allocation = claim.status.allocation if claim.status else None
     devices = allocation.devices if allocation else None
-    return [r for r in (devices.results if devices else None) or [] if r.driver == DRIVER]
+    return [r for r in (devices.results if devices else None) or [] if r.driver in DRIVERS]
 
 
 def consumers(claim: ResourceClaim) -> frozenset[str]:

@@ -13,7 +13,7 @@
    to say Ready, up to the kubelet's deadline, and then fails with the daemon's
    own reason.
 
-Not yet wired to the node's sockets: docs/computedomains.md.
+Called by the node driver's prepare (services/preparer/computedomain/engine.py).
 """
 
 from __future__ import annotations
@@ -51,20 +51,25 @@ class DomainGate:
     def __init__(self, api: KubeApi, bus: Bus, node: str) -> None:
         self.api, self.bus, self.node = api, bus, node
 
-    async def domain(self, uid: str, claim_namespace: str) -> Domain:
+    async def find(self, uid: str) -> Domain:
+        """The domain with this UID, in any namespace (a daemon claim lives in the driver's)."""
         listing = await self.api.list(cd.domains_path(), {})
         for raw in listing.items:
             meta = json.loads(bytes(raw)).get("metadata", {})
             if meta.get("uid") == uid:
-                found = Domain(uid, meta.get("namespace", ""), meta.get("name", ""))
-                if found.namespace != claim_namespace:
-                    raise GateError(
-                        "the ResourceClaim's namespace is different than the ComputeDomain's "
-                        f"namespace ({claim_namespace} != {found.namespace})",
-                        permanent=True,
-                    )
-                return found
+                return Domain(uid, meta.get("namespace", ""), meta.get("name", ""))
         raise GateError(f"ComputeDomain not found: {uid}", permanent=True)
+
+    async def domain(self, uid: str, claim_namespace: str) -> Domain:
+        """The domain a channel claim names, which must be in the claim's namespace."""
+        found = await self.find(uid)
+        if found.namespace != claim_namespace:
+            raise GateError(
+                "the ResourceClaim's namespace is different than the ComputeDomain's "
+                f"namespace ({claim_namespace} != {found.namespace})",
+                permanent=True,
+            )
+        return found
 
     async def label(self, domain: Domain) -> None:
         path = f"/api/v1/nodes/{self.node}"

@@ -1,0 +1,365 @@
+"""Prepare and unprepare ``compute-domain.nvidia.com`` claims, checkpointed like GPU claims.
+
+A channel claim, in order:
+
+1. the claim checked against the API server like every claim (identity,
+   allocated here to this driver, reserved for a pod on this node), each device
+   of ours a ``channel-N`` or ``daemon-0``, its config strictly decoded
+   (services.core.computedomain.config_for): no side effect yet, and any error
+   here fails only this claim;
+2. the domain exists in the claim's namespace (gate.py, permanent errors);
+3. checkpoint ``PrepareStarted`` with the domain's UID, then the node label
+   (so a crash between the two still knows whose label it is);
+4. the wait for this node's IMEX daemon to say Ready, within the kubelet's
+   deadline. A timeout keeps ``PrepareStarted`` and the label: the daemon is
+   coming, the kubelet's retry finds it Ready; the kubelet's unprepare undoes both;
+5. the claim's CDI spec (edits.py), then ``PrepareCompleted``.
+
+A daemon claim needs its domain (in any namespace: it lives in the driver's),
+gets the domain's directory under the plugin directory and the daemon's edits.
+
+Unprepare removes the spec and the entry; the last channel entry of a domain
+on this node takes the label off (only if it names that domain), the last daemon
+entry the domain's folder. An unknown
+claim's unprepare succeeds. Operations on one claim run one at a time; the
+label's check-and-set runs under one node-wide lock, the readiness wait outside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+import time
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from services.core import computedomain as cd
+from services.core import nvidia
+from services.core.kube import ApiError
+from services.core.opaque import ConfigError
+from services.core.resource import DeviceRequestAllocationResult
+from services.core.schemas import ClaimRef, PreparedDevice
+from services.preparer import verify
+from services.preparer.checkpoint import (
+    PREPARE_COMPLETED,
+    PREPARE_STARTED,
+    CheckpointStore,
+    ClaimEntry,
+    GroupState,
+    PreparedDeviceState,
+)
+from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
+from services.preparer.computedomain import edits
+from services.preparer.computedomain.gate import Domain, DomainGate, GateError
+from services.preparer.computedomain.nodefacts import NodeFacts
+from services.preparer.engine import Outcome
+from services.preparer.fsutil import atomic_write, remove
+from services.preparer.inventory import InventoryView
+
+log = logging.getLogger(__name__)
+
+CLASS = "claim"
+KIND = f"{edits.VENDOR}/{CLASS}"
+CDI_VERSION = "0.5.0"  # device names start with the claim UID (may be a digit)
+SPEC_MODE, DIR_MODE = 0o644, 0o755
+READY_MARGIN_S = 0.5  # answer this long before the kubelet's deadline
+DEFAULT_WAIT_S = 45.0  # no deadline given: the reference's retry budget
+
+
+class DomainClaimError(ValueError):
+    """A claim-level refusal with its reason."""
+
+
+@dataclass(frozen=True)
+class _Planned:
+    result: DeviceRequestAllocationResult
+    kind: cd.DeviceType
+    config: cd.ComputeDomainConfig
+    origin: str
+
+
+def spec_path(root: Path, uid: str) -> Path:
+    return root / f"{edits.VENDOR}-{CLASS}_{uid}.yaml"
+
+
+def domain_of(entry: ClaimEntry) -> str:
+    """The domain UID a checkpoint entry's config names ("" if none)."""
+    for group in entry.groups:
+        uid = group.config.get("domainID")
+        if isinstance(uid, str):
+            return uid
+    return ""
+
+
+def holds_channel(entry: ClaimEntry) -> bool:
+    return any(d.kind == cd.CHANNEL_TYPE for d in entry.devices) or any(
+        g.kind == cd.CHANNEL_CONFIG for g in entry.groups
+    )
+
+
+class DomainEngine:
+    def __init__(
+        self,
+        node: str,
+        store: CheckpointStore,
+        claims: ClaimSource,
+        gate: DomainGate | None,
+        inventory: InventoryView,
+        cdi_root: Path,
+        plugin_dir: Path,
+        facts: NodeFacts,
+    ) -> None:
+        """``gate`` None: no API server, so every prepare is refused (unprepares still work)."""
+        self.node = node
+        self.store = store
+        self.claims = claims
+        self.gate = gate
+        self.inventory = inventory
+        self.cdi_root = cdi_root
+        self.plugin_dir = plugin_dir
+        self.facts = facts
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._node_lock = asyncio.Lock()  # the label's check-and-set, the checkpoint's view
+
+    @asynccontextmanager
+    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
+        """One operation at a time per claim UID; the lock is dropped when unused."""
+        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
+        self._locks[uid] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[uid]
+            if users == 1:
+                del self._locks[uid]
+            else:
+                self._locks[uid] = (lock, users - 1)
+
+    # ------------------------------------------------------------ start-up
+
+    async def recover(self) -> dict[str, int]:
+        """Specs no completed entry vouches for are removed (a crash mid-prepare)."""
+        removed = 0
+        if self.cdi_root.is_dir():
+            prefix, suffix = f"{edits.VENDOR}-{CLASS}_", ".yaml"
+            for path in self.cdi_root.iterdir():
+                name = path.name
+                if not (name.startswith(prefix) and name.endswith(suffix)):
+                    continue
+                entry = self.store.claims.get(name[len(prefix) : -len(suffix)])
+                if entry is None or entry.state != PREPARE_COMPLETED:
+                    removed += remove(path)
+        return {"claims": len(self.store.claims), "orphan_specs_removed": removed}
+
+    # ------------------------------------------------------------ prepare
+
+    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
+        try:
+            check_identity(ref)
+            async with self._claim_lock(ref.uid):
+                return Outcome(devices=await self._prepare(ref, deadline))
+        except (ClaimError, ConfigError, GateError, edits.EditsError, DomainClaimError) as exc:
+            return Outcome(error=_prefixed(ref, str(exc)))
+        except ApiError as exc:
+            return Outcome(error=_prefixed(ref, f"the API server refused: {exc}"))
+
+    async def _prepare(self, ref: ClaimRef, deadline: float | None) -> list[PreparedDevice]:
+        entry = self.store.claims.get(ref.uid)
+        if entry is not None and entry.state == PREPARE_COMPLETED:
+            return reply_devices(entry)
+        if self.gate is None:
+            raise DomainClaimError(
+                "cannot be prepared: this preparer has no API server to read ComputeDomains "
+                "and label the node from (give --kubeconfig, or run it in a pod)"
+            )
+        claim = await self.claims.get(ref, deadline)
+        allocation = claim.status.allocation if claim.status else None
+        assert allocation is not None  # ClaimSource checked it
+        planned = _plan(verify.our_results(claim, cd.CD_DRIVER), allocation.devices)
+        domain_uid = _one_domain(planned)
+        channel = any(p.kind == cd.CHANNEL_TYPE for p in planned)
+        if channel:
+            domain = await self.gate.domain(domain_uid, ref.namespace)
+        else:
+            domain = await self.gate.find(domain_uid)
+        started = ClaimEntry(
+            state=PREPARE_STARTED,
+            namespace=ref.namespace,
+            name=ref.name,
+            allocation=allocation,
+            started_at=time.time(),
+            groups=[_group(p) for p in planned],
+        )
+        if channel:
+            await self._admit(ref, started, domain, deadline)
+        clique = self._clique_id()
+        devices = [self._device(ref.uid, p, domain, clique) for p in planned]
+        spec = {"cdiVersion": CDI_VERSION, "kind": KIND,
+                "devices": [{"name": f"{ref.uid}-{d.name}", "containerEdits": e}
+                            for d, e in devices]}  # fmt: skip
+        completed = msgspec.structs.replace(
+            started,
+            state=PREPARE_COMPLETED,
+            completed_at=time.time(),
+            devices=[d for d, _ in devices],
+        )
+
+        def put_spec_in_place() -> None:
+            _ensure_dir(self.cdi_root)
+            atomic_write(
+                spec_path(self.cdi_root, ref.uid), msgspec.json.encode(spec), mode=SPEC_MODE
+            )
+
+        await self.store.put(ref.uid, completed, before=put_spec_in_place)
+        return reply_devices(completed)
+
+    async def _admit(
+        self, ref: ClaimRef, started: ClaimEntry, domain: Domain, deadline: float | None
+    ) -> None:
+        """Checkpoint, label, wait: the label is never placed without an entry naming it."""
+        assert self.gate is not None
+        async with self._node_lock:
+            await self.store.put(ref.uid, started)
+            try:
+                await self.gate.label(domain)
+            except Exception:
+                await self.store.remove(ref.uid)
+                raise
+        left = DEFAULT_WAIT_S if deadline is None else deadline - time.time() - READY_MARGIN_S
+        await self.gate.ready(domain, max(left, 0.1))
+
+    def _clique_id(self) -> str:
+        inv = self.inventory.current
+        if inv is None:
+            raise DomainClaimError("no inventory for this node yet (is discovery running?)")
+        try:
+            return nvidia.node_clique_id(inv.gpus)
+        except ValueError as exc:
+            raise DomainClaimError(f"the node's NVLink fabric: {exc}") from exc
+
+    def _device(
+        self, uid: str, p: _Planned, domain: Domain, clique: str
+    ) -> tuple[PreparedDeviceState, dict[str, Any]]:
+        if isinstance(p.config, cd.ComputeDomainChannelConfig):
+            major = self.facts.imex_major() if clique else 0
+            container = edits.channel_edits(p.config.mode, clique, major)
+        else:
+            host_dir = self._domain_dir(domain.uid)
+            host_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+            cap = self.facts.fabric_cap() if clique else None
+            caps_major = self.facts.caps_major() if clique else 0
+            ref = edits.DomainRef(domain.uid, domain.name, domain.namespace)
+            container = edits.daemon_edits(ref, clique, str(host_dir), cap, caps_major)
+        state = PreparedDeviceState(
+            name=p.result.device,
+            kind=p.kind,
+            requests=[p.result.request],
+            pool=p.result.pool,
+            cdi_device_ids=[edits.cdi_device_id(uid, p.result.device)],
+        )
+        return state, container
+
+    # ------------------------------------------------------------ unprepare
+
+    def _delete_spec(self, uid: str) -> None:
+        remove(spec_path(self.cdi_root, uid))
+
+    async def unprepare(self, ref: ClaimRef) -> Outcome:
+        try:
+            check_identity(ref)
+            async with self._claim_lock(ref.uid):
+                await self._unprepare(ref)
+            return Outcome()
+        except (ClaimError, GateError, DomainClaimError) as exc:
+            return Outcome(error=_prefixed(ref, str(exc)))
+        except ApiError as exc:  # the label's removal refused: the kubelet retries
+            return Outcome(error=_prefixed(ref, f"node label not removed: {exc}"))
+
+    async def _unprepare(self, ref: ClaimRef) -> None:
+        entry = self.store.claims.get(ref.uid)
+        if entry is None:
+            remove(spec_path(self.cdi_root, ref.uid))  # a stray spec is still ours to remove
+            return
+        async with self._node_lock:
+            domain = domain_of(entry)
+            others = [
+                uid
+                for uid, e in self.store.claims.items()
+                if uid != ref.uid and holds_channel(e) and domain_of(e) == domain
+            ]
+            if holds_channel(entry) and domain and not others:
+                if self.gate is None:
+                    raise DomainClaimError(
+                        f"cannot remove the node label of ComputeDomain {domain}: no API server"
+                    )
+                await self.gate.unlabel(domain)
+            await self.store.remove(ref.uid, before=lambda: self._delete_spec(ref.uid))
+            daemons = [e for e in self.store.claims.values() if not holds_channel(e)]
+            last = not any(domain_of(e) == domain for e in daemons)
+            if domain and not holds_channel(entry) and last:
+                # The domain's last daemon here: its folder goes with it (a later daemon
+                # claim makes it again; its wrapper writes the IMEX config afresh).
+                shutil.rmtree(self._domain_dir(domain), ignore_errors=True)
+        self.claims.forget(ref)
+
+    def _domain_dir(self, uid: str) -> Path:
+        """``<plugin dir>/domains/<uid>``; a UID is one plain path component."""
+        if not uid or "/" in uid or uid in (".", ".."):
+            raise DomainClaimError(f"ComputeDomain UID {uid!r} is not a plain name")
+        return self.plugin_dir / "domains" / uid
+
+
+def _plan(results: Sequence[DeviceRequestAllocationResult], devices: Any) -> list[_Planned]:
+    configs = devices.config if devices is not None else None
+    planned = []
+    for r in results:
+        try:
+            kind = cd.device_type(r.device)
+        except ValueError as exc:
+            raise DomainClaimError(str(exc)) from None
+        config, origin = cd.config_for(configs, r.request, kind)
+        planned.append(_Planned(r, kind, config, origin))
+    return planned
+
+
+def _one_domain(planned: Sequence[_Planned]) -> str:
+    uids = sorted({p.config.domain_id for p in planned})
+    if len(uids) != 1:
+        raise DomainClaimError(
+            f"the claim's devices name {len(uids)} ComputeDomains ({', '.join(uids)}); "
+            "one claim belongs to one domain"
+        )
+    return uids[0]
+
+
+def _group(p: _Planned) -> GroupState:
+    return GroupState(kind=p.config.kind, origin=p.origin, config=msgspec.to_builtins(p.config))
+
+
+def reply_devices(entry: ClaimEntry) -> list[PreparedDevice]:
+    return [
+        PreparedDevice(
+            request_names=d.requests,
+            pool_name=d.pool,
+            device_name=d.name,
+            cdi_device_ids=d.cdi_device_ids,
+        )
+        for d in entry.devices
+    ]
+
+
+def _ensure_dir(root: Path) -> None:
+    if not root.is_dir():
+        root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+
+
+def _prefixed(ref: ClaimRef, message: str) -> str:
+    who = f"claim {describe(ref)}"
+    return message if message.startswith(who) else f"{who}: {message}"

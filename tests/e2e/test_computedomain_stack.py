@@ -1,0 +1,142 @@
+"""A ComputeDomain's workload pod on a `gpudra up` stack: the whole node path.
+
+One simulated GB200 node (in an NVLink fabric): the controller makes the daemon
+DaemonSet, the workload's channel claim labels the node, the DaemonSet's pod runs
+(as a local `gpudra imex-daemon run`, services/local/daemonpods.py) and joins, and
+only then does the workload's prepare finish, with the IMEX channel in its CDI spec.
+Deleting the domain while the pod runs, then the pod, leaves nothing on the node.
+Skipped where the control plane cannot be built.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from services.core import computedomain as cd
+from services.local.stack import DRIVER_NAMESPACE, NodeSpec, Stack
+from services.preparer import checkpoint
+from services.preparer.computedomain.engine import spec_path
+from tests.helpers.bus import connect
+from tests.helpers.events import stored_claim_events
+
+pytestmark = [pytest.mark.e2e, pytest.mark.integration]
+NODE = "gb-node-1"
+
+
+@pytest.fixture(scope="module")
+def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator[Stack]:
+    # A short prepare deadline: kubelet-dra syncs one pod at a time, so a workload pod
+    # taken before its daemon's pod waits out one deadline before the retry succeeds.
+    s = Stack([NodeSpec(NODE, "gb200-nvl72")], binary=controlplane_binary, prepare_timeout=8.0)
+    failed_before = request.session.testsfailed
+    try:
+        s.start()
+        yield s
+    finally:
+        s.stop()
+        if request.session.testsfailed > failed_before or os.environ.get("GPUDRA_E2E_KEEP"):
+            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
+        else:
+            s.cleanup()
+
+
+def domain_files(stack: Stack) -> list[str]:
+    """The node driver's CDI specs, checkpointed claims and domain folders."""
+    node = stack.nodes[NODE]
+    found = [p.name for p in node.cdi_root.glob("k8s.compute-domain.nvidia.com-*")]
+    domains = node.kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
+    found += [f"domain folder {p.name}" for p in domains.glob("*")]
+    path = node.kubelet_root / "plugins" / cd.CD_DRIVER / "checkpoint.json"
+    if path.exists():
+        found += list(checkpoint.decode(path.read_bytes()).claims)
+    return found
+
+
+def trail(stack: Stack, claim_uid: str) -> list[str]:
+    """The claim's events as the CLAIMS stream keeps them, oldest first."""
+
+    async def read() -> list[str]:
+        bus = await connect(stack.nats, name="e2e-domains")
+        try:
+            return [e.event for e in await stored_claim_events(bus) if e.claim.uid == claim_uid]
+        finally:
+            await bus.close()
+
+    return asyncio.run(read())
+
+
+def node_label(stack: Stack) -> Any:
+    return stack.api_get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL)
+
+
+def test_a_workload_pod_runs_once_its_daemon_joined_and_leaves_nothing(stack: Stack) -> None:
+    spec = {"numNodes": 1, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}}
+    claim = {"name": "ch", "resourceClaimTemplateName": "job-channel"}
+    container = {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "ch"}]}}
+    worker = {"apiVersion": "v1", "kind": "Pod",
+              "metadata": {"name": "worker", "namespace": "default"},
+              "spec": {"containers": [container], "resourceClaims": [claim]}}  # fmt: skip
+    stack.cp.apply({"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                    "metadata": {"name": "job", "namespace": "default"}, "spec": spec})  # fmt: skip
+    uid = stack.api_get(cd.domains_path("default", "job"))["metadata"]["uid"]
+    # The workload template exists before the pod, as a user's job would find it.
+    stack.wait_for(
+        lambda: stack.api_get(
+            "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates/job-channel"
+        ),
+        "the workload template",
+    )
+    stack.cp.apply(worker)
+
+    def running() -> dict[str, Any] | None:
+        pod = stack.api_get("/api/v1/namespaces/default/pods/worker")
+        return pod if pod and pod["status"].get("phase") == "Running" else None
+
+    pod = stack.wait_for(running, "the workload pod Running", timeout=120)
+    ids = json.loads(pod["metadata"]["annotations"]["gpudra.dev/cdi-devices"])["c"]
+    assert len(ids) == 1 and ids[0].endswith("-channel-0"), ids
+    claim_uid = ids[0].partition("=")[2].removesuffix("-channel-0")
+    spec_file = spec_path(stack.nodes[NODE].cdi_root, claim_uid)
+    nodes = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["deviceNodes"]
+    assert [n["path"] for n in nodes] == ["/dev/nvidia-caps-imex-channels/channel0"]
+    assert node_label(stack) == uid
+
+    def ready() -> dict[str, Any] | None:  # the controller writes the status in batches
+        status = stack.api_get(cd.domains_path("default", "job")).get("status", {})
+        return status if status.get("status") == "Ready" else None
+
+    status = stack.wait_for(ready, "the ComputeDomain's status Ready", timeout=30)
+    [member] = status["nodes"]
+    assert (member["name"], member["status"], member["ipAddress"]) == (NODE, "Ready", "127.0.0.10")
+    assert member["cliqueID"]  # a GB200 tray: in a fabric
+
+    # The domain deleted while its workload runs (issue 14's bad input): the daemon and
+    # the label go; the running pod keeps its channel until it ends.
+    stack.cp.kubectl("delete", "computedomain", "job", "-n", "default", "--timeout=60s")
+    stack.wait_for(lambda: node_label(stack) is None, "the node label removed by the controller")
+    assert running() is not None
+    stack.cp.kubectl("delete", "pod", "worker", "-n", "default", "--timeout=60s")
+
+    def clean() -> bool:
+        pods = stack.api_get(f"/api/v1/namespaces/{DRIVER_NAMESPACE}/pods")["items"]
+        return not pods and node_label(stack) is None and not domain_files(stack)
+
+    stack.wait_for(clean, "no daemon pod, node label or node driver state left", timeout=60)
+    assert stack.daemon_pods is not None
+    runner = stack.daemon_pods
+    stack.wait_for(lambda: not runner.running, "the local daemon stopped (by its PID)")
+
+    # The channel claim's trail is complete, as a GPU claim's: allocated ... deleted.
+    events = stack.wait_for(
+        lambda: (found := trail(stack, claim_uid)) and found[-1] == "deleted" and found,
+        "the channel claim's deleted event",
+    )
+    assert events[0] == "allocated", events
+    assert {"prepare.requested", "prepared", "unprepared"} <= set(events), events
