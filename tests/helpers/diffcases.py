@@ -504,6 +504,28 @@ LIBRARIES = [
         "[7].transformMapEntry(i, v, {string(v): i}) == {'7': 0}",
         "allocated",
     ),
+    cel(
+        "format-named",
+        "format.named('dns1123Label').hasValue() && !format.named('nope').hasValue() && "
+        "format.named('uuid').value() == format.uuid()",
+        "allocated",
+    ),
+    cel("format-named-none-value", "format.named('x').value() == format.byte()", "error"),
+    refused(
+        "format-validate-is-too-complex",
+        "format.dns1123Label().validate('a') == optional.none()",
+        "Forbidden: too complex, exceeds cost limit",
+    ),
+    refused(
+        "format-result",
+        "format.labelValue()",
+        "must evaluate to bool or the unknown type, not kubernetes.NamedFormat",
+    ),
+    refused(
+        "quantity-not-equals-is-too-complex",
+        "quantity('1') != quantity('2')",
+        "Forbidden: too complex, exceeds cost limit",
+    ),
 ]
 
 

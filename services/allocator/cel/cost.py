@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from services.allocator.cel.formatlib import NAMED, VALIDATE
 from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF
 from services.allocator.cel.parse import Node, device_path
 
@@ -131,8 +132,10 @@ class _Estimator:
         if node.name == "in":
             return Estimate(base + 1 + right.size, 1)
         if node.name in ("==", "!=", "<", "<=", ">", ">="):
-            # A value without a size (a Semver, a Quantity) compares in one step.
             smaller = min(left.size, right.size)
+            if smaller >= UNBOUNDED and _unsized_pair_over(node):
+                return Estimate(UNBOUNDED, 1)
+            # A value without a size (a Semver, a Quantity) compares in one step.
             return Estimate(base + 1 + (_scan(smaller) if smaller < UNBOUNDED else 0), 1)
         return Estimate(base + 1, 1)
 
@@ -150,6 +153,12 @@ class _Estimator:
             # Measured: cel-go keeps no size for these values, so scanning one (after
             # dyn()) is over the limit.
             return Estimate(sum(self.visit(a, scope).cost for a in node.args) + 1, UNBOUNDED)
+        if _format_value(node) or _optional_none(node):
+            return Estimate(sum(self.visit(a, scope).cost for a in node.args) + 1, UNBOUNDED)
+        if name == VALIDATE:
+            # Kubernetes scales validate's cost by the Format's size, which it does
+            # not know (library/cost.go): every call is over the limit.
+            return Estimate(UNBOUNDED, 1)
         if name == "type" and not node.target:
             # Measured against kube-apiserver 1.35: any type() is over the limit.
             return Estimate(COST_LIMIT + 1, 1)
@@ -178,6 +187,44 @@ class _Estimator:
         inner = {**scope, var: UNKNOWN_SIZE}
         step = sum(self.visit(a, inner).cost for a in node.args[2:]) + 1
         return Estimate(target.cost + 1 + target.size * step, target.size)
+
+
+def _format_value(node: Node) -> bool:
+    """``format.<name>()`` or ``format.named(x)`` (as macros.py rewrites it): a
+    Format, whose size cel-go does not know."""
+    if node.kind != "call":
+        return False
+    if node.name == NAMED:
+        return True
+    return node.target and node.args[0].kind == "ident" and node.args[0].name == "format"
+
+
+def _optional_none(node: Node) -> bool:
+    """``optional.none()``, which cel-go gives no size (measured: comparing it with
+    ``format.named(x)`` is over the limit)."""
+    return (
+        node.kind == "call"
+        and node.name == "none"
+        and node.target
+        and node.args[0].kind == "ident"
+        and node.args[0].name == "optional"
+    )
+
+
+def _unsized_pair_over(node: Node) -> bool:
+    """Two values without a size compared: Kubernetes prices ``==`` of two
+    Quantities, Semvers, IPs, CIDRs, URLs or Formats as one step, but cel-go prices
+    ``!=``, and ``==`` of optionals, by their unknown sizes: over the limit
+    (measured against kube-apiserver 1.35: ``quantity("1") != quantity("2")``)."""
+    if node.name != "==":
+        return True
+    return any(
+        side.kind == "call"
+        and side.target
+        and side.args[0].kind == "ident"
+        and side.args[0].name == "optional"
+        for side in node.args
+    )
 
 
 def _string_list(node: Node) -> bool:

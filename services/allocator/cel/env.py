@@ -120,8 +120,16 @@ _UNKNOWN_TYPE_NAMES = ("google.protobuf.Any", "ERROR", "error")
 
 
 def _type_name(t: Any) -> str:
-    name = str(t.name()).lower()
+    """A type as cel-go prints it: ``list(string)``, ``optional_type(kubernetes.URL)``."""
+    name = re.sub(r"[A-Za-z_][\w.]*", _type_word, str(t.name()))
+    name = name.replace("<", "(").replace(">", ")").replace(",", ", ").replace(",  ", ", ")
     return {"list": "list(dyn)", "map": "map(dyn, dyn)"}.get(name, name)
+
+
+def _type_word(match: re.Match[str]) -> str:
+    """Builtin type names in lower case; message names (with a dot) as they are."""
+    word = match.group()
+    return word if "." in word else word.lower()
 
 
 class CelEnvironment:

@@ -9,10 +9,9 @@ an implementation becomes a CEL error value carrying its message, which is how
 
 The IP, CIDR and URL libraries are in netlib.py, cel-go's lists extension
 (version 3) and the lists ``indexOf``/``lastIndexOf`` in listslib.py,
-two-variable comprehensions in macros.py (a rewrite), the checks cel-go makes
-on literals in literals.py. Not provided: the authz libraries (no request to
-authorize in a selector) and Kubernetes' ``format`` library (``format.named``
-and its validators; ``string.format`` itself comes with the strings extension).
+two-variable comprehensions in macros.py (a rewrite), the ``format`` library
+in formatlib.py, the checks cel-go makes on literals in literals.py. Not
+provided: the authz libraries (no request to authorize in a selector).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from services.allocator.cel import check as celcheck
-from services.allocator.cel import listslib, netlib
+from services.allocator.cel import formatlib, listslib, netlib
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -240,7 +239,7 @@ def _comparison(name: str, ret: cel.Type, result: Callable[[int], Any]) -> cel.F
 
 def functions() -> list[cel.FunctionDecl]:
     """Every function declaration of the DRA environment beyond the runtime's own."""
-    return _kubernetes() + netlib.functions() + listslib.functions()
+    return _kubernetes() + netlib.functions() + listslib.functions() + formatlib.functions()
 
 
 def _kubernetes() -> list[cel.FunctionDecl]:
