@@ -388,6 +388,15 @@ OUTCOMES = [
     cel("semver-not-equals-string", f"{VERSION} != '570.124.6'", "allocated"),
     cel("string-equals-semver", f"'570.124.6' == {VERSION}", "unschedulable"),
     cel("semver-compare", f"{VERSION}.isGreaterThan(semver('500.0.0'))", "allocated"),
+    cel("semver-equals-computed-string", f"{VERSION} == {PRODUCT}", "error"),
+    cel("semver-equals-computed-semver", f"{VERSION} == semver('570.124.' + '6')", "allocated"),
+    cel(
+        "quantity-equals-computed-int", f"{MEMORY} == device.attributes['{DRIVER}'].index", "error"
+    ),
+    cel("int-equals-quantity", f"device.attributes['{DRIVER}'].index == {MEMORY}", "unschedulable"),
+    cel("ip-equals-computed-int", "ip('1.2.3.4') == dyn(ip('1.2.3.4').family())", "error"),
+    cel("semver-equals-computed-null", f"{VERSION} == dyn(null)", "unschedulable"),
+    cel("semver-equals-failing-right-side", f"{VERSION} == [1].map(x, x / 0)", "error"),
     cel("quantity-beyond-int64", "quantity('100000000000000000000').asInteger() > 0", "error"),
     cel(
         "quantity-beyond-int64-is-integer",

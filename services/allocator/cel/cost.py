@@ -51,6 +51,12 @@ _STRING_SCANS = {
 }
 _CONSTRUCTORS = {"semver", "quantity", "ip", "cidr", "url"}
 _REGEX = {"matches", "find", "findAll"}
+# Number and bool results of the Kubernetes types' methods: a size of their own.
+_SCALAR_ACCESSORS = set(
+    "family major minor patch sign asInteger isInteger asApproximateFloat prefixLength "
+    "compareTo isGreaterThan isLessThan isLoopback isUnspecified isGlobalUnicast "
+    "isLinkLocalMulticast isLinkLocalUnicast containsIP containsCIDR".split()
+)
 _LIST_SCANS = {"isSorted", "sum", "min", "max", "indexOf", "lastIndexOf"}
 
 
@@ -179,6 +185,8 @@ class _Estimator:
             return Estimate(base + 1 + _scan(sum(a.size for a in args)), size)
         if name in ("contains", "equivalent", "intersects") and len(args) == 2:  # sets.*
             return Estimate(base + 1 + args[0].size * args[1].size, 1)
+        if name in _SCALAR_ACCESSORS and node.target:
+            return Estimate(base + 1, 1)
         return Estimate(base + 1, max((a.size for a in args), default=1))
 
     def _comprehension(self, node: Node, scope: dict[str, int]) -> Estimate:
@@ -212,19 +220,43 @@ def _optional_none(node: Node) -> bool:
 
 
 def _unsized_pair_over(node: Node) -> bool:
-    """Two values without a size compared: Kubernetes prices ``==`` of two
-    Quantities, Semvers, IPs, CIDRs, URLs or Formats as one step, but cel-go prices
-    ``!=``, and ``==`` of optionals, by their unknown sizes: over the limit
-    (measured against kube-apiserver 1.35: ``quantity("1") != quantity("2")``)."""
+    """Two values without a size compared. Kubernetes prices ``==`` of two
+    Quantities, Semvers, IPs, CIDRs, URLs or Formats as about one step, but cel-go
+    prices ``!=``, and ``==`` of other types (optionals, ``dyn``, two different
+    types), by their unknown sizes: over the limit (measured against
+    kube-apiserver 1.35: ``quantity("1") != quantity("2")``,
+    ``ip("1.2.3.4") == dyn(cidr("1.2.3.0/24"))``)."""
     if node.name != "==":
         return True
-    return any(
-        side.kind == "call"
-        and side.target
-        and side.args[0].kind == "ident"
-        and side.args[0].name == "optional"
-        for side in node.args
-    )
+    kinds = [_unsized_kind(side) for side in node.args]
+    if "" in kinds:
+        return True
+    return None not in kinds and kinds[0] != kinds[1]
+
+
+_KIND_OF_CALL = {"quantity": "quantity", "semver": "semver", "ip": "ip", "cidr": "cidr"}
+_KIND_OF_CALL |= {"url": "url", "masked": "cidr", NAMED: "format"}
+
+
+def _unsized_kind(node: Node) -> str | None:
+    """The Kubernetes type of a value without a size, where its form tells: ""
+    for an optional or ``dyn`` (never one of them), None when unknown."""
+    if node.kind != "call":
+        return None
+    if node.name == "dyn" and not node.target:
+        return ""
+    if node.target and node.args[0].kind == "ident" and node.args[0].name == "optional":
+        return ""
+    if node.name == "value" and node.target and _unsized_kind(node.args[0]) == "":
+        inner = node.args[0]  # optional.of(x).value(), format.named(x).value()
+        return _unsized_kind(inner.args[1]) if len(inner.args) == 2 else None
+    if node.target and node.args[0].kind == "ident" and node.args[0].name == "format":
+        return "format"
+    if node.name == "ip" and node.target:
+        return "ip"
+    if node.name in ("add", "sub", "value") and node.target:
+        return _unsized_kind(node.args[0])
+    return _KIND_OF_CALL.get(node.name)
 
 
 def _string_list(node: Node) -> bool:

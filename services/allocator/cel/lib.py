@@ -24,7 +24,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from services.allocator.cel import check as celcheck
-from services.allocator.cel import formatlib, listslib, netlib
+from services.allocator.cel import equality, formatlib, listslib, netlib
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -169,22 +169,10 @@ def _no_such_overload(value: Any) -> Any:
 
 def _plain_decl() -> cel.FunctionDecl:
     """check.PLAIN: every value unchanged, except our message types (one runtime kind)."""
-    kinds = {
-        "int": T.INT,
-        "uint": T.UINT,
-        "double": T.DOUBLE,
-        "string": T.STRING,
-        "bool": T.BOOL,
-        "bytes": T.BYTES,
-        "list": LIST,
-        "map": T.Map(T.DYN, T.DYN),
-        "null": T.NULL,
-        "timestamp": T.TIMESTAMP,
-        "duration": T.DURATION,
-    }
     overloads = [
         cel.Overload(f"k8s_plain_{name}", T.DYN, [kind], is_member=False, impl=_plain)
-        for name, kind in kinds.items()
+        for name, kind in equality.kinds().items()
+        if name != "message"
     ]
     overloads.append(
         cel.Overload("k8s_plain_message", T.DYN, [Q], is_member=False, impl=_no_such_overload)
@@ -294,6 +282,7 @@ def _kubernetes() -> list[cel.FunctionDecl]:
             ("string_find_all_n", T.List(s), [s, s, i], True, _find_all),
         ),
         _plain_decl(),
+        equality.declaration(),
         _fn("sets.contains", ("sets_contains", b, [LIST, LIST], False, _sets_contains)),
         _fn("sets.equivalent", ("sets_equivalent", b, [LIST, LIST], False, _sets_equivalent)),
         _fn("sets.intersects", ("sets_intersects", b, [LIST, LIST], False, _sets_intersects)),
