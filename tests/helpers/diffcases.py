@@ -470,6 +470,12 @@ LIBRARIES = [
         "lists.range(3) == [0, 1, 2]",
         "allocated",
     ),
+    refused(
+        "lists-ext-typed-by-element",
+        "true in [1, 2].sort()",
+        "found no matching overload for '@in' applied to '(bool, list(int))'",
+    ),
+    cel("lists-ext-dyn-sort", "dyn([2, 1]).sort() == [1, 2]", "allocated"),
     cel("list-index-of", "[1, 2].indexOf(2) == 1 && [1, 2, 1].lastIndexOf(1) == 2", "allocated"),
     cel(
         "string-and-list-index-of", "'abc'.indexOf('c') == 2 && [1, 2].indexOf(2) == 1", "allocated"

@@ -225,9 +225,12 @@ def _comparison(name: str, ret: cel.Type, result: Callable[[int], Any]) -> cel.F
     )
 
 
-def functions() -> list[cel.FunctionDecl]:
-    """Every function declaration of the DRA environment beyond the runtime's own."""
-    return _kubernetes() + netlib.functions() + listslib.functions() + formatlib.functions()
+def functions(typed_lists: bool = False) -> list[cel.FunctionDecl]:
+    """Every function declaration of the DRA environment beyond the runtime's own;
+    ``typed_lists``: without the lists extension's element-typed functions, which the
+    checking environment declares from listslib.typed_config()."""
+    lists = listslib.functions(typed=typed_lists)
+    return _kubernetes() + netlib.functions() + lists + formatlib.functions()
 
 
 def _kubernetes() -> list[cel.FunctionDecl]:
