@@ -7,7 +7,9 @@ validation (services/offline/apivalidate.py) and the Kubernetes CEL ``format``
 library (services/allocator/cel/formatlib.py), so they live here once.
 
 Lengths are counted in bytes and patterns match the whole string, as Go's
-``len`` and ``^...$`` regexps do.
+``len`` and ``^...$`` regexps do. The DNS validators are util/validation's
+(their length limit in "characters"), the label ones the content package's
+("bytes"), as the API server and the format library call them.
 """
 
 from __future__ import annotations
@@ -58,8 +60,9 @@ def _size(value: str) -> int:
     return len(value.encode())
 
 
-def max_len_error(length: int) -> str:
-    return f"must be no more than {length} characters"
+def max_len_error(length: int, unit: str = "characters") -> str:
+    """util/validation says characters, the newer content package bytes."""
+    return f"must be no more than {length} {unit}"
 
 
 def regex_error(message: str, pattern: str, *examples: str) -> str:
@@ -82,10 +85,10 @@ def dns1123_label(value: str) -> list[str]:
     return errors
 
 
-def dns1123_subdomain(value: str) -> list[str]:
+def dns1123_subdomain(value: str, unit: str = "characters") -> list[str]:
     errors = []
     if _size(value) > DNS1123_SUBDOMAIN_MAX:
-        errors.append(max_len_error(DNS1123_SUBDOMAIN_MAX))
+        errors.append(max_len_error(DNS1123_SUBDOMAIN_MAX, unit))
     if not _DNS1123_SUBDOMAIN.fullmatch(value):
         errors.append(regex_error(_DNS1123_SUBDOMAIN_MSG, _DNS1123_SUBDOMAIN_FMT, "example.com"))
     return errors
@@ -101,7 +104,7 @@ def dns1035_label(value: str) -> list[str]:
 
 
 def label_key(value: str) -> list[str]:
-    """IsLabelKey, which Kubernetes also calls IsQualifiedName."""
+    """IsLabelKey, which Kubernetes also calls IsQualifiedName (content package)."""
     errors: list[str] = []
     parts = value.split("/")
     if len(parts) > 2:
@@ -116,11 +119,11 @@ def label_key(value: str) -> list[str]:
         if not prefix:
             errors.append("prefix part must be non-empty")
         else:
-            errors += ["prefix part " + m for m in dns1123_subdomain(prefix)]
+            errors += ["prefix part " + m for m in dns1123_subdomain(prefix, "bytes")]
     if not name:
         errors.append("name part must be non-empty")
     elif _size(name) > LABEL_KEY_MAX:
-        errors.append("name part " + max_len_error(LABEL_KEY_MAX))
+        errors.append("name part " + max_len_error(LABEL_KEY_MAX, "bytes"))
     if not _LABEL_KEY.fullmatch(name):
         errors.append(
             "name part "
@@ -130,9 +133,10 @@ def label_key(value: str) -> list[str]:
 
 
 def label_value(value: str) -> list[str]:
+    """IsLabelValue (content package)."""
     errors = []
     if _size(value) > LABEL_VALUE_MAX:
-        errors.append(max_len_error(LABEL_VALUE_MAX))
+        errors.append(max_len_error(LABEL_VALUE_MAX, "bytes"))
     if not _LABEL_VALUE.fullmatch(value):
         errors.append(
             regex_error(_LABEL_VALUE_MSG, _LABEL_VALUE_FMT, "MyValue", "my_value", "12345")

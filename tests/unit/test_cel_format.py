@@ -102,6 +102,11 @@ _LABEL = names.regex_error(
         ("uri", "x y", ['parse "x y": invalid URI for request']),
         ("uri", "http://a:b", ['parse "http://a:b": invalid port ":b" after host']),
         ("uri", "", ['parse "": empty url']),
+        ("uri", "http://[::1]:80/", []),
+        ("uri", "http://a b/", ['parse "http://a b/": invalid character " " in host name']),
+        ("uri", "http://x/%zz", ['parse "http://x/%zz": invalid URL escape "%zz"']),
+        ("uri", "http://a^b@x/", ['parse "http://a^b@x/": net/url: invalid userinfo']),
+        ("uri", "mailto:a@b", []),
     ],
 )
 def test_validate(unlimited: CelEnvironment, name: str, value: str, expected: list[str]) -> None:
@@ -130,6 +135,10 @@ def test_names_word_for_word() -> None:
         "'(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?')"
     ]
     assert names.dns1035_label("1a")[0].startswith("a DNS-1035 label must consist")
+    # util/validation counts characters, the content package (label keys, values) bytes.
+    assert names.dns1123_label("a" * 64) == ["must be no more than 63 characters"]
+    assert names.label_value("a" * 64) == ["must be no more than 63 bytes"]
+    assert names.label_key("a" * 64) == ["name part must be no more than 63 bytes"]
     assert names.dns1123_subdomain("é") == [
         names.regex_error(
             "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric "

@@ -21,6 +21,7 @@ the API server refuses it, whatever the string.
 from __future__ import annotations
 
 import datetime
+import json
 import re
 from collections.abc import Callable
 from typing import Any
@@ -93,6 +94,11 @@ class _URLError(ValueError):
 _HEX = "0123456789abcdefABCDEF"
 
 
+def _quote(text: str) -> str:
+    """Go's %q, near enough: double quotes, backslash escapes."""
+    return json.dumps(text, ensure_ascii=False)
+
+
 def _unescape(text: str, host: bool) -> None:
     """The checks of Go's url.unescape: every ``%`` is followed by two hex digits,
     and a host holds only the characters Go allows in one."""
@@ -102,11 +108,11 @@ def _unescape(text: str, host: bool) -> None:
         if char == "%":
             escape = text[i : i + 3]
             if len(escape) < 3 or escape[1] not in _HEX or escape[2] not in _HEX:
-                raise _URLError(f'invalid URL escape "{escape}"')
+                raise _URLError(f"invalid URL escape {_quote(escape)}")
             i += 3
             continue
-        if host and char < "\x80" and not _host_char(char):
-            raise _URLError(f'invalid character "{char}" in host name')
+        if host and char.isascii() and not _host_char(char):
+            raise _URLError(f"invalid character {_quote(char)} in host name")
         i += 1
 
 
@@ -114,22 +120,25 @@ def _host_char(char: str) -> bool:
     return char.isascii() and (char.isalnum() or char in "-._~!$&'()*+,;=:[]<>\"")
 
 
+def _userinfo_char(char: str) -> bool:
+    return char.isascii() and (char.isalnum() or char in "-._:~!$&'()*+,;=%@")
+
+
 def _valid_port(port: str) -> bool:
-    return port == "" or (port.startswith(":") and port[1:].isdigit()) or port == ":"
+    """Go's validOptionalPort: empty, or a colon and digits."""
+    return port == "" or (port.startswith(":") and all(c in "0123456789" for c in port[1:]))
 
 
 def _parse_host(host: str) -> None:
     if host.startswith("["):
-        end = host.find("]")
+        end = host.rfind("]")
         if end < 0:
             raise _URLError("missing ']' in host")
         port = host[end + 1 :]
-        if not _valid_port(port):
-            raise _URLError(f'invalid port "{port}" after host')
-    elif ":" in host:
-        port = host[host.rfind(":") :]
-        if not _valid_port(port):
-            raise _URLError(f'invalid port "{port}" after host')
+    else:
+        port = host[host.rfind(":") :] if ":" in host else ""
+    if not _valid_port(port):
+        raise _URLError(f"invalid port {_quote(port)} after host")
     _unescape(host, host=True)
 
 
@@ -170,9 +179,9 @@ def _parse_request_uri(text: str) -> None:
         authority, slash, path = rest[2:].partition("/")
         rest = slash + path
         userinfo, at, host = authority.rpartition("@")
-        if at and not all(_host_char(c) or c in "%@/?" for c in userinfo if c.isascii()):
-            raise _URLError("net/url: invalid userinfo")
         _parse_host(host)
+        if at and not all(_userinfo_char(c) for c in userinfo):
+            raise _URLError("net/url: invalid userinfo")
     _unescape(rest, host=False)
 
 
@@ -180,7 +189,7 @@ def _uri(value: str) -> list[str]:
     try:
         _parse_request_uri(value)
     except _URLError as exc:
-        return [f'parse "{value}": {exc}']
+        return [f"parse {_quote(value)}: {exc}"]
     return []
 
 
