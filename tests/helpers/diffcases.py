@@ -486,6 +486,8 @@ LIBRARIES = [
         "Forbidden: too complex, exceeds cost limit",
     ),
     cel("cross-type-numeric-order", "1.5 > 1 && 2 < 2.5 && 1u <= 1", "allocated"),
+    cel("cross-type-numeric-order-parenthesized", "((1)) < 2.5 && (2.5 >= (1))", "allocated"),
+    cel("semver-parenthesized-equals-computed", f"({VERSION}) == {PRODUCT}", "error"),
     cel("int-plus-double-at-run-time", f"device.attributes['{DRIVER}'].index + 1.5 > 0", "error"),
     cel("string-below-int-at-run-time", f"{PRODUCT} < 5", "error"),
     refused("type-is-too-complex", "type(device.driver) == string", "too complex"),

@@ -50,6 +50,7 @@ def outcome(env: CelEnvironment, expression: str) -> bool | str:
     ("expression", "expected"),
     [
         (f"{A}.version == {A}.name", FAILS),
+        (f"(({A}.version)) == ({A}.name)", FAILS),
         (f"{A}.version == {A}.name + 'x'", FAILS),
         (f"{A}.version == {A}.index", FAILS),
         (f"{MEMORY} == {A}.index", FAILS),

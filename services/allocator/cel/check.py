@@ -165,12 +165,23 @@ def equality_edits(expression: str, tree: Node) -> list[Edit]:
             edits += [(left.start, left.start, f"{PLAIN}("), (left.end, left.end, ")")]
             continue
         gap = expression[left.end : right.start].replace("==", ",", 1)
+        start = _before_parens(expression, left.start, gap.count(")", 0, gap.index(",")))
         edits += [
-            (left.start, left.start, f"{EQUAL}("),
+            (start, start, f"{EQUAL}("),
             (left.end, right.start, gap),
             (right.end, right.end, ")"),
         ]
     return edits
+
+
+def _before_parens(expression: str, start: int, count: int) -> int:
+    """Where the ``count`` parentheses opened just before ``start`` begin (an
+    operand's span leaves out the parentheses around it)."""
+    while count:
+        start -= 1
+        if expression[start] == "(":
+            count -= 1
+    return start
 
 
 def apply_edits(expression: str, edits: list[Edit]) -> str:

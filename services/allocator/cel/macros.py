@@ -90,9 +90,14 @@ class _Renderer:
             return f"optional.ofNonZeroValue({optional}({inner}))"
         if node.kind == "binary" and node.name in ORDERING:
             left, right = node.args
-            gap = self.text[left.end : right.start].replace(node.name, ",", 1)
+            gap = self.text[left.end : right.start]
+            op = gap.index(node.name)
+            # Parentheses around the left operand open before this node's span:
+            # they close after the call instead, around all of it.
+            closing = gap.count(")", 0, op)
+            gap = gap[:op].replace(")", "") + "," + gap[op + len(node.name) :]
             name = ORDERING[node.name]
-            return f"{name}({self.render(left)}{gap}{self.render(right)})"
+            return f"{name}({self.render(left)}{gap}{self.render(right)})" + ")" * closing
         out, pos = [], node.start
         for index, child in enumerate(sorted(node.args, key=lambda n: n.start)):
             gap = self.text[pos : child.start]
