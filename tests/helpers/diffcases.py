@@ -396,6 +396,7 @@ OUTCOMES = [
     cel("int-equals-quantity", f"device.attributes['{DRIVER}'].index == {MEMORY}", "unschedulable"),
     cel("ip-equals-computed-int", "ip('1.2.3.4') == dyn(ip('1.2.3.4').family())", "error"),
     cel("semver-equals-computed-null", f"{VERSION} == dyn(null)", "unschedulable"),
+    cel("semver-equals-optional", f"{VERSION} == optional.none()", "error"),
     cel("semver-equals-failing-right-side", f"{VERSION} == [1].map(x, x / 0)", "error"),
     cel("quantity-beyond-int64", "quantity('100000000000000000000').asInteger() > 0", "error"),
     cel(

@@ -145,7 +145,8 @@ def equality_edits(expression: str, tree: Node) -> list[Edit]:
     unchanged, unless it is one of our message types, which raises ``no such
     overload``. Against a computed ``B`` it becomes ``__k8s_equal(A, B)``, which
     evaluates both (B's error counts when A has none, as in cel-go) and compares
-    as cel-go does; an optional ``B`` (no kind to declare) is left as it is. Only the
+    as cel-go does. An optional ``B`` (whose kind cannot be declared) is taken as a
+    literal, and an optional ``A`` is left as it is (never one of ours). Only the
     left operand's type decides in cel-go (its ``Equal`` is called), so ``"1.0.0"
     == semver`` stays false, null compares false, and ``!=`` never fails
     (measured against reference-allocator: ``semver != "x"`` is true). (Not
@@ -159,9 +160,9 @@ def equality_edits(expression: str, tree: Node) -> list[Edit]:
         left, right = node.args
         if _plain_literal(left) or not _may_hold_message(left):
             continue
-        if (right.kind == "lit" and right.value is None) or _optional(right):
+        if (right.kind == "lit" and right.value is None) or _optional(left):
             continue
-        if _plain_literal(right):
+        if _plain_literal(right) or _optional(right):
             edits += [(left.start, left.start, f"{PLAIN}("), (left.end, left.end, ")")]
             continue
         gap = expression[left.end : right.start].replace("==", ",", 1)
