@@ -25,6 +25,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from services.allocator.cel.env import CelEnvironment
+from services.core import names
 from services.core.quantity import Quantity, QuantityError
 from services.core.resource import (
     CapacityRequestPolicy,
@@ -43,19 +44,6 @@ MAX_SELECTORS = 32
 MAX_CONSTRAINTS = 32
 MAX_EXPRESSION = 10 * 1024
 
-_DNS_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
-_DNS_LABEL_MSG = (
-    "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', "
-    "and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', "
-    "regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')"
-)
-_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
-_DNS_SUBDOMAIN_MSG = (
-    "a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, "
-    "'-' or '.', and must start and end with an alphanumeric character (e.g. "
-    "'example.com', regex used for validation is "
-    "'[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*')"
-)
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _C_IDENTIFIER_MSG = (
     "a valid C identifier must start with alphabetic character or '_', followed by a string "
@@ -105,21 +93,11 @@ def too_many(path: str, count: int, limit: int) -> str:
 
 
 def _dns_label(name: str, path: str) -> list[str]:
-    errors = []
-    if len(name) > 63:
-        errors.append(invalid(path, name, "must be no more than 63 characters"))
-    if not _DNS_LABEL.fullmatch(name):
-        errors.append(invalid(path, name, _DNS_LABEL_MSG))
-    return errors
+    return [invalid(path, name, problem) for problem in names.dns1123_label(name)]
 
 
 def _dns_subdomain(name: str, path: str) -> list[str]:
-    errors = []
-    if len(name) > 253:
-        errors.append(invalid(path, name, "must be no more than 253 characters"))
-    if not _DNS_SUBDOMAIN.fullmatch(name):
-        errors.append(invalid(path, name, _DNS_SUBDOMAIN_MSG))
-    return errors
+    return [invalid(path, name, problem) for problem in names.dns1123_subdomain(name)]
 
 
 def _c_identifier(name: str, path: str) -> list[str]:

@@ -7,9 +7,10 @@ tests/e2e/test_differential_cel.py runs each through ``gpudra allocate`` and
 ``reference-allocator`` and compares the outcome (refused, error, allocated,
 unschedulable).
 
-Left out on purpose, as known differences (docs/differences.md): a Semver,
-Quantity or IP value on the left of ``==`` / ``!=`` against a computed value,
-and element types of lists returned by the lists extension.
+Nothing is left out for a known difference: the ones left in
+docs/differences.md (cel-cpp's own limits) need shapes this generator does not
+make (maps of a dozen entries beside ``cel.bind``, comprehensions over
+thousands of elements).
 """
 
 from __future__ import annotations
@@ -42,7 +43,13 @@ PLAIN = (
     "timestamp('2020-01-01T00:00:00Z')",
     A,
 )
-CUSTOM = ("quantity('1Gi')", "semver('1.2.3')", "ip('1.2.3.4')")
+CUSTOM = (
+    "quantity('1Gi')",
+    "semver('1.2.3')",
+    "ip('1.2.3.4')",
+    "format.dns1123Label()",
+    "format.named('uuid')",
+)
 OPERATORS = ("==", "!=", "<", ">", "<=", ">=", "+", "-", "*", "/", "%", "in", "&&", "||")
 FUNCTIONS = ("size", "string", "int", "double", "uint", "dyn")
 METHODS = (
@@ -57,6 +64,8 @@ METHODS = (
     ".compareTo(quantity('1'))",
     ".isGreaterThan(semver('1.0.0'))",
     ".family()",
+    ".hasValue()",
+    ".validate('a')",
     ".exists(x, x == 1)",
     ".all(k, v, v != null)",
     ".map(x, x)",
@@ -67,6 +76,9 @@ METHODS = (
     "['a']",
     ".reverse()",
     ".distinct()",
+    ".sort()",
+    ".slice(0, 1)",
+    ".flatten()",
 )
 
 
@@ -76,10 +88,7 @@ def expression(rng: random.Random, depth: int = 0) -> str:
         return rng.choice(PLAIN + CUSTOM)
     if roll < 0.6:
         op = rng.choice(OPERATORS)
-        left = expression(rng, depth + 1)
-        while op in ("==", "!=") and left in CUSTOM:
-            left = expression(rng, depth + 1)
-        return f"({left} {op} {expression(rng, depth + 1)})"
+        return f"({expression(rng, depth + 1)} {op} {expression(rng, depth + 1)})"
     if roll < 0.75:
         prefix = rng.choice(("!", "-", *FUNCTIONS, "has"))
         if prefix == "has":

@@ -388,6 +388,16 @@ OUTCOMES = [
     cel("semver-not-equals-string", f"{VERSION} != '570.124.6'", "allocated"),
     cel("string-equals-semver", f"'570.124.6' == {VERSION}", "unschedulable"),
     cel("semver-compare", f"{VERSION}.isGreaterThan(semver('500.0.0'))", "allocated"),
+    cel("semver-equals-computed-string", f"{VERSION} == {PRODUCT}", "error"),
+    cel("semver-equals-computed-semver", f"{VERSION} == semver('570.124.' + '6')", "allocated"),
+    cel(
+        "quantity-equals-computed-int", f"{MEMORY} == device.attributes['{DRIVER}'].index", "error"
+    ),
+    cel("int-equals-quantity", f"device.attributes['{DRIVER}'].index == {MEMORY}", "unschedulable"),
+    cel("ip-equals-computed-int", "ip('1.2.3.4') == dyn(ip('1.2.3.4').family())", "error"),
+    cel("semver-equals-computed-null", f"{VERSION} == dyn(null)", "unschedulable"),
+    cel("semver-equals-optional", f"{VERSION} == optional.none()", "error"),
+    cel("semver-equals-failing-right-side", f"{VERSION} == [1].map(x, x / 0)", "error"),
     cel("quantity-beyond-int64", "quantity('100000000000000000000').asInteger() > 0", "error"),
     cel(
         "quantity-beyond-int64-is-integer",
@@ -461,6 +471,12 @@ LIBRARIES = [
         "lists.range(3) == [0, 1, 2]",
         "allocated",
     ),
+    refused(
+        "lists-ext-typed-by-element",
+        "true in [1, 2].sort()",
+        "found no matching overload for '@in' applied to '(bool, list(int))'",
+    ),
+    cel("lists-ext-dyn-sort", "dyn([2, 1]).sort() == [1, 2]", "allocated"),
     cel("list-index-of", "[1, 2].indexOf(2) == 1 && [1, 2, 1].lastIndexOf(1) == 2", "allocated"),
     cel(
         "string-and-list-index-of", "'abc'.indexOf('c') == 2 && [1, 2].indexOf(2) == 1", "allocated"
@@ -471,6 +487,8 @@ LIBRARIES = [
         "Forbidden: too complex, exceeds cost limit",
     ),
     cel("cross-type-numeric-order", "1.5 > 1 && 2 < 2.5 && 1u <= 1", "allocated"),
+    cel("cross-type-numeric-order-parenthesized", "((1)) < 2.5 && (2.5 >= (1))", "allocated"),
+    cel("semver-parenthesized-equals-computed", f"({VERSION}) == {PRODUCT}", "error"),
     cel("int-plus-double-at-run-time", f"device.attributes['{DRIVER}'].index + 1.5 > 0", "error"),
     cel("string-below-int-at-run-time", f"{PRODUCT} < 5", "error"),
     refused("type-is-too-complex", "type(device.driver) == string", "too complex"),
@@ -503,6 +521,28 @@ LIBRARIES = [
         "{'a': 1}.transformMap(k, v, v + 1)['a'] == 2 && "
         "[7].transformMapEntry(i, v, {string(v): i}) == {'7': 0}",
         "allocated",
+    ),
+    cel(
+        "format-named",
+        "format.named('dns1123Label').hasValue() && !format.named('nope').hasValue() && "
+        "format.named('uuid').value() == format.uuid()",
+        "allocated",
+    ),
+    cel("format-named-none-value", "format.named('x').value() == format.byte()", "error"),
+    refused(
+        "format-validate-is-too-complex",
+        "format.dns1123Label().validate('a') == optional.none()",
+        "Forbidden: too complex, exceeds cost limit",
+    ),
+    refused(
+        "format-result",
+        "format.labelValue()",
+        "must evaluate to bool or the unknown type, not kubernetes.NamedFormat",
+    ),
+    refused(
+        "quantity-not-equals-is-too-complex",
+        "quantity('1') != quantity('2')",
+        "Forbidden: too complex, exceeds cost limit",
     ),
 ]
 

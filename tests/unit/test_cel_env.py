@@ -57,6 +57,7 @@ def run(env: CelEnvironment, expression: str) -> bool:
         ('isSemver("1.2.3") && !isSemver("v1.2") && isSemver("v1.2", true)', True),
         ('device.attributes["resource.kubernetes.io"].pcieRoot == "pci0000:00"', True),
         ('device.attributes["unknown.example.com"].size() == 0', True),
+        ("((1)) < 2.5 && (2.5 >= (1)) && (1 + 1) < 2.5", True),
         ('!("unknown.example.com" in device.attributes)', True),
         (f'cel.bind(gpu, {A}, gpu.type == "gpu" && gpu.index == 0)', True),
         (f'{NAME}.startsWith("NVIDIA") && {NAME}.lowerAscii().contains("h100")', True),

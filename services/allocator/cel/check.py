@@ -14,14 +14,15 @@ Kubernetes' environment also enables homogeneous aggregate literals
 (``[1, "a"]`` does not compile): :func:`heterogeneous_literal` says where a list
 literal mixes literal types, in cel-go's words.
 
-At run time cel-go compares a Semver or Quantity only with its own type: any
-other operand of ``==`` gives ``no such overload`` (cel-cpp answers false).
-:func:`equality_edits` passes the computed side of each ``==`` with a literal
-through :data:`PLAIN` (lib.py), which raises that error for such an operand.
+At run time cel-go compares a Semver, Quantity, IP, CIDR, URL or Format only
+with its own type: any other operand of ``==`` gives ``no such overload``
+(cel-cpp answers false). :func:`equality_edits` rewrites each ``==`` whose left
+side may hold one into a form that raises that error (lib.py, equality.py).
 """
 
 from __future__ import annotations
 
+from services.allocator.cel.equality import EQUAL
 from services.allocator.cel.parse import Node
 
 TYPED_FIELDS = ("driver", "attributes", "capacity", "allowMultipleAllocations")
@@ -102,26 +103,86 @@ def _plain_literal(node: Node) -> bool:
     return node.kind == "lit" and node.value is not None
 
 
-def equality_edits(expression: str, tree: Node) -> list[Edit]:
-    """Edits giving ``a == "lit"`` cel-go's answer when ``a`` holds a Semver or Quantity.
+# Calls whose result is never a Semver, Quantity, IP, CIDR, URL or Format.
+_NEVER_MESSAGE_CALLS = frozenset(
+    (
+        "size int uint double string bytes bool has contains startsWith endsWith matches "
+        "lowerAscii upperAscii trim replace substring charAt indexOf lastIndexOf split join "
+        "format find findAll isSorted compareTo isGreaterThan isLessThan isInteger asInteger "
+        "asApproximateFloat sign major minor patch family isLoopback isUnspecified "
+        "isLinkLocalMulticast isLinkLocalUnicast isGlobalUnicast prefixLength containsIP "
+        "containsCIDR isQuantity isSemver isIP isCIDR isURL getScheme getHost getHostname "
+        "getPort getEscapedPath getQuery all exists exists_one existsOne map filter "
+        "hasValue timestamp duration"
+    ).split()
+)
 
-    ``A == L`` (a computed operand, then a plain literal) becomes
-    ``__k8s_plain(A) == L``: A unchanged, unless it is one of our message types,
-    which raises ``no such overload``. Only the left operand's type decides in
-    cel-go (its ``Equal`` is called), so ``"1.0.0" == semver`` stays false, and
-    ``!=`` never fails (measured against reference-allocator: ``semver != "x"``
-    is true). (Not ``cel.bind``: cel-cpp loses an error raised in a bind's
-    initializer next to a comprehension over a function's result.)
+
+def _may_hold_message(node: Node) -> bool:
+    """Whether ``node`` may evaluate to one of our message types (by its form)."""
+    if node.kind in ("lit", "list", "map", "unary", "binary"):
+        return False
+    return not (node.kind == "call" and node.name in _NEVER_MESSAGE_CALLS)
+
+
+def _optional(node: Node) -> bool:
+    """An optional value by its form: ``optional.x(...)``, ``m[?k]``, ``x.?f``."""
+    if node.optional:
+        return True
+    return (
+        node.kind == "call"
+        and node.target
+        and node.args[0].kind == "ident"
+        and node.args[0].name == "optional"
+    )
+
+
+def equality_edits(expression: str, tree: Node) -> list[Edit]:
+    """Edits giving ``A == B`` cel-go's answer when ``A`` holds a Semver, Quantity,
+    IP, CIDR, URL or Format and ``B`` does not hold the same type (equality.py).
+
+    Against a plain literal ``L``, ``A == L`` becomes ``__k8s_plain(A) == L``: A
+    unchanged, unless it is one of our message types, which raises ``no such
+    overload``. Against a computed ``B`` it becomes ``__k8s_equal(A, B)``, which
+    evaluates both (B's error counts when A has none, as in cel-go) and compares
+    as cel-go does. An optional ``B`` (whose kind cannot be declared) is taken as a
+    literal, and an optional ``A`` is left as it is (never one of ours). Only the
+    left operand's type decides in cel-go (its ``Equal`` is called), so ``"1.0.0"
+    == semver`` stays false, null compares false, and ``!=`` never fails
+    (measured against reference-allocator: ``semver != "x"`` is true). (Not
+    ``cel.bind``: cel-cpp loses an error raised in a bind's initializer next to a
+    comprehension over a function's result.)
     """
     edits: list[Edit] = []
     for node in tree.walk():
         if node.kind != "binary" or node.name != "==":
             continue
         left, right = node.args
-        if _plain_literal(left) or not _plain_literal(right):
+        if _plain_literal(left) or not _may_hold_message(left):
             continue
-        edits += [(left.start, left.start, f"{PLAIN}("), (left.end, left.end, ")")]
+        if (right.kind == "lit" and right.value is None) or _optional(left):
+            continue
+        if _plain_literal(right) or _optional(right):
+            edits += [(left.start, left.start, f"{PLAIN}("), (left.end, left.end, ")")]
+            continue
+        gap = expression[left.end : right.start].replace("==", ",", 1)
+        start = _before_parens(expression, left.start, gap.count(")", 0, gap.index(",")))
+        edits += [
+            (start, start, f"{EQUAL}("),
+            (left.end, right.start, gap),
+            (right.end, right.end, ")"),
+        ]
     return edits
+
+
+def _before_parens(expression: str, start: int, count: int) -> int:
+    """Where the ``count`` parentheses opened just before ``start`` begin (an
+    operand's span leaves out the parentheses around it)."""
+    while count:
+        start -= 1
+        if expression[start] == "(":
+            count -= 1
+    return start
 
 
 def apply_edits(expression: str, edits: list[Edit]) -> str:

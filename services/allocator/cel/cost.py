@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from services.allocator.cel.formatlib import NAMED, VALIDATE
 from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF
 from services.allocator.cel.parse import Node, device_path
 
@@ -50,6 +51,12 @@ _STRING_SCANS = {
 }
 _CONSTRUCTORS = {"semver", "quantity", "ip", "cidr", "url"}
 _REGEX = {"matches", "find", "findAll"}
+# Number and bool results of the Kubernetes types' methods: a size of their own.
+_SCALAR_ACCESSORS = set(
+    "family major minor patch sign asInteger isInteger asApproximateFloat prefixLength "
+    "compareTo isGreaterThan isLessThan isLoopback isUnspecified isGlobalUnicast "
+    "isLinkLocalMulticast isLinkLocalUnicast containsIP containsCIDR".split()
+)
 _LIST_SCANS = {"isSorted", "sum", "min", "max", "indexOf", "lastIndexOf"}
 
 
@@ -131,8 +138,10 @@ class _Estimator:
         if node.name == "in":
             return Estimate(base + 1 + right.size, 1)
         if node.name in ("==", "!=", "<", "<=", ">", ">="):
-            # A value without a size (a Semver, a Quantity) compares in one step.
             smaller = min(left.size, right.size)
+            if smaller >= UNBOUNDED and _unsized_pair_over(node):
+                return Estimate(UNBOUNDED, 1)
+            # A value without a size (a Semver, a Quantity) compares in one step.
             return Estimate(base + 1 + (_scan(smaller) if smaller < UNBOUNDED else 0), 1)
         return Estimate(base + 1, 1)
 
@@ -150,6 +159,12 @@ class _Estimator:
             # Measured: cel-go keeps no size for these values, so scanning one (after
             # dyn()) is over the limit.
             return Estimate(sum(self.visit(a, scope).cost for a in node.args) + 1, UNBOUNDED)
+        if _format_value(node) or _optional_none(node):
+            return Estimate(sum(self.visit(a, scope).cost for a in node.args) + 1, UNBOUNDED)
+        if name == VALIDATE:
+            # Kubernetes scales validate's cost by the Format's size, which it does
+            # not know (library/cost.go): every call is over the limit.
+            return Estimate(UNBOUNDED, 1)
         if name == "type" and not node.target:
             # Measured against kube-apiserver 1.35: any type() is over the limit.
             return Estimate(COST_LIMIT + 1, 1)
@@ -170,6 +185,8 @@ class _Estimator:
             return Estimate(base + 1 + _scan(sum(a.size for a in args)), size)
         if name in ("contains", "equivalent", "intersects") and len(args) == 2:  # sets.*
             return Estimate(base + 1 + args[0].size * args[1].size, 1)
+        if name in _SCALAR_ACCESSORS and node.target:
+            return Estimate(base + 1, 1)
         return Estimate(base + 1, max((a.size for a in args), default=1))
 
     def _comprehension(self, node: Node, scope: dict[str, int]) -> Estimate:
@@ -178,6 +195,68 @@ class _Estimator:
         inner = {**scope, var: UNKNOWN_SIZE}
         step = sum(self.visit(a, inner).cost for a in node.args[2:]) + 1
         return Estimate(target.cost + 1 + target.size * step, target.size)
+
+
+def _format_value(node: Node) -> bool:
+    """``format.<name>()`` or ``format.named(x)`` (as macros.py rewrites it): a
+    Format, whose size cel-go does not know."""
+    if node.kind != "call":
+        return False
+    if node.name == NAMED:
+        return True
+    return node.target and node.args[0].kind == "ident" and node.args[0].name == "format"
+
+
+def _optional_none(node: Node) -> bool:
+    """``optional.none()``, which cel-go gives no size (measured: comparing it with
+    ``format.named(x)`` is over the limit)."""
+    return (
+        node.kind == "call"
+        and node.name == "none"
+        and node.target
+        and node.args[0].kind == "ident"
+        and node.args[0].name == "optional"
+    )
+
+
+def _unsized_pair_over(node: Node) -> bool:
+    """Two values without a size compared. Kubernetes prices ``==`` of two
+    Quantities, Semvers, IPs, CIDRs, URLs or Formats as about one step, but cel-go
+    prices ``!=``, and ``==`` of other types (optionals, ``dyn``, two different
+    types), by their unknown sizes: over the limit (measured against
+    kube-apiserver 1.35: ``quantity("1") != quantity("2")``,
+    ``ip("1.2.3.4") == dyn(cidr("1.2.3.0/24"))``)."""
+    if node.name != "==":
+        return True
+    kinds = [_unsized_kind(side) for side in node.args]
+    if "" in kinds:
+        return True
+    return None not in kinds and kinds[0] != kinds[1]
+
+
+_KIND_OF_CALL = {"quantity": "quantity", "semver": "semver", "ip": "ip", "cidr": "cidr"}
+_KIND_OF_CALL |= {"url": "url", "masked": "cidr", NAMED: "format"}
+
+
+def _unsized_kind(node: Node) -> str | None:
+    """The Kubernetes type of a value without a size, where its form tells: ""
+    for an optional or ``dyn`` (never one of them), None when unknown."""
+    if node.kind != "call":
+        return None
+    if node.name == "dyn" and not node.target:
+        return ""
+    if node.target and node.args[0].kind == "ident" and node.args[0].name == "optional":
+        return ""
+    if node.name == "value" and node.target and _unsized_kind(node.args[0]) == "":
+        inner = node.args[0]  # optional.of(x).value(), format.named(x).value()
+        return _unsized_kind(inner.args[1]) if len(inner.args) == 2 else None
+    if node.target and node.args[0].kind == "ident" and node.args[0].name == "format":
+        return "format"
+    if node.name == "ip" and node.target:
+        return "ip"
+    if node.name in ("add", "sub", "value") and node.target:
+        return _unsized_kind(node.args[0])
+    return _KIND_OF_CALL.get(node.name)
 
 
 def _string_list(node: Node) -> bool:

@@ -39,6 +39,7 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 from services.allocator.cel import check as celcheck
 from services.allocator.cel import cost as celcost
 from services.allocator.cel import lib as cellib
+from services.allocator.cel import listslib
 from services.allocator.cel import literals as celliterals
 from services.allocator.cel import macros as celmacros
 from services.allocator.cel import types as celtypes
@@ -120,8 +121,16 @@ _UNKNOWN_TYPE_NAMES = ("google.protobuf.Any", "ERROR", "error")
 
 
 def _type_name(t: Any) -> str:
-    name = str(t.name()).lower()
+    """A type as cel-go prints it: ``list(string)``, ``optional_type(kubernetes.URL)``."""
+    name = re.sub(r"[A-Za-z_][\w.]*", _type_word, str(t.name()))
+    name = name.replace("<", "(").replace(">", ")").replace(",", ", ").replace(",  ", ", ")
     return {"list": "list(dyn)", "map": "map(dyn, dyn)"}.get(name, name)
+
+
+def _type_word(match: re.Match[str]) -> str:
+    """Builtin type names in lower case; message names (with a dot) as they are."""
+    word = match.group()
+    return word if "." in word else word.lower()
 
 
 class CelEnvironment:
@@ -132,7 +141,7 @@ class CelEnvironment:
         self.cost_limit = cost_limit
         self.fields = DEVICE_FIELDS + ((MULTI_ALLOC_FIELD,) if consumable_capacity else ())
         self._env = _new_env({})
-        self._typed = _new_env(_typed_variables(consumable_capacity))
+        self._typed = _new_env(_typed_variables(consumable_capacity), checking=True)
         self._cache: dict[str, Selector] = {}
 
     # ------------------------------------------------------------ compile
@@ -201,7 +210,7 @@ class CelEnvironment:
             except ParseError:
                 typed_source, tree = expression, tree
         typed = celcheck.typed_rewrite(typed_source, tree)
-        if typed != expression:
+        if typed != expression or _typed_lists(tree):
             try:
                 checked = self._typed.compile(typed)
             except RuntimeError as exc:
@@ -312,6 +321,11 @@ class CelEnvironment:
         )
 
 
+def _typed_lists(tree: Node) -> bool:
+    """Whether the expression calls a lists function typed only in the checking env."""
+    return any(n.kind == "call" and n.name in listslib.TYPED for n in tree.walk())
+
+
 def split_name(name: str, driver: str) -> tuple[str, str]:
     """A qualified attribute name as (domain, id); a bare name is in the driver's domain."""
     domain, sep, ident = name.partition("/")
@@ -332,16 +346,19 @@ def _default_domain_edits(expression: str, tree: Node) -> list[celcheck.Edit]:
     return edits
 
 
-def _new_env(typed: dict[str, Any]) -> Any:
+def _new_env(typed: dict[str, Any], checking: bool = False) -> Any:
+    """The runtime environment, or (``checking``) the one that only type-checks:
+    typed ``device`` fields and the lists extension typed by element."""
     return cel.NewEnv(
         celtypes.POOL,
+        config=listslib.typed_config() if checking else None,
         variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN), **typed},
         extensions=[
             ext_strings.ExtStrings(2),
             ext_bindings.ExtBindings(),
             ext_optional.ExtOptional(),
         ],
-        functions=cellib.functions(),
+        functions=cellib.functions(typed_lists=checking),
     )
 
 

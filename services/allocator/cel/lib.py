@@ -9,10 +9,9 @@ an implementation becomes a CEL error value carrying its message, which is how
 
 The IP, CIDR and URL libraries are in netlib.py, cel-go's lists extension
 (version 3) and the lists ``indexOf``/``lastIndexOf`` in listslib.py,
-two-variable comprehensions in macros.py (a rewrite), the checks cel-go makes
-on literals in literals.py. Not provided: the authz libraries (no request to
-authorize in a selector) and Kubernetes' ``format`` library (``format.named``
-and its validators; ``string.format`` itself comes with the strings extension).
+two-variable comprehensions in macros.py (a rewrite), the ``format`` library
+in formatlib.py, the checks cel-go makes on literals in literals.py. Not
+provided: the authz libraries (no request to authorize in a selector).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from services.allocator.cel import check as celcheck
-from services.allocator.cel import listslib, netlib
+from services.allocator.cel import equality, formatlib, listslib, netlib
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -170,22 +169,10 @@ def _no_such_overload(value: Any) -> Any:
 
 def _plain_decl() -> cel.FunctionDecl:
     """check.PLAIN: every value unchanged, except our message types (one runtime kind)."""
-    kinds = {
-        "int": T.INT,
-        "uint": T.UINT,
-        "double": T.DOUBLE,
-        "string": T.STRING,
-        "bool": T.BOOL,
-        "bytes": T.BYTES,
-        "list": LIST,
-        "map": T.Map(T.DYN, T.DYN),
-        "null": T.NULL,
-        "timestamp": T.TIMESTAMP,
-        "duration": T.DURATION,
-    }
     overloads = [
         cel.Overload(f"k8s_plain_{name}", T.DYN, [kind], is_member=False, impl=_plain)
-        for name, kind in kinds.items()
+        for name, kind in equality.kinds().items()
+        if name != "message"
     ]
     overloads.append(
         cel.Overload("k8s_plain_message", T.DYN, [Q], is_member=False, impl=_no_such_overload)
@@ -238,9 +225,12 @@ def _comparison(name: str, ret: cel.Type, result: Callable[[int], Any]) -> cel.F
     )
 
 
-def functions() -> list[cel.FunctionDecl]:
-    """Every function declaration of the DRA environment beyond the runtime's own."""
-    return _kubernetes() + netlib.functions() + listslib.functions()
+def functions(typed_lists: bool = False) -> list[cel.FunctionDecl]:
+    """Every function declaration of the DRA environment beyond the runtime's own;
+    ``typed_lists``: without the lists extension's element-typed functions, which the
+    checking environment declares from listslib.typed_config()."""
+    lists = listslib.functions(typed=typed_lists)
+    return _kubernetes() + netlib.functions() + lists + formatlib.functions()
 
 
 def _kubernetes() -> list[cel.FunctionDecl]:
@@ -295,6 +285,7 @@ def _kubernetes() -> list[cel.FunctionDecl]:
             ("string_find_all_n", T.List(s), [s, s, i], True, _find_all),
         ),
         _plain_decl(),
+        equality.declaration(),
         _fn("sets.contains", ("sets_contains", b, [LIST, LIST], False, _sets_contains)),
         _fn("sets.equivalent", ("sets_equivalent", b, [LIST, LIST], False, _sets_equivalent)),
         _fn("sets.intersects", ("sets_intersects", b, [LIST, LIST], False, _sets_intersects)),

@@ -2,7 +2,10 @@
 Kubernetes 1.35 environment) and Kubernetes' list ``indexOf`` / ``lastIndexOf``.
 
 ``slice``, ``flatten``, ``sort``, ``reverse``, ``distinct`` and ``lists.range``
-are declared as they are there. The lists ``indexOf`` / ``lastIndexOf`` cannot
+are declared as they are there: the checking environment (env.py) types the
+first five by element with a type parameter (:func:`typed_config`), while
+programs run ``list(dyn)`` declarations, since cel-expr-python cannot call a
+Python function through a type parameter. The lists ``indexOf`` / ``lastIndexOf`` cannot
 be declared beside the strings extension's functions of the same name in
 cel-expr-python, so a selector that needs them is compiled with the calls
 renamed (macros.py) to :data:`INDEX_OF` / :data:`LAST_INDEX_OF`, which serve
@@ -11,6 +14,7 @@ strings and lists alike.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from cel_expr_python import cel
@@ -162,10 +166,58 @@ def _decl(name: str, *overloads: tuple[str, Any, list[Any], bool, Any]) -> Any:
     )
 
 
-def functions() -> list[Any]:
+# cel-go's comparable types, for which it declares ``sort``.
+_COMPARABLE = ("int", "uint", "double", "bool", "duration", "timestamp", "string", "bytes")
+TYPED = ("slice", "flatten", "sort", "reverse", "distinct")
+
+
+_T = {"type_name": "T", "is_type_param": True}
+
+
+def _list_of(element: dict[str, Any]) -> dict[str, Any]:
+    return {"type_name": "list", "params": [element]}
+
+
+def _overload(oid: str, target: dict[str, Any], result: dict[str, Any], *args: str) -> Any:
+    out: dict[str, Any] = {"id": oid, "target": target, "return": result}
+    if args:
+        out["args"] = [{"type_name": a} for a in args]
+    return out
+
+
+def typed_config() -> Any:
+    """The five functions typed by element as cel-go declares them (``T`` a type
+    parameter, ``sort`` per comparable type), for type-checking only: the runtime
+    cannot bind a type parameter, so programs run the ``list(dyn)`` declarations
+    of :func:`functions` (env.py's checking environment takes these instead)."""
+    t, dyn = _list_of(_T), _list_of({"type_name": "dyn"})
+    overloads = {
+        "slice": [_overload("list_slice", t, t, "int", "int")],
+        "flatten": [
+            _overload("list_flatten", _list_of(t), t),
+            _overload("list_flatten_int", dyn, dyn, "int"),
+        ],
+        "sort": [
+            _overload(
+                f"list_{name}_sort", _list_of({"type_name": name}), _list_of({"type_name": name})
+            )
+            for name in _COMPARABLE
+        ],
+        "reverse": [_overload("list_reverse", t, t)],
+        "distinct": [_overload("list_distinct", t, t)],
+    }
+    config = {
+        "name": "typed-lists",
+        "functions": [{"name": name, "overloads": body} for name, body in overloads.items()],
+    }
+    return cel.NewEnvConfigFromYaml(json.dumps(config))  # JSON is YAML
+
+
+def functions(typed: bool = False) -> list[Any]:
+    """Every declaration; ``typed``: without the :data:`TYPED` ones (typed_config)."""
     i, s, dyn = cel.Type.INT, cel.Type.STRING, cel.Type.DYN
     pairs, anymap = cel.Type.List(LIST), cel.Type.Map(dyn, dyn)
-    return [
+    decls = [
         *_ordering(),
         _decl(
             "__k8s_entries",
@@ -174,15 +226,6 @@ def functions() -> list[Any]:
         ),
         _decl("__k8s_zip", ("k8s_zip", anymap, [LIST, LIST], False, _zip)),
         _decl("__k8s_merge", ("k8s_merge", anymap, [cel.Type.List(anymap)], False, _merge)),
-        _decl("slice", ("list_slice", LIST, [LIST, i, i], True, _slice)),
-        _decl(
-            "flatten",
-            ("list_flatten", LIST, [LIST], True, _flatten),
-            ("list_flatten_int", LIST, [LIST, i], True, _flatten),
-        ),
-        _decl("sort", ("list_sort", LIST, [LIST], True, _sort)),
-        _decl("reverse", ("list_reverse", LIST, [LIST], True, lambda items: list(items)[::-1])),
-        _decl("distinct", ("list_distinct", LIST, [LIST], True, _distinct)),
         _decl(
             "lists.range", ("lists_range", cel.Type.List(i), [i], False, lambda n: list(range(n)))
         ),
@@ -198,4 +241,18 @@ def functions() -> list[Any]:
             ("k8s_string_last_index_of_offset", i, [s, s, i], True, _last_index_of),
             *_by_kind("k8s_list_last_index_of", i, _last_index_of),
         ),
+    ]
+    if typed:
+        return decls
+    return [
+        *decls,
+        _decl("slice", ("list_slice", LIST, [LIST, i, i], True, _slice)),
+        _decl(
+            "flatten",
+            ("list_flatten", LIST, [LIST], True, _flatten),
+            ("list_flatten_int", LIST, [LIST, i], True, _flatten),
+        ),
+        _decl("sort", ("list_sort", LIST, [LIST], True, _sort)),
+        _decl("reverse", ("list_reverse", LIST, [LIST], True, lambda items: list(items)[::-1])),
+        _decl("distinct", ("list_distinct", LIST, [LIST], True, _distinct)),
     ]

@@ -12,6 +12,9 @@
   allows (CrossTypeNumericComparisons) and cel-cpp's checker does not declare:
   ``<``, ``<=``, ``>``, ``>=`` become calls of listslib's :data:`ORDERING`
   functions, which order numbers of any kind and each other type with itself.
+* The ``format`` library's optional results (formatlib.py):
+  ``format.named(x)`` and ``f.validate(s)`` become
+  ``optional.ofNonZeroValue(...)`` of a function returning a plain value.
 
 :func:`rewrite` is only tried when a selector does not compile as written, so
 errors in other selectors keep the runtime's words and columns.
@@ -19,6 +22,7 @@ errors in other selectors keep the runtime's words and columns.
 
 from __future__ import annotations
 
+from services.allocator.cel.formatlib import NAMED, VALIDATE
 from services.allocator.cel.listslib import INDEX_OF, LAST_INDEX_OF, ORDERING
 from services.allocator.cel.parse import Node, ParseError, device_path, parse
 
@@ -55,6 +59,17 @@ def _two_var(node: Node) -> bool:
     return len(node.args) in (4, 5) and all(p.kind == "ident" for p in params)
 
 
+def _format_call(node: Node) -> str | None:
+    """The function standing for ``format.named(x)`` or ``f.validate(s)``, if ``node``
+    is one of them."""
+    if node.kind != "call" or not node.target:
+        return None
+    base = node.args[0]
+    if node.name == "named" and len(node.args) == 2:
+        return NAMED if base.kind == "ident" and base.name == "format" else None
+    return VALIDATE if node.name == "validate" and len(node.args) == 2 else None
+
+
 def _device_domain(node: Node) -> bool:
     """``device.attributes[...]`` or ``device.capacity[...]``: a map."""
     return node.kind == "index" and device_path(node.args[0]) in (["attributes"], ["capacity"])
@@ -68,11 +83,21 @@ class _Renderer:
     def render(self, node: Node) -> str:
         if _two_var(node):
             return self._comprehension(node)
+        optional = _format_call(node)
+        if optional:
+            args = node.args[1:] if optional == NAMED else node.args
+            inner = ", ".join(self.render(arg) for arg in args)
+            return f"optional.ofNonZeroValue({optional}({inner}))"
         if node.kind == "binary" and node.name in ORDERING:
             left, right = node.args
-            gap = self.text[left.end : right.start].replace(node.name, ",", 1)
+            gap = self.text[left.end : right.start]
+            op = gap.index(node.name)
+            # Parentheses around the left operand open before this node's span:
+            # they close after the call instead, around all of it.
+            closing = gap.count(")", 0, op)
+            gap = gap[:op].replace(")", "") + "," + gap[op + len(node.name) :]
             name = ORDERING[node.name]
-            return f"{name}({self.render(left)}{gap}{self.render(right)})"
+            return f"{name}({self.render(left)}{gap}{self.render(right)})" + ")" * closing
         out, pos = [], node.start
         for index, child in enumerate(sorted(node.args, key=lambda n: n.start)):
             gap = self.text[pos : child.start]

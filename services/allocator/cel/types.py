@@ -25,6 +25,8 @@ SEMVER_TYPE = f"{PACKAGE}.Semver"
 IP_TYPE = "net.IP"
 CIDR_TYPE = "net.CIDR"
 URL_TYPE = "kubernetes.URL"
+# The format library's type (formatlib.py); it holds the format's name.
+FORMAT_TYPE = "kubernetes.NamedFormat"
 
 _F = descriptor_pb2.FieldDescriptorProto
 
@@ -41,7 +43,7 @@ def _build_pool() -> descriptor_pool.DescriptorPool:
     semver.field.add(name="pre", number=4, type=_F.TYPE_STRING, label=_F.LABEL_OPTIONAL)
     pool = descriptor_pool.DescriptorPool()
     pool.Add(proto)
-    for package, names in (("net", ("IP", "CIDR")), ("kubernetes", ("URL",))):
+    for package, names in (("net", ("IP", "CIDR")), ("kubernetes", ("URL", "NamedFormat"))):
         texts = descriptor_pb2.FileDescriptorProto(
             name=f"gpudra/cel_{package}.proto", package=package, syntax="proto3"
         )
@@ -58,6 +60,7 @@ SemverMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(
 IPMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(IP_TYPE))
 CIDRMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(CIDR_TYPE))
 URLMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(URL_TYPE))
+FormatMessage: Any = message_factory.GetMessageClass(POOL.FindMessageTypeByName(FORMAT_TYPE))
 
 
 def quantity_message(value: Quantity) -> Any:
