@@ -55,7 +55,7 @@ def test_the_tree_keeps_every_contract(tree: Path) -> None:
     [
         ("services/preparer/planted.py", "import services.publisher.render", "independent"),
         ("services/core/planted.py", "from services.allocator import cli", "shared kernel"),
-        ("services/kubeletplugin/planted.py", "import services.local.stack", "tools"),
+        ("services/kubeletplugin/planted.py", "import services.local.cluster", "tools"),
         ("bench/planted.py", "import tests.helpers.preparer", "outside the tests"),
     ],
 )
