@@ -94,6 +94,10 @@ def local_values(cp: ControlPlane, real: node.RealNode, built: image.Image) -> d
         "apiServer": {"host": "127.0.0.1", "port": str(cp.ports["apiserver"])},
         "metrics.enabled": False,  # host ports: a surge node pod could not be scheduled
         "node.kubeletplugin.rollingUpdateSockets": True,
+        # The compute-domain registration socket named with a pod UID fits the 107 bytes
+        # of a socket path only under a kubelet root as short as /var/lib/kubelet; this
+        # node's is under /tmp and longer (its own tests: test_computedomain_*.py).
+        "computeDomains.enabled": False,
         "node.updateStrategy": {"type": "RollingUpdate",
                                 "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
         "nats.url": f"tls://127.0.0.1:{client}",

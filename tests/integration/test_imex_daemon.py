@@ -169,10 +169,21 @@ async def test_imex_dies_with_its_wrapper(setup: tuple[Daemons, Bus]) -> None:
     await until(lambda: asyncio.to_thread(_all_gone, children))
 
 
-def _children(pid: int) -> list[int]:
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, start time) of each child: a pid alone may be reused within seconds."""
     path = Path(f"/proc/{pid}/task/{pid}/children")
-    return [int(p) for p in path.read_text().split()] if path.exists() else []
+    pids = [int(p) for p in path.read_text().split()] if path.exists() else []
+    return [(p, start) for p in pids if (start := _start_time(p))]
 
 
-def _all_gone(pids: list[int]) -> bool:
-    return not any(Path(f"/proc/{p}").exists() for p in pids)
+def _start_time(pid: int) -> str:
+    """Field 22 of /proc/<pid>/stat; empty once the process is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return ""
+    return "" if fields[0] == "Z" else fields[19]
+
+
+def _all_gone(children: list[tuple[int, str]]) -> bool:
+    return not any(_start_time(pid) == start for pid, start in children)
