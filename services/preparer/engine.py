@@ -29,8 +29,7 @@ import hashlib
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,6 +57,7 @@ from services.preparer.checkpoint import (
     ShareState,
     VfioState,
 )
+from services.preparer.claimlocks import ClaimLocks
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.devices.base import DeviceOpError, DeviceOps, MpsRequest
 from services.preparer.faults import Faults
@@ -146,7 +146,7 @@ class Engine:
         self.inventory = inventory
         self.ops = ops
         self.faults = faults or Faults()
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._claim_locks = ClaimLocks()
         self._inflight: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
         # (device, uid, share id) -> ("ns/name", share) for shares being prepared
         self._inflight_shares: dict[tuple[str, str, str], tuple[str, ShareState]] = {}
@@ -154,28 +154,13 @@ class Engine:
 
     # ------------------------------------------------------------ locking
 
-    @asynccontextmanager
-    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
-        """One operation at a time per claim UID; the lock is dropped when unused."""
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users == 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
-
     # ------------------------------------------------------------ prepare
 
     async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
         """``deadline``: unix time by which the caller needs the answer (the kubelet's)."""
         try:
             check_identity(ref)
-            async with self._claim_lock(ref.uid):
+            async with self._claim_locks.hold(ref.uid):
                 return Outcome(devices=await self._prepare(ref, deadline))
         except (*EXPECTED, PrepareError) as exc:
             return Outcome(error=_prefixed(ref, str(exc)))
@@ -603,7 +588,7 @@ class Engine:
     async def unprepare(self, ref: ClaimRef) -> Outcome:
         try:
             check_identity(ref)
-            async with self._claim_lock(ref.uid):
+            async with self._claim_locks.hold(ref.uid):
                 await self._unprepare(ref)
             return Outcome()
         except (*EXPECTED, PrepareError) as exc:

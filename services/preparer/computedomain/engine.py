@@ -31,8 +31,7 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import AsyncIterator, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +53,7 @@ from services.preparer.checkpoint import (
     GroupState,
     PreparedDeviceState,
 )
+from services.preparer.claimlocks import ClaimLocks
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.computedomain import edits
 from services.preparer.computedomain.gate import Domain, DomainGate, GateError
@@ -124,23 +124,8 @@ class DomainEngine:
         self.cdi_root = cdi_root
         self.plugin_dir = plugin_dir
         self.facts = facts
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+        self._claim_locks = ClaimLocks()
         self._node_lock = asyncio.Lock()  # the label's check-and-set, the checkpoint's view
-
-    @asynccontextmanager
-    async def _claim_lock(self, uid: str) -> AsyncIterator[None]:
-        """One operation at a time per claim UID; the lock is dropped when unused."""
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
-        try:
-            async with lock:
-                yield
-        finally:
-            lock, users = self._locks[uid]
-            if users == 1:
-                del self._locks[uid]
-            else:
-                self._locks[uid] = (lock, users - 1)
 
     # ------------------------------------------------------------ start-up
 
@@ -163,7 +148,7 @@ class DomainEngine:
     async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
         try:
             check_identity(ref)
-            async with self._claim_lock(ref.uid):
+            async with self._claim_locks.hold(ref.uid):
                 return Outcome(devices=await self._prepare(ref, deadline))
         except (ClaimError, ConfigError, GateError, edits.EditsError, DomainClaimError) as exc:
             return Outcome(error=_prefixed(ref, str(exc)))
@@ -274,7 +259,7 @@ class DomainEngine:
     async def unprepare(self, ref: ClaimRef) -> Outcome:
         try:
             check_identity(ref)
-            async with self._claim_lock(ref.uid):
+            async with self._claim_locks.hold(ref.uid):
                 await self._unprepare(ref)
             return Outcome()
         except (ClaimError, GateError, DomainClaimError) as exc:
