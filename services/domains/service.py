@@ -84,13 +84,12 @@ class Controller:
             parsed = subjects.parse_domain_key(key)
             if parsed is None:
                 continue
-            uid, kind, node = parsed
-            if kind == subjects.MEMBER:
-                got = await self.bus.kv_get(BUCKET, key, DomainMember)
-                self.membership.set_member(uid, node, got[0] if got else None)
+            if parsed[1] == subjects.MEMBER:
+                member = await self.bus.kv_get(BUCKET, key, DomainMember)
+                self._apply(KvUpdate(key, member[0] if member else None, 0), member=True)
             else:
                 index = await self.bus.kv_get(BUCKET, key, DomainIndex)
-                self.membership.set_index(uid, node, index[0] if index else None)
+                self._apply(KvUpdate(key, index[0] if index else None, 0), member=False)
 
     async def follow_members(self) -> None:
         async for update in self.bus.watch_kv(BUCKET, DomainMember, f"*.{subjects.MEMBER}.*"):
@@ -101,6 +100,9 @@ class Controller:
             self._apply(update, member=False)
 
     def _apply(self, update: KvUpdate[DomainMember] | KvUpdate[DomainIndex], member: bool) -> None:
+        """The one way a bucket value enters the membership: a value whose own domain and
+        node are not its key's is ignored (a daemon may write only its own key, but the
+        value inside it is its word), at start as on every change."""
         parsed = subjects.parse_domain_key(update.key)
         if parsed is None:
             return

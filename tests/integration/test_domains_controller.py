@@ -250,9 +250,9 @@ async def test_a_daemon_that_cannot_start_is_an_event_on_the_domain(env: Env) ->
                 return dict(e)
         return None
 
-    found = await until(event)
+    found = await until(event)  # the event is sent before the status is written
     assert found["reason"] == "IMEXDaemonFailed" and why in found["message"]
-    status = await status_of(env, "cd-failed")
+    status = await until(lambda: status_of(env, "cd-failed"))
     assert status["status"] == "NotReady" and status["nodes"][0]["status"] == "Failed"
 
 
@@ -366,18 +366,24 @@ async def _status_is(env: Env, name: str, want: str) -> bool:
     return status.get("status") == want and len(status.get("nodes", [])) == 2
 
 
-async def test_a_member_value_under_another_nodes_key_is_ignored(env: Env) -> None:
-    await env.start()
-    uid = (await env.domain("cd-hostile", num_nodes=1))["metadata"]["uid"]
+@pytest.mark.parametrize("written", ["while it runs", "before it starts"])
+async def test_a_member_value_under_another_nodes_key_is_ignored(env: Env, written: str) -> None:
+    """Whether the controller reads the forged values as changes or in its first load."""
+    if written == "while it runs":
+        await env.start()
+    name = f"cd-hostile-{written.split()[0]}"
+    uid = (await env.domain(name, num_nodes=1))["metadata"]["uid"]
     forged = DomainMember(domain_uid=uid, node="elsewhere", ip_address="6.6.6.6",
                           clique_id=CLIQUE, status="Ready")  # fmt: skip
     await env.admin.kv_put(BUCKET, subjects.domain_member_key(uid, NODES[0]), forged)
     other = DomainMember(domain_uid="another-domain", node=NODES[1], ip_address="6.6.6.7",
                          clique_id=CLIQUE, status="Ready")  # fmt: skip
     await env.admin.kv_put(BUCKET, subjects.domain_member_key(uid, NODES[1]), other)
+    if written == "before it starts":
+        await env.start()
     await env.join(uid, NODES[2], "Ready")  # the one honest member
-    await until(lambda: _status_with(env, "cd-hostile", 1))
-    status = await status_of(env, "cd-hostile")
+    await until(lambda: _status_with(env, name, 1))
+    status = await status_of(env, name)
     assert [n["name"] for n in status["nodes"]] == [NODES[2]]
     assert status["status"] == "Ready"
 
