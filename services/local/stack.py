@@ -390,9 +390,8 @@ class Stack:
         if service == "preparer" and node in self.real:
             argv = self.real[node].argv(argv)  # inside the node's mount namespace
         self._argv[name] = argv
-        process = self.start_service(name, ready=ready)
-        self._started.append(name)
-        return process
+        self._started.append(name)  # before its ready wait: stop() ends it if that fails
+        return self.start_service(name, ready=ready)
 
     def start_service(
         self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
