@@ -134,7 +134,9 @@ def pods_running(n: int, prepare_timeout: float) -> tuple[float, float, float, i
     """One stack of ``n`` GB200 nodes: (creation -> pods Running s, creation -> Ready s,
     controller CPU s, controller RSS KiB)."""
     nodes = [NodeSpec(f"gb-{i:02d}", "gb200-nvl72") for i in range(n)]
-    with Stack(nodes, prepare_timeout=prepare_timeout) as stack:
+    stack = Stack(nodes, prepare_timeout=prepare_timeout)
+    try:
+        stack.start()
         spec = {"numNodes": n, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}}
         body = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
                 "metadata": {"name": "job", "namespace": "default"}, "spec": spec}  # fmt: skip
@@ -151,7 +153,7 @@ def pods_running(n: int, prepare_timeout: float) -> tuple[float, float, float, i
                         for i, node in enumerate(nodes)])  # fmt: skip
         ready_at: list[float] = []
 
-        def ready() -> bool:  # noted on the way: pods need it, and it is written first
+        def ready() -> bool:  # noted on the way; the CR may trail the pods (they read the bus)
             status = stack.api_get(cd.domains_path("default", "job")).get("status") or {}
             if not ready_at and status.get("status") == "Ready":
                 ready_at.append(time.perf_counter() - start)
@@ -166,6 +168,8 @@ def pods_running(n: int, prepare_timeout: float) -> tuple[float, float, float, i
         running = time.perf_counter() - start
         stack.wait_for(ready, "the domain Ready")
         cpu, rss = proc_usage(stack.processes["domains"].pid)
+    finally:
+        stack.cleanup()  # stops every process by PID, then removes its work directory
     return running, ready_at[0], cpu, rss
 
 
