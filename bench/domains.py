@@ -1,4 +1,5 @@
-"""Benchmark: a ComputeDomain from creation to Ready, and what the controller costs.
+"""Benchmark: a ComputeDomain from creation to Ready (and to its pods Running), and what
+the controller costs.
 
 Against a real kube-apiserver (the e2e control plane) and nats-server on
 127.0.0.1, with ``gpudra domains`` as its own process, prints without asserting
@@ -11,9 +12,16 @@ anything, for 2, 8 and 18 nodes (18: the reference's limit per IMEX domain):
 - the controller's status writes for that domain, and its CPU seconds and RSS
   (from /proc) after each size.
 
-Pods are not part of it yet: the compute-domain node driver that prepares the
-channel claims is the next step (docs/computedomains.md).
-Usage: ``python bench/domains.py [--sizes 2,8,18]``
+With ``--pods`` it measures the whole path instead, on a `gpudra up` stack
+(services.local.stack) of N simulated ``gb200-nvl72`` nodes, fresh per size: a
+ComputeDomain is created, then (once its workload template exists, as a job would
+find it) one pod per node with a channel claim from it; the time from creating the
+domain to every pod Running, and to the domain Ready, and the controller's CPU and
+RSS. kubelet-dra syncs one pod at a time, so each node's workload pod, taken before
+its daemon pod exists, waits out one prepare deadline (``--prepare-timeout``) first:
+that deadline is part of the figure, as it would not be under a real kubelet.
+
+Usage: ``python -m bench.domains [--sizes 2,8,18] [--pods [--prepare-timeout 5]]``
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from services.core.access import Role
 from services.core.kube import ApiError, KubeApi, http_api
 from services.core.natsserver import NatsServer
 from services.local.cluster import ControlPlane, build_controlplane, free_port, install_crd
-from services.local.stack import COMPUTE_DOMAIN_CRD
+from services.local.stack import COMPUTE_DOMAIN_CRD, NodeSpec, Stack
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -122,11 +130,65 @@ async def run(sizes: list[int]) -> None:
     nats.stop()
 
 
+def pods_running(n: int, prepare_timeout: float) -> tuple[float, float, float, int]:
+    """One stack of ``n`` GB200 nodes: (creation -> pods Running s, creation -> Ready s,
+    controller CPU s, controller RSS KiB)."""
+    nodes = [NodeSpec(f"gb-{i:02d}", "gb200-nvl72") for i in range(n)]
+    stack = Stack(nodes, prepare_timeout=prepare_timeout)
+    try:
+        stack.start()
+        spec = {"numNodes": n, "channel": {"resourceClaimTemplate": {"name": "job-channel"}}}
+        body = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomain",
+                "metadata": {"name": "job", "namespace": "default"}, "spec": spec}  # fmt: skip
+        template = "/apis/resource.k8s.io/v1/namespaces/default/resourceclaimtemplates/job-channel"
+        start = time.perf_counter()
+        stack.cp.apply(body)
+        stack.wait_for(lambda: stack.api_get(template), "the workload template")
+        claim = {"name": "ch", "resourceClaimTemplateName": "job-channel"}
+        container = {"name": "c", "image": "busybox", "resources": {"claims": [{"name": "ch"}]}}
+        stack.cp.apply([{"apiVersion": "v1", "kind": "Pod",
+                         "metadata": {"name": f"worker-{i}", "namespace": "default"},
+                         "spec": {"containers": [container], "resourceClaims": [claim],
+                                  "nodeSelector": {"kubernetes.io/hostname": node.name}}}
+                        for i, node in enumerate(nodes)])  # fmt: skip
+        ready_at: list[float] = []
+
+        def ready() -> bool:  # noted on the way; the CR may trail the pods (they read the bus)
+            status = stack.api_get(cd.domains_path("default", "job")).get("status") or {}
+            if not ready_at and status.get("status") == "Ready":
+                ready_at.append(time.perf_counter() - start)
+            return bool(ready_at)
+
+        def all_running() -> bool:
+            ready()
+            pods = stack.api_get("/api/v1/namespaces/default/pods")["items"]
+            return len(pods) == n and all(p["status"].get("phase") == "Running" for p in pods)
+
+        stack.wait_for(all_running, "every workload pod Running", timeout=600)
+        running = time.perf_counter() - start
+        stack.wait_for(ready, "the domain Ready")
+        cpu, rss = proc_usage(stack.processes["domains"].pid)
+    finally:
+        stack.cleanup()  # stops every process by PID, then removes its work directory
+    return running, ready_at[0], cpu, rss
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="2,8,18")
+    parser.add_argument("--pods", action="store_true", help="to pods Running, on a stack")
+    parser.add_argument("--prepare-timeout", type=float, default=5.0)
     args = parser.parse_args()
-    asyncio.run(run([int(s) for s in args.sizes.split(",")]))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    if not args.pods:
+        asyncio.run(run(sizes))
+        return
+    print(f"{'nodes':>5} {'create->pods Running s':>23} {'create->Ready s':>16} "
+          f"{'ctl CPU s':>10} {'ctl RSS MiB':>12}")  # fmt: skip
+    for n in sizes:
+        running, ready, cpu, rss = pods_running(n, args.prepare_timeout)
+        print(f"{n:>5} {running:>23.2f} {ready:>16.2f} {cpu:>10.2f} {rss / 1024:>12.1f}",
+              flush=True)  # fmt: skip
 
 
 if __name__ == "__main__":

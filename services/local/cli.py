@@ -9,6 +9,9 @@ simulated GPU nodes (``gpu-node-h100`` as dgx-h100, ``gpu-node-a100`` as
 dgx-a100 with its static MIG layout) each with discovery, preparer, kubelet
 plugin and the kubelet's DRA manager, the publisher and the allocator's claim
 watcher; applies examples/ and prints the slices, claims, pods and CDI ids.
+An example with a ComputeDomain (a two-node IMEX job) adds two ``gb200-nvl72``
+nodes of one NVLink clique, ``gpu-node-gb200-1`` and ``-2``, whose IMEX daemon pods
+run as local processes; on real nodes such examples are left out.
 Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
 
 ``--jaeger`` also starts Jaeger v2 (built by services/local/jaeger/build.sh,
@@ -131,10 +134,17 @@ def run(args: argparse.Namespace) -> int:
             return 2
     gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
     tools = _real_node_tools() if args.real_nodes else None
+    if tools is not None:  # real nodes: their daemon containers have no bus credentials yet
+        for example in [e for e in examples if e.domains]:
+            _say(f"{example.name}: left out on real nodes (ComputeDomains need simulated nodes)")
+        examples = demo.gpu_only(examples)
+    domains = any(e.domains for e in examples)
     try:
         stack = stacks.Stack(
+            stacks.DEMO_NODES + (stacks.GB200_DEMO_NODES if domains else ()),
             workdir=args.workdir,
             gates=gates,
+            prepare_timeout=stacks.DOMAIN_DEMO_PREPARE_TIMEOUT if domains else None,
             jaeger=args.jaeger,
             real_nodes=tools is not None,
             node_tools=tools,

@@ -11,7 +11,10 @@ runs the container's own command, ``gpudra imex-daemon run``, as a local process
 with the pod's environment (``NODE_NAME``, ``POD_IP`` = the node's own 127.0.0.x,
 ``POD_NAME``, ...) and the node's ``imex-daemon`` bus identity, in simulated mode.
 The process is stopped (SIGTERM, by PID: the daemon leaves the domain) when its pod
-goes, stops running, or is replaced.
+goes, stops running, or is replaced; one that dies is started again, as the
+container's restart policy would. ``crash`` kills a node's daemon outright (its key
+stays, its peers lose it) and keeps it down until ``recover``, so a test can watch
+the domain fall NotReady before the restart brings it back.
 """
 
 from __future__ import annotations
@@ -133,6 +136,9 @@ class DaemonPods:
         self.logs_dir = logs_dir
         self.env = dict(env or {})
         self.running: dict[str, subprocess.Popen[bytes]] = {}  # pod key -> its daemon
+        self._nodes_by_key: dict[str, str] = {}  # pod key -> its node
+        self.held: set[str] = set()  # nodes whose crashed daemon is not restarted yet
+        self._lock = threading.Lock()  # one sync, crash or recover at a time
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -155,8 +161,32 @@ class DaemonPods:
                 log.exception("daemon pods: sync failed")
             self._stop.wait(POLL_S)
 
+    def crash(self, node: str) -> int:
+        """SIGKILL the daemon running on ``node`` (its IMEX dies with it) and start it
+        no more until :meth:`recover`; its PID."""
+        with self._lock:
+            self.held.add(node)
+            found = [p for k, p in self.running.items() if self._node_of(k) == node]
+            if len(found) != 1 or found[0].poll() is not None:
+                raise LaunchError(f"no running daemon on {node} to crash")
+            os.kill(found[0].pid, signal.SIGKILL)
+            found[0].wait()
+            return found[0].pid
+
+    def recover(self, node: str) -> None:
+        """Let the next pass restart ``node``'s crashed daemon, as its pod's restart would."""
+        with self._lock:
+            self.held.discard(node)
+
+    def _node_of(self, key: str) -> str:
+        return self._nodes_by_key.get(key, "")
+
     def sync(self) -> None:
         """One pass: start a daemon for each new Running pod, stop those whose pod went."""
+        with self._lock:
+            self._sync()
+
+    def _sync(self) -> None:
         listing = self.api_get("/api/v1/pods", labelSelector=cd.DOMAIN_LABEL) or {"items": []}
         wanted: dict[str, PodLaunch] = {}
         for pod in listing["items"]:
@@ -175,8 +205,11 @@ class DaemonPods:
             self._end(key)
         for key, launch in wanted.items():
             proc = self.running.get(key)
+            if launch.node in self.held:
+                continue
             if proc is None or proc.poll() is not None:  # new, or died: as its watchdog would
                 self.running[key] = self._launch(launch)
+                self._nodes_by_key[key] = launch.node
 
     def _launch(self, launch: PodLaunch) -> subprocess.Popen[bytes]:
         argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run",
@@ -199,6 +232,7 @@ class DaemonPods:
 
     def _end(self, key: str) -> None:
         proc = self.running.pop(key)
+        self._nodes_by_key.pop(key, None)
         if proc.poll() is None:
             os.kill(proc.pid, signal.SIGTERM)  # it leaves the domain (deletes its member key)
             try:

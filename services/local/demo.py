@@ -8,12 +8,20 @@ outcome is the allocator watcher's explanation Event on its claim.
 For a Running pod the CDI device ids that kubelet-dra recorded (annotation
 ``gpudra.dev/cdi-devices``) are checked against the node's CDI root: each id
 must name a claim of the pod and a device of the spec file the preparer wrote
-for that claim. On real nodes (``gpudra up --real-nodes``) the pods run in
-real containers: their images are replaced by the node's local image (never
-pulled, see :mod:`services.local.images`), each container's ids are those of
-its claims' devices (the kubelet passes them to containerd; it records none),
-every container must be ready, and what it printed (the stand-in
-``nvidia-smi -L``: the GPUs it can see) is shown.
+for that claim, under the allocating driver's CDI kind (``gpu.nvidia.com`` or
+``compute-domain.nvidia.com``: an IMEX channel claim of a ComputeDomain).
+
+An example with a ComputeDomain needs nodes in an NVLink fabric and IMEX daemons:
+``gpudra up`` adds :data:`~services.local.stack.GB200_DEMO_NODES` for it on
+simulated nodes, and leaves it out on real nodes (their daemon containers have no
+bus credentials yet, docs/computedomains.md).
+
+On real nodes (``gpudra up --real-nodes``) the pods run in real containers:
+their images are replaced by the node's local image (never pulled, see
+:mod:`services.local.images`), each container's ids are those of its claims'
+devices (the kubelet passes them to containerd; it records none), every
+container must be ready, and what it printed (the stand-in ``nvidia-smi -L``:
+the GPUs it can see) is shown.
 
 After the demo (``--exit-after-demo``) the examples are deleted and
 ``gpudra audit --verify`` checks that every claim's event trail is complete,
@@ -34,11 +42,13 @@ from typing import Any
 import yaml
 
 from services.allocator.watcher.events import COMPONENT as ALLOCATOR_COMPONENT
-from services.core import tracing
+from services.core import computedomain as cd
+from services.core import nvidia, tracing
 from services.core.access import Role
 from services.local import REPO, images
-from services.local.stack import Stack
+from services.local.stack import DRIVER_NAMESPACE, Stack
 from services.preparer import cdi
+from services.preparer.computedomain import engine as cd_engine
 
 EXAMPLES_DIR = REPO / "examples"
 EXPECT_ANNOTATION = "gpudra.dev/expect"
@@ -66,6 +76,7 @@ class Example:
     title: str  # the header comment's first line
     text: str
     pods: tuple[ExamplePod, ...]
+    domains: tuple[str, ...] = ()  # its ComputeDomains' names: it needs GB200 nodes
 
     @property
     def name(self) -> str:
@@ -80,6 +91,12 @@ def load_examples(directory: Path = EXAMPLES_DIR) -> list[Example]:
     return [load_example(path) for path in files]
 
 
+def gpu_only(examples: Sequence[Example]) -> list[Example]:
+    """Those of ``examples`` without a ComputeDomain: what a stack of the GPU demo
+    nodes (or of real nodes) runs; the others need the GB200 demo nodes."""
+    return [e for e in examples if not e.domains]
+
+
 def load_example(path: Path) -> Example:
     text = path.read_text()
     try:
@@ -87,9 +104,12 @@ def load_example(path: Path) -> Example:
     except yaml.YAMLError as exc:
         raise ExampleError(f"{path}: not YAML: {exc}") from None
     pods: list[ExamplePod] = []
+    domains: list[str] = []
     for index, doc in enumerate(documents):
         if not isinstance(doc, dict) or "kind" not in doc:
             raise ExampleError(f"{path}: document {index + 1} is not a Kubernetes object")
+        if doc["kind"] == cd.KIND:
+            domains.append(str((doc.get("metadata") or {}).get("name")))
         if doc["kind"] != "Pod":
             continue
         meta = doc.get("metadata") or {}
@@ -102,7 +122,7 @@ def load_example(path: Path) -> Example:
         if not meta.get("namespace") or not meta.get("name"):
             raise ExampleError(f"{path}: document {index + 1}: a pod needs a namespace and name")
         pods.append(ExamplePod(meta["namespace"], meta["name"], expect))
-    return Example(path, _title(text), text, tuple(pods))
+    return Example(path, _title(text), text, tuple(pods), tuple(domains))
 
 
 def _title(text: str) -> str:
@@ -121,6 +141,20 @@ class AllocatedDevice:
     pool: str
     device: str
     share_id: str | None = None  # a consumable share of the device (KEP-5075)
+    driver: str = nvidia.DRIVER_NAME
+
+
+#: Each driver's CDI kind and the path of the spec its preparer writes for a claim.
+CDI_KINDS: dict[str, tuple[str, Callable[[Path, str], Path]]] = {
+    nvidia.DRIVER_NAME: (cdi.KIND, cdi.spec_path),
+    cd.CD_DRIVER: (cd_engine.KIND, cd_engine.spec_path),
+}
+
+
+def device_id(claim_uid: str, device: AllocatedDevice) -> str:
+    """The CDI id the kubelet hands the runtime for ``device`` of a claim."""
+    kind = CDI_KINDS[device.driver][0]
+    return f"{kind}={cdi.device_name(claim_uid, device.device, device.share_id)}"
 
 
 @dataclass
@@ -141,7 +175,13 @@ class ClaimView:
             name=meta["name"],
             uid=meta["uid"],
             devices=[
-                AllocatedDevice(r["request"], r["pool"], r["device"], r.get("shareID"))
+                AllocatedDevice(
+                    r["request"],
+                    r["pool"],
+                    r["device"],
+                    r.get("shareID"),
+                    r.get("driver", nvidia.DRIVER_NAME),
+                )
                 for r in results
             ],
             reserved_for=[r.get("name", "") for r in status.get("reservedFor") or []],
@@ -198,12 +238,14 @@ def apply_examples(stack: Stack, examples: Sequence[Example]) -> None:
 
 def delete_examples(stack: Stack, examples: Sequence[Example], timeout: float) -> None:
     """Delete the examples' namespaces and wait until their claims and pods are gone
-    (each claim's trail then ends: unprepared, released, deleted)."""
+    (each claim's trail then ends: unprepared, released, deleted); with a
+    ComputeDomain among them, its IMEX daemons' pods and claims too."""
     namespaces = sorted({p.namespace for e in examples for p in e.pods})
     stack.cp.kubectl("delete", "namespace", *namespaces, "--wait=false", "--ignore-not-found")
+    watched = namespaces + ([DRIVER_NAMESPACE] if any(e.domains for e in examples) else [])
 
     def gone() -> bool:
-        for ns in namespaces:
+        for ns in watched:
             for kind in ("/api/v1/namespaces/{}/pods",
                          "/apis/resource.k8s.io/v1/namespaces/{}/resourceclaims"):  # fmt: skip
                 listing = stack.api_get(kind.format(ns))
@@ -331,14 +373,14 @@ def container_cdi_ids(
                 continue
             for d in claim.devices:
                 if use.get("request") in (None, "", d.request.split("/")[0]):
-                    ids.append(cdi.device_id(claim.uid, d.device, d.share_id))
+                    ids.append(device_id(claim.uid, d))
         extended = claims.get(EXTENDED_REF)
         for mapping in ((pod.get("status") or {}).get("extendedResourceClaimStatus") or {}).get(
             "requestMappings"
         ) or []:
             if extended is not None and mapping.get("containerName") == container["name"]:
                 ids += [
-                    cdi.device_id(extended.uid, d.device, d.share_id)
+                    device_id(extended.uid, d)
                     for d in extended.devices
                     if d.request == mapping.get("requestName")
                 ]
@@ -373,25 +415,26 @@ def check_cdi(view: PodView, cdi_root: Path) -> list[str]:
     """Each recorded CDI id names a device of one of the pod's claims, and the
     preparer's spec file for that claim defines it."""
     expected = {
-        cdi.device_id(c.uid, d.device, d.share_id): c for c in view.claims for d in c.devices
-    }  # id -> claim
+        device_id(c.uid, d): (c, d.driver) for c in view.claims for d in c.devices
+    }  # id -> claim, driver
     problems = []
     for container, ids in sorted(view.cdi_devices.items()):
-        for device_id in ids:
-            claim = expected.get(device_id)
-            if claim is None:
-                problems.append(f"{container}: {device_id} is no device of the pod's claims")
+        for an_id in ids:
+            found = expected.get(an_id)
+            if found is None:
+                problems.append(f"{container}: {an_id} is no device of the pod's claims")
                 continue
-            path = cdi.spec_path(cdi_root, claim.uid)
+            claim, driver = found
+            path = CDI_KINDS[driver][1](cdi_root, claim.uid)
             try:
                 spec = yaml.safe_load(path.read_text())
             except (OSError, yaml.YAMLError) as exc:
-                problems.append(f"{container}: {device_id}: no readable CDI spec {path}: {exc}")
+                problems.append(f"{container}: {an_id}: no readable CDI spec {path}: {exc}")
                 continue
             names = {d.get("name") for d in spec.get("devices") or []}
-            vendor_class, _, device = device_id.partition("=")
+            vendor_class, _, device = an_id.partition("=")
             if spec.get("kind") != vendor_class or device not in names:
-                problems.append(f"{container}: {device_id} is not defined in {path}")
+                problems.append(f"{container}: {an_id} is not defined in {path}")
     return problems
 
 

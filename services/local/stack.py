@@ -108,13 +108,33 @@ _MAX_SOCKET_PATH = 107
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """A simulated GPU node: its Node name and the fleet profile it boots as."""
+    """A simulated GPU node: its Node name, the fleet profile it boots as, and a
+    taint (``key=value:Effect``) it gets once its Node exists, if any."""
 
     name: str
     fleet: str
+    taint: str = ""
 
 
 DEMO_NODES = (NodeSpec("gpu-node-h100", "dgx-h100"), NodeSpec("gpu-node-a100", "dgx-a100"))
+
+#: Kept for the jobs that tolerate it: the GPU examples stay on DEMO_NODES, where
+#: they mean what they say (the unsatisfiable one's GPUs exist on no node there).
+GB200_DEMO_TAINT = "gpudra.dev/nvlink-rack=gb200:NoSchedule"
+
+#: Two compute trays of one GB200 NVL72 rack (one seed: one NVLink clique), which
+#: `gpudra up` adds when an example has a ComputeDomain (examples/13-...).
+GB200_DEMO_NODES = (
+    NodeSpec("gpu-node-gb200-1", "gb200-nvl72", GB200_DEMO_TAINT),
+    NodeSpec("gpu-node-gb200-2", "gb200-nvl72", GB200_DEMO_TAINT),
+)
+
+#: kubelet-dra syncs one pod at a time, so a ComputeDomain's workload pod, taken
+#: before its node's daemon pod exists, holds the node's queue for one whole prepare
+#: deadline (its channel claim waits for that very daemon) before the retry succeeds.
+#: With domains, `gpudra up` shortens the deadline from the plugin's 45 s to this,
+#: still far above any simulated GPU prepare.
+DOMAIN_DEMO_PREPARE_TIMEOUT = 12.0
 
 
 @dataclass(frozen=True)
@@ -245,6 +265,9 @@ class Stack:
         self.nats.provision()
         self._started.append("controlplane")
         self.cp.start()
+        for node in self.nodes.values():
+            if node.spec.taint and not self.real_nodes:
+                self.cp.kubectl("taint", "nodes", node.name, node.spec.taint)
         self.cp.apply(DEVICE_CLASSES.read_text())
         install_crd(self.cp, COMPUTE_DOMAIN_CRD.read_text())
         self.cp.apply(
@@ -367,9 +390,8 @@ class Stack:
         if service == "preparer" and node in self.real:
             argv = self.real[node].argv(argv)  # inside the node's mount namespace
         self._argv[name] = argv
-        process = self.start_service(name, ready=ready)
-        self._started.append(name)
-        return process
+        self._started.append(name)  # before its ready wait: stop() ends it if that fails
+        return self.start_service(name, ready=ready)
 
     def start_service(
         self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""

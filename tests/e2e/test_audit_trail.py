@@ -47,7 +47,7 @@ def claims_allocated(stack: Stack, want: int) -> bool:
 
 
 def test_no_event_is_lost_when_the_nats_server_restarts_mid_demo(stack: Stack) -> None:
-    examples = demo.load_examples()
+    examples = demo.gpu_only(demo.load_examples())  # the two GPU demo nodes: no GB200
     demo.apply_examples(stack, examples)
     # Mid-demo: some claims allocated (their events on the bus), most pods not started.
     stack.wait_for(lambda: claims_allocated(stack, 2), "two claims allocated", timeout=120)

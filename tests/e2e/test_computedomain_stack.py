@@ -21,8 +21,8 @@ import pytest
 
 from services.core import computedomain as cd
 from services.local.stack import DRIVER_NAMESPACE, NodeSpec, Stack
-from services.preparer import checkpoint
 from services.preparer.computedomain.engine import spec_path
+from tests.helpers import domainstack
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
 
@@ -47,18 +47,6 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
             s.cleanup()
 
 
-def domain_files(stack: Stack) -> list[str]:
-    """The node driver's CDI specs, checkpointed claims and domain folders."""
-    node = stack.nodes[NODE]
-    found = [p.name for p in node.cdi_root.glob("k8s.compute-domain.nvidia.com-*")]
-    domains = node.kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
-    found += [f"domain folder {p.name}" for p in domains.glob("*")]
-    path = node.kubelet_root / "plugins" / cd.CD_DRIVER / "checkpoint.json"
-    if path.exists():
-        found += list(checkpoint.decode(path.read_bytes()).claims)
-    return found
-
-
 def trail(stack: Stack, claim_uid: str) -> list[str]:
     """The claim's events as the CLAIMS stream keeps them, oldest first."""
 
@@ -73,7 +61,7 @@ def trail(stack: Stack, claim_uid: str) -> list[str]:
 
 
 def node_label(stack: Stack) -> Any:
-    return stack.api_get(f"/api/v1/nodes/{NODE}")["metadata"].get("labels", {}).get(cd.DOMAIN_LABEL)
+    return domainstack.node_label(stack, NODE)
 
 
 def test_a_workload_pod_runs_once_its_daemon_joined_and_leaves_nothing(stack: Stack) -> None:
@@ -126,7 +114,8 @@ def test_a_workload_pod_runs_once_its_daemon_joined_and_leaves_nothing(stack: St
 
     def clean() -> bool:
         pods = stack.api_get(f"/api/v1/namespaces/{DRIVER_NAMESPACE}/pods")["items"]
-        return not pods and node_label(stack) is None and not domain_files(stack)
+        left = domainstack.domain_files(stack.nodes[NODE])
+        return not pods and node_label(stack) is None and not left
 
     stack.wait_for(clean, "no daemon pod, node label or node driver state left", timeout=60)
     assert stack.daemon_pods is not None

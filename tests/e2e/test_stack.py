@@ -47,7 +47,10 @@ H100 = "gpu-node-h100"
 A100 = "gpu-node-a100"
 DRIVER = "gpu.nvidia.com"
 CDI_KIND = "k8s.gpu.nvidia.com/claim"
-EXAMPLE_FILES = sorted(p.name for p in demo.EXAMPLES_DIR.glob("*.yaml"))
+#: Every example of the two GPU demo nodes. Those with a ComputeDomain need two GB200
+#: nodes and IMEX daemons: tests/e2e/test_stack_up.py runs them through `gpudra up`,
+#: tests/e2e/test_computedomain_two_nodes.py checks that path in depth.
+EXAMPLE_FILES = sorted(e.name for e in demo.gpu_only(demo.load_examples()))
 #: Devices per node when nothing is prepared (gpudra slices --fleet ... with the demo gates).
 FULL_POOLS = {H100: 16, A100: 24}
 IMAGE = "registry.k8s.io/pause:3.10"
@@ -305,7 +308,7 @@ def assert_node_clean(stack: Stack, node: str, timeout: float = 30) -> None:
 
 @pytest.fixture(scope="module")
 def examples(stack: Stack) -> list[demo.Example]:
-    return demo.load_examples()
+    return demo.gpu_only(demo.load_examples())
 
 
 @pytest.fixture(scope="module")
@@ -511,7 +514,7 @@ def test_unsatisfiable_claim_stays_pending_with_our_explanation(
     assert len(ours) == 1, events
     assert ours[0]["type"] == "Warning"
     assert "request gpus: needs 2, 0 candidate device(s)" in ours[0]["message"]
-    assert 'quantity("96Gi")' in ours[0]["message"]  # which selector ruled the GPUs out
+    assert 'quantity("256Gi")' in ours[0]["message"]  # which selector ruled the GPUs out
     pending = pod_of(stack, "unsatisfiable", "too-big")
     assert pending["status"].get("phase") == "Pending"
 

@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 REPO = Path(__file__).resolve().parents[2]
 NODES = ("gpu-node-h100", "gpu-node-a100")
+GB200_NODES = ("gpu-node-gb200-1", "gpu-node-gb200-2")  # added for the ComputeDomain example
 
 
 @pytest.fixture
@@ -85,15 +86,18 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
     assert f"{len(pods)}/{len(pods)} pods as expected ({len(pods) - 1} Running)" in out, out
     for node in NODES:
         assert re.search(rf"{node} \(dgx-\w+\): 1 slice\(s\), \d+ devices", out), out
+    for node in GB200_NODES:
+        assert re.search(rf"{node} \(gb200-nvl72\): 1 slice\(s\), \d+ devices", out), out
     for example in examples:
         assert f"{example.name}: {example.title}" in out
-    for pod in pods:
-        if pod.expect == demo.RUNNING:
-            assert re.search(
-                rf"pod {pod.namespace}/{pod.name}: Running on gpu-node-\w+\n"
-                r"      \S+: k8s\.gpu\.nvidia\.com/claim=",
-                out,
-            ), pod
+        vendor = "compute-domain" if example.domains else "gpu"  # an IMEX channel, or GPUs
+        for pod in example.pods:
+            if pod.expect == demo.RUNNING:
+                assert re.search(
+                    rf"pod {pod.namespace}/{pod.name}: Running on gpu-node-[\w-]+\n"
+                    rf"      \S+: k8s\.{vendor}\.nvidia\.com/claim=",
+                    out,
+                ), pod
     assert "claim unsatisfiable/two-big-gpus: pending; gpudra explains:" in out
     assert "pod unsatisfiable/too-big: Pending (as expected)" in out
     assert f"kubeconfig: {workdir}/kubeconfig" in out
@@ -106,11 +110,14 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
     assert len(traces) == len(claims) == len(set(traces)), out
     # The examples deleted, every claim's trail ends, the pending claim's with 'deleted'.
     assert "gpudra audit --verify: every claim's trail is complete" in out, out
-    n_claims = len(examples)  # one claim per example (the shared one is one for two pods)
+    # One claim per GPU example (the shared one is one for two pods); the ComputeDomain
+    # example's two channel claims and its two nodes' IMEX daemon claims.
+    n_claims = len(demo.gpu_only(examples)) + 4
     assert re.search(rf"events, {n_claims} claims complete, 0 incomplete, 0 unreadable", out), out
     pids = recorded_pids(workdir)
     assert "jaeger" in pids
-    assert len(pids) >= 1 + 4 + 4 * len(NODES) + 2, pids  # nats, control plane, nodes, cluster
+    nodes = len(NODES) + len(GB200_NODES)
+    assert len(pids) >= 1 + 4 + 4 * nodes + 2, pids  # nats, control plane, nodes, cluster
     assert still_running(pids) == {}
 
 
@@ -190,7 +197,7 @@ def test_real_nodes_run_every_example_in_containers(workdir: Path) -> None:
     assert proc.returncode == 0, out
     for name in NODES:
         assert re.search(rf"{name} +fleet dgx-\w+: .*containerd, kubelet \(real containers\)", out)
-    examples = demo.load_examples()
+    examples = demo.gpu_only(demo.load_examples())  # ComputeDomains are left out there
     pods = [p for e in examples for p in e.pods]
     assert f"{len(pods)}/{len(pods)} pods as expected ({len(pods) - 1} Running)" in out, out
     # Each GPU container's log: nvidia-smi -L run in the container, its one GPU.
