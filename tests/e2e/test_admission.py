@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import os
 import shutil
 import subprocess
 import time
@@ -39,6 +38,7 @@ from services.local.jaeger import JaegerError, build_jaeger, wait_for_trace
 from services.local.stack import DEMO_KUBE_GATES, Stack
 from tests.helpers import badconfigs
 from tests.helpers.bus import connect
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -63,20 +63,9 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
         prepare_timeout=6.0,
     )
     s.cp.runtime_config.update({"resource.k8s.io/v1beta1": True, "resource.k8s.io/v1beta2": True})
-    failed_before = request.session.testsfailed
-    failed = True
-    try:
-        s.start()
+    with started_stack(request, s):
         s.cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": NS}})
-        failed = False
         yield s
-        failed = request.session.testsfailed > failed_before
-    finally:
-        s.stop()
-        if failed or os.environ.get("GPUDRA_E2E_KEEP") == "1":
-            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 def kubectl_apply(stack: Stack, obj: dict[str, Any]) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,6 @@ none out of order), the pending claim's closed by its deletion."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,6 +16,7 @@ import pytest
 
 from services.local import demo
 from services.local.stack import Stack
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -26,18 +26,8 @@ REPO = Path(__file__).resolve().parents[2]
 @pytest.fixture
 def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator[Stack]:
     s = Stack(binary=controlplane_binary, pending_threshold=1.0)
-    failed_before = request.session.testsfailed
-    failed = True
-    try:
-        s.start()
+    with started_stack(request, s):
         yield s
-        failed = request.session.testsfailed > failed_before
-    finally:
-        s.stop()
-        if failed or os.environ.get("GPUDRA_E2E_KEEP") == "1":
-            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 def claims_allocated(stack: Stack, want: int) -> bool:

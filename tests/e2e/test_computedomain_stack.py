@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from services.preparer.computedomain.engine import spec_path
 from tests.helpers import domainstack
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 NODE = "gb-node-1"
@@ -35,16 +35,8 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
     # A short prepare deadline: kubelet-dra syncs one pod at a time, so a workload pod
     # taken before its daemon's pod waits out one deadline before the retry succeeds.
     s = Stack([NodeSpec(NODE, "gb200-nvl72")], binary=controlplane_binary, prepare_timeout=8.0)
-    failed_before = request.session.testsfailed
-    try:
-        s.start()
+    with started_stack(request, s):
         yield s
-    finally:
-        s.stop()
-        if request.session.testsfailed > failed_before or os.environ.get("GPUDRA_E2E_KEEP"):
-            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 def trail(stack: Stack, claim_uid: str) -> list[str]:

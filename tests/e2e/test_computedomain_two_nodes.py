@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -31,6 +30,7 @@ from tests.helpers.domainstack import (
     history,
     node_label,
 )
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 NODES = ("gb-rack-1", "gb-rack-2")  # one seed: both trays in one NVLink clique
@@ -44,16 +44,8 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
     # taken before its daemon's pod waits out one deadline before the retry succeeds.
     nodes = [NodeSpec(n, "gb200-nvl72") for n in NODES]
     s = Stack(nodes, binary=controlplane_binary, prepare_timeout=8.0)
-    failed_before = request.session.testsfailed
-    try:
-        s.start()
+    with started_stack(request, s):
         yield s
-    finally:
-        s.stop()
-        if request.session.testsfailed > failed_before or os.environ.get("GPUDRA_E2E_KEEP"):
-            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 def worker(index: int) -> dict[str, Any]:

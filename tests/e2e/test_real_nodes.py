@@ -52,6 +52,7 @@ from tests.helpers.realnode import (
     pod_containers,
     pod_traces,
 )
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration, pytest.mark.realnode]
 
@@ -92,19 +93,8 @@ def stack(
         pending_threshold=1.0,
         prepare_timeout=6.0,
     )
-    failed_before = request.session.testsfailed
-    failed = True
-    try:
-        s.start()
-        failed = False
+    with started_stack(request, s, "real-node stack"):
         yield s
-        failed = request.session.testsfailed > failed_before
-    finally:
-        s.stop()
-        if failed or os.environ.get("GPUDRA_E2E_KEEP") == "1":
-            print(f"\nreal-node stack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 # ---- the cluster and the nodes --------------------------------------------------

@@ -11,7 +11,6 @@ the GPU's one MPS daemon stops with the last of them.
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from services.local import demo
 from services.local.stack import DEMO_GATES, NodeSpec, Stack
 from services.preparer import cdi
 from services.preparer.devices.simclient import SimCudaError, SimMpsClient
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -42,19 +42,8 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
     )
     s.service_env["GPUDRA_CONSUMABLE_SHARES"] = "memory"  # publisher and preparer
     s.service_env["GPUDRA_KUBE_FEATURE_GATES"] = "DRAConsumableCapacity=true"  # the allocator
-    failed_before = request.session.testsfailed
-    failed = True
-    try:
-        s.start()
-        failed = False
+    with started_stack(request, s):
         yield s
-        failed = request.session.testsfailed > failed_before
-    finally:
-        s.stop()
-        if failed or os.environ.get("GPUDRA_E2E_KEEP") == "1":
-            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 def sim_host(stack: Stack) -> dict[str, Any]:

@@ -20,7 +20,6 @@ import asyncio
 import contextlib
 import functools
 import json
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -40,6 +39,7 @@ from services.preparer.devices.simulated import STATE_FILE, SimHost
 from tests.helpers.bus import connect
 from tests.helpers.cdi import inject
 from tests.helpers.preparer import validate_cdi_file
+from tests.helpers.stackrun import started_stack
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -59,19 +59,8 @@ IMAGE = "registry.k8s.io/pause:3.10"
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator[Stack]:
     s = Stack(binary=controlplane_binary, pending_threshold=1.0, prepare_timeout=6.0)
-    failed_before = request.session.testsfailed
-    failed = True
-    try:
-        s.start()
-        failed = False
+    with started_stack(request, s):
         yield s
-        failed = request.session.testsfailed > failed_before
-    finally:
-        s.stop()
-        if failed or os.environ.get("GPUDRA_E2E_KEEP") == "1":
-            print(f"\nstack work dir kept: {s.workdir} (logs in {s.logs_dir})")
-        else:
-            s.cleanup()
 
 
 # ---- looking at the cluster and the nodes -------------------------------------
