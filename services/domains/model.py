@@ -20,6 +20,12 @@ class Meta(msgspec.Struct, rename="camel", kw_only=True):
     labels: dict[str, str] = {}
 
 
+class Listed(msgspec.Struct, kw_only=True):
+    """Any domain, readable or not: what the orphan sweep needs to know it exists."""
+
+    metadata: Meta
+
+
 class ClaimTemplateRef(msgspec.Struct, kw_only=True):
     name: str
 

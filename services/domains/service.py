@@ -26,7 +26,7 @@ from services.domains import metrics
 from services.domains.events import DomainEvents
 from services.domains.kubeobjects import Conflict, KubeObjects
 from services.domains.membership import Membership, domain_status
-from services.domains.model import ComputeDomain, DomainStatus
+from services.domains.model import ComputeDomain, DomainStatus, Listed
 from services.domains.objects import DaemonSettings
 
 log = logging.getLogger(__name__)
@@ -242,12 +242,19 @@ class Controller:
         """Remove everything of domains that no longer exist; returns their UIDs."""
         live = {d.uid for d in self.informer.items.values()}
         gone = await self.kube.orphans(live) | (self.membership.domains() - live)
+        if gone:  # the informer may not have seen a domain whose daemon already joined
+            gone -= await self._listed_uids()
         for uid in sorted(gone):
             await self.kube.sweep(uid)
             await self._drop_keys(uid)
             metrics.SWEPT.inc()
             log.info("orphaned domain swept", extra={"uid": uid})
         return gone
+
+    async def _listed_uids(self) -> set[str]:
+        """Every domain's UID in a fresh list read after the candidates (unreadable ones too)."""
+        listing = await self.api.list(cd.domains_path(), {})
+        return {msgspec.json.decode(raw, type=Listed).metadata.uid for raw in listing.items}
 
     async def run(self) -> None:
         await self.load_membership()

@@ -331,6 +331,18 @@ async def test_the_sweep_removes_what_a_vanished_domain_left(env: Env) -> None:
     assert not [k for k in await env.admin.kv_keys(BUCKET) if subjects.escape_token(ghost) in k]
 
 
+async def test_the_sweep_keeps_a_domain_its_informer_has_not_seen_yet(env: Env) -> None:
+    """A daemon may join before the controller's watch delivers its new domain."""
+    uid = (await env.domain("cd-unseen", num_nodes=1))["metadata"]["uid"]
+    await env.join(uid, NODES[0], "Ready")
+    controller = Controller(env.api, env.ctl_bus, ControllerConfig(DaemonSettings(DRIVER_NS)))
+    await controller.load_membership()  # its informer never ran: it knows no domain
+    assert uid in controller.membership.domains()
+    assert uid not in await controller.sweep()
+    assert subjects.domain_member_key(uid, NODES[0]) in await env.admin.kv_keys(BUCKET)
+    assert controller.membership.nodes(uid)
+
+
 async def test_the_domain_is_ready_only_once_both_daemons_see_each_other(
     env: Env, nats_server: NatsServer, tmp_path: Path
 ) -> None:
