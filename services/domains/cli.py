@@ -1,7 +1,8 @@
 """``gpudra domains``: the ComputeDomain controller (docs/computedomains.md).
 
 gpudra domains [--kubeconfig F] [--namespace gpudra] [--daemon-image IMAGE]
-               [--daemon-env GPUDRA_NATS_URL=...] [--status-batch 0.1] [--sweep-interval 600]
+               [--daemon-nats-ca-secret SECRET] [--daemon-env NAME=value]
+               [--status-batch 0.1] [--sweep-interval 600]
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import sys
 from typing import Any
 
 from services.core import computedomain as cd
@@ -63,8 +65,9 @@ def register(subparsers: Any) -> None:
         type=env_pair,
         action="append",
         default=[],
-        help="NAME=value for the IMEX daemon containers (repeatable; e.g. the bus settings)",
+        help="NAME=value for the IMEX daemon containers (repeatable)",
     )
+    _bus_flags(parser)
     parser.add_argument(
         "--max-nodes-per-imex-domain",
         type=int,
@@ -86,7 +89,51 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(func=_run)
 
 
+def _bus_flags(parser: argparse.ArgumentParser) -> None:
+    """The daemons' own bus credentials in a cluster (objects.DaemonBus)."""
+    parser.add_argument(
+        "--daemon-nats-ca-secret",
+        default=config.env("daemon-nats-ca-secret", ""),
+        help="Secret (driver's namespace) whose ca.crt the daemons trust the bus by; with it "
+        "each daemon pod mounts a projected token of audience <audience>:imex-daemon; "
+        "empty: no bus credentials in the pods (daemons run by gpudra up get theirs)",
+    )
+    parser.add_argument(
+        "--daemon-nats-url",
+        default=config.env("daemon-nats-url", ""),
+        help="where the daemons connect (empty: this controller's --nats-url)",
+    )
+    parser.add_argument(
+        "--daemon-nats-audience",
+        default=config.env("daemon-nats-audience", "gpudra-nats"),
+        help="the auth callout's audience prefix (the chart's nats.auth.audience)",
+    )
+    parser.add_argument(
+        "--daemon-nats-token-seconds",
+        type=int,
+        default=int(config.env("daemon-nats-token-seconds", "3600")),
+        help="lifetime of the daemons' projected bus tokens (the kubelet renews them)",
+    )
+
+
+def daemon_bus(args: argparse.Namespace) -> Any:
+    """The DaemonBus the flags describe, or None without a CA Secret."""
+    from services.domains.objects import DaemonBus
+
+    if not args.daemon_nats_ca_secret:
+        return None
+    return DaemonBus(
+        url=args.daemon_nats_url or args.nats_url,
+        ca_secret=args.daemon_nats_ca_secret,
+        audience=args.daemon_nats_audience,
+        token_seconds=args.daemon_nats_token_seconds,
+    )
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.daemon_nats_token_seconds < 600:  # the API server's least for a projected token
+        print("gpudra domains: --daemon-nats-token-seconds must be at least 600", file=sys.stderr)
+        return 2
     return runner.run("domains", args, _serve(args))
 
 
@@ -106,6 +153,7 @@ async def _serve(args: argparse.Namespace) -> None:
             max_nodes=args.max_nodes_per_imex_domain,
             feature_gates=args.feature_gates.spec(),
             env={"GPUDRA_IMEX_MODE": args.daemon_imex_mode, **dict(args.daemon_env)},
+            bus=daemon_bus(args),
         ),
         batch_s=args.status_batch,
         sweep_s=args.sweep_interval,

@@ -20,6 +20,24 @@ RCT_PATH = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
 DS_PATH = "/apis/apps/v1/namespaces/{ns}/daemonsets"
 
 
+NATS_DIR = "/var/run/gpudra/nats"  # where every bus client of the chart finds its token and CA
+NATS_VOLUME = "nats-imex-daemon"
+
+
+@dataclass(frozen=True)
+class DaemonBus:
+    """The bus credentials a daemon pod gets in a cluster, as the chart gives its own pods:
+    a projected token of audience ``<audience>:imex-daemon`` (the auth callout makes it
+    ``imex-daemon.<node>``, the node taken from the pod the token is bound to) and the CA
+    from ``ca_secret`` in the driver's namespace. Without it (``gpudra up``, where daemons
+    are local processes given their credentials) the pods carry none."""
+
+    url: str
+    ca_secret: str
+    audience: str = "gpudra-nats"
+    token_seconds: int = 3600
+
+
 @dataclass
 class DaemonSettings:
     """How the IMEX daemon pods are made (flags of ``gpudra domains``)."""
@@ -29,7 +47,8 @@ class DaemonSettings:
     image_pull_policy: str = "IfNotPresent"
     max_nodes: int = cd.MAX_NODES_PER_IMEX_DOMAIN
     feature_gates: str = ""
-    env: dict[str, str] = field(default_factory=dict)  # e.g. the bus settings
+    env: dict[str, str] = field(default_factory=dict)  # more variables for the container
+    bus: DaemonBus | None = None
 
 
 def _meta(domain: ComputeDomain, namespace: str, name: str, target: str) -> dict[str, Any]:
@@ -94,7 +113,26 @@ def _env(settings: DaemonSettings) -> list[dict[str, Any]]:
         {"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"},
         {"name": "FEATURE_GATES", "value": settings.feature_gates},
     ]
+    if settings.bus is not None:
+        fixed += [
+            {"name": "GPUDRA_NATS_URL", "value": settings.bus.url},
+            {"name": "GPUDRA_NATS_TOKEN_FILE", "value": f"{NATS_DIR}/token"},
+            {"name": "GPUDRA_NATS_CA", "value": f"{NATS_DIR}/ca.crt"},
+        ]
     return fixed + [{"name": k, "value": v} for k, v in sorted(settings.env.items())]
+
+
+def _bus_volume(bus: DaemonBus) -> dict[str, Any]:
+    token = {
+        "path": "token",
+        "audience": f"{bus.audience}:imex-daemon",
+        "expirationSeconds": bus.token_seconds,
+    }
+    ca = {"name": bus.ca_secret, "items": [{"key": "ca.crt", "path": "ca.crt"}]}
+    return {
+        "name": NATS_VOLUME,
+        "projected": {"sources": [{"serviceAccountToken": token}, {"secret": ca}]},
+    }
 
 
 def _probe(period: int, failures: int) -> dict[str, Any]:
@@ -105,7 +143,7 @@ def _probe(period: int, failures: int) -> dict[str, Any]:
 def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> dict[str, Any]:
     """The IMEX daemons: one pod on every node labelled with the domain's UID."""
     selector = {cd.DOMAIN_LABEL: domain.uid}
-    container = {
+    container: dict[str, Any] = {
         "name": cd.DAEMON_CONTAINER,
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
@@ -119,9 +157,11 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> dict[str, Any
     tolerations = [
         {"operator": "Exists", "effect": e} for e in ("NoSchedule", "NoExecute", "PreferNoSchedule")
     ]
-    pod = {
+    pod: dict[str, Any] = {
         "serviceAccountName": cd.DAEMON_SERVICE_ACCOUNT,
+        "automountServiceAccountToken": False,  # no API rights; its bus token is its own
         "hostNetwork": True,
+        "dnsPolicy": "ClusterFirstWithHostNet",  # the bus by its Service name
         "nodeSelector": selector,
         "tolerations": tolerations,
         "resourceClaims": [
@@ -129,12 +169,16 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> dict[str, Any
         ],
         "containers": [container],
     }
+    if settings.bus is not None:
+        mount = {"name": NATS_VOLUME, "mountPath": NATS_DIR, "readOnly": True}
+        container["volumeMounts"] = [mount]
+        pod["volumes"] = [_bus_volume(settings.bus)]
     return {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
         "metadata": _meta(domain, settings.namespace, cd.daemon_name(domain.uid), cd.TARGET_DAEMON),
         "spec": {
             "selector": {"matchLabels": selector},
-            "template": {"metadata": {"labels": dict(selector)}, "spec": pod},
+            "template": {"metadata": {"labels": {**selector, APP_LABEL: APP}}, "spec": pod},
         },
     }

@@ -134,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
             return 2
     gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
     tools = _real_node_tools() if args.real_nodes else None
-    if tools is not None:  # real nodes: their daemon containers have no bus credentials yet
+    if tools is not None:  # real nodes: none in an NVLink fabric (docs/computedomains.md)
         for example in [e for e in examples if e.domains]:
             _say(f"{example.name}: left out on real nodes (ComputeDomains need simulated nodes)")
         examples = demo.gpu_only(examples)

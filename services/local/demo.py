@@ -13,8 +13,9 @@ for that claim, under the allocating driver's CDI kind (``gpu.nvidia.com`` or
 
 An example with a ComputeDomain needs nodes in an NVLink fabric and IMEX daemons:
 ``gpudra up`` adds :data:`~services.local.stack.GB200_DEMO_NODES` for it on
-simulated nodes, and leaves it out on real nodes (their daemon containers have no
-bus credentials yet, docs/computedomains.md).
+simulated nodes, and leaves it out on real nodes (none is in an NVLink fabric,
+and their kubelet root is too long for the compute-domain driver's sockets,
+docs/computedomains.md).
 
 On real nodes (``gpudra up --real-nodes``) the pods run in real containers:
 their images are replaced by the node's local image (never pulled, see

@@ -27,11 +27,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from nats.aio.client import Client as NatsClient
 
+from services.core import computedomain as cd
 from services.core import subjects, supervisor
 from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.natsauth import public_key
+from services.domains.objects import DaemonBus, DaemonSettings, daemon_set
 from services.local.cluster import ControlPlane
+from tests.helpers.imex import a_domain
 from tests.helpers.natsauth import REPO, AuthService, CalloutNats
 
 pytestmark = pytest.mark.e2e
@@ -47,9 +50,10 @@ GRANTS = [
     f"allocator={NS}/gpudra-allocator",
     f"publisher={NS}/gpudra-publisher",
     f"admin={NS}/gpudra-provision",
+    f"imex-daemon={NS}/{cd.DAEMON_SERVICE_ACCOUNT}",
 ]
 ACCOUNTS = ["gpudra-node", "gpudra-allocator", "gpudra-publisher", "gpudra-provision",
-            "gpudra-nats-auth", "intruder"]  # fmt: skip
+            "gpudra-nats-auth", "intruder", cd.DAEMON_SERVICE_ACCOUNT]  # fmt: skip
 
 
 @dataclass
@@ -173,7 +177,7 @@ class Client:
 
     async def refused(self, subject: str, timeout: float = 10) -> None:
         deadline = time.monotonic() + timeout
-        while not any(DENIED in e and subject in e for e in self.errors):
+        while not any(DENIED in e and subject.lower() in e.lower() for e in self.errors):
             assert time.monotonic() < deadline, f"no refusal of {subject}: {self.errors}"
             await asyncio.sleep(0.02)
 
@@ -257,6 +261,35 @@ async def test_a_nodes_front_and_preparer_talk_through_the_callouts_permissions(
     assert not answering.errors and not asking.errors
 
 
+async def test_an_imex_daemon_pod_as_the_controller_makes_it_is_its_nodes_daemon_only(bed, connect):
+    """The DaemonSet's pod template, bound to a node, with the token its projected volume
+    asks for: the callout makes it imex-daemon.<that node>, which writes only its own
+    member key (another node's is refused)."""
+    domain = a_domain("d0e1a2b3-0000-4000-8000-0000000000e2")
+    bus = DaemonBus(url=bed.nats.url, ca_secret="gpudra-nats-tls", audience=AUD)
+    template = daemon_set(domain, DaemonSettings(NS, bus=bus))["spec"]["template"]
+    bed.cp.apply({"apiVersion": "v1", "kind": "Pod",
+                  "metadata": {"name": "imex-daemon-n1", "namespace": NS, **template["metadata"]},
+                  "spec": {**template["spec"], "nodeName": N1}})  # fmt: skip
+    (volume,) = template["spec"]["volumes"]
+    audience = volume["projected"]["sources"][0]["serviceAccountToken"]["audience"]
+    assert audience == f"{AUD}:imex-daemon"
+    daemon = Identity(Role.IMEX, N1)
+    token = bed.token(cd.DAEMON_SERVICE_ACCOUNT, "imex-daemon", "imex-daemon-n1")
+    client = await connect(token, daemon)
+    own = f"$KV.{subjects.DOMAINS_BUCKET}.{subjects.domain_member_key(domain.uid, N1)}"
+    other = f"$KV.{subjects.DOMAINS_BUCKET}.{subjects.domain_member_key(domain.uid, N2)}"
+    index = f"$KV.{subjects.DOMAINS_BUCKET}.{subjects.domain_index_key(domain.uid, N1)}"
+    for subject in (own, other, index):
+        await client.nc.publish(subject, b"{}")
+    await client.nc.flush()
+    await client.refused(other)
+    await client.refused(index)
+    assert not any(own.lower() in e.lower() for e in client.errors)  # nats-py lowercases
+    allowed = [d for d in bed.auth.decisions() if d.get("identity") == daemon.name]
+    assert allowed and allowed[-1]["client"] == daemon.name
+
+
 async def test_provision_as_admin_then_components_use_jetstream(bed):
     """``gpudra provision`` with the provisioning Job's token; then the allocator's claims
     bucket exists in the GPUDRA account and the allocator may write it."""
@@ -284,6 +317,8 @@ async def test_provision_as_admin_then_components_use_jetstream(bed):
         ("gpudra-node", "admin", True, "may not be admin"),  # a granted account, another role
         ("gpudra-allocator", "preparer", False, "may not be preparer"),
         ("gpudra-node", "preparer", False, "bound to a pod on a node"),  # no node in the token
+        (cd.DAEMON_SERVICE_ACCOUNT, "preparer", True, "may not be preparer"),
+        (cd.DAEMON_SERVICE_ACCOUNT, "imex-daemon", False, "bound to a pod on a node"),
     ],
 )
 async def test_tokens_that_do_not_earn_the_role_are_refused(bed, account, role, bound, why):

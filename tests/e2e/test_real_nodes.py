@@ -62,7 +62,7 @@ DRIVER = "gpu.nvidia.com"
 NVIDIA_MAJOR = 195
 WORKLOAD = "nvidia-smi -L; trap 'exit 0' TERM; sleep 3600 & wait"
 #: Every example but those with a ComputeDomain, which `gpudra up` leaves out on real
-#: nodes (their IMEX daemon containers have no bus credentials yet).
+#: nodes (none is in an NVLink fabric; docs/computedomains.md).
 EXAMPLE_FILES = sorted(e.name for e in demo.gpu_only(demo.load_examples()))
 
 

@@ -14,8 +14,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import msgspec
+
 from services.core.access import Role
 from services.core.natsserver import NatsServer
+from services.domains.model import ComputeDomain
 from services.local.cluster import free_port
 
 CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
@@ -66,3 +69,13 @@ class Daemons:
     def kill_all(self) -> None:
         for node in list(self.procs):
             self.kill(node)
+
+
+def a_domain(uid: str, name: str = "job", num_nodes: int = 2) -> ComputeDomain:
+    """A ComputeDomain as the controller's informer decodes it."""
+    channel = {"resourceClaimTemplate": {"name": f"{name}-channel"}}
+    body = {
+        "metadata": {"name": name, "namespace": "default", "uid": uid},
+        "spec": {"numNodes": num_nodes, "channel": channel},
+    }
+    return msgspec.convert(body, ComputeDomain)

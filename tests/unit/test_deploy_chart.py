@@ -29,9 +29,15 @@ import yaml
 
 from services.cli import build_parser
 from services.core import computedomain, nvidia, resource, retention
+from services.core.access import Role
+from services.domains import cli as domains_cli
+from services.domains import objects as daemon_objects
+from services.domains.objects import DaemonBus
 from services.kubeletplugin.sockets import SocketPaths
 from services.local.helm import KUBE_VERSION, Helm, HelmError, set_args
+from services.natsauth.grants import role_of_audiences
 from tests.helpers.helm import helm, objects_by_kind, one, pod_specs
+from tests.helpers.imex import a_domain
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy" / "chart" / "gpudra"
@@ -244,7 +250,7 @@ def test_only_gpudra_components_may_reach_the_nats_client_port() -> None:
     assert "policyTypes: [Ingress]" in text
     clients, routes = text.split("- ports:")[1:3]
     assert "port: client" in clients
-    assert "values: [node, publisher, allocator, nats-auth, provision]" in clients
+    assert "values: [node, publisher, allocator, domains, nats-auth, provision]" in clients
     assert "app.kubernetes.io/instance, operator: In" in clients
     assert "port: cluster" in routes and '(list . "nats")' in routes
     assert "monitor" not in text.split("ingress:")[1]  # nobody may reach the monitoring port
@@ -563,8 +569,12 @@ def test_rendered_network_policies_admit_exactly_gpudra_clients_to_the_bus(
     assert clients["ports"] == [{"port": "client"}] and routes["ports"] == [{"port": "cluster"}]
     admitted = {n for n, labels in pods.items()
                 if any(_matches(p["podSelector"], labels) for p in clients["from"])}  # fmt: skip
+    domains = VARIANTS[variant].get("computeDomains.enabled", True)
     assert admitted == {"gpudra-node", "gpudra-publisher", "gpudra-allocator",
-                        "gpudra-nats-auth", "gpudra-provision-1"}  # fmt: skip
+                        "gpudra-nats-auth", "gpudra-provision-1"} | (
+                        {"gpudra-domains"} if domains else set())  # fmt: skip
+    daemon = _daemon_set(NAMESPACE, None)["spec"]["template"]["metadata"]["labels"]
+    assert any(_matches(p["podSelector"], daemon) for p in clients["from"]) is domains
     peers = {n for n, labels in pods.items() if _matches(routes["from"][0]["podSelector"], labels)}
     assert peers == {"gpudra-nats"}
     (container,) = pod_specs(docs)["gpudra-nats"]["spec"]["containers"]
@@ -575,6 +585,66 @@ def test_rendered_network_policies_admit_exactly_gpudra_clients_to_the_bus(
     assert auth["ingress"] == []
     assert {n for n, labels in pods.items() if _matches(auth["podSelector"], labels)} == {
         "gpudra-nats-auth"}  # fmt: skip
+
+
+def _daemon_set(namespace: str, bus: DaemonBus | None) -> dict[str, Any]:
+    """The DaemonSet the ComputeDomain controller makes, for some domain."""
+    domain = a_domain("5e1c0a51-0000-4000-8000-00000000000a")
+    return daemon_objects.daemon_set(domain, daemon_objects.DaemonSettings(namespace, bus=bus))
+
+
+def _env_of(container: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_imex_daemons_get_bus_credentials_the_callout_accepts(
+    rendered: dict[str, list[dict[str, Any]]], variant: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The controller's settings, read by its real flags, make daemon pods whose token
+    names the imex-daemon role, which the auth callout grants to the pods' account."""
+    docs = rendered[variant]
+    specs = pod_specs(docs)
+    daemon_grant = f"imex-daemon={NAMESPACE}/{computedomain.DAEMON_SERVICE_ACCOUNT}"
+    grants: list[str] = []
+    if "gpudra-nats-auth" in specs:  # the chart's bus (an external one has its own callout)
+        (auth,) = [c for c in specs["gpudra-nats-auth"]["spec"]["containers"]
+                   if c["name"] == "nats-auth"]  # fmt: skip
+        grants = _env_of(auth)["GPUDRA_GRANTS"].split(",")
+    if not VARIANTS[variant].get("computeDomains.enabled", True):
+        assert "gpudra-domains" not in specs and not [g for g in grants if "imex" in g]
+        return
+    assert daemon_grant in grants or "gpudra-nats-auth" not in specs
+    account = objects_by_kind(docs, "ServiceAccount")[computedomain.DAEMON_SERVICE_ACCOUNT]
+    assert account["automountServiceAccountToken"] is False
+    (controller,) = specs["gpudra-domains"]["spec"]["containers"]
+    for name, value in _env_of(controller).items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args(["domains"])
+    bus = domains_cli.daemon_bus(args)
+    assert bus is not None and bus.url == _env_of(controller)["GPUDRA_NATS_URL"]
+    pod = _daemon_set(NAMESPACE, bus)["spec"]["template"]["spec"]
+    (volume,) = pod["volumes"]
+    token, ca = volume["projected"]["sources"]
+    audience = _values()["nats"]["auth"]["audience"]
+    assert token["serviceAccountToken"]["audience"] == f"{audience}:imex-daemon"
+    assert role_of_audiences(audience, [token["serviceAccountToken"]["audience"]]) == Role.IMEX
+    tokens = {v["name"]: v for v in specs["gpudra-publisher"]["spec"]["volumes"]}
+    (publisher_ca,) = [s for s in tokens["nats-publisher"]["projected"]["sources"] if "secret" in s]
+    assert ca == publisher_ca  # the same CA Secret and key as every other bus client
+    (container,) = pod["containers"]
+    assert container["volumeMounts"] == [
+        {"name": volume["name"], "mountPath": "/var/run/gpudra/nats", "readOnly": True}
+    ]
+    env = _env_of(container)
+    assert env["GPUDRA_NATS_TOKEN_FILE"] == "/var/run/gpudra/nats/token"
+    assert env["GPUDRA_NATS_CA"] == "/var/run/gpudra/nats/ca.crt"
+    assert pod["serviceAccountName"] == computedomain.DAEMON_SERVICE_ACCOUNT
+    assert (
+        pod["dnsPolicy"] == "ClusterFirstWithHostNet"
+        and pod["automountServiceAccountToken"] is False
+    )
+    assert "volumes" not in _daemon_set(NAMESPACE, None)["spec"]["template"]["spec"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

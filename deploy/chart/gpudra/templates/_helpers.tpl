@@ -137,13 +137,17 @@ signed the NATS servers' certificate, nothing else of the TLS Secret. */}}
   readOnly: true
 {{- end -}}
 
-{{/* The ServiceAccount each bus role's pod runs as, for the auth callout's grants. */}}
+{{/* The ServiceAccount each bus role's pod runs as, for the auth callout's grants (the
+IMEX daemons' account, with ComputeDomains: their pods are the controller's, not the chart's). */}}
 {{- define "gpudra.natsGrants" -}}
 {{- $full := include "gpudra.fullname" . -}}
 {{- $ns := .Release.Namespace -}}
 {{- $grants := list -}}
 {{- range $role, $account := dict "discovery" "preparer" "preparer" "preparer" "kubeletplugin" "preparer" "publisher" "publisher" "allocator" "allocator" "domains" "domains" "admin" "provision" -}}
 {{- $grants = append $grants (printf "%s=%s/%s-%s" $role $ns $full $account) -}}
+{{- end -}}
+{{- if .Values.computeDomains.enabled -}}
+{{- $grants = append $grants (printf "imex-daemon=%s/compute-domain-daemon-service-account" $ns) -}}
 {{- end -}}
 {{- join "," $grants -}}
 {{- end -}}
