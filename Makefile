@@ -104,6 +104,7 @@ bench: venv
 	$(BIN)/python bench/prepare.py
 	$(BIN)/python bench/trail.py
 	$(BIN)/python bench/domains.py
+	$(BIN)/python bench/domains.py --pods
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

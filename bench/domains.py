@@ -17,11 +17,11 @@ With ``--pods`` it measures the whole path instead, on a `gpudra up` stack
 ComputeDomain is created, then (once its workload template exists, as a job would
 find it) one pod per node with a channel claim from it; the time from creating the
 domain to every pod Running, and to the domain Ready, and the controller's CPU and
-RSS. kubelet-dra syncs one pod at a time, so each node's workload pod, taken before
-its daemon pod exists, waits out one prepare deadline (``--prepare-timeout``) first:
-that deadline is part of the figure, as it would not be under a real kubelet.
+RSS. kubelet-dra syncs pods side by side (``--pod-workers``, as the kubelet's pod
+workers), so a workload pod's channel claim waits for its node's daemon pod while
+that pod is prepared and started.
 
-Usage: ``python -m bench.domains [--sizes 2,8,18] [--pods [--prepare-timeout 5]]``
+Usage: ``python -m bench.domains [--sizes 2,8,18] [--pods [--prepare-timeout 12]]``
 """
 
 from __future__ import annotations
@@ -177,7 +177,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--sizes", default="2,8,18")
     parser.add_argument("--pods", action="store_true", help="to pods Running, on a stack")
-    parser.add_argument("--prepare-timeout", type=float, default=5.0)
+    parser.add_argument("--prepare-timeout", type=float, default=12.0)
     args = parser.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
     if not args.pods:

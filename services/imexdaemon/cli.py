@@ -79,6 +79,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         settings = _settings(args)
+        settings.check_folder()
     except StartError as exc:
         print(f"gpudra imex-daemon run: {exc}", file=sys.stderr)
         return 1

@@ -68,6 +68,14 @@ class DaemonSettings:
                    domain_uid=uid, clique_id=env.get("CLIQUE_ID", ""), pod=pod,
                    **options)  # type: ignore[arg-type]  # fmt: skip
 
+    def check_folder(self) -> None:
+        """``/imexd`` is the daemon claim's mount: made by the preparer, never by the daemon
+        (one made here would outlive the claim, whose unprepare removes the host folder)."""
+        if self.clique_id and not self.imexd_dir.is_dir():
+            raise StartError(
+                f"{self.imexd_dir}: no such folder (the daemon claim's CDI mount did not apply)"
+            )
+
     @property
     def config_path(self) -> Path:
         return self.imexd_dir / imexcfg.CONFIG
@@ -111,7 +119,6 @@ class Daemon:
             if not self.s.clique_id:
                 await self.key.set("Ready")  # no fabric: nothing to broker, as the reference
                 await asyncio.Event().wait()
-            self.s.imexd_dir.mkdir(parents=True, exist_ok=True)
             imexcfg.write_atomic(self.s.config_path, self.s.imex_config().render())
             imexcfg.write_atomic(self.s.imex_config().nodes_file, "")
             await self.key.set("NotReady", "starting")

@@ -101,6 +101,8 @@ def launch_of(pod: Mapping[str, Any], node: DaemonNode) -> PodLaunch:
                 imexd = Path(mount["hostPath"])
     if imexd is None:
         raise LaunchError(f"the claim's CDI spec mounts nothing at {IMEXD_IN_CONTAINER}")
+    if not imexd.is_dir():  # unprepared meanwhile: a container would not start either
+        raise LaunchError(f"{imexd}: the claim's folder is gone")
     key = f"{meta['namespace']}/{meta['name']}/{meta['uid']}"
     return PodLaunch(key=key, node=node.name, env=env, imexd_dir=imexd)
 

@@ -129,10 +129,9 @@ GB200_DEMO_NODES = (
     NodeSpec("gpu-node-gb200-2", "gb200-nvl72", GB200_DEMO_TAINT),
 )
 
-#: kubelet-dra syncs one pod at a time, so a ComputeDomain's workload pod, taken
-#: before its node's daemon pod exists, holds the node's queue for one whole prepare
-#: deadline (its channel claim waits for that very daemon) before the retry succeeds.
-#: With domains, `gpudra up` shortens the deadline from the plugin's 45 s to this,
+#: With domains, `gpudra up` shortens the kubelet plugin's prepare deadline from 45 s
+#: to this: a channel claim's prepare waits for its node's daemon (whose pod
+#: kubelet-dra syncs beside it), and a demo whose daemon cannot start fails sooner;
 #: still far above any simulated GPU prepare.
 DOMAIN_DEMO_PREPARE_TIMEOUT = 12.0
 

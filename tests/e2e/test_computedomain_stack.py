@@ -32,8 +32,8 @@ NODE = "gb-node-1"
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator[Stack]:
-    # A short prepare deadline: kubelet-dra syncs one pod at a time, so a workload pod
-    # taken before its daemon's pod waits out one deadline before the retry succeeds.
+    # A short prepare deadline: a channel claim waits for its daemon, and a daemon that
+    # cannot start should fail the test in seconds, not in the plugin's 45.
     s = Stack([NodeSpec(NODE, "gb200-nvl72")], binary=controlplane_binary, prepare_timeout=8.0)
     with started_stack(request, s):
         yield s

@@ -40,8 +40,8 @@ CHANNEL = "/dev/nvidia-caps-imex-channels/channel0"
 
 @pytest.fixture(scope="module")
 def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator[Stack]:
-    # A short prepare deadline: kubelet-dra syncs one pod at a time, so a workload pod
-    # taken before its daemon's pod waits out one deadline before the retry succeeds.
+    # A short prepare deadline: a channel claim waits for its daemon, and a daemon that
+    # cannot start should fail the test in seconds, not in the plugin's 45.
     nodes = [NodeSpec(n, "gb200-nvl72") for n in NODES]
     s = Stack(nodes, binary=controlplane_binary, prepare_timeout=8.0)
     with started_stack(request, s):

@@ -33,6 +33,7 @@ class Daemons:
 
     def start(self, node: str, *, uid: str, clique: str = CLIQUE, **env: str) -> Path:
         imexd = self.root / node
+        imexd.mkdir(exist_ok=True)  # the daemon claim's mount, as the preparer makes it
         argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
                 "--imexd-dir", str(imexd), "--server-port", str(self.port),
                 "--cmd-port", str(self.cmd), "--probe-interval", "0.2",

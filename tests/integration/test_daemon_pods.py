@@ -115,3 +115,38 @@ async def test_a_running_daemon_pod_joins_its_domain_and_leaves_with_its_pod(
         await until(left, "the daemon stopped and its key gone")
     finally:
         runner.stop()
+
+
+async def test_a_daemon_whose_claim_folder_went_is_stopped_and_not_started_again(
+    apiserver: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    """The claim unprepared while the pod still says Running (the kubelet stops the
+    container first; kubelet-dra does not): no daemon runs on without its mount."""
+    domain, claim_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    imexd = tmp_path / "domains" / domain
+    imexd.mkdir(parents=True)
+    write_spec(tmp_path / "cdi", claim_uid, domain, imexd)
+    runner = DaemonPods(
+        apiserver.api_get,
+        [DaemonNode(NODE, tmp_path / "cdi", "127.0.0.3")],
+        lambda node: nats_server.client_argv(Role.IMEX, node),
+        tmp_path / "logs",
+    )
+    runner.start()
+    try:
+        running_daemon_pod(apiserver, domain, claim_uid)
+
+        async def started() -> bool:
+            return bool(runner.running)
+
+        await until(started, "the daemon started")
+        imexd.rmdir()
+
+        async def stopped() -> bool:
+            return not runner.running
+
+        await until(stopped, "the daemon stopped")
+        runner.sync()  # another pass: nothing starts again
+        assert not runner.running and not imexd.exists()
+    finally:
+        runner.stop()

@@ -116,6 +116,7 @@ async def test_a_binary_that_cannot_start_marks_the_member_failed(
     setup: tuple[Daemons, Bus], nats_server: NatsServer, tmp_path: Path
 ) -> None:
     daemons, bus = setup
+    (tmp_path / "real").mkdir()
     argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "real",
             "--imex-binary", str(tmp_path / "no-such-nvidia-imex"), "--imexd-dir",
             str(tmp_path / "real"), *nats_server.client_argv(Role.IMEX, "tray-a")]  # fmt: skip
@@ -140,6 +141,20 @@ def test_without_the_cdi_edits_it_refuses_to_start(tmp_path: Path) -> None:
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 1
     assert "CDI container edits did not apply -- is CDI enabled" in proc.stderr
+
+
+def test_without_its_imexd_mount_it_refuses_to_start_and_makes_none(tmp_path: Path) -> None:
+    """The claim's unprepare removed the host folder: a daemon started late must not make
+    it again (it would outlive the claim)."""
+    gone = tmp_path / "domains" / UID
+    argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
+            "--imexd-dir", str(gone)]  # fmt: skip
+    env = {**os.environ, "NODE_NAME": "tray-a", "POD_IP": "127.0.0.2",
+           "COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE}  # fmt: skip
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 1
+    assert f"{gone}: no such folder (the daemon claim's CDI mount did not apply)" in proc.stderr
+    assert not (tmp_path / "domains").exists()
 
 
 async def test_a_daemon_may_write_only_its_own_member_key(nats_server: NatsServer) -> None:

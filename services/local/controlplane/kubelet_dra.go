@@ -109,6 +109,7 @@ func runKubeletDRA() int {
 	root := fs.String("root", "", "kubelet root directory: plugins_registry/, plugins/ and the DRA checkpoint live here (required)")
 	retryBase := fs.Duration("retry-base-delay", 500*time.Millisecond, "first delay before a failed pod sync is retried; doubles per failure")
 	retryMax := fs.Duration("retry-max-delay", 10*time.Second, "longest delay between retries of a failed pod sync (the kubelet's pod worker backs off 10 s)")
+	workers := fs.Int("pod-workers", 8, "pods synced side by side (the kubelet runs a worker per pod: a pod whose prepare waits does not hold up the others)")
 	utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	goflags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(goflags)
@@ -118,6 +119,10 @@ func runKubeletDRA() int {
 			return 0
 		}
 		fmt.Fprintln(os.Stderr, "kubelet-dra:", err)
+		return 2
+	}
+	if *workers < 1 {
+		fmt.Fprintln(os.Stderr, "kubelet-dra: --pod-workers must be at least 1")
 		return 2
 	}
 	if *node == "" || *kubeconfig == "" || *root == "" {
@@ -132,14 +137,14 @@ func runKubeletDRA() int {
 	logger := klog.LoggerWithValues(klog.Background(), "node", *node)
 	ctx = klog.NewContext(ctx, logger)
 
-	if err := runKubeletDRAWith(ctx, *node, *kubeconfig, *root, *retryBase, *retryMax); err != nil {
+	if err := runKubeletDRAWith(ctx, *node, *kubeconfig, *root, *retryBase, *retryMax, *workers); err != nil {
 		logger.Error(err, "kubelet-dra failed")
 		return 1
 	}
 	return 0
 }
 
-func runKubeletDRAWith(ctx context.Context, node, kubeconfig, root string, retryBase, retryMax time.Duration) error {
+func runKubeletDRAWith(ctx context.Context, node, kubeconfig, root string, retryBase, retryMax time.Duration, workers int) error {
 	logger := klog.FromContext(ctx)
 	root, err := filepath.Abs(root)
 	if err != nil {
@@ -250,7 +255,11 @@ func runKubeletDRAWith(ctx context.Context, node, kubeconfig, root string, retry
 	}
 	logger.Info("kubelet-dra running", "root", root, "pluginsRegistry", registrationDir)
 
-	go wait.UntilWithContext(ctx, k.worker, time.Second)
+	// The work queue hands one pod to one worker at a time, as the kubelet's pod
+	// workers sync each pod serially and different pods side by side.
+	for i := 0; i < workers; i++ {
+		go wait.UntilWithContext(ctx, k.worker, time.Second)
+	}
 	<-ctx.Done()
 	logger.Info("kubelet-dra shutting down")
 	return nil
