@@ -40,9 +40,9 @@ from services.allocator.structured import features as kube_features
 from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.cli import main as gpudra
 from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice, to_builtins
+from services.local.cluster import BUILD_SCRIPT
 
 REPO = Path(__file__).resolve().parents[1]
-BUILD_SCRIPT = REPO / "tests" / "e2e" / "controlplane" / "build.sh"
 GATES = "DRAPartitionableDevices=true"
 
 TEMPLATE = "templatenode"
