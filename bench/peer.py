@@ -39,7 +39,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import prepare  # noqa: E402
-from bench.prepare import Phase, cpu_seconds, pct, peak_rss_mb, report  # noqa: E402
+from bench.prepare import Phase, Proc, cpu_seconds, pct, peak_rss_mb, report  # noqa: E402
 from services.core.kube import KubeApi, http_api  # noqa: E402
 from services.core.resourceapi import versioned  # noqa: E402
 from services.local.cluster import ControlPlane, build_controlplane  # noqa: E402
@@ -122,53 +122,54 @@ async def peer_phase(peer: Peer, cycles: int, concurrency: int) -> tuple[Phase, 
     return phase, apiserver_ms
 
 
-@contextlib.asynccontextmanager
-async def peer_stack(binary: Path, gpus: int, qps: float) -> AsyncIterator[Peer]:
-    root = Path(tempfile.mkdtemp(prefix="gpudra-bench-peer-", dir="/tmp"))
+def start_peer(binary: Path, cp: ControlPlane, root: Path, gpus: int, qps: float) -> Proc:
+    """The peer's kubelet plugin for the bench node, its kubelet folders under ``root``."""
     kubelet_root = root / "kubelet"
     for folder in ("plugins_registry", "plugins"):
         (kubelet_root / folder).mkdir(parents=True)
-    with ControlPlane(build_controlplane(), nodes=[prepare.NODE], verbosity=0) as cp:
-        cp.kubectl("create", "namespace", NAMESPACE)
-        log = open(root / "peer.log", "wb")  # noqa: SIM115 - closed below
-        proc = subprocess.Popen(
+    (root / "cdi").mkdir()
+    log = root / "peer.log"
+    with open(log, "wb") as out:
+        popen = subprocess.Popen(
             [str(binary), "--kubeconfig", str(cp.kubeconfig), "--node-name", prepare.NODE,
              "--cdi-root", str(root / "cdi"), "--num-devices", str(gpus),
              "--kubelet-registrar-directory-path", str(kubelet_root / "plugins_registry"),
              "--kubelet-plugins-directory-path", str(kubelet_root / "plugins"),
              "--healthcheck-port", "-1", "--metrics-port", "-1",
              "--kube-api-qps", str(qps), "--kube-api-burst", str(int(qps))],
-            stdout=log, stderr=subprocess.STDOUT,
+            stdout=out, stderr=subprocess.STDOUT,
         )  # fmt: skip
-        (root / "cdi").mkdir(exist_ok=True)
+    return Proc("peer", popen, log)
+
+
+@contextlib.asynccontextmanager
+async def peer_stack(binary: Path, gpus: int, qps: float) -> AsyncIterator[Peer]:
+    root = Path(tempfile.mkdtemp(prefix="gpudra-bench-peer-", dir="/tmp"))
+    with ControlPlane(build_controlplane(), nodes=[prepare.NODE], verbosity=0) as cp:
+        cp.kubectl("create", "namespace", NAMESPACE)
+        proc = start_peer(binary, cp, root, gpus, qps)
         api = versioned(await http_api(str(cp.kubeconfig)))
         apiserver = next(p for p in cp.processes if p.name == "kube-apiserver")
         try:
-            async with FakeKubelet(kubelet_root, driver=PEER_DRIVER) as kubelet:
+            async with FakeKubelet(root / "kubelet", driver=PEER_DRIVER) as kubelet:
                 await kubelet.wait_for_registration_socket(timeout=60)
                 await kubelet.register()
                 names = [f"gpu-{i}" for i in range(gpus)]
-                peer = Peer(kubelet, api, proc.pid, apiserver.proc.pid, names)
+                peer = Peer(kubelet, api, proc.popen.pid, apiserver.proc.pid, names)
                 warm, _ = await peer_phase(peer, 20, 1)
                 if warm.errors:
                     raise SystemExit(f"peer warm-up failed: {warm.errors[0]}")
-                print(f"peer: {binary.name}, pid {proc.pid}, {gpus} GPUs, claims GET from "
-                      f"kube-apiserver pid {apiserver.proc.pid}, client QPS {qps:g}")  # fmt: skip
+                print(f"peer: {binary.name}, pid {peer.pid}, {gpus} GPUs, claims GET from "
+                      f"kube-apiserver pid {peer.apiserver_pid}, client QPS {qps:g}")  # fmt: skip
                 yield peer
         finally:
             await api.close()
-            proc.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(15)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-            log.close()
+            proc.stop()
             shutil.rmtree(root, ignore_errors=True)
 
 
 def _median(phases: Sequence[Phase], figure: str) -> float:
-    values = {
+    values: Callable[[Phase], float] = {
         "prepare p50": lambda p: pct(p.prepare_ms, 50),
         "prepare p99": lambda p: pct(p.prepare_ms, 99),
         "unprepare p50": lambda p: pct(p.unprepare_ms, 50),
@@ -208,7 +209,7 @@ async def run(args: argparse.Namespace) -> int:
                             phase, api_ms = await peer_phase(peer, args.cycles, c)
                             theirs[c].append(phase)
                             report(phase, args.cycles, shared=False)
-                            print(f"  kube-apiserver CPU ms per cycle (the peer's GETs): {api_ms:.2f}")
+                            print(f"  kube-apiserver CPU ms per cycle (its GETs): {api_ms:.2f}")
             print(f"\n{node.peak_rss()}")
             print(f"peer peak RSS: {peak_rss_mb(peer.pid):.1f} MB")
     summary(ours, theirs)
