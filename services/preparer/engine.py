@@ -454,17 +454,19 @@ class Engine:
         ``daemon_ids`` None: every shared daemon running (a rollback that knows
         nothing of what the dead attempt started).
         """
-        running = {d.daemon_id: d for d in await self.ops.mps_daemons()}
-        wanted = (
-            {d for d in running if d.startswith(shareplan.DAEMON_PREFIX)}
-            if daemon_ids is None
-            else daemon_ids
-        )
+        wanted = daemon_ids
+        if wanted is None:
+            running = await self.ops.mps_daemons()
+            wanted = {
+                d.daemon_id for d in running if d.daemon_id.startswith(shareplan.DAEMON_PREFIX)
+            }
         for daemon_id in sorted(wanted):
             async with self._daemon_lock(daemon_id):
                 if self.share_refs(daemon_id, exclude=uid):
                     continue
-                daemon = running.get(daemon_id)
+                # Read under the lock: another share's unprepare may have stopped it.
+                live = await self.ops.mps_daemons()
+                daemon = next((d for d in live if d.daemon_id == daemon_id), None)
                 if daemon is not None:
                     with self.steps.step("mps.share.stop", attributes={"daemon": daemon_id}):
                         await self.ops.stop_mps(daemon)
@@ -623,12 +625,15 @@ class Engine:
                 await self._undo_completed(ref.uid, entry)
         with self.steps.step("checkpoint.remove"):
             await self.store.remove(ref.uid, before=lambda: self._delete_files(ref.uid))
+        # After the entry is gone: of shares leaving at once, the last to get here finds
+        # no holder left (each counts the others while they are in the checkpoint). A
+        # crash in between leaves a daemon no claim owns, which recover() stops.
+        daemons = {d.share.daemon_id for d in entry.devices if d.share is not None}
+        if daemons and entry.state != PREPARE_STARTED:
+            await self._stop_unused_share_daemons(ref.uid, daemons)
         self.claims.forget(ref)
 
     async def _undo_completed(self, uid: str, entry: ClaimEntry) -> None:
-        daemons = {d.share.daemon_id for d in entry.devices if d.share is not None}
-        if daemons:  # the last share of a device stops its daemon
-            await self._stop_unused_share_daemons(uid, daemons)
         shared = self._gpus_of_other_claims(uid)
         await self._undo(
             mps=[g.mps for g in entry.groups if g.mps is not None],

@@ -566,7 +566,12 @@ def test_shared_claim_is_unprepared_after_its_last_pod(stack: Stack, scratch: st
     wait_gone(stack, f"/api/v1/namespaces/{ns}/pods/second")
     stack.wait_for(lambda: not spec_file.exists(), "the claim's CDI spec to be removed")
     events = claim_events(stack, uid)
-    assert events.count("prepared") == 1 and events.count("unprepared") == 1, events
+    # The kubelet may prepare the claim for both pods side by side (its pod workers run
+    # in parallel and check "prepared" before the call): each request is answered, the
+    # second from the checkpoint. It is unprepared once, after the last pod.
+    prepared = events.count("prepared")
+    assert 1 <= prepared == events.count("prepare.requested") <= 2, events
+    assert events.count("unprepared") == 1, events
     assert_node_clean(stack, H100)
 
 

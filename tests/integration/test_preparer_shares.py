@@ -287,3 +287,18 @@ async def test_two_shares_prepared_at_once_cannot_both_take_the_rest(node: Node)
     assert errors[0] == "" and "needs memory 50Gi" in errors[1], errors
     assert len(node.checkpoint().claims) == 1
     assert len(node.sim_host()["mps"]) == 1
+
+
+async def test_shares_unprepared_at_once_stop_their_daemon(node: Node) -> None:
+    """The kubelet unprepares pods side by side: the last share out stops the daemon even
+    when every share leaves in the same moment (each saw the others still there)."""
+    await node.start_preparer(gates=GATES, extra=MEMORY_MODE)
+    claims = [await put_share(node, "20Gi", name) for name in ("x", "y", "z")]
+    reply = await node.prepare(*claims)
+    assert all(r.error == "" for r in reply.claims.values())
+    assert len(node.sim_host()["mps"]) == 1
+    reply = await node.unprepare(*claims)  # one request: its claims run concurrently
+    assert all(r.error == "" for r in reply.claims.values())
+    host = node.sim_host()
+    assert host["mps"] == {} and host["compute_mode"] == {}
+    assert dict(node.checkpoint().claims) == {}

@@ -47,9 +47,11 @@ def write_spec(root: Path, container: dict[str, Any]) -> None:
 def test_the_process_gets_the_pods_and_the_claims_environment(tmp_path: Path) -> None:
     node = DaemonNode("n1", tmp_path, "127.0.0.10")
     ref = edits.DomainRef(DOMAIN, "job", "team-a")
-    write_spec(tmp_path, edits.daemon_edits(ref, "c.1", "/k/domains/x", edits.CapFile(0, 0), 508))
+    folder = tmp_path / "domains" / "x"
+    folder.mkdir(parents=True)
+    write_spec(tmp_path, edits.daemon_edits(ref, "c.1", str(folder), edits.CapFile(0, 0), 508))
     launch = launch_of(pod({cd.DAEMON_CONTAINER: [device_id()]}), node)
-    assert launch.imexd_dir == Path("/k/domains/x")
+    assert launch.imexd_dir == folder
     assert launch.key == "gpudra/daemon-x/pod-uid"
     assert launch.env == {
         "MAX_NODES_PER_IMEX_DOMAIN": "18",
@@ -72,6 +74,11 @@ def test_the_process_gets_the_pods_and_the_claims_environment(tmp_path: Path) ->
         ({"c": ["k8s.gpu.nvidia.com/claim=x-gpu-0"]}, None, "no compute-domain CDI device"),
         ({cd.DAEMON_CONTAINER: [device_id()]}, None, "No such file"),
         ({cd.DAEMON_CONTAINER: [device_id()]}, {"env": ["CLIQUE_ID="]}, "mounts nothing at"),
+        (
+            {cd.DAEMON_CONTAINER: [device_id()]},
+            {"mounts": [{"hostPath": "/no/such/domain", "containerPath": "/imexd"}]},
+            "the claim's folder is gone",
+        ),
     ],
 )
 def test_a_pod_not_runnable_yet_says_why(

@@ -402,9 +402,17 @@ func (k *kubeletDRA) sync(ctx context.Context, uid types.UID) error {
 			k.recorder.Eventf(pod, v1.EventTypeWarning, kubeletevents.FailedPrepareDynamicResources, "Failed to get dynamic resources of container %s: %v", containers[i].Name, err)
 			return err
 		}
+		// Two pods of one claim synced side by side may both have called
+		// NodePrepareResources (the manager checks "prepared" before the call and
+		// records the devices after it), and the manager then lists the claim's
+		// devices twice; a container gets each CDI device once.
 		ids := make([]string, 0, len(info.CDIDevices))
+		seen := sets.New[string]()
 		for _, d := range info.CDIDevices {
-			ids = append(ids, d.Name)
+			if !seen.Has(d.Name) {
+				seen.Insert(d.Name)
+				ids = append(ids, d.Name)
+			}
 		}
 		devices[containers[i].Name] = ids
 	}
