@@ -1,4 +1,4 @@
-"""One prepare or unprepare at a time per claim, for both drivers' engines.
+"""One prepare or unprepare at a time per claim (or per GPU), for both drivers' engines.
 
 The kubelet may retry a call while the first is still running; the second
 waits for the first instead of racing it over the checkpoint and the CDI spec.
@@ -9,6 +9,7 @@ millions of claims keeps no lock per claim it has ever seen.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -30,6 +31,15 @@ class ClaimLocks:
                 del self._locks[uid]
             else:
                 self._locks[uid] = (lock, users - 1)
+
+    @asynccontextmanager
+    async def hold_all(self, keys: set[str]) -> AsyncIterator[None]:
+        """Every one of ``keys``, taken in sorted order (two holders never wait on each
+        other's second key)."""
+        async with contextlib.AsyncExitStack() as stack:
+            for key in sorted(keys):
+                await stack.enter_async_context(self.hold(key))
+            yield
 
     def __len__(self) -> int:
         return len(self._locks)

@@ -147,6 +147,7 @@ class Engine:
         self.ops = ops
         self.faults = faults or Faults()
         self._claim_locks = ClaimLocks()
+        self._gpu_locks = ClaimLocks()  # physical GPU -> one unprepare's undo at a time
         self._inflight: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
         # (device, uid, share id) -> ("ns/name", share) for shares being prepared
         self._inflight_shares: dict[tuple[str, str, str], tuple[str, ShareState]] = {}
@@ -618,13 +619,17 @@ class Engine:
                 "kubelet unprepares before it reports a pod finished)",
                 extra={"claim": describe(ref), "uid": ref.uid, "pods": alive},
             )
-        if entry.state == PREPARE_STARTED:
-            await self._rollback_started(ref.uid, entry)
-        else:
-            with self.steps.step("devices.undo"):
-                await self._undo_completed(ref.uid, entry)
-        with self.steps.step("checkpoint.remove"):
-            await self.store.remove(ref.uid, before=lambda: self._delete_files(ref.uid))
+        # Claims of one GPU (adminAccess, shares) leave it one at a time: each leaves the
+        # GPU's settings and MIG devices to the others while they hold it, so the last one
+        # out must see the others gone from the checkpoint.
+        async with self._gpu_locks.hold_all({d.gpu_uuid or d.name for d in entry.devices}):
+            if entry.state == PREPARE_STARTED:
+                await self._rollback_started(ref.uid, entry)
+            else:
+                with self.steps.step("devices.undo"):
+                    await self._undo_completed(ref.uid, entry)
+            with self.steps.step("checkpoint.remove"):
+                await self.store.remove(ref.uid, before=lambda: self._delete_files(ref.uid))
         # After the entry is gone: of shares leaving at once, the last to get here finds
         # no holder left (each counts the others while they are in the checkpoint). A
         # crash in between leaves a daemon no claim owns, which recover() stops.

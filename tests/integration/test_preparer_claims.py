@@ -207,6 +207,25 @@ async def test_time_slicing_is_applied_and_reset(h100: Node) -> None:
     assert_clean(h100)
 
 
+async def test_two_claims_of_one_gpu_unprepared_at_once_reset_its_time_slice(h100: Node) -> None:
+    """Each claim leaves the GPU's setting to the other while the other holds it: when
+    both leave together, the last one out still resets it."""
+    await h100.start_preparer(gates="TimeSlicingSettings=true")
+    config = gpu_config(strategy="TimeSlicing", timeSlicingConfig={"interval": "Long"})
+    claims = [
+        await h100.put_claim(make_claim(h100.name, [Dev("gpu", "gpu-0", admin=True)],
+                                        name=name, configs=[opaque(config)]))
+        for name in ("left", "right")
+    ]  # fmt: skip
+    reply = await h100.prepare(*claims)
+    assert all(r.error == "" for r in reply.claims.values())
+    assert list(h100.sim_host()["time_slice"].values()) == ["Long"]
+    reply = await h100.unprepare(*claims)  # one request: its claims run concurrently
+    assert all(r.error == "" for r in reply.claims.values())
+    assert h100.sim_host()["time_slice"] == {}
+    assert_clean(h100)
+
+
 async def test_mps_daemon_gets_its_limits_and_the_container_its_pipe(h100: Node) -> None:
     """Per-device limits by index count in the sorted UUIDs, as the reference's do."""
     await h100.start_preparer(gates="MPSSupport=true")
