@@ -395,8 +395,9 @@ def test_named_claim_is_shared_by_both_pods(stack: Stack, demo_result: Any) -> N
     reserved = sorted(r["name"] for r in claim["status"]["reservedFor"])
     assert reserved == ["consumer", "producer"]
     events = claim_events(stack, claim["metadata"]["uid"])
-    assert events.count("prepare.requested") == 1, events  # the kubelet prepares it once
-    assert events.count("prepared") == 1, events
+    # Prepared for the first pod; the kubelet's pod workers may also ask for the second
+    # before the first call returned (then answered from the checkpoint): once or twice.
+    assert 1 <= events.count("prepare.requested") == events.count("prepared") <= 2, events
 
 
 def test_two_containers_get_the_same_gpu(stack: Stack, demo_result: Any) -> None:
