@@ -37,7 +37,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
@@ -95,29 +94,10 @@ async def peer_phase(peer: Peer, cycles: int, concurrency: int) -> tuple[Phase, 
     """One phase on the peer; also the API server's CPU ms per cycle during it."""
     claims = await _claims(peer.api, peer.gpus, cycles, concurrency)
     plan = [claims[slot::concurrency] for slot in range(concurrency)]
-    prepare_ms: list[float] = []
-    unprepare_ms: list[float] = []
-    errors: list[str] = []
-
-    async def worker(mine: list[Claim]) -> None:
-        for c in mine:
-            t0 = time.perf_counter()
-            result = (await peer.kubelet.prepare([c]))[c.uid]
-            t1 = time.perf_counter()
-            error = (await peer.kubelet.unprepare([c]))[c.uid]
-            t2 = time.perf_counter()
-            prepare_ms.append((t1 - t0) * 1000)
-            unprepare_ms.append((t2 - t1) * 1000)
-            if result.error or len(result.devices) != 1 or error:
-                errors.append(result.error or error or f"{len(result.devices)} devices")
-
     before = cpu_seconds(peer.pid), cpu_seconds(peer.apiserver_pid)
-    started = time.perf_counter()
-    await asyncio.gather(*(worker(mine) for mine in plan))
-    seconds = time.perf_counter() - started
+    phase = await prepare.timed_cycles(peer.kubelet, plan)
     plugin_ms = (cpu_seconds(peer.pid) - before[0]) * 1000 / cycles
     apiserver_ms = (cpu_seconds(peer.apiserver_pid) - before[1]) * 1000 / cycles
-    phase = Phase(concurrency, prepare_ms, unprepare_ms, seconds, errors)
     phase.cpu_ms_per_cycle = {"plugin": plugin_ms}
     return phase, apiserver_ms
 

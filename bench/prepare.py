@@ -260,6 +260,18 @@ async def run_phase(
         plan[slot].append(Claim(uid, "bench", rc.metadata.name))
     if api.started:
         await api.wait_served("claim", read_ahead, timeout=120)
+    phase = await timed_cycles(kubelet, plan)
+    # The pods are gone: the allocator's watcher drops the claims from the bucket.
+    for claims in plan:
+        for c in claims:
+            await bus.kv_delete(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, c.uid))
+            api.delete_pod("bench", c.name)
+            api.delete_claim("bench", c.name)
+    return phase
+
+
+async def timed_cycles(kubelet: Caller, plan: list[list[Claim]]) -> Phase:
+    """One worker per list of ``plan``: each claim prepared, then unprepared, timed."""
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
     errors: list[str] = []
@@ -279,13 +291,7 @@ async def run_phase(
     started = time.perf_counter()
     await asyncio.gather(*(worker(claims) for claims in plan))
     seconds = time.perf_counter() - started
-    # The pods are gone: the allocator's watcher drops the claims from the bucket.
-    for claims in plan:
-        for c in claims:
-            await bus.kv_delete(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, c.uid))
-            api.delete_pod("bench", c.name)
-            api.delete_claim("bench", c.name)
-    return Phase(concurrency, prepare_ms, unprepare_ms, seconds, errors)
+    return Phase(len(plan), prepare_ms, unprepare_ms, seconds, errors)
 
 
 def pct(values: list[float], p: float) -> float:

@@ -70,6 +70,24 @@ def write_spec(cdi_root: Path, claim_uid: str, domain: str, imexd: Path) -> None
     spec_path(cdi_root, claim_uid).write_bytes(msgspec.json.encode(spec))
 
 
+def prepared_daemon(
+    apiserver: ControlPlane, nats_server: NatsServer, root: Path, address: str
+) -> tuple[str, str, Path, DaemonPods]:
+    """A daemon claim as the node driver prepares it (its folder and CDI spec), and the
+    node's runner: (domain UID, claim UID, the claim's folder, the runner)."""
+    domain, claim_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    imexd = root / "domains" / domain
+    imexd.mkdir(parents=True)
+    write_spec(root / "cdi", claim_uid, domain, imexd)
+    runner = DaemonPods(
+        apiserver.api_get,
+        [DaemonNode(NODE, root / "cdi", address)],
+        lambda node: nats_server.client_argv(Role.IMEX, node),
+        root / "logs",
+    )
+    return domain, claim_uid, imexd, runner
+
+
 async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
     deadline = time.monotonic() + 60
     while not await check():
@@ -80,16 +98,7 @@ async def until(check: Callable[[], Awaitable[bool]], what: str) -> None:
 async def test_a_running_daemon_pod_joins_its_domain_and_leaves_with_its_pod(
     apiserver: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
 ) -> None:
-    domain, claim_uid = str(uuid.uuid4()), str(uuid.uuid4())
-    imexd = tmp_path / "domains" / domain
-    imexd.mkdir(parents=True)
-    write_spec(tmp_path / "cdi", claim_uid, domain, imexd)
-    runner = DaemonPods(
-        apiserver.api_get,
-        [DaemonNode(NODE, tmp_path / "cdi", "127.0.0.2")],
-        lambda node: nats_server.client_argv(Role.IMEX, node),
-        tmp_path / "logs",
-    )
+    domain, claim_uid, _, runner = prepared_daemon(apiserver, nats_server, tmp_path, "127.0.0.2")
     key = subjects.domain_member_key(domain, NODE)
 
     async def member() -> DomainMember | None:
@@ -122,15 +131,8 @@ async def test_a_daemon_whose_claim_folder_went_is_stopped_and_not_started_again
 ) -> None:
     """The claim unprepared while the pod still says Running (the kubelet stops the
     container first; kubelet-dra does not): no daemon runs on without its mount."""
-    domain, claim_uid = str(uuid.uuid4()), str(uuid.uuid4())
-    imexd = tmp_path / "domains" / domain
-    imexd.mkdir(parents=True)
-    write_spec(tmp_path / "cdi", claim_uid, domain, imexd)
-    runner = DaemonPods(
-        apiserver.api_get,
-        [DaemonNode(NODE, tmp_path / "cdi", "127.0.0.3")],
-        lambda node: nats_server.client_argv(Role.IMEX, node),
-        tmp_path / "logs",
+    domain, claim_uid, imexd, runner = prepared_daemon(
+        apiserver, nats_server, tmp_path, "127.0.0.3"
     )
     runner.start()
     try:
