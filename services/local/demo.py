@@ -210,7 +210,9 @@ class PodView:
                 and bool(self.cdi_devices)
                 and not self.problems
             )
-        return self.phase != RUNNING and all(c.explanation for c in self.claims)
+        # No claim seen yet (a template's claim not made yet) explains nothing.
+        explained = bool(self.claims) and all(c.explanation for c in self.claims)
+        return self.phase != RUNNING and explained
 
 
 @dataclass

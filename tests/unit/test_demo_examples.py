@@ -60,3 +60,13 @@ def test_a_channel_claim_without_its_spec_file_is_a_problem(tmp_path: Path) -> N
     good = f"{engine.KIND}={CLAIM}-channel-0"
     [problem] = demo.check_cdi(channel_view([good]), tmp_path)
     assert "no readable CDI spec" in problem and str(engine.spec_path(tmp_path, CLAIM)) in problem
+
+
+def test_a_pending_pod_is_explained_only_once_its_claims_are_seen() -> None:
+    """A template's claim is made after the pod: no claim yet is not an explanation."""
+    pod = demo.ExamplePod("shares", "share-d", demo.PENDING)
+    claim = demo.ClaimView("shares", "share-d-gpu", CLAIM)
+    assert not demo.PodView(pod, "x.yaml", "Pending", "", {}, []).ok
+    assert not demo.PodView(pod, "x.yaml", "Pending", "", {}, [claim]).ok
+    claim.explanation = "gpudra allocator: no node can allocate the claim"
+    assert demo.PodView(pod, "x.yaml", "Pending", "", {}, [claim]).ok
