@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import logging
 import signal
 from collections.abc import Callable, Coroutine
@@ -52,8 +53,21 @@ def loop_factory(name: str) -> Callable[[], asyncio.AbstractEventLoop] | None:
     return uvloop.new_event_loop
 
 
+#: When a service has started: its modules, classes and long-lived state exist by then.
+FREEZE_AFTER_S = 3.0
+
+
+def _freeze_startup_objects() -> None:
+    """Move what exists now out of the collector's reach: those objects live as long as
+    the process, and each full collection walked them all (7-8 ms in the front and the
+    preparer, about a claim's whole prepare at p50, a few times per thousand claims)."""
+    gc.collect()
+    gc.freeze()
+
+
 async def _main(main: Coroutine[Any, Any, int | None]) -> int:
     tasks = supervisor.current()
+    asyncio.get_running_loop().call_later(FREEZE_AFTER_S, _freeze_startup_objects)
     try:
         code = int(await main or 0)
     finally:
