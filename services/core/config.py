@@ -128,6 +128,17 @@ def add_kubelet_root_flag(parser: argparse.ArgumentParser, help: str) -> None:
     )
 
 
+def add_compute_domains_flag(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--compute-domains``: the node services' and the publisher's part of the
+    compute-domain.nvidia.com driver (the chart's computeDomains.enabled)."""
+    parser.add_argument(
+        "--compute-domains",
+        action="store_true",
+        default=env("compute-domains", "") == "true",
+        help=help,
+    )
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)

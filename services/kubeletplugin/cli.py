@@ -27,11 +27,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=_positive_seconds(config.env("prepare-timeout", "45")),
         help="longest wait for the preparer, in seconds (the kubelet's deadline may cut it)",
     )
-    parser.add_argument(
-        "--compute-domains",
-        action="store_true",
-        default=config.env("compute-domains", "") == "true",
-        help="also serve the compute-domain.nvidia.com driver (its own registration and DRA "
+    config.add_compute_domains_flag(
+        parser,
+        "also serve the compute-domain.nvidia.com driver (its own registration and DRA "
         "sockets), forwarding its claims to the preparer",
     )
     parser.set_defaults(func=_run)

@@ -68,11 +68,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the API server every claim and its pod are checked against before a prepare "
         "(empty: in-cluster if there; with neither, prepares are refused)",
     )
-    parser.add_argument(
-        "--compute-domains",
-        action="store_true",
-        default=config.env("compute-domains", "") == "true",
-        help="also prepare compute-domain.nvidia.com claims (node label, readiness, IMEX "
+    config.add_compute_domains_flag(
+        parser,
+        "also prepare compute-domain.nvidia.com claims (node label, readiness, IMEX "
         "channels, daemon edits); needs the API server for ComputeDomains and this node",
     )
     parser.add_argument(

@@ -91,11 +91,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="label each node nvidia.com/gpu.clique=<clusterUUID>.<cliqueID> from its GPUs' "
         "NVLink fabric facts (as GPU Feature Discovery does; removed where there is none)",
     )
-    parser.add_argument(
-        "--compute-domains",
-        action="store_true",
-        default=config.env("compute-domains", "") == "true",
-        help="also publish the compute-domain.nvidia.com slices (channel-0, daemon-0) of every "
+    config.add_compute_domains_flag(
+        parser,
+        "also publish the compute-domain.nvidia.com slices (channel-0, daemon-0) of every "
         "node where that driver's kubelet plugin is registered",
     )
     parser.set_defaults(func=_run)
