@@ -57,11 +57,11 @@ from services.preparer.checkpoint import (
     ShareState,
     VfioState,
 )
-from services.preparer.claimlocks import ClaimLocks
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.devices.base import DeviceOpError, DeviceOps, MpsRequest
 from services.preparer.faults import Faults
 from services.preparer.inventory import DeviceNotFound, InventoryView, Target, locate
+from services.preparer.keylocks import KeyedLocks
 
 log = logging.getLogger(__name__)
 
@@ -146,14 +146,12 @@ class Engine:
         self.inventory = inventory
         self.ops = ops
         self.faults = faults or Faults()
-        self._claim_locks = ClaimLocks()
-        self._gpu_locks = ClaimLocks()  # physical GPU -> one unprepare's undo at a time
+        self._claim_locks = KeyedLocks()
+        self._gpu_locks = KeyedLocks()  # physical GPU -> one unprepare's undo at a time
         self._inflight: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
         # (device, uid, share id) -> ("ns/name", share) for shares being prepared
         self._inflight_shares: dict[tuple[str, str, str], tuple[str, ShareState]] = {}
-        self._daemon_locks: dict[str, asyncio.Lock] = {}  # shared MPS daemon id -> lock
-
-    # ------------------------------------------------------------ locking
+        self._daemon_locks = KeyedLocks()  # shared MPS daemon id -> its start or stop
 
     # ------------------------------------------------------------ prepare
 
@@ -413,9 +411,6 @@ class Engine:
             )
         return state
 
-    def _daemon_lock(self, daemon_id: str) -> asyncio.Lock:
-        return self._daemon_locks.setdefault(daemon_id, asyncio.Lock())
-
     async def _share_daemon(
         self, uid: str, share: ShareState, target: Target, done: _Done
     ) -> MpsState:
@@ -428,7 +423,7 @@ class Engine:
             active_thread_percentage=None,  # each share's limits come with its CDI env
             pinned_memory_limits_mib={},
         )
-        async with self._daemon_lock(share.daemon_id):
+        async with self._daemon_locks.hold(share.daemon_id):
             with self.steps.step("mps.share", attributes={"daemon": share.daemon_id}):
                 mps = await self.ops.start_mps(request)
         done.share_daemons.add(share.daemon_id)
@@ -462,7 +457,7 @@ class Engine:
                 d.daemon_id for d in running if d.daemon_id.startswith(shareplan.DAEMON_PREFIX)
             }
         for daemon_id in sorted(wanted):
-            async with self._daemon_lock(daemon_id):
+            async with self._daemon_locks.hold(daemon_id):
                 if self.share_refs(daemon_id, exclude=uid):
                     continue
                 # Read under the lock: another share's unprepare may have stopped it.

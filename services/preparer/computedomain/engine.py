@@ -53,7 +53,6 @@ from services.preparer.checkpoint import (
     GroupState,
     PreparedDeviceState,
 )
-from services.preparer.claimlocks import ClaimLocks
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.computedomain import edits
 from services.preparer.computedomain.gate import Domain, DomainGate, GateError
@@ -61,6 +60,7 @@ from services.preparer.computedomain.nodefacts import NodeFacts
 from services.preparer.engine import Outcome
 from services.preparer.fsutil import atomic_write, remove
 from services.preparer.inventory import InventoryView
+from services.preparer.keylocks import KeyedLocks
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +124,7 @@ class DomainEngine:
         self.cdi_root = cdi_root
         self.plugin_dir = plugin_dir
         self.facts = facts
-        self._claim_locks = ClaimLocks()
+        self._claim_locks = KeyedLocks()
         self._node_lock = asyncio.Lock()  # the label's check-and-set, the checkpoint's view
 
     # ------------------------------------------------------------ start-up

@@ -1,14 +1,14 @@
-"""Per-key locks of the preparer's engines (services/preparer/claimlocks.py)."""
+"""Per-key locks of the preparer's engines (services/preparer/keylocks.py)."""
 
 from __future__ import annotations
 
 import asyncio
 
-from services.preparer.claimlocks import ClaimLocks
+from services.preparer.keylocks import KeyedLocks
 
 
 async def test_one_holder_per_key_and_no_lock_kept_after() -> None:
-    locks, order = ClaimLocks(), []
+    locks, order = KeyedLocks(), []
 
     async def use(key: str, name: str) -> None:
         async with locks.hold(key):
@@ -23,7 +23,7 @@ async def test_one_holder_per_key_and_no_lock_kept_after() -> None:
 
 
 async def test_hold_all_holds_every_key_until_it_ends() -> None:
-    locks, order = ClaimLocks(), []
+    locks, order = KeyedLocks(), []
 
     async def both() -> None:
         async with locks.hold_all({"gpu-b", "gpu-a"}):

@@ -1,4 +1,4 @@
-"""One prepare or unprepare at a time per claim (or per GPU), for both drivers' engines.
+"""One holder at a time per key: a claim, a GPU, a shared MPS daemon (both drivers' engines).
 
 The kubelet may retry a call while the first is still running; the second
 waits for the first instead of racing it over the checkpoint and the CDI spec.
@@ -14,23 +14,23 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 
-class ClaimLocks:
+class KeyedLocks:
     def __init__(self) -> None:
-        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # uid -> (lock, users)
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}  # key -> (lock, users)
 
     @asynccontextmanager
-    async def hold(self, uid: str) -> AsyncIterator[None]:
-        lock, users = self._locks.get(uid, (asyncio.Lock(), 0))
-        self._locks[uid] = (lock, users + 1)
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
         try:
             async with lock:
                 yield
         finally:
-            lock, users = self._locks[uid]
+            lock, users = self._locks[key]
             if users == 1:
-                del self._locks[uid]
+                del self._locks[key]
             else:
-                self._locks[uid] = (lock, users - 1)
+                self._locks[key] = (lock, users - 1)
 
     @asynccontextmanager
     async def hold_all(self, keys: set[str]) -> AsyncIterator[None]:
