@@ -273,22 +273,20 @@ class DomainEngine:
             remove(spec_path(self.cdi_root, ref.uid))  # a stray spec is still ours to remove
             return
         async with self._node_lock:
-            domain = domain_of(entry)
-            others = [
-                uid
+            domain, channel = domain_of(entry), holds_channel(entry)
+            # The domain's last claim of this kind here (channel or daemon)?
+            last = bool(domain) and not any(
+                uid != ref.uid and holds_channel(e) == channel and domain_of(e) == domain
                 for uid, e in self.store.claims.items()
-                if uid != ref.uid and holds_channel(e) and domain_of(e) == domain
-            ]
-            if holds_channel(entry) and domain and not others:
+            )
+            if channel and last:
                 if self.gate is None:
                     raise DomainClaimError(
                         f"cannot remove the node label of ComputeDomain {domain}: no API server"
                     )
                 await self.gate.unlabel(domain)
             await self.store.remove(ref.uid, before=lambda: self._delete_spec(ref.uid))
-            daemons = [e for e in self.store.claims.values() if not holds_channel(e)]
-            last = not any(domain_of(e) == domain for e in daemons)
-            if domain and not holds_channel(entry) and last:
+            if not channel and last:
                 # The domain's last daemon here: its folder goes with it (a later daemon
                 # claim makes it again; its wrapper writes the IMEX config afresh).
                 shutil.rmtree(self._domain_dir(domain), ignore_errors=True)
