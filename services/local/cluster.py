@@ -572,14 +572,18 @@ class ControlPlane:
     def ssl_context(self) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(self.pki / "ca.crt"))
 
+    def _open(self, path: str, timeout: float) -> Any:
+        """An authenticated GET of ``path`` (a response to use in ``with``)."""
+        request = urllib.request.Request(
+            self.server + path, headers={"Authorization": f"Bearer {self.token}"}
+        )
+        return urllib.request.urlopen(request, timeout=timeout, context=self.ssl_context())
+
     def api_get(self, path: str, **params: str) -> Any:
         """GET ``path`` from the API server as JSON (None for 404)."""
         query = f"?{urllib.parse.urlencode(params)}" if params else ""
-        request = urllib.request.Request(
-            self.server + path + query, headers={"Authorization": f"Bearer {self.token}"}
-        )
         try:
-            with urllib.request.urlopen(request, timeout=10, context=self.ssl_context()) as r:
+            with self._open(path + query, timeout=10) as r:
                 return json.load(r)
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
@@ -587,11 +591,8 @@ class ControlPlane:
             raise
 
     def _get(self, path: str) -> str:
-        req = urllib.request.Request(
-            self.server + path, headers={"Authorization": f"Bearer {self.token}"}
-        )
         try:
-            with urllib.request.urlopen(req, timeout=5, context=self.ssl_context()) as resp:
+            with self._open(path, timeout=5) as resp:
                 return str(resp.read().decode())
         except urllib.error.HTTPError as e:
             return f"HTTP {e.code}"
