@@ -180,9 +180,7 @@ class Bus:
         await settle_watchers()
         with contextlib.suppress(Exception):
             await self.nc.drain()
-        for task in self._background:
-            task.cancel()
-        await asyncio.gather(*self._background, return_exceptions=True)
+        await supervisor.cancel_and_wait(list(self._background))
 
     async def provision(self) -> None:
         """Create every stream and bucket we use, and keep their limits as configured."""

@@ -14,7 +14,8 @@ import asyncio
 import logging
 import time
 import weakref
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterable
+from typing import Any
 
 from prometheus_client import Counter
 
@@ -28,6 +29,7 @@ TASK_RESTARTS = Counter(
     ["task"],
 )
 HEALTHY_AFTER_S = 60.0  # a task that ran this long before failing starts its backoff afresh
+CANCEL_AGAIN_S = 0.5  # how long a cancelled task has before it is cancelled once more
 
 Work = Callable[[], Awaitable[None]]
 
@@ -78,16 +80,34 @@ class Supervisor:
     async def cancel(self, name: str) -> None:
         task = self.tasks.pop(name, None)
         if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait([task])
 
     async def close(self) -> None:
         """Cancel every task and wait until each has finished."""
         tasks = list(self.tasks.values())
         self.tasks.clear()
-        for task in tasks:
+        await cancel_and_wait(tasks)
+
+
+async def cancel_and_wait(tasks: Iterable[asyncio.Future[Any]]) -> None:
+    """Cancel ``tasks`` and wait until each has finished, whatever it raised.
+
+    Cancelling once is not enough on Python 3.11: ``asyncio.wait_for`` (inside
+    nats-py's request, flush and publish) returns its result instead of raising
+    when the cancel lands in the loop turn its awaitable finished in (CPython
+    gh-86296), and the task goes on to its next wait. A preparer whose holdings
+    task swallowed its cancel that way never exited on SIGTERM. So a task still
+    running after :data:`CANCEL_AGAIN_S` is cancelled again.
+    """
+    tasks = list(tasks)
+    pending = {task for task in tasks if not task.done()}
+    while pending:
+        for task in pending:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        _, pending = await asyncio.wait(pending, timeout=CANCEL_AGAIN_S)
+    for task in tasks:
+        if not task.cancelled():
+            task.exception()  # retrieved: asyncio logs an unretrieved one at exit
 
 
 _BY_LOOP: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Supervisor] = (

@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter
 
-from services.core import natsjwt
+from services.core import natsjwt, supervisor
 from services.natsauth.authorize import Authorizer, Decision
 
 log = logging.getLogger(__name__)
@@ -106,6 +106,4 @@ class Callout:
         log.info("connection allowed", extra={**where, "identity": decision.identity.name})
 
     async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await supervisor.cancel_and_wait(list(self._tasks))

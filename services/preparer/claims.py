@@ -190,9 +190,7 @@ class ClaimSource:
 
     async def close(self) -> None:
         await supervisor.current().cancel("claims-mirror")
-        for task in list(self._fetching.values()):
-            task.cancel()
-        await asyncio.gather(*self._fetching.values(), return_exceptions=True)
+        await supervisor.cancel_and_wait(list(self._fetching.values()))
 
     async def _from_bucket(self, ref: ClaimRef, deadline: float | None) -> ResourceClaim | None:
         cached = self._cache.get(ref.uid)

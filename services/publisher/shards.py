@@ -34,7 +34,7 @@ from collections.abc import Callable
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from services.core import retention, subjects
+from services.core import retention, subjects, supervisor
 from services.core.bus import Bus, open_watcher
 from services.publisher.tuning import DEFAULT_SHARDS
 
@@ -102,9 +102,7 @@ class Shards:
                 await self.round(kv)
                 await asyncio.sleep(max(0.0, self.renew - (time.monotonic() - started)))
         finally:
-            watcher.cancel()
-            with contextlib.suppress(BaseException):
-                await watcher
+            await supervisor.cancel_and_wait([watcher])
             await self._release_all(kv)
 
     async def round(self, kv: KeyValue) -> None:

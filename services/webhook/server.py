@@ -10,7 +10,6 @@ webhook never admits what prepare would refuse, and never dies of a request.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
 import ssl
@@ -20,6 +19,7 @@ from pathlib import Path
 from aiohttp import web
 
 from services.core import featuregates as fg
+from services.core import supervisor
 from services.webhook import admit, certs, review
 from services.webhook.metrics import REVIEWS
 
@@ -132,7 +132,5 @@ async def serve(hook: Webhook, address: str, port: int, stop: asyncio.Event) -> 
     try:
         await stop.wait()
     finally:
-        watcher.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await watcher
+        await supervisor.cancel_and_wait([watcher])
         await runner.cleanup()

@@ -183,7 +183,16 @@ class Proc:
             return self.popen.wait()
 
     def wait(self, timeout: float = 30.0) -> int:
-        return self.popen.wait(timeout)
+        """Its exit code; one still running after ``timeout`` is killed and its log shown."""
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.kill(self.popen.pid, signal.SIGKILL)
+            self.popen.wait()
+            raise AssertionError(
+                f"{self.name} still running {timeout} s after it was told to stop:\n"
+                + self.output()[-8000:]
+            ) from None
 
     def output(self) -> str:
         return self.log.read_text(errors="replace") if self.log.exists() else ""

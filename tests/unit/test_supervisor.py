@@ -78,6 +78,30 @@ async def test_close_cancels_everything_and_waits_for_it() -> None:
     assert sorted(cleaned) == ["a", "b"]
 
 
+async def test_a_task_that_swallows_its_cancel_is_cancelled_again() -> None:
+    """Python 3.11's asyncio.wait_for returns its result when the cancel lands in the
+    turn that result came in (nats-py's requests use it): the task goes on to its next
+    wait. Cancelled once, the holdings task of a preparer never ended on SIGTERM."""
+    tasks = Supervisor()
+    reply: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+    dirty = asyncio.Event()
+    dirty.set()
+    replies: list[int] = []
+
+    async def publish_on_change() -> None:
+        while True:
+            await dirty.wait()
+            dirty.clear()
+            replies.append(await asyncio.wait_for(reply, 5))
+
+    task = tasks.spawn("holdings", publish_on_change)
+    await asyncio.sleep(0)
+    reply.set_result(1)  # the reply and the cancel in one turn
+    await asyncio.wait_for(tasks.cancel("holdings"), 5)
+    assert task.cancelled()
+    assert replies == [1]  # the first cancel was swallowed: the loop went round again
+
+
 async def test_one_name_one_task_and_one_supervisor_per_loop() -> None:
     tasks = supervisor.current()
     assert supervisor.current() is tasks
