@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 import pytest
 
+from services.preparer import fsutil
 from services.preparer.fsutil import atomic_write, remove
 
 
@@ -50,3 +52,57 @@ def test_a_failed_rename_leaves_no_temp_file(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         atomic_write(tmp_path / "dir", b"1")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir"]
+
+
+@pytest.mark.parametrize("swap", [True, False], ids=["names-swapped", "renamed-over"])
+def test_a_reader_sees_the_old_file_or_the_new_one_never_half(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, swap: bool
+) -> None:
+    monkeypatch.setattr(fsutil, "_can_exchange", swap)
+    target = tmp_path / "checkpoint.json"
+    versions = [bytes([65 + i % 26]) * (100 + 4093 * (i % 5)) for i in range(300)]
+    atomic_write(target, versions[0])
+    done = threading.Event()
+    torn: list[int] = []
+
+    def read() -> None:
+        while not done.is_set():
+            data = target.read_bytes()
+            if data not in versions:
+                torn.append(len(data))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for content in versions[1:]:
+            atomic_write(target, content, mode=0o600)
+    finally:
+        done.set()
+        reader.join()
+    assert torn == []
+    assert fsutil._can_exchange is swap  # the swap was really used (Linux, ext4 or tmpfs)
+    assert target.read_bytes() == versions[-1]
+    assert oct(target.stat().st_mode & 0o777) == "0o600"
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.json"]  # nothing left
+
+
+def test_a_reader_with_the_old_file_open_reads_it_whole(tmp_path: Path) -> None:
+    target = tmp_path / "checkpoint.json"
+    atomic_write(target, b"old " * 3000)
+    with target.open("rb") as old:
+        inode = os.fstat(old.fileno()).st_ino
+        atomic_write(target, b"new")
+        atomic_write(target, b"newer")  # the old file is unlinked, never written again
+        assert old.read() == b"old " * 3000
+    assert target.stat().st_ino != inode
+    assert target.read_bytes() == b"newer"
+
+
+def test_a_link_in_the_files_place_is_replaced_not_followed(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.write_bytes(b"not ours")
+    (tmp_path / "spec.json").symlink_to(elsewhere)
+    atomic_write(tmp_path / "spec.json", b"ours")
+    assert not (tmp_path / "spec.json").is_symlink()
+    assert (tmp_path / "spec.json").read_bytes() == b"ours"
+    assert elsewhere.read_bytes() == b"not ours"
