@@ -16,10 +16,11 @@ One JSON file per node (``<kubelet-root>/plugins/gpu.nvidia.com/checkpoint.json`
   power loss (a new boot id). A file torn by a power loss (written, not synced)
   is void too: one last modified before this boot is never "untrusted", whatever
   it holds. The argument is in docs/operations.md, "Durability".
-* At most one write per update, in one worker thread: concurrent updates share
-  a write (group commit), and the event loop never waits on the file system.
-  Each claim's entry is encoded once, when it changes; a write joins the
-  cached encodings.
+* At most one write per update, on the event loop: updates made in the same
+  loop turn share a write (group commit). A write is a new file swapped in
+  (fsutil), tens of microseconds; a hand-off to a worker thread cost more than
+  that (see docs/operations.md, "Durability"). Each claim's entry is encoded
+  once, when it changes; a write joins the cached encodings.
 """
 
 from __future__ import annotations
@@ -443,9 +444,8 @@ class CheckpointStore:
 
         ``before`` runs first: the file changes the new entry vouches for (a
         claim's CDI spec written, or deleted). If it raises, this update fails
-        and ``mutate`` is not applied. The file work runs in one worker thread,
-        batched: a rename or unlink can wait on the file system's journal when
-        other processes load the disk, and the event loop must not wait with it.
+        and ``mutate`` is not applied. Updates queued before the writer task runs
+        share its write.
         """
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._pending.append((mutate, before, future))
@@ -454,10 +454,11 @@ class CheckpointStore:
         await future
 
     async def _drain(self) -> None:
+        """A task of its own, so that the updates of one loop turn share its write."""
         while self._pending:
             batch, self._pending = self._pending, []
             try:
-                claims, encoded, failures = await asyncio.to_thread(self._commit, batch)
+                claims, encoded, failures = self._commit(batch)
             except Exception as exc:  # every waiter learns the write failed
                 for _, _, future in batch:
                     if not future.done():
@@ -475,8 +476,8 @@ class CheckpointStore:
     def _commit(
         self, batch: list[_Update]
     ) -> tuple[dict[str, ClaimEntry], dict[str, bytes], list[Exception | None]]:
-        """In the worker thread: each update's ``before``, the mutations of those that
-        succeeded, one write; entries encoded only when they changed."""
+        """Each update's ``before``, the mutations of those that succeeded, one write;
+        entries encoded only when they changed."""
         claims = dict(self._claims)
         failures: list[Exception | None] = []
         for mutate, before, _ in batch:
@@ -506,7 +507,7 @@ class CheckpointStore:
         """Drop ``uid``'s entry (no write when it has none)."""
         if uid not in self._claims and not self._pending:
             if before is not None:
-                await asyncio.to_thread(before)
+                before()
             return
 
         def drop(claims: dict[str, ClaimEntry]) -> None:

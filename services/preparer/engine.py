@@ -23,7 +23,6 @@ Different claims run concurrently; one claim's operations run one at a time.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import hashlib
 import logging
@@ -575,7 +574,7 @@ class Engine:
                 mps=done.mps, time_sliced=done.time_sliced, migs=done.migs, vfio=done.vfio
             )
             if done.files:
-                await asyncio.to_thread(self._delete_files, uid)
+                self._delete_files(uid)
         except Exception:
             log.exception("could not undo a failed prepare; left for rollback", extra={"uid": uid})
             return
@@ -604,7 +603,7 @@ class Engine:
         entry = self.store.claims.get(ref.uid)
         if entry is None:
             # Never prepared, or already undone; a stray spec is still ours to remove.
-            await asyncio.to_thread(self._delete_files, ref.uid)
+            self._delete_files(ref.uid)
             return
         alive = self.claims.alive_holders(ref)
         if alive:
@@ -720,7 +719,7 @@ class Engine:
                 await self.ops.unbind_vfio(
                     VfioState(pci_bus_id=t.gpu.pci_bus_id, iommu_group=t.gpu.vfio.iommu_group)
                 )
-        await asyncio.to_thread(self._delete_files, uid)
+        self._delete_files(uid)
 
     async def recover(self) -> dict[str, Any]:
         """At start-up: undo what no completed claim owns. Returns what was cleaned."""
