@@ -156,8 +156,17 @@ async def test_replicas_share_nodes_and_a_dead_ones_are_taken_over(
             changed = [s for s in after[node] if rewritten(s)]
             assert len({last_writer(s) for s in changed}) == 1, node  # one replica per node
             assert {last_writer(s) for s in changed} <= survivors, node
-        holders = await lease_holders(bus)
-        assert set(holders.values()) <= survivors and len(holders) == 12, holders
+
+        # A shard with none of NODES may still be free: each survivor takes its share
+        # of the dead one's shards in its own rounds, in random order.
+        async def survivors_hold_every_shard() -> bool:
+            holders = await lease_holders(bus)
+            return set(holders.values()) <= survivors and len(holders) == 12
+
+        deadline = time.monotonic() + 60
+        while not await survivors_hold_every_shard():
+            assert time.monotonic() < deadline, await lease_holders(bus)
+            await asyncio.sleep(0.2)
     finally:
         for p in procs:
             p.stop()
