@@ -276,16 +276,21 @@ class Engine:
                 self._inflight_shares[(r.device, uid, r.share_id)] = (who, plans[r.share_id].state)
 
     def _shares_on(self, exclude: str) -> list[tuple[str, str, ShareState]]:
-        """(device, holder, share) for every share prepared or being prepared, but ``exclude``'s."""
+        """(device, holder, share) for every share prepared or being prepared, but ``exclude``'s.
+
+        A claim counts once: its checkpoint entry is complete a moment before its
+        prepare, resumed, releases what it reserved (another prepare can look then)."""
         out = []
+        completed = set()
         for uid, entry in self.store.claims.items():
             if uid == exclude or entry.state != PREPARE_COMPLETED:
                 continue
+            completed.add(uid)
             for d in entry.devices:
                 if d.share is not None:
                     out.append((d.name, f"{entry.namespace}/{entry.name} ({uid})", d.share))
         for (device, owner, _), (who, state) in self._inflight_shares.items():
-            if owner != exclude:
+            if owner != exclude and owner not in completed:
                 out.append((device, f"{who} ({owner}, being prepared)", state))
         return out
 
