@@ -40,7 +40,8 @@ from services.core import computedomain as cd
 from services.core.access import Role
 from services.core.kube import ApiError, KubeApi, http_api
 from services.core.natsserver import NatsServer
-from services.local.cluster import ControlPlane, build_controlplane, free_port, install_crd
+from services.core.ports import free_port
+from services.local.cluster import ControlPlane, build_controlplane, install_crd
 from services.local.stack import COMPUTE_DOMAIN_CRD, NodeSpec, Stack
 
 TICK = os.sysconf("SC_CLK_TCK")

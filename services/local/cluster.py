@@ -30,7 +30,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import sys
@@ -45,6 +44,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
+
+from services.core.ports import free_ports
 
 CONTROLPLANE_DIR = Path(__file__).resolve().parent / "controlplane"
 BUILD_SCRIPT = CONTROLPLANE_DIR / "build.sh"
@@ -115,23 +116,6 @@ def build_controlplane(*, env: Mapping[str, str] | None = None, force: bool = Fa
     if not binary.is_file():
         raise ControlPlaneError(f"{BUILD_SCRIPT} printed {binary}, which is not a file")
     return binary
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def free_ports(count: int) -> list[int]:
-    """``count`` distinct free ports: each socket is held until all are chosen (ports
-    chosen one after another may repeat, and a component would then find its port
-    taken by another of the same control plane)."""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [int(sock.getsockname()[1]) for sock in sockets]
 
 
 def wait_until(

@@ -23,8 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from services.core.ports import free_port
 from services.local import REPO
-from services.local.cluster import free_port, wait_until
+from services.local.cluster import wait_until
 
 BUILD_SCRIPT = REPO / "services" / "local" / "jaeger" / "build.sh"
 

@@ -64,7 +64,8 @@ from typing import Any
 from services.core import computedomain as cd
 from services.core import featuregates, nvidia
 from services.core.access import Role
-from services.core.natsserver import NatsServer, free_port
+from services.core.natsserver import NatsServer
+from services.core.ports import free_port
 from services.local import REPO, admission, images
 from services.local.cluster import (
     DEFAULT_CONTROLLERS,

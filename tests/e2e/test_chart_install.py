@@ -39,12 +39,12 @@ from typing import Any
 import pytest
 import yaml
 
+from services.core.ports import free_port
 from services.local import REPO, image, images, node
 from services.local.cluster import (
     WORKLOAD_CONTROLLERS,
     ControlPlane,
     build_controlplane,
-    free_port,
     wait_until,
 )
 from services.local.helm import CHART, Helm, build_helm, set_args

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.core.natsauth import AccessDir, Credentials
-from services.core.natsserver import free_port, server_binary
+from services.core.natsserver import server_binary
+from services.core.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_AUTH_CONF = REPO / "deploy" / "chart" / "gpudra" / "files" / "nats-auth.conf"

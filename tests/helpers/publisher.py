@@ -23,7 +23,8 @@ from services.core import resourceapi, subjects
 from services.core.access import Role
 from services.core.bus import Bus
 from services.core.kube import ApiError
-from services.core.natsserver import NatsServer, free_port
+from services.core.natsserver import NatsServer
+from services.core.ports import free_port
 from services.core.resource import ResourceSlice, to_builtins
 from services.core.schemas import NodeInventory
 from services.publisher.memoryapi import MemorySliceApi

@@ -39,7 +39,8 @@ import pytest
 from services.core import subjects
 from services.core.access import Role
 from services.core.bus import Bus, unavailable
-from services.core.natsserver import NatsCluster, NatsServer, free_port
+from services.core.natsserver import NatsCluster, NatsServer
+from services.core.ports import free_port
 from services.core.resource import ResourceClaim
 from services.core.schemas import ClaimEvent, SimMigReply, SimMigRequest
 from services.local.kubelet import Claim, FakeKubelet

@@ -23,7 +23,8 @@ from cryptography import x509
 
 from services.core import natsjwt
 from services.core.natsauth import new_seed, public_key
-from services.core.natsserver import free_port, server_binary
+from services.core.natsserver import server_binary
+from services.core.ports import free_port
 from tests.helpers.helm import helm, one
 from tests.helpers.natsauth import wait_for
 

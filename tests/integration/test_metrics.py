@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from services.core.bus import Bus
-from services.core.natsserver import NatsServer, free_port
+from services.core.natsserver import NatsServer
+from services.core.ports import free_port
 from services.core.schemas import ClaimEvent
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-import socket
 import ssl
 import subprocess
 import sys
@@ -21,16 +20,11 @@ from typing import Any
 
 import pytest
 
+from services.core.ports import free_port
 from services.local import admission
 from tests.helpers import badconfigs
 
 REPO = Path(__file__).resolve().parents[2]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def command(certs: admission.Certs, port: int) -> list[str]:
