@@ -369,7 +369,7 @@ class CheckpointStore:
         self._claims: dict[str, ClaimEntry] = {}
         self._encoded: dict[str, bytes] = {}  # uid -> its entry's JSON, as last written
         self._pending: list[_Update] = []
-        self._writer: asyncio.Task[None] | None = None
+        self._write_due = False  # a write is scheduled for the next loop turn
         self.writes = 0
 
     @property
@@ -444,34 +444,34 @@ class CheckpointStore:
 
         ``before`` runs first: the file changes the new entry vouches for (a
         claim's CDI spec written, or deleted). If it raises, this update fails
-        and ``mutate`` is not applied. Updates queued before the writer task runs
-        share its write.
+        and ``mutate`` is not applied. The updates of one loop turn share a write.
         """
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[None] = loop.create_future()
         self._pending.append((mutate, before, future))
-        if self._writer is None or self._writer.done():
-            self._writer = asyncio.create_task(self._drain())
+        if not self._write_due:
+            self._write_due = True
+            loop.call_soon(self._write_pending)
         await future
 
-    async def _drain(self) -> None:
-        """A task of its own, so that the updates of one loop turn share its write."""
-        while self._pending:
-            batch, self._pending = self._pending, []
-            try:
-                claims, encoded, failures = self._commit(batch)
-            except Exception as exc:  # every waiter learns the write failed
-                for _, _, future in batch:
-                    if not future.done():
-                        future.set_exception(exc)
+    def _write_pending(self) -> None:
+        self._write_due = False
+        batch, self._pending = self._pending, []
+        try:
+            claims, encoded, failures = self._commit(batch)
+        except Exception as exc:  # every waiter learns the write failed
+            for _, _, future in batch:
+                if not future.done():
+                    future.set_exception(exc)
+            return
+        self._claims, self._encoded = claims, encoded
+        for (_, _, future), failure in zip(batch, failures, strict=True):
+            if future.done():
                 continue
-            self._claims, self._encoded = claims, encoded
-            for (_, _, future), failure in zip(batch, failures, strict=True):
-                if future.done():
-                    continue
-                if failure is None:
-                    future.set_result(None)
-                else:
-                    future.set_exception(failure)
+            if failure is None:
+                future.set_result(None)
+            else:
+                future.set_exception(failure)
 
     def _commit(
         self, batch: list[_Update]
