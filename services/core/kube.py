@@ -301,3 +301,15 @@ def status_error(code: int, body: bytes) -> ApiError:
     except (msgspec.DecodeError, msgspec.ValidationError):
         return ApiError(code, body[:200].decode(errors="replace"))
     return ApiError(status.code or code, status.message, status.reason)
+
+
+class _Version(msgspec.Struct):
+    git_version: str = msgspec.field(default="", name="gitVersion")
+
+
+async def server_version(api: KubeApi) -> str:
+    """The API server's release (``GET /version``: its ``gitVersion``, e.g. ``v1.37.2``)."""
+    try:
+        return msgspec.json.decode(await api.get("/version"), type=_Version).git_version
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(0, f"GET /version: not a version document: {exc}") from exc

@@ -71,19 +71,34 @@ class Toleration(_Obj, kw_only=True):
 # ------------------------------------------------------------------ slices
 
 
+AttributeValue = int | bool | str | list[int] | list[bool] | list[str]
+
+
 class DeviceAttribute(_Obj, kw_only=True):
-    """Exactly one of the four values is set."""
+    """Exactly one of the eight values is set (the four lists from Kubernetes 1.36,
+    gate DRAListTypeAttributes, at most 48 values a device)."""
 
     int_: int | None = msgspec.field(default=None, name="int")
     bool_: bool | None = msgspec.field(default=None, name="bool")
     string: str | None = None
     version: str | None = None
+    ints: list[int] | None = None
+    bools: list[bool] | None = None
+    strings: list[str] | None = None
+    versions: list[str] | None = None
 
-    def value(self) -> int | bool | str:
+    def value(self) -> AttributeValue:
         for v in (self.int_, self.bool_, self.string, self.version):
             if v is not None:
                 return v
+        for values in (self.ints, self.bools, self.strings, self.versions):
+            if values is not None:
+                return values
         raise ValueError("device attribute has no value")
+
+    @property
+    def is_list(self) -> bool:
+        return any(v is not None for v in (self.ints, self.bools, self.strings, self.versions))
 
 
 class CapacityRequestPolicyRange(_Obj, kw_only=True):
@@ -115,6 +130,7 @@ class CounterSet(_Obj, kw_only=True):
 class DeviceCounterConsumption(_Obj, kw_only=True):
     counter_set: str
     counters: dict[str, Counter]
+    compatibility_groups: list[str] | None = None  # 1.37, DRADeviceCompatibilityGroups; at most 2
 
 
 TaintEffect = Literal["None", "NoSchedule", "NoExecute"]
@@ -125,6 +141,30 @@ class DeviceTaint(_Obj, kw_only=True):
     value: str | None = None
     effect: TaintEffect
     time_added: str | None = None
+
+
+class DeviceTaintSelector(_Obj, kw_only=True):
+    """Which devices a DeviceTaintRule taints: every field given must match."""
+
+    driver: str | None = None
+    pool: str | None = None
+    device: str | None = None
+
+
+class DeviceTaintRuleSpec(_Obj, kw_only=True):
+    device_selector: DeviceTaintSelector | None = None
+    taint: DeviceTaint
+
+
+class DeviceTaintRule(_Obj, kw_only=True, omit_defaults=False):  # keeps apiVersion/kind
+    """Taints devices from outside their slices (resource.k8s.io/v1 from Kubernetes 1.37,
+    v1alpha3/v1beta2 before; gate DRADeviceTaintRules)."""
+
+    api_version: str = API_VERSION
+    kind: str = "DeviceTaintRule"
+    metadata: ObjectMeta
+    spec: DeviceTaintRuleSpec
+    status: dict[str, Any] | None = None
 
 
 class Device(_Obj, kw_only=True):
@@ -140,6 +180,8 @@ class Device(_Obj, kw_only=True):
     binding_conditions: list[str] | None = None
     binding_failure_conditions: list[str] | None = None
     allow_multiple_allocations: bool | None = None
+    # 1.36, DRANodeAllocatableResources: resource name -> {mapping, overhead}, kept as given.
+    node_allocatable_resources: dict[str, dict[str, Any]] | None = None
 
 
 class ResourcePool(_Obj, kw_only=True):
@@ -157,6 +199,9 @@ class ResourceSliceSpec(_Obj, kw_only=True):
     per_device_node_selection: bool | None = None
     devices: list[Device] | None = None
     shared_counters: list[CounterSet] | None = None
+    partition_type_attribute: str | None = None  # 1.37, DRAPartitionableDevicesType
+    # 1.37, DRAOptionalNodeOperations: NodePrepareResources, NodeUnprepareResources or "*".
+    skip_node_operations: list[str] | None = None
 
 
 class ResourceSlice(_Obj, kw_only=True, omit_defaults=False):  # keeps apiVersion/kind
@@ -203,6 +248,13 @@ class CapacityRequirements(_Obj, kw_only=True):
     requests: dict[str, str] | None = None
 
 
+class DeviceDerivedAttribute(_Obj, kw_only=True):
+    """1.37, DRADerivedAttributes: an attribute computed by CEL for this request's devices."""
+
+    name: str
+    expression: str
+
+
 class DeviceSubRequest(_Obj, kw_only=True):
     name: str
     device_class_name: str
@@ -211,6 +263,7 @@ class DeviceSubRequest(_Obj, kw_only=True):
     count: int | None = None
     tolerations: list[Toleration] | None = None
     capacity: CapacityRequirements | None = None
+    derived_attributes: list[DeviceDerivedAttribute] | None = None
 
 
 class ExactDeviceRequest(_Obj, kw_only=True):
@@ -221,6 +274,7 @@ class ExactDeviceRequest(_Obj, kw_only=True):
     admin_access: bool | None = None
     tolerations: list[Toleration] | None = None
     capacity: CapacityRequirements | None = None
+    derived_attributes: list[DeviceDerivedAttribute] | None = None
 
 
 class DeviceRequest(_Obj, kw_only=True):
@@ -261,6 +315,7 @@ class DeviceRequestAllocationResult(_Obj, kw_only=True):
     binding_failure_conditions: list[str] | None = None
     share_id: str | None = msgspec.field(default=None, name="shareID")
     consumed_capacity: dict[str, str] | None = None
+    skip_node_operations: list[str] | None = None  # 1.37, copied from the device's slice
 
 
 class DeviceAllocationConfiguration(_Obj, kw_only=True):

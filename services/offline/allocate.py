@@ -1,12 +1,15 @@
 """``gpudra allocate`` / ``gpudra explain``: structured allocation from files, no cluster.
 
 Contract (external scenario suites call it):
-``gpudra allocate -f FILE [-f FILE ...] [--node NODE] [--feature-gates NAME=bool,...]
-[-o json|yaml|text]`` prints ``{"claims": [{namespace, name, status, node,
-allocation, error, explanation}]}``; exit 0 whenever the input was read, 2 with a
-message naming the file and document when it was not, or when kube-apiserver
-1.35 would refuse an object under the given gates (then also the object, the
-field and the API server's reason; services/offline/apivalidate.py). ``gpudra explain`` takes
+``gpudra allocate -f FILE [-f FILE ...] [--node NODE] [--kube-version 1.37]
+[--feature-gates NAME=bool,...] [-o json|yaml|text]`` prints ``{"claims": [{namespace,
+name, status, node, allocation, error, explanation}]}`` as kube-scheduler of that
+Kubernetes version would allocate (1.34 to 1.37; default 1.37, or
+``GPUDRA_KUBE_VERSION``; the gates on top of that version's defaults, refused as its
+components refuse them); exit 0 whenever the input was read, 2 with a message naming
+the file and document when it was not, or when that version's kube-apiserver would
+refuse an object under the given gates (then also the object, the field and the API
+server's reason; services/offline/apivalidate.py). ``gpudra explain`` takes
 the same arguments and prints, for people, why each claim is or is not allocated.
 """
 
@@ -19,6 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
+
+from services.core import config
 
 if TYPE_CHECKING:
     from services.allocator.structured.snapshot import ClaimOutcome
@@ -48,10 +53,17 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--node", help="allocate on this node only")
     parser.add_argument(
+        "--kube-version",
+        default=config.env("kube_version", ""),
+        metavar="1.N",
+        help="the Kubernetes version whose scheduler and API server to follow "
+        "(1.34 to 1.37; default 1.37)",
+    )
+    parser.add_argument(
         "--feature-gates",
         default="",
         metavar="NAME=bool,...",
-        help="Kubernetes gates (1.35 defaults: DRAAdminAccess and DRAPrioritizedList on)",
+        help="Kubernetes gates on top of that version's defaults",
     )
 
 
@@ -62,7 +74,8 @@ def _outcomes(args: argparse.Namespace, explain: bool) -> list[ClaimOutcome] | N
     from services.offline.inputs import InputError, load
 
     try:
-        features = kube_features.parse(args.feature_gates)
+        minor = kube_features.minor_of(args.kube_version or str(kube_features.DEFAULT_MINOR))
+        features = kube_features.parse(args.feature_gates, minor)
         inputs = load([Path(f) for f in args.files], features)
     except (InputError, kube_features.FeatureGateError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -134,15 +134,58 @@ spec:
 def test_objects_the_api_server_refuses_once_gated_fields_drop_exit_2(
     tmp_path: Path, claim: str, gates: str, fragment: str
 ) -> None:
-    """As kube-apiserver on create: the gated field goes, the rest fails validation."""
+    """As kube-apiserver 1.35 on create: the gated field goes, the rest fails validation."""
     inputs = tmp_path / "in.yaml"
     inputs.write_text(CLASS + "---\n" + claim)
-    out = gpudra("allocate", "-f", str(inputs), "--feature-gates", gates)
+    args = ("allocate", "-f", str(inputs), "--kube-version", "1.35", "--feature-gates")
+    out = gpudra(*args, gates)
     assert out.returncode == 2, out.stdout
     assert f"{inputs}: document 2: invalid ResourceClaim" in out.stderr
     assert fragment in out.stderr, out.stderr
-    enabled = gates.replace("false", "true")
-    assert gpudra("allocate", "-f", str(inputs), "--feature-gates", enabled).returncode == 0
+    assert gpudra(*args, gates.replace("false", "true")).returncode == 0
+
+
+@pytest.mark.parametrize(
+    ("version", "gates", "message"),
+    [
+        (
+            "1.37",
+            "DRAPrioritizedList=false",
+            "cannot set feature gate DRAPrioritizedList to false, feature is locked to true",
+        ),
+        ("v1.36.3", "DRAAdminAccess=false", "feature is locked to true (Kubernetes 1.36)"),
+        (
+            "1.37",
+            "DRAConsumableCapacity=false",
+            "DRAFractionalCapacityRange is enabled, but depends on features that are "
+            "disabled: [DRAConsumableCapacity]",
+        ),
+        ("1.35", "DRADeviceTaintRules=true", "depends on features that are disabled"),
+        ("1.35", "DRAListTypeAttributes=true", "(it exists from Kubernetes 1.36)"),
+        ("1.33", "", "Kubernetes 1.33 is not one gpudra follows"),
+        ("one", "", "expected a Kubernetes version like 1.37"),
+    ],
+)
+def test_gates_a_kubernetes_version_refuses_are_refused_as_it_refuses_them(
+    tmp_path: Path, version: str, gates: str, message: str
+) -> None:
+    inputs = tmp_path / "in.yaml"
+    inputs.write_text(CLASS)
+    out = gpudra("allocate", "-f", str(inputs), "--kube-version", version, "--feature-gates", gates)
+    assert out.returncode == 2, out.stdout
+    assert message in out.stderr, out.stderr
+
+
+def test_the_kube_version_comes_from_the_environment_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    inputs = tmp_path / "in.yaml"
+    inputs.write_text(CLASS + "---\n" + PRIORITIZED_CLAIM)
+    args = ("allocate", "-f", str(inputs), "--feature-gates", "DRAPrioritizedList=false")
+    assert "locked to true" in gpudra(*args).stderr
+    monkeypatch.setenv("GPUDRA_KUBE_VERSION", "1.35")
+    out = gpudra(*args)
+    assert "invalid ResourceClaim" in out.stderr, out.stderr
 
 
 def test_a_missing_device_class_leaves_the_claim_unschedulable_not_in_error(
