@@ -42,20 +42,25 @@ def test_the_parser_follows_go_nvlib() -> None:
     assert (0xFFFF, 0x0000) not in db.devices  # the class section names no devices
 
 
-def test_the_built_in_subset_names_every_simulated_gpu_model() -> None:
+# What the reference publishes as a VFIO device's productName for each simulated
+# model: the entries of pci.ids 2025.07.11 as go-nvlib v0.12.0 embeds it
+# (vendor/github.com/NVIDIA/go-nvlib/pkg/pciids/default_pci.ids in the reference).
+REFERENCE_NAMES = {
+    "A100-SXM4-40GB": "GA100 [A100 SXM4 40GB]",
+    "A100-SXM4-80GB": "GA100 [A100 SXM4 80GB]",
+    "GB200": "GB100 [HGX GB200]",
+    "H100-SXM5-80GB": "GH100 [H100 SXM5 80GB]",
+    "H200-141GB": "GH100 [H200 SXM 141GB]",
+    "L4": "AD104GL [L4]",
+}
+
+
+def test_the_built_in_subset_names_every_simulated_gpu_model_as_the_reference() -> None:
     db = pciids.builtin()
     assert db.source == pciids.BUILTIN and db.version == "2025.07.11"
-    for name in model_names():
-        device = get_model(name).pci_device_id
-        named = db.device_name(NVIDIA_VENDOR_ID, device) != pciids.UNKNOWN_DEVICE
-        assert named != (name in UNNAMED_MODELS), name
-    assert db.device_name(NVIDIA_VENDOR_ID, 0x2330) == "GH100 [H100 SXM5 80GB]"
-
-
-# Models whose PCI id (GB200: 10de:2941, as lspci shows it on a GB200 tray) we could
-# not confirm in the pinned 2025.07.11 database: go-nvlib then says UNKNOWN_DEVICE,
-# and so do we, rather than add an entry that release may not have.
-UNNAMED_MODELS = frozenset({"GB200"})
+    names = {n: db.device_name(NVIDIA_VENDOR_ID, get_model(n).pci_device_id) for n in model_names()}
+    assert names == REFERENCE_NAMES
+    assert len(db.devices) == len(REFERENCE_NAMES)  # the subset is the fleets' GPUs, no more
 
 
 def _system() -> pciids.PciIds:
@@ -125,3 +130,19 @@ def test_gpudra_slices_shows_the_pci_database_name_for_vfio_devices(
         "0x10de",
         "0x2330",
     )
+
+
+def test_a_gb200_twin_is_named_as_the_reference_names_it(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from services.cli import main
+
+    args = ["slices", "--fleet", "gb200-nvl72", "--node", "n1", "-o", "json"]
+    assert main([*args, "--feature-gates", "PassthroughSupport=true"]) == 0
+    slices = json.loads(capsys.readouterr().out)["items"]
+    twins = [d for s in slices for d in s["spec"].get("devices") or []
+             if d["name"].startswith("gpu-vfio-")]  # fmt: skip
+    assert twins and {t["attributes"]["productName"]["string"] for t in twins} == {
+        "GB100 [HGX GB200]"
+    }
+    assert {t["attributes"][nvidia.ATTR_DEVICE_ID]["string"] for t in twins} == {"0x2941"}
