@@ -536,15 +536,19 @@ def xid_taint(xid: int, extra_non_fatal_xids: Iterable[int] = ()) -> DeviceTaint
 
 
 def xid_target(gpu: Gpu, xid: Xid) -> str | None:
-    """The device an XID lands on: the MIG device of its GI/CI, else the full GPU.
+    """The device an XID lands on: the MIG device of its GI and CI, else the full GPU.
 
-    Like the reference's placement map, keyed by (GPU, GI, CI); an XID on a
-    GI/CI that no MIG device of the inventory has is dropped (None).
+    As the reference's placement map (device_health.go, getDevicePlacementMap),
+    keyed by the exact (GPU, GI, CI): a full GPU under (0xFFFFFFFF, 0xFFFFFFFF),
+    a static MIG device under its own GI and CI ids. Any other pair is dropped
+    (None), among them an XID for a whole GPU instance (its GI with CI
+    0xFFFFFFFF, which discovery records as no CI). An XID with neither on a GPU
+    in MIG mode names the full GPU, which is not published: it taints nothing.
     """
     if xid.gi_id is None:
-        return gpu_device_name(gpu.minor)
+        return gpu_device_name(gpu.minor) if xid.ci_id is None else None
     for mig in gpu.mig_devices:
-        if mig.gi_id == xid.gi_id and (xid.ci_id is None or mig.ci_id == xid.ci_id):
+        if mig.gi_id == xid.gi_id and mig.ci_id == xid.ci_id:
             return mig_device_name(gpu.minor, mig.profile, mig.gi_profile_id, mig.placement.start)
     return None
 

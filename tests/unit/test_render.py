@@ -520,6 +520,30 @@ def test_an_xid_with_gi_and_ci_taints_only_that_mig_device() -> None:
     assert devices["gpu-0-mig-3g20gb-9-0"].taints is None
 
 
+@pytest.mark.parametrize(
+    ("gi_id", "ci_id", "tainted"),
+    [
+        (1, 0, {"gpu-0-mig-3g20gb-9-4"}),  # GI 1, CI 0: that MIG device
+        (1, None, set()),  # GI 1, CI 0xFFFFFFFF: the whole GPU instance, no device's own
+        (None, 0, set()),  # GI 0xFFFFFFFF with a CI: no such placement
+        (None, None, set()),  # the full GPU, not published in MIG mode
+        (5, 0, set()),  # a GI no MIG device of the inventory has
+    ],
+)
+def test_an_xid_taints_the_device_of_exactly_its_placement_as_the_reference(
+    gi_id: int | None, ci_id: int | None, tainted: set[str]
+) -> None:
+    """The reference looks an event up by (UUID, GI, CI) in its placement map
+    (device_health.go): an XID for a whole GPU instance matches no MIG device."""
+    gpu = a100(0, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)])
+    gpu = msgspec.structs.replace(gpu, health=_health(Xid(79, 1.0, gi_id=gi_id, ci_id=ci_id)))
+    devices = devices_of(render_slices(node(gpus=[gpu]), opts("NVMLDeviceHealthCheck=true")))
+    assert {name for name, d in devices.items() if d.taints} == tainted
+    whole = h100(1, health=_health(Xid(79, 1.0, gi_id=gi_id, ci_id=ci_id)))
+    plain = devices_of(render_slices(node(gpus=[whole]), opts("NVMLDeviceHealthCheck=true")))
+    assert bool(plain["gpu-1"].taints) == (gi_id is None and ci_id is None)
+
+
 def test_taints_lower_the_device_limit_per_slice_to_64() -> None:
     many = [h100(i, mig_capable=False, mig_profiles=[]) for i in range(130)]
     plain = render_slices(node(gpus=many), opts("NVMLDeviceHealthCheck=true"))
