@@ -143,7 +143,12 @@ def _gpu_group(
     withdrawn = holdings.withdraws_nvidia_side(gpu)
     group = _GpuGroup([], []) if withdrawn else _nvidia_side(gpu, inv, opts)
     devices = group.devices
-    vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT) and not gpu.mig_devices
+    # Every GPU has its twin under PassthroughSupport, in MIG mode too, as in the
+    # reference: its enumerateGpuVfioDevices skips a PCI GPU only when its full-GPU
+    # device says VFIO is off, and a GPU in MIG mode has no full-GPU device there.
+    # Its MIG devices and its twin exclude each other as a GPU and its twin do
+    # (Holdings here, the preparer's hold keys), which the reference leaves open.
+    vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT)
     if vfio_ok and gpu.vfio is not None and not holdings.withdraws_vfio_twin(gpu):
         devices.append(nvidia.vfio_device(gpu, vfio_index))
     if gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK):

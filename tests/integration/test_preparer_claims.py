@@ -339,6 +339,50 @@ async def test_vfio_binds_withdraws_the_gpu_twin_and_writes_kep5304_metadata(h10
     assert (await h100.prepare(other)).claims[other.metadata.uid or ""].error == ""
 
 
+async def test_a_gpu_in_mig_mode_is_passed_through_only_while_no_mig_device_is_used(
+    a100: Node,
+) -> None:
+    """The twin of a GPU in MIG mode is published (as the reference does); preparing it
+    binds the GPU to vfio-pci, so it is refused while a MIG device of that GPU is
+    prepared, and a MIG device is refused while the twin is (the reference checks
+    neither: its WaitForGPUFree skips a twin without a full-GPU parent)."""
+    await a100.start_preparer(gates="PassthroughSupport=true")
+    inv = await a100.inventory()
+    assert inv is not None
+    gpu = next(g for g in inv.gpus if len(g.mig_devices) > 1)
+    twin = nvidia.vfio_device_name(nvidia.vfio_order(inv.gpus).index(gpu))
+    first, second = (
+        nvidia.mig_device_name(gpu.minor, m.profile, m.gi_profile_id, m.placement.start)
+        for m in gpu.mig_devices[:2]
+    )
+    vfio = opaque({"apiVersion": API, "kind": "VfioDeviceConfig"})
+    mig = await a100.put_claim(make_claim(a100.name, [Dev("mig", first)], name="mig"))
+    vm = await a100.put_claim(make_claim(a100.name, [Dev("vm", twin)], name="vm", configs=[vfio]))
+    mig_uid, vm_uid = mig.metadata.uid or "", vm.metadata.uid or ""
+
+    assert (await a100.prepare(mig)).claims[mig_uid].error == ""
+    refused = (await a100.prepare(vm)).claims[vm_uid].error
+    assert f"device '{twin}' is held by claim default/mig ({mig_uid}, prepared)" in refused
+    assert a100.sim_host().get("pci_driver", {}) == {}  # never bound under a MIG workload
+    held = await wait_held(a100, lambda devices: len(devices) == 1)
+    assert [(d.device, d.kind, d.pci_bus_id) for d in held] == [(first, "mig", gpu.pci_bus_id)]
+
+    assert (await a100.unprepare(mig)).claims[mig_uid].error == ""
+    assert (await a100.prepare(vm)).claims[vm_uid].error == ""
+    assert a100.sim_host()["pci_driver"] == {gpu.pci_bus_id: "vfio-pci"}
+    other = await a100.put_claim(make_claim(a100.name, [Dev("mig", second)], name="other"))
+    refused = (await a100.prepare(other)).claims[other.metadata.uid or ""].error
+    assert f"device '{second}' is held by claim default/vm ({vm_uid}, prepared)" in refused
+    held = await wait_held(a100, lambda devices: [d.kind for d in devices] == ["vfio"])
+    assert [(d.device, d.pci_bus_id) for d in held] == [(twin, gpu.pci_bus_id)]
+
+    assert (await a100.unprepare(vm)).claims[vm_uid].error == ""
+    assert a100.sim_host()["pci_driver"] == {}
+    assert (await a100.prepare(other)).claims[other.metadata.uid or ""].error == ""
+    assert (await a100.unprepare(other)).claims[other.metadata.uid or ""].error == ""
+    assert_clean(a100)
+
+
 async def test_admin_access_may_share_what_is_otherwise_exclusive(h100: Node) -> None:
     await h100.start_preparer()
     owner = await h100.put_claim(make_claim(h100.name, [Dev("g", "gpu-6")], name="owner"))

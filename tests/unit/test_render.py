@@ -334,10 +334,18 @@ def test_dynamic_mig_leaves_gpus_without_mig_as_plain_devices() -> None:
 # --------------------------------------------------------------------------- VFIO
 
 
-def test_passthrough_adds_a_vfio_twin_per_gpu_without_mig_devices() -> None:
-    inv = node(gpus=[h100(0), h100(1), a100(2, [("7g.40gb", 0, 0)])])
+def test_passthrough_adds_a_vfio_twin_per_gpu_in_mig_mode_too() -> None:
+    """As the reference (nvlib.go, enumerateGpuVfioDevices): every PCI GPU gets its
+    twin; only one whose full-GPU device has VFIO off is skipped, and a GPU in MIG
+    mode has no full-GPU device to say so."""
+    inv = node(gpus=[h100(0), h100(1), a100(2, [("7g.40gb", 0, 0)]), a100(3, [])])
     devices = devices_of(render_slices(inv, opts("PassthroughSupport=true")))
-    assert set(devices) == {"gpu-0", "gpu-1", "gpu-vfio-0", "gpu-vfio-1", "gpu-2-mig-7g40gb-0-0"}
+    assert set(devices) == {
+        "gpu-0", "gpu-1", "gpu-2-mig-7g40gb-0-0",
+        "gpu-vfio-0", "gpu-vfio-1", "gpu-vfio-2", "gpu-vfio-3",
+    }  # fmt: skip
+    mig_twin = attrs(devices["gpu-vfio-2"])
+    assert mig_twin["resource.kubernetes.io/pciBusID"] == a100(2).pci_bus_id
     vfio = devices["gpu-vfio-1"]
     assert attrs(vfio) == {
         "type": "vfio",
@@ -376,7 +384,7 @@ def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> 
         cuda_compute_capability="", memory_bytes=0, pci_bus_id="",
         health=_health(lost=True), error="NVML_ERROR_GPU_IS_LOST",
     )  # fmt: skip
-    # Listed out of PCI order; gpu-1 is in MIG mode (no twin, but it holds its place).
+    # Listed out of PCI order; gpu-1 is in MIG mode (it has a twin as well).
     gpus = [h100(3), unknown, a100(1, [("7g.40gb", 0, 0)]), h100(0), h100(2)]
     inv = node(gpus=gpus)
     devices = devices_of(render_slices(inv, opts("PassthroughSupport=true")))
@@ -384,6 +392,7 @@ def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> 
     twins = {n: bus for n, bus in twins.items() if n.startswith("gpu-vfio-")}
     assert twins == {
         "gpu-vfio-0": h100(0).pci_bus_id,
+        "gpu-vfio-1": a100(1).pci_bus_id,
         "gpu-vfio-2": h100(2).pci_bus_id,
         "gpu-vfio-3": h100(3).pci_bus_id,
     }
@@ -416,6 +425,31 @@ def test_a_prepared_device_withdraws_its_twin_and_a_held_device_always_stays() -
     # gpu-0 held: its twin goes; gpu-vfio-1 held: gpu-1 goes; gpu-2 held both ways: both stay.
     assert everything - shown == {"gpu-vfio-0", "gpu-1"}
     assert Holdings.of(None) == Holdings.of(NodePreparedDevices(node="n1")) == held()
+
+
+def test_a_gpu_in_mig_mode_and_its_twin_withdraw_each_other() -> None:
+    """A MIG device in use withdraws its GPU's twin; the twin in use, every MIG device
+    of its GPU (the reference withdraws neither: RemoveSiblingDevices is a TODO there)."""
+    from services.core.schemas import HeldDevice, NodePreparedDevices
+    from services.publisher.render import Holdings
+
+    mig = a100(0, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)])
+    inv = node(gpus=[mig, h100(1)])
+    gates = opts("PassthroughSupport=true")
+    everything = set(devices_of(render_slices(inv, gates)))
+    assert everything == {
+        "gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4", "gpu-1", "gpu-vfio-0", "gpu-vfio-1"
+    }  # fmt: skip
+
+    def shown(name: str, kind: nvidia.DeviceType) -> set[str]:
+        holding = HeldDevice(device=name, kind=kind, pci_bus_id=mig.pci_bus_id, claim_uid="c1")
+        holdings = Holdings.of(NodePreparedDevices(node="n1", devices=[holding]))
+        return set(devices_of(render_slices(inv, gates, holdings=holdings)))
+
+    assert everything - shown("gpu-0-mig-3g20gb-9-4", "mig") == {"gpu-vfio-0"}
+    assert everything - shown("gpu-vfio-0", "vfio") == {
+        "gpu-0-mig-3g20gb-9-0", "gpu-0-mig-3g20gb-9-4"
+    }  # fmt: skip
 
 
 # --------------------------------------------------------------------------- health
