@@ -15,6 +15,14 @@ DEVICE_METADATA = "DeviceMetadata"
 # Alpha in the reference (PR #1257): GPU and MIG devices published for several claims at
 # once (consumable capacity); the mode is --consumable-shares (services/core/shares.py).
 CONSUMABLE_SHARES = "ConsumableShares"
+# The compute-domain.nvidia.com driver's gates (docs/computedomains.md). Beta and on by
+# default in the reference: a node whose NVLink fabric reports an error is refused
+# rather than taken as outside a fabric (services.core.nvidia.node_clique_id).
+CRASH_ON_NVLINK_FABRIC_ERRORS = "CrashOnNVLinkFabricErrors"
+# Alpha in the reference, off by default; gpudra accepts them off and refuses them on
+# (UNSUPPORTED says why).
+FABRIC_MANAGER_PARTITIONING = "FabricManagerPartitioning"
+HOST_MANAGED_IMEX_DAEMON = "HostManagedIMEXDaemon"
 
 DEFAULTS: Mapping[str, bool] = {
     TIME_SLICING_SETTINGS: False,
@@ -24,7 +32,30 @@ DEFAULTS: Mapping[str, bool] = {
     NVML_DEVICE_HEALTH_CHECK: False,
     DEVICE_METADATA: False,
     CONSUMABLE_SHARES: False,
+    CRASH_ON_NVLINK_FABRIC_ERRORS: True,
+    FABRIC_MANAGER_PARTITIONING: False,
+    HOST_MANAGED_IMEX_DAEMON: False,
 }
+
+# Gates gpudra knows but cannot honour when turned on: refused then, with the reason,
+# by every command that takes --feature-gates (their default, off, is accepted).
+UNSUPPORTED: Mapping[str, str] = {
+    FABRIC_MANAGER_PARTITIONING: (
+        "it makes each prepare activate the NVIDIA Fabric Manager partition whose GPUs are "
+        "the claim's (NVSwitch systems with Fabric Manager in FABRIC_MODE=1) and publishes "
+        "partitionN attributes; gpudra has no Fabric Manager client and neither manages "
+        "nor simulates partitions"
+    ),
+    HOST_MANAGED_IMEX_DAEMON: (
+        "it unlocks the reference's imex.mode=hostManaged (the host's own nvidia-imex "
+        "service, no daemon-0 device, no IMEX DaemonSet per ComputeDomain); gpudra runs "
+        "each ComputeDomain's IMEX daemons itself and has no host-managed mode"
+    ),
+}
+
+# Gates of the compute-domain.nvidia.com driver alone: the GPU driver's slices and
+# prepares never read them.
+DOMAIN_GATES = frozenset({CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON})
 
 # The combinations the reference driver refuses at start-up (pkg/featuregates,
 # ValidateFeatureGates), in the order it checks them; every command that takes
@@ -77,6 +108,11 @@ def parse(spec: str | None) -> FeatureGates:
                 f"feature gate {name!r}: expected {name}=true|false, got {item!r}"
             )
         values[name] = raw.strip().lower() == "true"
+    for name, reason in UNSUPPORTED.items():
+        if values[name]:
+            raise FeatureGateError(
+                f"feature gate {name}=true is not supported by gpudra: {reason}; leave {name}=false"
+            )
     check_combination(values)
     return FeatureGates(values)
 

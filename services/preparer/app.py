@@ -309,6 +309,7 @@ async def _domain_service(
         settings.cdi_root,
         settings.kubelet_root / "plugins" / cd.CD_DRIVER,
         NodeFacts(None if settings.simulated else Path("/proc")),
+        settings.gates,
     )
     report = await engine.recover()
     log.info("compute-domain claims recovered", extra={"node": settings.node, **report})

@@ -13,7 +13,7 @@ import functools
 import logging
 import re
 
-from services.core import config, runner, supervisor
+from services.core import config, featuregates, runner, supervisor
 from services.publisher.tuning import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_SHARDS, DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,8 @@ async def _serve(args: argparse.Namespace) -> None:
     if args.gpu_clique_label:
         from services.publisher.cliquelabel import CliqueLabeler
 
-        labeler = CliqueLabeler(api.api)
+        strict = args.feature_gates.enabled(featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS)
+        labeler = CliqueLabeler(api.api, strict=strict)
         publisher.on_inventory = labeler.set_inventory
         tasks.spawn("clique labels", labeler.run, fatal=True)
     publishers = [publisher]

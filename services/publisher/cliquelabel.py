@@ -20,10 +20,13 @@ from services.core.schemas import NodeInventory
 log = logging.getLogger(__name__)
 
 
-def wanted_label(inventory: NodeInventory) -> str | None:
-    """The label's value for this inventory, None for "no label"."""
+def wanted_label(inventory: NodeInventory, strict: bool = True) -> str | None:
+    """The label's value for this inventory, None for "no label". ``strict`` is the
+    CrashOnNVLinkFabricErrors gate: a GPU whose fabric reports an error then leaves the
+    node unlabelled; without it that GPU is skipped, as the reference's plugin skips it
+    when it computes the clique it labels."""
     try:
-        clique = nvidia.node_clique_id(inventory.gpus)
+        clique = nvidia.node_clique_id(inventory.gpus, strict=strict)
     except nvidia.CliqueError as exc:
         log.warning(
             "no NVLink clique label for the node",
@@ -36,9 +39,10 @@ def wanted_label(inventory: NodeInventory) -> str | None:
 class CliqueLabeler:
     """Keeps each node's clique label equal to what its latest inventory says."""
 
-    def __init__(self, api: KubeApi, retry_s: float = 5.0) -> None:
+    def __init__(self, api: KubeApi, retry_s: float = 5.0, strict: bool = True) -> None:
         self.api = api
         self.retry_s = retry_s
+        self.strict = strict
         self._wanted: dict[str, str | None] = {}
         self._applied: dict[str, str | None] = {}
         self._wake = asyncio.Event()
@@ -49,7 +53,7 @@ class CliqueLabeler:
             self._wanted.pop(node, None)
             self._applied.pop(node, None)
             return
-        self._wanted[node] = wanted_label(inventory)
+        self._wanted[node] = wanted_label(inventory, self.strict)
         if self._applied.get(node, "") != self._wanted[node]:
             self._wake.set()
 

@@ -276,11 +276,34 @@ def build_slices(
     ]
 
 
-def render_domain_contents() -> list[SliceContent]:
+def render_domain_contents(
+    inv: NodeInventory, gates: FeatureGates | None = None
+) -> list[SliceContent] | None:
     """The compute-domain.nvidia.com pool of any node: ``channel-0`` and ``daemon-0``,
     the same on every node (no clique attribute, as the reference; a node outside a
-    fabric publishes them too, and its daemon idles)."""
+    fabric publishes them too, and its daemon idles).
+
+    None (no pool) while the node's GPUs name no one clique: where the reference's
+    plugin refuses to start, so it publishes nothing and no claim is scheduled there.
+    That is GPUs of two cliques, and, with CrashOnNVLinkFabricErrors (its default), a
+    GPU whose NVLink fabric did not register; without the gate such a GPU counts as
+    outside the fabric. The pool comes back once the fabric registers.
+    """
+    if fabric_error(
+        inv, (gates or FeatureGates()).enabled(featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS)
+    ):
+        return None
     return [SliceContent(devices=cd.node_devices())]
+
+
+def fabric_error(inv: NodeInventory, strict: bool = True) -> str:
+    """Why the node's GPUs name no one clique ("" when they do, or when the node is
+    outside a fabric); ``strict`` as in :func:`services.core.nvidia.node_clique_id`."""
+    try:
+        nvidia.node_clique_id(inv.gpus, strict=strict)
+    except nvidia.CliqueError as exc:
+        return str(exc)
+    return ""
 
 
 def render_slices(

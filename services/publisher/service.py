@@ -28,7 +28,7 @@ import msgspec
 from opentelemetry import trace
 
 from services.core import computedomain as cd
-from services.core import nvidia, subjects, tracing
+from services.core import featuregates, nvidia, subjects, tracing
 from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
 from services.core.informer import watch_forever
@@ -48,6 +48,7 @@ from services.publisher.render import (
     RenderError,
     RenderOptions,
     SliceContent,
+    fabric_error,
     render_contents,
     render_domain_contents,
 )
@@ -211,9 +212,18 @@ class Publisher:
                 },
             )
 
-    def _render(self, inventory: NodeInventory) -> list[SliceContent]:
+    def _render(self, inventory: NodeInventory) -> list[SliceContent] | None:
         if self.config.driver == cd.CD_DRIVER:
-            return render_domain_contents()
+            gates = self.config.render.gates
+            contents = render_domain_contents(inventory, gates)
+            if contents is None:
+                strict = gates.enabled(featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS)
+                log.warning(
+                    "no compute-domain pool for the node: its NVLink fabric names no one clique",
+                    extra={"node": inventory.node, "reason": fabric_error(inventory, strict),
+                           featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS: strict},
+                )  # fmt: skip
+            return contents
         holdings = self.holdings.get(inventory.node, NO_HOLDINGS)
         return render_contents(inventory, self.config.render, holdings)
 

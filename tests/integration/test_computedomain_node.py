@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.core import computedomain as cd
@@ -28,14 +29,16 @@ from services.core import subjects, tracing
 from services.core.bus import Bus
 from services.core.kube import KubeApi, http_api
 from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, DomainMember, DomainNodeState
+from services.core.schemas import ClaimEvent, DomainMember, DomainNodeState, NodeInventory
 from services.local.cluster import ControlPlane, install_crd
 from services.local.kubelet import Claim, FakeKubelet
 from services.local.stack import COMPUTE_DOMAIN_CRD
+from services.offline.slices import fleet_inventory
 from services.preparer import checkpoint
 from tests.helpers.events import stored_claim_events
 from tests.helpers.otlp import OtlpReceiver
 from tests.helpers.preparer import Node
+from tests.helpers.publisher import put_inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
 NODE = "gb-node"
@@ -146,24 +149,36 @@ def unique(prefix: str) -> str:
 
 @contextlib.asynccontextmanager
 async def running(
-    apiserver: ControlPlane, root: Path, nats_server: NatsServer, bus: Bus, traced: bool
+    apiserver: ControlPlane,
+    root: Path,
+    nats_server: NatsServer,
+    bus: Bus,
+    traced: bool,
+    inventory: NodeInventory | None = None,
+    gates: str = "",
 ) -> AsyncIterator[Setup]:
     """Discovery, the preparer and the front of one GB200 node, the fake kubelet registered
     on the compute-domain driver's socket. ``traced``: the processes export spans to an
     OTLP receiver in this test's loop (only where a test reads them: a process stopped
-    while the loop is blocked would wait out its last export)."""
+    while the loop is blocked would wait out its last export). ``inventory``: the node's
+    inventory put on the bus instead of discovery's; ``gates``: the preparer's
+    --feature-gates."""
     node = Node(root, nats_server, bus, name=NODE, fleet="gb200-nvl72")
     api = await http_api(str(apiserver.kubeconfig))
     traces = await OtlpReceiver().start()
     env = {"OTEL_EXPORTER_OTLP_ENDPOINT": traces.endpoint, "OTEL_BSP_SCHEDULE_DELAY": "50"}
     env = env if traced else {}
     try:
-        await node.start_discovery()
+        if inventory is None:
+            await node.start_discovery()
+        else:
+            await put_inventory(bus, inventory)
         await node.start_preparer(
             claims="none",
-            extra=["--kubeconfig", str(apiserver.kubeconfig), "--compute-domains"],
+            extra=["--kubeconfig", str(apiserver.kubeconfig), "--compute-domains",
+                   *(["--feature-gates", gates] if gates else [])],
             env=env,
-        )
+        )  # fmt: skip
         node.start_front("--compute-domains", env=env)
         registration = node.kubelet_root / "plugins_registry" / f"{cd.CD_DRIVER}-reg.sock"
         async with FakeKubelet(node.kubelet_root, driver=cd.CD_DRIVER) as kubelet:
@@ -384,6 +399,52 @@ async def test_a_daemon_claim_gets_its_domain_identity_and_directory(setup: Setu
     assert await setup.unprepare(claim) == ""
     assert setup.entries() == {} and setup.specs() == []
     assert not is_dir(mount["hostPath"])  # the domain's last daemon here: its folder goes
+
+
+def _unregistered(inv: NodeInventory, index: int) -> NodeInventory:
+    """GPU ``index``'s NVLink fabric registration still in progress (NVML state 2)."""
+    gpus = list(inv.gpus)
+    fabric = gpus[index].fabric
+    assert fabric is not None
+    fabric = msgspec.structs.replace(fabric, state=2)
+    gpus[index] = msgspec.structs.replace(gpus[index], fabric=fabric)
+    return msgspec.structs.replace(inv, gpus=gpus)
+
+
+async def test_a_fabric_in_error_refuses_claims_unless_crash_on_fabric_errors_is_off(
+    apiserver: ControlPlane, short_root: Path, nats_server: NatsServer, bus: Bus
+) -> None:
+    """CrashOnNVLinkFabricErrors (on by default): a GPU whose NVLink fabric did not
+    register refuses every claim of the node, naming the GPU, before anything is done
+    (the reference's plugin refuses to start there). Off: that GPU counts as outside the
+    fabric, the others name the clique, and the channel is given."""
+    sick = _unregistered(fleet_inventory("gb200-nvl72", NODE), 1)
+    for each in ("on", "off"):
+        (short_root / each).mkdir()
+    async with running(apiserver, short_root / "on", nats_server, bus, False, sick) as setup:
+        uid = await setup.domain(unique("sick"))
+        await setup.member(uid, "Ready")
+        for claim in (
+            await setup.claim(unique("sick-channel"), "team-a", "channel-0", channel(uid)),
+            await setup.claim(unique("sick-daemon"), "gpudra", "daemon-0", daemon(uid)),
+        ):
+            error, ids = await setup.prepare(claim, timeout=10)
+            assert "the node's NVLink fabric (CrashOnNVLinkFabricErrors): GPU 1 (GPU-" in error
+            assert "NVLink fabric state IN_PROGRESS" in error and ids == []
+            assert await setup.label() is None and setup.entries() == {} and setup.specs() == []
+    off = "CrashOnNVLinkFabricErrors=false"
+    async with running(
+        apiserver, short_root / "off", nats_server, bus, False, sick, gates=off
+    ) as setup:
+        uid = await setup.domain(unique("tolerant"))
+        await setup.member(uid, "Ready")
+        claim = await setup.claim(unique("tolerant"), "team-a", "channel-0", channel(uid))
+        error, ids = await setup.prepare(claim)
+        assert error == "" and ids == [f"k8s.compute-domain.nvidia.com/claim={claim.uid}-channel-0"]
+        [spec_file] = setup.specs()
+        [node] = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["deviceNodes"]
+        assert node["path"] == "/dev/nvidia-caps-imex-channels/channel0"
+        assert await setup.unprepare(claim) == ""
 
 
 async def _equals(value: Any, want: str) -> str | None:

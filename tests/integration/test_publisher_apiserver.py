@@ -54,8 +54,10 @@ def _sick(inv: NodeInventory) -> NodeInventory:
 
 def _every_layout() -> list[tuple[str, str, int]]:
     """Every fleet profile x every valid combination of the driver's gates, one
-    entry per distinct rendering (most gates do not change the slices)."""
-    names = sorted(featuregates.DEFAULTS)
+    entry per distinct rendering (most gates do not change the slices); the gates of
+    the compute-domain driver and those gpudra refuses on are left at their defaults."""
+    fixed = featuregates.DOMAIN_GATES | set(featuregates.UNSUPPORTED)
+    names = sorted(set(featuregates.DEFAULTS) - fixed)
     combos = []
     for bits in itertools.product((False, True), repeat=len(names)):
         spec = ",".join(f"{n}={b}" for n, b in zip(names, bits, strict=True))

@@ -13,6 +13,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from services.core import computedomain as cd
@@ -21,19 +22,19 @@ from services.core.bus import Bus
 from services.core.kube import http_api
 from services.core.natsserver import NatsServer
 from services.core.resource import ResourceSlice
-from services.core.schemas import PluginPresence
+from services.core.schemas import NodeInventory, PluginPresence
 from services.local.cluster import ControlPlane
 from services.offline.slices import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
 from tests.helpers.publisher import PublisherProcess, put_inventory
 
 pytestmark = [pytest.mark.integration, pytest.mark.e2e]
-FABRIC, PLAIN = "cd-node-gb200", "cd-node-h100"
+FABRIC, PLAIN, SICK = "cd-node-gb200", "cd-node-h100", "cd-node-gb200-sick"
 
 
 @pytest.fixture(scope="module")
 def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
-    with ControlPlane(controlplane_binary, nodes=[FABRIC, PLAIN]) as cp:
+    with ControlPlane(controlplane_binary, nodes=[FABRIC, PLAIN, SICK]) as cp:
         yield cp
 
 
@@ -109,4 +110,69 @@ async def test_the_domain_pool_follows_its_own_plugins_presence(
         assert all(s.spec.driver == nvidia.DRIVER_NAME for s in (await gpus.list_slices()).items)
     finally:
         proc.stop()
+        await gpus.close()
+
+
+def _unregistered(inv: NodeInventory, index: int) -> NodeInventory:
+    """GPU ``index``'s NVLink fabric registration still in progress (NVML state 2)."""
+    gpus = list(inv.gpus)
+    fabric = gpus[index].fabric
+    assert fabric is not None
+    gpus[index] = msgspec.structs.replace(
+        gpus[index], fabric=msgspec.structs.replace(fabric, state=2)
+    )
+    return msgspec.structs.replace(inv, gpus=gpus)
+
+
+async def test_a_fabric_in_error_has_no_domain_pool_unless_crash_on_fabric_errors_is_off(
+    apiserver: ControlPlane, nats_server: NatsServer, bus: Bus, tmp_path: Path
+) -> None:
+    """CrashOnNVLinkFabricErrors (on by default): the reference's plugin refuses to start
+    on a node whose fabric did not register, so no channel claim can land there; gpudra
+    withdraws that node's compute-domain pool until the fabric registers. Off: the GPU
+    counts as outside the fabric and the pool stays."""
+    gpus = KubeSliceApi(await http_api(str(apiserver.kubeconfig)))
+    domains = KubeSliceApi(gpus.api, driver=cd.CD_DRIVER)
+
+    async def pools(api: KubeSliceApi) -> set[str]:
+        return {s.spec.node_name or "" for s in (await api.list_slices()).items}
+
+    healthy = fleet_inventory("gb200-nvl72", SICK)
+    sick = _unregistered(healthy, 1)
+    await put_inventory(bus, sick)
+    await present(bus, SICK, nvidia.DRIVER_NAME)
+    await present(bus, SICK, cd.CD_DRIVER)
+    proc = PublisherProcess(
+        nats_server, apiserver.kubeconfig, tmp_path / "publisher.log", "--compute-domains"
+    )
+    try:
+
+        async def gpu_pool_only() -> bool:  # the node was seen: its GPU pool is there
+            return SICK in await pools(gpus) and SICK not in await pools(domains)
+
+        await until(gpu_pool_only, "the GPU pool without a domain pool", proc)
+        assert "NVLink fabric state IN_PROGRESS" in proc.log.read_text()
+        await put_inventory(bus, healthy)  # the fabric registers
+
+        async def domain_pool() -> bool:
+            return SICK in await pools(domains)
+
+        await until(domain_pool, "the domain pool once the fabric registered", proc)
+        await put_inventory(bus, sick)
+
+        async def withdrawn() -> bool:
+            return SICK not in await pools(domains)
+
+        await until(withdrawn, "the domain pool withdrawn on a fabric error", proc)
+        assert SICK in await pools(gpus)
+    finally:
+        proc.stop()
+    off = PublisherProcess(
+        nats_server, apiserver.kubeconfig, tmp_path / "publisher-off.log", "--compute-domains",
+        "--feature-gates", "CrashOnNVLinkFabricErrors=false",
+    )  # fmt: skip
+    try:
+        await until(domain_pool, "the domain pool with the gate off", off)
+    finally:
+        off.stop()
         await gpus.close()

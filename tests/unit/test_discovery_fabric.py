@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import nvidia
+from services.core import featuregates, nvidia
 from services.core.nvidia import CliqueError, node_clique_id
 from services.core.schemas import Gpu, NodeInventory
 from services.discovery import pciids
@@ -17,6 +17,7 @@ from services.discovery.inventory import scan
 from services.discovery.nvml import NvmlBackend
 from services.discovery.sim import SimNvml
 from services.publisher.cliquelabel import wanted_label
+from services.publisher.render import fabric_error, render_domain_contents
 from tests.helpers.nvml import FakeNvml, fake_sysfs
 
 
@@ -86,6 +87,35 @@ def test_a_fabric_that_is_not_ready_refuses_the_node_in_strict_mode() -> None:
         node_clique_id(failed)
 
 
+@pytest.mark.parametrize("state", [1, 2])  # NOT_STARTED, IN_PROGRESS
+def test_crash_on_nvlink_fabric_errors_decides_what_a_fabric_error_costs(state: int) -> None:
+    """On (the reference's default), a GPU whose fabric did not register takes the node's
+    compute-domain pool and clique label away, as the reference's plugin refuses to start
+    there; off, that GPU counts as outside the fabric and the others name the clique."""
+    inv = scan(SimNvml.boot("t", get_fleet("gb200-nvl72"), 7), "t").inventory
+    sick = msgspec.structs.replace(inv, gpus=_with_fabric(inv, 1, state=state))
+    on = featuregates.parse("")
+    off = featuregates.parse("CrashOnNVLinkFabricErrors=false")
+    assert render_domain_contents(sick, on) is None
+    assert "GPU 1 (" in fabric_error(sick) and fabric_error(inv) == ""
+    assert wanted_label(sick, strict=True) is None
+    healthy = render_domain_contents(inv, on)
+    assert healthy is not None and [d.name for d in healthy[0].devices or []] == [
+        "channel-0",
+        "daemon-0",
+    ]
+    assert render_domain_contents(sick, off) == healthy
+    assert wanted_label(sick, strict=False) == node_clique_id(inv.gpus)
+    # Every GPU unregistered, gate off: the node is outside a fabric (no clique, pool kept).
+    gpus = list(inv.gpus)
+    for i in range(len(gpus)):
+        gpus = _with_fabric(msgspec.structs.replace(inv, gpus=gpus), i, state=state)
+    none_registered = msgspec.structs.replace(inv, gpus=gpus)
+    assert wanted_label(none_registered, strict=False) is None
+    assert render_domain_contents(none_registered, off) == healthy
+    assert render_domain_contents(none_registered, on) is None
+
+
 def test_gpus_in_two_cliques_are_refused_and_lose_the_label() -> None:
     inv = scan(SimNvml.boot("t", get_fleet("gb200-nvl72"), 7), "t").inventory
     gpus = _with_fabric(inv, 3, clique_id=2)
@@ -93,8 +123,12 @@ def test_gpus_in_two_cliques_are_refused_and_lose_the_label() -> None:
         CliqueError, match=r"more than one NVLink clique: .*\.1 on GPUs \[0, 1, 2\]"
     ):
         node_clique_id(gpus)
-    assert wanted_label(msgspec.structs.replace(inv, gpus=gpus)) is None
+    two = msgspec.structs.replace(inv, gpus=gpus)
+    assert wanted_label(two) is None
     assert wanted_label(inv) == node_clique_id(inv.gpus)
+    # The reference's plugin refuses such a node whatever CrashOnNVLinkFabricErrors says.
+    for spec in ("", "CrashOnNVLinkFabricErrors=false"):
+        assert render_domain_contents(two, featuregates.parse(spec)) is None
 
 
 def test_a_zero_cluster_uuid_is_no_clique() -> None:

@@ -4,10 +4,44 @@ import pytest
 
 from services.core import featuregates as fg
 
+# The reference's defaults (pkg/featuregates/featuregates.go, defaultFeatureGates).
+REFERENCE_ON = {fg.CRASH_ON_NVLINK_FABRIC_ERRORS}
+
 
 def test_defaults_match_reference() -> None:
     gates = fg.parse("")
-    assert not any(gates.enabled(name) for name in fg.DEFAULTS)
+    assert {name for name in fg.DEFAULTS if gates.enabled(name)} == REFERENCE_ON
+    assert gates.spec() == ""
+
+
+def test_a_gate_on_by_default_can_be_turned_off() -> None:
+    gates = fg.parse("CrashOnNVLinkFabricErrors=false")
+    assert not gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
+    assert gates.spec() == "CrashOnNVLinkFabricErrors=false"
+    assert fg.parse(gates.spec()) == gates
+
+
+@pytest.mark.parametrize(
+    ("gate", "reason"),
+    [
+        ("FabricManagerPartitioning", "gpudra has no Fabric Manager client"),
+        ("HostManagedIMEXDaemon", "gpudra runs each ComputeDomain's IMEX daemons itself"),
+    ],
+)
+@pytest.mark.parametrize("command", [["preparer", "--fleet", "dgx-h100"], ["publisher"]])
+def test_a_gate_gpudra_cannot_honour_is_accepted_off_and_refused_on(
+    gate: str, reason: str, command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Off (the reference's default) parses; on, every command refuses it, naming why."""
+    from services.cli import main
+
+    assert not fg.parse(f"{gate}=false").enabled(gate)
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--feature-gates", f"{gate}=true"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"feature gate {gate}=true is not supported by gpudra: " in err, err
+    assert reason in err and f"leave {gate}=false" in err
 
 
 def test_parse_and_spec_round_trip() -> None:
@@ -21,7 +55,8 @@ def test_parse_and_spec_round_trip() -> None:
     [
         (
             "Nope=true",
-            "unknown feature gate 'Nope'; valid: ConsumableShares, DeviceMetadata, DynamicMIG",
+            "unknown feature gate 'Nope'; valid: ConsumableShares, CrashOnNVLinkFabricErrors, "
+            "DeviceMetadata, DynamicMIG, FabricManagerPartitioning, HostManagedIMEXDaemon",
         ),
         ("DynamicMIG=yes", "expected DynamicMIG=true|false"),
         ("DynamicMIG", "expected DynamicMIG=true|false"),

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from services.cli import main
-from services.core import nvidia
+from services.core import featuregates, nvidia
 from services.offline import slicecheck
 from tests.helpers.cli import gpudra
 
@@ -128,7 +128,7 @@ def test_yaml_output_is_a_stream_of_slices(capsys: pytest.CaptureFixture[str]) -
         (["--fleet", "dgx-z9", "--node", "n1"], "unknown fleet 'dgx-z9'; valid fleets: dgx-a100"),
         (
             ["--fleet", "dgx-h100", "--node", "n1", "--feature-gates", "Turbo=true"],
-            "unknown feature gate 'Turbo'; valid: ConsumableShares, DeviceMetadata, DynamicMIG",
+            f"unknown feature gate 'Turbo'; valid: {featuregates.valid_names()}",
         ),
         (
             [

@@ -39,6 +39,7 @@ from typing import Any
 import msgspec
 
 from services.core import computedomain as cd
+from services.core import featuregates as fg
 from services.core import nvidia
 from services.core.kube import ApiError
 from services.core.opaque import ConfigError
@@ -114,6 +115,7 @@ class DomainEngine:
         cdi_root: Path,
         plugin_dir: Path,
         facts: NodeFacts,
+        gates: fg.FeatureGates | None = None,
     ) -> None:
         """``gate`` None: no API server, so every prepare is refused (unprepares still work)."""
         self.node = node
@@ -124,6 +126,7 @@ class DomainEngine:
         self.cdi_root = cdi_root
         self.plugin_dir = plugin_dir
         self.facts = facts
+        self.gates = gates or fg.FeatureGates()
         self._claim_locks = KeyedLocks()
         self._node_lock = asyncio.Lock()  # the label's check-and-set, the checkpoint's view
 
@@ -182,9 +185,9 @@ class DomainEngine:
             started_at=time.time(),
             groups=[_group(p) for p in planned],
         )
+        clique = self._clique_id()  # a fabric in error refuses before anything is done
         if channel:
             await self._admit(ref, started, domain, deadline)
-        clique = self._clique_id()
         devices = [self._device(ref.uid, p, domain, clique) for p in planned]
         spec = {"cdiVersion": CDI_VERSION, "kind": KIND,
                 "devices": [{"name": f"{ref.uid}-{d.name}", "containerEdits": e}
@@ -221,13 +224,19 @@ class DomainEngine:
         await self.gate.ready(domain, max(left, 0.1))
 
     def _clique_id(self) -> str:
+        """The node's clique from its inventory. With CrashOnNVLinkFabricErrors (the
+        reference's default) a GPU whose fabric registration is unfinished or failed
+        refuses every claim here (the reference's plugin refuses to start); without it
+        such GPUs count as outside a fabric, as the reference's fallback does."""
         inv = self.inventory.current
         if inv is None:
             raise DomainClaimError("no inventory for this node yet (is discovery running?)")
+        strict = self.gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
         try:
-            return nvidia.node_clique_id(inv.gpus)
-        except ValueError as exc:
-            raise DomainClaimError(f"the node's NVLink fabric: {exc}") from exc
+            return nvidia.node_clique_id(inv.gpus, strict=strict)
+        except nvidia.CliqueError as exc:
+            gate = f" ({fg.CRASH_ON_NVLINK_FABRIC_ERRORS})" if strict else ""
+            raise DomainClaimError(f"the node's NVLink fabric{gate}: {exc}") from exc
 
     def _device(
         self, uid: str, p: _Planned, domain: Domain, clique: str
