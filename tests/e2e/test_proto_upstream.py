@@ -1,10 +1,14 @@
 """Our .proto files against the kubelet's own, compiled from k8s.io/kubelet.
 
-The control plane's Go module requires k8s.io/kubelet (v0.35), so its .proto
-files are in the module cache after the build. Both sides are compiled with
-protoc into descriptors and compared as the wire sees them: package, every
-message (nested ones and map entries too), field names, numbers, types and
-labels, enums, services and their methods' types and streaming.
+proto/ describes the kubelet APIs of k8s.io/kubelet KUBELET_VERSION, the
+kubelet of the control plane's default Kubernetes. The module is fetched with
+``go mod download`` from a scratch directory into gpudra's Go module cache
+(which the control plane's build fills, so it is usually there already): the
+test neither builds the control plane nor follows whichever Kubernetes a
+compatibility build pins. Both sides are compiled with protoc into
+descriptors and compared as the wire sees them: package, every message (nested
+ones and map entries too), field names, numbers, types and labels, enums,
+services and their methods' types and streaming.
 """
 
 from __future__ import annotations
@@ -20,23 +24,27 @@ from typing import Any
 import pytest
 from google.protobuf import descriptor_pb2
 
-from services.local.cluster import CONTROLPLANE_DIR
-
 REPO = Path(__file__).resolve().parents[2]
 PAIRS = {  # ours (under proto/) -> upstream (under the module's pkg/apis/)
     "kubelet/dra/v1/api.proto": "dra/v1/api.proto",
     "kubelet/dra/v1beta1/api.proto": "dra/v1beta1/api.proto",
     "kubelet/pluginregistration/v1/api.proto": "pluginregistration/v1/api.proto",
+    "kubelet/drahealth/v1/api.proto": "dra-health/v1/api.proto",
     "kubelet/drahealth/v1alpha1/api.proto": "dra-health/v1alpha1/api.proto",
 }
+# The version proto/ follows: Kubernetes 1.37.2's kubelet (dra-health/v1 is new
+# there; v1alpha1's `message` came in 1.36, and older kubelets ignore it).
+KUBELET_VERSION = "v0.37.2"
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def kubelet_module(controlplane_binary: Path) -> Path:
-    """The k8s.io/kubelet source the control plane was built with (from the module cache)."""
+def kubelet_module(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The k8s.io/kubelet source of KUBELET_VERSION, from gpudra's Go module cache."""
     go = shutil.which("go") or "/usr/local/go/bin/go"
+    if not Path(go).exists():
+        pytest.skip("no Go toolchain to fetch k8s.io/kubelet with")
     cache = Path(os.environ.get("GPUDRA_CACHE", Path.home() / ".cache" / "gpudra"))
     env = {
         **os.environ,
@@ -45,8 +53,8 @@ def kubelet_module(controlplane_binary: Path) -> Path:
         "GOTOOLCHAIN": "local",
     }
     out = subprocess.run(
-        [go, "mod", "download", "-json", "k8s.io/kubelet"],
-        cwd=CONTROLPLANE_DIR,
+        [go, "mod", "download", "-json", f"k8s.io/kubelet@{KUBELET_VERSION}"],
+        cwd=tmp_path_factory.mktemp("no-module"),  # outside any Go module
         env=env,
         capture_output=True,
         text=True,

@@ -2,9 +2,9 @@
 
 Field numbers, types and names are read back from the generated descriptors
 (what actually goes on the wire), and compared with the tables below, written
-from k8s.io/kubelet v0.35 (dra/v1, dra/v1beta1, pluginregistration/v1,
-dra-health/v1alpha1). tests/e2e/test_proto_upstream.py compiles those upstream
-.proto files themselves and compares them with ours.
+from k8s.io/kubelet v0.37.2 (dra/v1, dra/v1beta1, pluginregistration/v1,
+dra-health/v1 and v1alpha1). tests/e2e/test_proto_upstream.py compiles those
+upstream .proto files themselves and compares them with ours.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from google.protobuf.descriptor import Descriptor, FieldDescriptor, FileDescript
 
 from services.proto_gen.kubelet.dra.v1 import api_pb2 as dra_v1
 from services.proto_gen.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
+from services.proto_gen.kubelet.drahealth.v1 import api_pb2 as health_v1
 from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from services.proto_gen.kubelet.pluginregistration.v1 import api_pb2 as registration_v1
 
@@ -65,6 +66,24 @@ def _without_share_id(messages: Messages) -> Messages:
     return out
 
 
+# dra-health v1 and v1alpha1: the same service and messages in two packages.
+HEALTH: tuple[str, Methods, Messages] = (
+    "DRAResourceHealth",
+    {"NodeWatchResources": ("NodeWatchResourcesRequest", "NodeWatchResourcesResponse", True)},
+    {
+        "NodeWatchResourcesRequest": {},
+        "NodeWatchResourcesResponse": {"devices": (1, "repeated DeviceHealth")},
+        "DeviceHealth": {
+            "device": (1, "DeviceIdentifier"),
+            "health": (2, "HealthStatus"),
+            "last_updated_time": (3, "int64"),
+            "health_check_timeout_seconds": (4, "int64"),
+            "message": (5, "string"),
+        },
+        "DeviceIdentifier": {"pool_name": (1, "string"), "device_name": (2, "string")},
+    },
+)
+
 # module -> (package, service, methods, messages)
 CONTRACT: dict[ModuleType, tuple[str, str, Methods, Messages]] = {
     dra_v1: ("k8s.io.kubelet.pkg.apis.dra.v1", "DRAPlugin", DRA_METHODS, DRA_MESSAGES),
@@ -97,28 +116,8 @@ CONTRACT: dict[ModuleType, tuple[str, str, Methods, Messages]] = {
             "RegistrationStatusResponse": {},
         },
     ),
-    health_v1alpha1: (
-        "v1alpha1",
-        "DRAResourceHealth",
-        {
-            "NodeWatchResources": (
-                "NodeWatchResourcesRequest",
-                "NodeWatchResourcesResponse",
-                True,
-            )
-        },
-        {
-            "NodeWatchResourcesRequest": {},
-            "NodeWatchResourcesResponse": {"devices": (1, "repeated DeviceHealth")},
-            "DeviceHealth": {
-                "device": (1, "DeviceIdentifier"),
-                "health": (2, "HealthStatus"),
-                "last_updated_time": (3, "int64"),
-                "health_check_timeout_seconds": (4, "int64"),
-            },
-            "DeviceIdentifier": {"pool_name": (1, "string"), "device_name": (2, "string")},
-        },
-    ),
+    health_v1: ("v1", *HEALTH),
+    health_v1alpha1: ("v1alpha1", *HEALTH),
 }
 
 _SCALARS = {
@@ -175,8 +174,9 @@ def test_messages_and_field_numbers(module: ModuleType) -> None:
     assert got == messages
 
 
-def test_health_status_values() -> None:
-    enum = health_v1alpha1.DESCRIPTOR.enum_types_by_name["HealthStatus"]
+@pytest.mark.parametrize("module", [health_v1, health_v1alpha1], ids=["v1", "v1alpha1"])
+def test_health_status_values(module: ModuleType) -> None:
+    enum = module.DESCRIPTOR.enum_types_by_name["HealthStatus"]
     assert {v.name: v.number for v in enum.values} == {"UNKNOWN": 0, "HEALTHY": 1, "UNHEALTHY": 2}
 
 
