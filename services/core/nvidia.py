@@ -528,6 +528,51 @@ def partition_devices(
 
 # ------------------------------------------------------------------ health
 
+# What an XID means, in the words of NVIDIA's Xid catalog (docs.nvidia.com/deploy/
+# xid-errors), for the XIDs datacenter GPUs (Ampere and later) report. People
+# read these: the kubelet's device health message (pod status), discovery's
+# health events. An XID not listed is named by its number alone.
+XID_DESCRIPTIONS: dict[int, str] = {
+    8: "GPU stopped processing",
+    13: "Graphics Engine Exception",
+    31: "GPU memory page fault",
+    32: "Invalid or corrupted push buffer stream",
+    38: "Driver firmware error",
+    43: "GPU stopped processing",
+    45: "Preemptive cleanup, due to previous errors",
+    48: "Double Bit ECC Error",
+    61: "Internal micro-controller breakpoint/warning",
+    62: "Internal micro-controller halt",
+    63: "ECC page retirement or row remapping recording event",
+    64: "ECC page retirement or row remapper recording failure",
+    68: "Video processor exception",
+    69: "Graphics Engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus",
+    92: "High single-bit ECC error rate",
+    94: "Contained ECC error",
+    95: "Uncontained ECC error",
+    109: "Context Switch Timeout Error",
+    119: "GSP RPC Timeout",
+    120: "GSP Error",
+    121: "C2C Link Error",
+    137: "NVLink FLA privilege error",
+    140: "Unrecovered ECC Error",
+}
+# The reason of a GPU NVML cannot reach any more (NVML_ERROR_GPU_IS_LOST).
+GPU_LOST_REASON = "GPU is lost: NVML cannot reach it (NVML_ERROR_GPU_IS_LOST)"
+
+
+def xid_reason(xid: int) -> str:
+    """``XID 79: GPU has fallen off the bus``; an XID the catalog above lacks: ``XID 150``."""
+    description = XID_DESCRIPTIONS.get(xid)
+    return f"XID {xid}: {description}" if description else f"XID {xid}"
+
+
+def nvml_error_reason(error: str) -> str:
+    """Why a GPU's health is unknown: the NVML queries that failed on it."""
+    return f"NVML error: {error}"
+
 
 def xid_taint(xid: int, extra_non_fatal_xids: Iterable[int] = ()) -> DeviceTaint:
     """healthEventToTaint for an XID: effect None for application errors, else NoSchedule."""

@@ -182,6 +182,15 @@ HealthKind = Literal["xid", "gpu-lost", "recovered", "nvml-error"]
 
 
 class HealthEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """``dra.health.<node>``: one new fact about one GPU's health, from the node's discovery.
+
+    ``message`` is a log line that names the GPU; ``reason`` says what happened
+    without naming it (``XID 79: GPU has fallen off the bus``): the words the
+    kubelet plugin gives the kubelet as the health message of the GPU's devices.
+    An XID that NVML attributed to a MIG device carries its ``gi_id`` and
+    ``ci_id``, as :class:`Xid` does in the inventory.
+    """
+
     schema_version: int = SCHEMA_VERSION
     node: str
     gpu_uuid: str
@@ -190,6 +199,9 @@ class HealthEvent(msgspec.Struct, frozen=True, kw_only=True):
     xid: int | None = None
     message: str = ""
     timestamp: float = msgspec.field(default_factory=now)
+    reason: str = ""
+    gi_id: int | None = None
+    ci_id: int | None = None
 
 
 class SimMigRequest(msgspec.Struct, frozen=True, kw_only=True):

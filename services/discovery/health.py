@@ -13,6 +13,7 @@ import logging
 
 import msgspec
 
+from services.core import nvidia
 from services.core.schemas import Gpu, GpuHealth, HealthEvent, HealthKind, NodeInventory, Xid
 from services.discovery.backend import NvmlEvent
 from services.discovery.inventory import Scan, gpu_label
@@ -44,6 +45,9 @@ class HealthTracker:
             xid=event.xid,
             message=f"{gpu_label(gpu)}: XID {event.xid}{_where(gpu, event)}",
             timestamp=event.timestamp,
+            reason=nvidia.xid_reason(event.xid),
+            gi_id=event.gi_id,
+            ci_id=event.ci_id,
         )
 
     def on_scan(self, scan: Scan) -> tuple[NodeInventory, list[HealthEvent]]:
@@ -55,12 +59,16 @@ class HealthTracker:
             lost = gpu.index in scan.lost
             if lost and not health.lost:
                 health = msgspec.structs.replace(health, lost=True)
-                events.append(self._event(gpu, "gpu-lost", gpu.error or "GPU is lost"))
+                events.append(
+                    self._event(gpu, "gpu-lost", gpu.error or "GPU is lost", nvidia.GPU_LOST_REASON)
+                )
             elif health.lost and not lost:
                 health = GpuHealth()  # the GPU answers again: it was reset
-                events.append(self._event(gpu, "recovered", "GPU answers NVML again"))
+                recovered = "GPU answers NVML again"
+                events.append(self._event(gpu, "recovered", recovered, recovered))
             if not lost and gpu.error and gpu.error != self._errors.get(gpu.index):
-                events.append(self._event(gpu, "nvml-error", gpu.error))
+                reason = nvidia.nvml_error_reason(gpu.error)
+                events.append(self._event(gpu, "nvml-error", gpu.error, reason))
             self._errors[gpu.index] = gpu.error
             unmonitored = gpu.index in scan.unmonitored
             if health.unmonitored != unmonitored:
@@ -69,13 +77,14 @@ class HealthTracker:
             gpus.append(msgspec.structs.replace(gpu, health=health))
         return msgspec.structs.replace(scan.inventory, gpus=gpus), events
 
-    def _event(self, gpu: Gpu, kind: HealthKind, message: str) -> HealthEvent:
+    def _event(self, gpu: Gpu, kind: HealthKind, message: str, reason: str) -> HealthEvent:
         return HealthEvent(
             node=self.node,
             gpu_uuid=gpu.uuid,
             gpu_index=gpu.index,
             kind=kind,
             message=f"{gpu_label(gpu)}: {message}",
+            reason=reason,
         )
 
 

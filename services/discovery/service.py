@@ -221,7 +221,10 @@ class Discovery:
             log.error("publishing health event failed", extra={"error": str(exc)})
             return
         metrics.HEALTH_EVENTS.labels(kind=event.kind).inc()
-        log.info("health event", extra={"kind": event.kind, "health": event.message})
+        log.info(
+            "health event",
+            extra={"kind": event.kind, "health": event.message, "reason": event.reason},
+        )
 
     # ------------------------------------------------------------ simulated NVML
 

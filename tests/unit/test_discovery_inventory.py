@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.core.schemas import VfioInfo
@@ -11,7 +12,7 @@ from services.discovery import backend as nv
 from services.discovery import mig
 from services.discovery.fleet import get_fleet
 from services.discovery.health import HealthTracker
-from services.discovery.inventory import ScanError, describe_changes, scan
+from services.discovery.inventory import Scan, ScanError, describe_changes, scan
 from services.discovery.sim import SimNvml
 
 GIB = 1024**3
@@ -165,21 +166,38 @@ def test_health_tracker_turns_xids_and_loss_into_events_and_health() -> None:
         inv.gpus[5].uuid,
     )
     assert "on MIG 1g.5gb (GI 9/CI 0" in event.message
+    assert (event.reason, event.gi_id, event.ci_id) == ("XID 43: GPU stopped processing", 9, 0)
     inv2, _ = tracker.on_scan(scan(sim, "node-a", inv))
     assert [(x.xid, x.gi_id, x.ci_id) for x in inv2.gpus[5].health.xids] == [(43, 9, 0)]
     assert describe_changes(inv, inv2) == ["gpu-5: XID 43 on GI 9/CI 0"]
 
     sim.set_lost(2, True)
     inv3, events = tracker.on_scan(scan(sim, "node-a", inv2))
-    assert [(e.kind, e.gpu_index) for e in events] == [("gpu-lost", 2)]
+    assert [(e.kind, e.gpu_index, e.reason) for e in events] == [
+        ("gpu-lost", 2, "GPU is lost: NVML cannot reach it (NVML_ERROR_GPU_IS_LOST)")
+    ]
     assert inv3.gpus[2].health.lost
     _, again = tracker.on_scan(scan(sim, "node-a", inv3))
     assert again == []  # reported once
     sim.set_lost(2, False)
     inv4, events = tracker.on_scan(scan(sim, "node-a", inv3))
-    assert [(e.kind, e.gpu_index) for e in events] == [("recovered", 2)]
+    assert [(e.kind, e.gpu_index, e.reason) for e in events] == [
+        ("recovered", 2, "GPU answers NVML again")
+    ]
     assert not inv4.gpus[2].health.lost
     assert describe_changes(inv3, inv4) == ["gpu-2: recovered", "gpu-2: NVML error cleared"]
+
+
+def test_an_nvml_error_event_says_which_queries_failed() -> None:
+    sim = boot("dgx-a100")
+    result = scan(sim, "node-a")
+    gpus = list(result.inventory.gpus)
+    gpus[1] = msgspec.structs.replace(gpus[1], error="memory: NVML_ERROR_UNKNOWN")
+    broken = msgspec.structs.replace(result.inventory, gpus=gpus)
+    _, events = HealthTracker("node-a").on_scan(Scan(broken, result.lost, result.unmonitored))
+    assert [(e.kind, e.gpu_index, e.reason) for e in events] == [
+        ("nvml-error", 1, "NVML error: memory: NVML_ERROR_UNKNOWN")
+    ]
 
 
 def test_scans_are_stable_and_changes_are_described() -> None:
