@@ -5,7 +5,7 @@ One process serves the GPU driver and, with ``--compute-domains``, the
 presence record and bus subjects, started one driver after the other.
 
 Start: remove stale sockets, serve the DRA socket (DRAPlugin v1 + v1beta1,
-DRAResourceHealth, grpc.health.v1), and only then the registration socket,
+DRAResourceHealth v1 + v1alpha1, grpc.health.v1), and only then the registration socket,
 because the kubelet dials the endpoint as soon as it sees the registration.
 Stop (SIGTERM/SIGINT): drop the registration socket first (the kubelet
 deregisters), withdraw the presence record, let in-flight calls finish, drop
@@ -73,7 +73,7 @@ class DriverFront:
         self.dra_server = grpc.aio.server()
         versions = draservice.add_to_server(self.dra_server, self.forwarder)
         if self.board is not None:
-            versions.append(health.add_to_server(self.dra_server, self.board))
+            versions.extend(health.add_to_server(self.dra_server, self.board))
         health_pb2_grpc.add_HealthServicer_to_server(self.grpc_health, self.dra_server)
         self.registration = registration.RegistrationServicer(
             driver, endpoint, versions, self.presence

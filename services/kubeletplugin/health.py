@@ -4,7 +4,15 @@ The device list and base health come from the node's inventory (KV
 ``inventory``); health events on ``dra.health.<node>`` apply on top at once,
 before discovery has rewritten the inventory. Every message carries the
 complete list, and it is re-sent periodically because the kubelet turns a
-device it has not heard about for 30 s into Unknown.
+device it has not heard about for 30 s into Unknown. A device that is not
+healthy says why in its ``message`` (``XID 79: GPU has fallen off the bus``),
+which kubelets 1.36 and later show in the pod's status.
+
+One implementation is served as two gRPC services on the DRA socket:
+``v1.DRAResourceHealth`` (kubelet 1.37 and later prefer it) and
+``v1alpha1.DRAResourceHealth`` (kubelets 1.34 to 1.36 know only it; 1.37 to
+1.39 still take it). Both are advertised at registration, newest first; the
+messages are the same field for field.
 """
 
 from __future__ import annotations
@@ -15,6 +23,7 @@ import logging
 import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
 import grpc
@@ -23,36 +32,64 @@ from services.core import nvidia, subjects
 from services.core.access import Identity, Role
 from services.core.bus import Bus
 from services.core.schemas import Gpu, HealthEvent, NodeInventory
-from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as pb
-from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as pb_grpc
+from services.proto_gen.kubelet.drahealth.v1 import api_pb2 as pb_v1
+from services.proto_gen.kubelet.drahealth.v1 import api_pb2_grpc as pb_v1_grpc
+from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as pb_v1alpha1
+from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as pb_v1alpha1_grpc
 
 log = logging.getLogger(__name__)
 
-SERVICE_NAME = "v1alpha1.DRAResourceHealth"
+# The versions served, newest first: (proto module, its gRPC module).
+VERSIONS: tuple[tuple[ModuleType, ModuleType], ...] = (
+    (pb_v1, pb_v1_grpc),
+    (pb_v1alpha1, pb_v1alpha1_grpc),
+)
 RESEND_SECONDS = 10.0
+# The kubelet keeps at most this much of a message (ResourceHealthMessageMaxLength).
+MESSAGE_MAX = 1024
+
+
+def service_name(pb: ModuleType) -> str:
+    """What registration advertises for a version: ``v1.DRAResourceHealth``."""
+    return str(pb.DESCRIPTOR.services_by_name["DRAResourceHealth"].full_name)
+
+
+SERVICE_NAMES = tuple(service_name(pb) for pb, _ in VERSIONS)
 
 
 class Health(enum.IntEnum):
-    """The wire values; :func:`worse` orders them by severity."""
+    """The wire values (the same in v1 and v1alpha1); ``_SEVERITY`` orders them."""
 
-    UNKNOWN = pb.UNKNOWN
-    HEALTHY = pb.HEALTHY
-    UNHEALTHY = pb.UNHEALTHY
+    UNKNOWN = pb_v1.UNKNOWN
+    HEALTHY = pb_v1.HEALTHY
+    UNHEALTHY = pb_v1.UNHEALTHY
 
 
 _SEVERITY = {Health.HEALTHY: 0, Health.UNKNOWN: 1, Health.UNHEALTHY: 2}
 
 
-def worse(a: Health, b: Health) -> Health:
-    return a if _SEVERITY[a] >= _SEVERITY[b] else b
+@dataclass(frozen=True)
+class Verdict:
+    """One device's health and, unless it is healthy, why (the kubelet's ``message``)."""
+
+    health: Health
+    message: str = ""
 
 
-_EVENT_HEALTH = {
-    "xid": Health.UNHEALTHY,
-    "gpu-lost": Health.UNHEALTHY,
-    "nvml-error": Health.UNKNOWN,
-    "recovered": Health.HEALTHY,
-}
+HEALTHY = Verdict(Health.HEALTHY)
+
+
+def _worse(a: Verdict, b: Verdict) -> Verdict:
+    """The more severe of two verdicts; ``a`` on a tie."""
+    return a if _SEVERITY[a.health] >= _SEVERITY[b.health] else b
+
+
+def fit(message: str) -> str:
+    """``message`` within the kubelet's limit, cut as the kubelet cuts ("..."), on a character."""
+    data = message.encode()
+    if len(data) <= MESSAGE_MAX:
+        return message
+    return data[: MESSAGE_MAX - 3].decode(errors="ignore") + "..."
 
 
 @dataclass(frozen=True)
@@ -60,6 +97,43 @@ class DeviceState:
     device: str
     health: Health
     since: float  # unix time the health last changed
+    message: str = ""
+
+
+@dataclass(frozen=True)
+class _EventFact:
+    """What the last health event said about a GPU, until the inventory says it too.
+
+    ``target`` is the (GI, CI) of the MIG device NVML attributed an XID to;
+    None for the whole GPU.
+    """
+
+    kind: str
+    verdict: Verdict
+    target: tuple[int, int | None] | None = None
+
+
+def event_fact(event: HealthEvent) -> _EventFact | None:
+    """What a health event says about its GPU's devices; None: nothing wrong any more.
+
+    The same rules as :func:`device_reports`: an application XID
+    (:data:`nvidia.NON_FATAL_XIDS`) is no fault, a lost GPU is unhealthy, an
+    NVML error makes health unknown. The event's ``reason`` is the message; an
+    event from a discovery that predates it gets the same words made here.
+    """
+    if event.kind == "recovered":
+        return None
+    if event.kind == "xid":
+        if event.xid in nvidia.NON_FATAL_XIDS:
+            return None
+        reason = event.reason or (nvidia.xid_reason(event.xid) if event.xid is not None else "XID")
+        target = (event.gi_id, event.ci_id) if event.gi_id is not None else None
+        return _EventFact("xid", Verdict(Health.UNHEALTHY, fit(reason)), target)
+    if event.kind == "gpu-lost":
+        return _EventFact(
+            event.kind, Verdict(Health.UNHEALTHY, fit(event.reason or nvidia.GPU_LOST_REASON))
+        )
+    return _EventFact(event.kind, Verdict(Health.UNKNOWN, fit(event.reason or event.message)))
 
 
 class HealthBoard:
@@ -70,7 +144,7 @@ class HealthBoard:
         self.pool = pool or node  # the publisher's pool is the node name
         self.version = 0
         self._inventory: NodeInventory | None = None
-        self._events: dict[str, Health] = {}  # gpu uuid -> health the last event said
+        self._events: dict[str, _EventFact] = {}  # gpu uuid -> what its last event said
         self._states: dict[str, DeviceState] = {}
         self._changed = asyncio.Condition()
 
@@ -96,15 +170,17 @@ class HealthBoard:
         self._inventory = inventory
         if inventory is not None:
             uuids = {gpu.uuid for gpu in inventory.gpus}
-            self._events = {u: h for u, h in self._events.items() if u in uuids}
+            self._events = {u: f for u, f in self._events.items() if u in uuids}
         await self._recompute()
 
     async def apply_event(self, event: HealthEvent) -> None:
-        health = _EVENT_HEALTH.get(event.kind, Health.UNKNOWN)
-        if event.kind == "recovered":
+        fact = event_fact(event)
+        old = self._events.get(event.gpu_uuid)
+        if fact is not None:
+            self._events[event.gpu_uuid] = fact
+        elif event.kind == "recovered" or (old is not None and old.kind == "xid"):
+            # Recovered: nothing holds. An application XID: the latest XID is no fault.
             self._events.pop(event.gpu_uuid, None)
-        else:
-            self._events[event.gpu_uuid] = health
         await self._recompute()
 
     async def _on_event(self, event: HealthEvent, headers: dict[str, str]) -> None:
@@ -132,12 +208,15 @@ class HealthBoard:
         now = time.time()
         fresh: dict[str, DeviceState] = {}
         for gpu in self._inventory.gpus if self._inventory else []:
-            event = self._events.get(gpu.uuid, Health.HEALTHY)
-            for device, health in device_health(gpu).items():
-                worst = worse(health, event)
-                old = self._states.get(device)
-                since = old.since if old is not None and old.health == worst else now
-                fresh[device] = DeviceState(device, worst, since)
+            fact = self._events.get(gpu.uuid)
+            names = device_names(gpu)
+            hit = names.get(fact.target) if fact is not None and fact.target else None
+            for name, verdict in device_reports(gpu).items():
+                if fact is not None and hit in (None, name):
+                    verdict = _worse(fact.verdict, verdict)
+                old = self._states.get(name)
+                since = old.since if old is not None and old.health == verdict.health else now
+                fresh[name] = DeviceState(name, verdict.health, since, verdict.message)
         async with self._changed:
             if fresh != self._states or self.version == 0:
                 self._states = fresh
@@ -145,14 +224,8 @@ class HealthBoard:
                 self._changed.notify_all()
 
 
-def device_health(gpu: Gpu) -> dict[str, Health]:
-    """Health of each device the publisher advertises for ``gpu``, from inventory facts.
-
-    A lost GPU or an NVML error makes all of its devices unhealthy or unknown;
-    the latest XID counts only when it is not an application error
-    (:data:`nvidia.NON_FATAL_XIDS`), and only for its MIG device when NVML
-    attributed it to one.
-    """
+def device_names(gpu: Gpu) -> dict[tuple[int, int | None] | None, str]:
+    """The devices the publisher advertises for ``gpu``: None for the full GPU, (GI, CI) per MIG."""
     names: dict[tuple[int, int | None] | None, str] = {}
     if not gpu.mig_enabled:
         names[None] = nvidia.gpu_device_name(gpu.minor)
@@ -160,28 +233,55 @@ def device_health(gpu: Gpu) -> dict[str, Health]:
         names[(mig.gi_id, mig.ci_id)] = nvidia.mig_device_name(
             gpu.minor, mig.profile, mig.gi_profile_id, mig.placement.start
         )
-    base = Health.UNKNOWN if gpu.error else Health.HEALTHY
-    result = dict.fromkeys(names.values(), base)
+    return names
+
+
+def device_reports(gpu: Gpu) -> dict[str, Verdict]:
+    """Health and reason of each device the publisher advertises for ``gpu``, from inventory facts.
+
+    A lost GPU or an NVML error makes all of its devices unhealthy or unknown;
+    the latest XID counts only when it is not an application error
+    (:data:`nvidia.NON_FATAL_XIDS`), and only for its MIG device when NVML
+    attributed it to one.
+    """
+    names = device_names(gpu)
     if gpu.health.lost:
-        return dict.fromkeys(names.values(), Health.UNHEALTHY)
+        return dict.fromkeys(names.values(), Verdict(Health.UNHEALTHY, nvidia.GPU_LOST_REASON))
+    base = HEALTHY
+    if gpu.error:
+        base = Verdict(Health.UNKNOWN, fit(nvidia.nvml_error_reason(gpu.error)))
+    result = dict.fromkeys(names.values(), base)
     if gpu.health.xids:
         latest = max(gpu.health.xids, key=lambda x: x.timestamp)
         if latest.xid not in nvidia.NON_FATAL_XIDS:
             hit = names.get((latest.gi_id, latest.ci_id)) if latest.gi_id is not None else None
+            fault = Verdict(Health.UNHEALTHY, nvidia.xid_reason(latest.xid))
             for name in [hit] if hit else names.values():
-                result[name] = Health.UNHEALTHY
+                result[name] = fault
     return result
 
 
+def device_health(gpu: Gpu) -> dict[str, Health]:
+    """Only the health of :func:`device_reports`."""
+    return {name: verdict.health for name, verdict in device_reports(gpu).items()}
+
+
 class HealthServicer:
-    def __init__(self, board: HealthBoard, resend: float = RESEND_SECONDS) -> None:
+    """NodeWatchResources, one implementation for every version (``pb``: its messages)."""
+
+    def __init__(
+        self, board: HealthBoard, pb: ModuleType = pb_v1, resend: float = RESEND_SECONDS
+    ) -> None:
         self.board = board
+        self.pb = pb
+        self.service = service_name(pb)
         self.resend = resend
 
     async def NodeWatchResources(
         self, request: Any, context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[pb.NodeWatchResourcesResponse]:
-        log.info("kubelet is watching device health")
+    ) -> AsyncIterator[Any]:
+        log.info("kubelet is watching device health", extra={"service": self.service})
+        pb = self.pb
         async for states in self.board.watch(self.resend):
             yield pb.NodeWatchResourcesResponse(
                 devices=[
@@ -189,12 +289,15 @@ class HealthServicer:
                         device=pb.DeviceIdentifier(pool_name=self.board.pool, device_name=s.device),
                         health=pb.HealthStatus.Name(s.health),
                         last_updated_time=int(s.since),
+                        message=s.message,
                     )
                     for s in states
                 ]
             )
 
 
-def add_to_server(server: grpc.aio.Server, board: HealthBoard) -> str:
-    pb_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(board), server)
-    return SERVICE_NAME
+def add_to_server(server: grpc.aio.Server, board: HealthBoard) -> list[str]:
+    """Serve every version on ``server``; return their names for registration, newest first."""
+    for pb, pb_grpc in VERSIONS:
+        pb_grpc.add_DRAResourceHealthServicer_to_server(HealthServicer(board, pb), server)
+    return list(SERVICE_NAMES)

@@ -7,7 +7,8 @@ kubelet's order: find the registration socket in ``plugins_registry``, GetInfo
 (1 s), check type/name/version and pick the first version it supports,
 connect to the endpoint (10 s), NotifyRegistrationStatus (5 s). Then
 prepare/unprepare over the chosen version (or one named by the test), and
-watch device health.
+watch device health over the health service the kubelet 1.37 picks: the first
+of its own list (v1, then v1alpha1) that the plugin advertises.
 
     async with FakeKubelet(root) as kubelet:
         await kubelet.register()
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncGenerator, Sequence
+from contextlib import aclosing
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -29,16 +31,24 @@ from services.proto_gen.kubelet.dra.v1 import api_pb2 as dra_v1
 from services.proto_gen.kubelet.dra.v1 import api_pb2_grpc as dra_v1_grpc
 from services.proto_gen.kubelet.dra.v1beta1 import api_pb2 as dra_v1beta1
 from services.proto_gen.kubelet.dra.v1beta1 import api_pb2_grpc as dra_v1beta1_grpc
-from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_pb
-from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_grpc
+from services.proto_gen.kubelet.drahealth.v1 import api_pb2 as health_v1
+from services.proto_gen.kubelet.drahealth.v1 import api_pb2_grpc as health_v1_grpc
+from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
+from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2_grpc as health_v1alpha1_grpc
 from services.proto_gen.kubelet.pluginregistration.v1 import api_pb2 as reg_pb
 from services.proto_gen.kubelet.pluginregistration.v1 import api_pb2_grpc as reg_grpc
 
 DRIVER = "gpu.nvidia.com"
-# What a 1.35 kubelet supports, in its order of preference.
+# What a 1.35 to 1.37 kubelet supports, in its order of preference.
 KUBELET_VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {
     "v1.DRAPlugin": (dra_v1, dra_v1_grpc),
     "v1beta1.DRAPlugin": (dra_v1beta1, dra_v1beta1_grpc),
+}
+# The health services a 1.37 kubelet knows, in its order of preference
+# (pkg/kubelet/cm/dra/plugin/dra_plugin.go: healthServicesSupportedByKubelet).
+KUBELET_HEALTH_VERSIONS: dict[str, tuple[ModuleType, ModuleType]] = {
+    "v1.DRAResourceHealth": (health_v1, health_v1_grpc),
+    "v1alpha1.DRAResourceHealth": (health_v1alpha1, health_v1alpha1_grpc),
 }
 
 
@@ -68,12 +78,22 @@ class Result:
     error: str = ""
 
 
+@dataclass(frozen=True)
+class DeviceHealth:
+    health: int  # HealthStatus: 0 UNKNOWN, 1 HEALTHY, 2 UNHEALTHY
+    message: str = ""
+
+
 @dataclass
 class FakeKubelet:
     root: Path
     driver: str = DRIVER
     info: Any = None  # the PluginInfo of the last registration
     version: str = ""  # the DRAPlugin version the kubelet chose
+    # The health services this kubelet knows, in its order of preference (a 1.36
+    # kubelet: only v1alpha1), and the one it chose at registration ("": none).
+    health_versions: tuple[str, ...] = tuple(KUBELET_HEALTH_VERSIONS)
+    health_version: str = ""
     metadata: tuple[tuple[str, str], ...] = ()  # sent with every DRA call (e.g. traceparent)
     _channels: list[grpc.aio.Channel] = field(default_factory=list)
     _dra: grpc.aio.Channel | None = None
@@ -120,6 +140,8 @@ class FakeKubelet:
         info = await stub.GetInfo(reg_pb.InfoRequest(), timeout=1)
         if accept:
             self.version = self._validate(info)
+            advertised = list(info.supported_versions)
+            self.health_version = next((v for v in self.health_versions if v in advertised), "")
             await self._dial(info.endpoint)
         await stub.NotifyRegistrationStatus(
             reg_pb.RegistrationStatus(plugin_registered=accept, error=error), timeout=5
@@ -179,16 +201,34 @@ class FakeKubelet:
         )
         return {uid: r.error for uid, r in response.claims.items()}
 
-    async def watch_health(self) -> AsyncGenerator[dict[str, int]]:
-        """Each streamed message as ``{"<pool>/<device>": HealthStatus}``."""
+    async def watch_device_health(
+        self, version: str | None = None
+    ) -> AsyncGenerator[dict[str, DeviceHealth]]:
+        """Each streamed message as ``{"<pool>/<device>": DeviceHealth}``.
+
+        Over ``version`` (e.g. ``v1alpha1.DRAResourceHealth``), by default the
+        one chosen at registration.
+        """
         if self._dra is None:
             raise RuntimeError("register() first")
-        stub = health_grpc.DRAResourceHealthStub(self._dra)
-        async for message in stub.NodeWatchResources(health_pb.NodeWatchResourcesRequest()):
+        name = version or self.health_version
+        if name not in KUBELET_HEALTH_VERSIONS:
+            raise RuntimeError(f"no health service to watch (chosen: {name!r})")
+        pb, pb_grpc = KUBELET_HEALTH_VERSIONS[name]
+        stub = pb_grpc.DRAResourceHealthStub(self._dra)
+        async for message in stub.NodeWatchResources(pb.NodeWatchResourcesRequest()):
             yield {
-                f"{d.device.pool_name}/{d.device.device_name}": int(d.health)
+                f"{d.device.pool_name}/{d.device.device_name}": DeviceHealth(
+                    int(d.health), d.message
+                )
                 for d in message.devices
             }
+
+    async def watch_health(self, version: str | None = None) -> AsyncGenerator[dict[str, int]]:
+        """Each streamed message as ``{"<pool>/<device>": HealthStatus}``."""
+        async with aclosing(self.watch_device_health(version)) as stream:
+            async for devices in stream:
+                yield {device: d.health for device, d in devices.items()}
 
 
 async def _accepts(path: Path) -> bool:

@@ -18,12 +18,15 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import grpc
 import pytest
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, unknown_fields
+from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from services.core import subjects, tracing
@@ -41,8 +44,10 @@ from services.core.schemas import (
     PluginPresence,
     PreparedDevice,
 )
-from services.local.kubelet import Claim, FakeKubelet
+from services.local.kubelet import Claim, DeviceHealth, FakeKubelet
+from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from tests.helpers.bus import connect
+from tests.helpers.discovery import gpudra
 from tests.helpers.otlp import OtlpReceiver
 
 pytestmark = pytest.mark.integration
@@ -51,6 +56,7 @@ NODE = "node-a"
 DRIVER = "gpu.nvidia.com"
 CD_DRIVER = "compute-domain.nvidia.com"
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 TRACEPARENT = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 
@@ -189,9 +195,11 @@ async def test_registration_socket_follows_the_kubelet_contract(
     assert list(info.supported_versions) == [
         "v1.DRAPlugin",
         "v1beta1.DRAPlugin",
+        "v1.DRAResourceHealth",
         "v1alpha1.DRAResourceHealth",
     ]
     assert kubelet.version == "v1.DRAPlugin"
+    assert kubelet.health_version == "v1.DRAResourceHealth"  # what a 1.37 kubelet picks
     for path in (reg, dra):
         assert stat.S_ISSOCK(path.stat().st_mode)
         assert stat.S_IMODE(path.stat().st_mode) == 0o600
@@ -551,3 +559,105 @@ async def test_health_stream_follows_inventory_and_events(
     second = await asyncio.wait_for(anext(stream), 10)
     assert second == {f"{NODE}/gpu-0": 1, f"{NODE}/gpu-1": 2, f"{NODE}/gpu-2": 2}
     await stream.aclose()
+
+
+def kubelet_135_response() -> type[Message]:
+    """NodeWatchResourcesResponse as a 1.35 kubelet knows it: v1alpha1 without ``message``."""
+    file = descriptor_pb2.FileDescriptorProto()
+    health_v1alpha1.DESCRIPTOR.CopyToProto(file)
+    file.name = "kubelet-1.35/dra-health/v1alpha1/api.proto"
+    (device_health,) = [m for m in file.message_type if m.name == "DeviceHealth"]
+    kept = [f for f in device_health.field if f.name != "message"]
+    del device_health.field[:]
+    device_health.field.extend(kept)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    response = pool.FindMessageTypeByName("v1alpha1.NodeWatchResourcesResponse")
+    return message_factory.GetMessageClass(response)
+
+
+async def until(stream: AsyncIterator[T], check: Callable[[T], bool], timeout: float = 30) -> T:
+    """The first message of ``stream`` that passes ``check``."""
+
+    async def first() -> T:
+        async for message in stream:
+            if check(message):
+                return message
+        raise AssertionError("the stream ended")
+
+    return await asyncio.wait_for(first(), timeout)
+
+
+async def test_v1_v1alpha1_and_a_1_35_kubelet_see_an_injected_xid_with_its_reason(
+    kubelet: FakeKubelet, nats_server: NatsServer, short_dir: Path
+) -> None:
+    """A real discovery (simulated fleet), an XID injected with `gpudra sim xid`, three kubelets.
+
+    A 1.37 kubelet watches v1 (its pick), a 1.36 one v1alpha1; a 1.35 one calls
+    v1alpha1 with a message type that has no ``message`` field and must still
+    read every device's health (the field is unknown to it and skipped).
+    """
+    log = short_dir / "discovery.log"
+    with log.open("wb") as log_file:
+        discovery = await asyncio.create_subprocess_exec(
+            *(sys.executable, "-m", "services.cli", "discovery"),
+            *nats_server.client_argv(Role.DISCOVERY, NODE),
+            *("--node-name", NODE, "--fleet", "dgx-h100", "--rescan-interval", "300"),
+            cwd=REPO,
+            stdout=log_file,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+    try:
+        info = await kubelet.register()
+        assert kubelet.health_version == "v1.DRAResourceHealth"
+        gpus = [f"{NODE}/gpu-{i}" for i in range(8)]
+        v1 = kubelet.watch_device_health()
+        v1alpha1 = kubelet.watch_device_health("v1alpha1.DRAResourceHealth")
+        old = kubelet_135_response()
+        channel = grpc.aio.insecure_channel(f"unix:{info.endpoint}")
+        kubelet_135 = channel.unary_stream(
+            "/v1alpha1.DRAResourceHealth/NodeWatchResources",
+            request_serializer=lambda _: b"",
+            response_deserializer=old.FromString,
+        )(None)
+
+        def all_healthy(devices: dict[str, DeviceHealth]) -> bool:
+            return sorted(devices) == gpus and all(
+                d == DeviceHealth(1, "") for d in devices.values()
+            )
+
+        for stream in (v1, v1alpha1):
+            await until(stream, all_healthy, timeout=60)  # discovery's first inventory
+
+        sim = nats_server.client_argv(Role.SIM)
+        rc, out = await gpudra("sim", "xid", *sim, "--node", NODE, "--gpu", "3", "--xid", "79")
+        assert rc == 0, out
+
+        xid = DeviceHealth(2, "XID 79: GPU has fallen off the bus")
+        want = {g: xid if g == f"{NODE}/gpu-3" else DeviceHealth(1, "") for g in gpus}
+        for stream in (v1, v1alpha1):
+            assert await until(stream, lambda d: d[f"{NODE}/gpu-3"].health == 2) == want
+
+        def gpu3_unhealthy(message: Message) -> bool:
+            return any(
+                d.device.device_name == "gpu-3" and d.health == 2
+                for d in message.devices  # type: ignore[attr-defined]
+            )
+
+        seen = await until(kubelet_135, gpu3_unhealthy)
+        health = {d.device.device_name: d.health for d in seen.devices}
+        assert health == {f"gpu-{i}": 2 if i == 3 else 1 for i in range(8)}
+        (gpu3,) = [d for d in seen.devices if d.device.device_name == "gpu-3"]
+        assert "message" not in {f.name for f in gpu3.DESCRIPTOR.fields}
+        skipped = unknown_fields.UnknownFieldSet(gpu3)
+        assert [(skipped[i].field_number, skipped[i].data) for i in range(len(skipped))] == [
+            (5, b"XID 79: GPU has fallen off the bus")
+        ]
+        kubelet_135.cancel()
+        await channel.close()
+        for stream in (v1, v1alpha1):
+            await stream.aclose()
+    finally:
+        if discovery.returncode is None:
+            discovery.terminate()
+            await asyncio.wait_for(discovery.wait(), 15)

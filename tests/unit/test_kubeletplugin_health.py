@@ -1,4 +1,5 @@
-"""Device health as the front streams it to the kubelet, from inventory facts and events."""
+"""Device health as the front streams it to the kubelet, from inventory facts and events,
+with the message that says why a device is not healthy."""
 
 from __future__ import annotations
 
@@ -14,7 +15,15 @@ from services.core.schemas import (
     NodeInventory,
     Xid,
 )
-from services.kubeletplugin.health import Health, HealthBoard, device_health
+from services.kubeletplugin.health import (
+    MESSAGE_MAX,
+    Health,
+    HealthBoard,
+    Verdict,
+    device_health,
+    device_reports,
+    fit,
+)
 
 H, U, X = Health.HEALTHY, Health.UNHEALTHY, Health.UNKNOWN
 
@@ -123,3 +132,108 @@ async def test_watch_sends_the_full_list_on_change_and_periodically() -> None:
     again = await asyncio.wait_for(anext(stream), 1)  # unchanged: re-sent after `resend`
     assert [(s.health, s.since) for s in again] == [(U, since)]
     await stream.aclose()
+
+
+# ---------------------------------------------------------------- messages
+
+LOST = "GPU is lost: NVML cannot reach it (NVML_ERROR_GPU_IS_LOST)"
+
+
+def test_a_fatal_xid_says_its_number_and_what_it_means() -> None:
+    xids = GpuHealth(xids=[Xid(79, 1.0)])
+    assert device_reports(gpu(health=xids)) == {
+        "gpu-0": Verdict(U, "XID 79: GPU has fallen off the bus")
+    }
+    # An XID NVIDIA's catalog table here does not describe: its number alone.
+    assert device_reports(gpu(health=GpuHealth(xids=[Xid(150, 1.0)]))) == {
+        "gpu-0": Verdict(U, "XID 150")
+    }
+
+
+def test_a_healthy_device_has_no_message() -> None:
+    assert device_reports(gpu()) == {"gpu-0": Verdict(H, "")}
+    after_app_error = GpuHealth(xids=[Xid(79, 1.0), Xid(13, 2.0)])
+    assert device_reports(gpu(health=after_app_error)) == {"gpu-0": Verdict(H, "")}
+
+
+def test_a_mig_xid_message_is_on_its_mig_device_only() -> None:
+    xids = GpuHealth(xids=[Xid(94, 1.0, gi_id=2, ci_id=0)])
+    assert device_reports(gpu(health=xids, **MIG_GPU)) == {
+        MIG_NAMES[0]: Verdict(H, ""),
+        MIG_NAMES[1]: Verdict(U, "XID 94: Contained ECC error"),
+    }
+
+
+def test_lost_and_nvml_error_messages() -> None:
+    lost = device_reports(gpu(health=GpuHealth(lost=True), error="GPU is lost", **MIG_GPU))
+    assert lost == dict.fromkeys(MIG_NAMES, Verdict(U, LOST))
+    assert device_reports(gpu(error="memory: NVML_ERROR_UNKNOWN")) == {
+        "gpu-0": Verdict(X, "NVML error: memory: NVML_ERROR_UNKNOWN")
+    }
+
+
+def test_a_long_message_is_cut_as_the_kubelet_cuts_it_on_a_character() -> None:
+    assert fit("short") == "short"
+    exact = "x" * MESSAGE_MAX
+    assert fit(exact) == exact
+    cut = fit("é" * MESSAGE_MAX)  # two bytes each: the cut falls inside one
+    assert cut.endswith("...") and len(cut.encode()) <= MESSAGE_MAX
+    assert set(cut[:-3]) == {"é"}
+    long_error = device_reports(gpu(error="memory: " + "NVML_ERROR_UNKNOWN; " * 100))
+    assert len(long_error["gpu-0"].message.encode()) == MESSAGE_MAX
+
+
+def verdicts(board: HealthBoard) -> dict[str, tuple[Health, str]]:
+    return {s.device: (s.health, s.message) for s in board.states()}
+
+
+def xid_event(xid: int, reason: str = "", **kw: Any) -> HealthEvent:
+    return HealthEvent(
+        node="n1", gpu_uuid="GPU-0", gpu_index=0, kind="xid", xid=xid, reason=reason, **kw
+    )
+
+
+async def test_an_xid_event_gives_its_reason_before_the_inventory_has_it() -> None:
+    board = HealthBoard("n1")
+    await board.set_inventory(inventory(gpu(0), gpu(1)))
+    await board.apply_event(xid_event(79, "XID 79: GPU has fallen off the bus"))
+    assert verdicts(board) == {
+        "gpu-0": (U, "XID 79: GPU has fallen off the bus"),
+        "gpu-1": (H, ""),
+    }
+    since = board.states()[0].since
+    # The inventory catches up: the same words, the same since.
+    await board.set_inventory(inventory(gpu(0, health=GpuHealth(xids=[Xid(79, 1.0)])), gpu(1)))
+    assert verdicts(board)["gpu-0"] == (U, "XID 79: GPU has fallen off the bus")
+    assert board.states()[0].since == since
+
+
+async def test_an_event_from_an_older_discovery_gets_the_same_words() -> None:
+    board = HealthBoard("n1")
+    await board.set_inventory(inventory(gpu(0)))
+    await board.apply_event(xid_event(48))  # no reason: a discovery from before it
+    assert verdicts(board) == {"gpu-0": (U, "XID 48: Double Bit ECC Error")}
+    lost = HealthEvent(node="n1", gpu_uuid="GPU-0", gpu_index=0, kind="gpu-lost")
+    await board.apply_event(lost)
+    assert verdicts(board) == {"gpu-0": (U, LOST)}
+
+
+async def test_a_mig_xid_event_lands_on_its_mig_device() -> None:
+    board = HealthBoard("n1")
+    await board.set_inventory(inventory(gpu(0, **MIG_GPU)))
+    await board.apply_event(xid_event(94, "XID 94: Contained ECC error", gi_id=1, ci_id=0))
+    assert verdicts(board) == {
+        MIG_NAMES[0]: (U, "XID 94: Contained ECC error"),
+        MIG_NAMES[1]: (H, ""),
+    }
+
+
+async def test_an_application_xid_event_is_no_fault_and_ends_an_earlier_one() -> None:
+    board = HealthBoard("n1")
+    await board.set_inventory(inventory(gpu(0)))
+    await board.apply_event(xid_event(13, "XID 13: Graphics Engine Exception"))
+    assert verdicts(board) == {"gpu-0": (H, "")}
+    await board.apply_event(xid_event(79, "XID 79: GPU has fallen off the bus"))
+    assert verdicts(board) == {"gpu-0": (U, "XID 79: GPU has fallen off the bus")}
+    await board.apply_event(xid_event(43, "XID 43: GPU stopped processing"))
+    assert verdicts(board) == {"gpu-0": (H, "")}  # the latest XID counts, as in the inventory
