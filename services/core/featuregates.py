@@ -15,6 +15,11 @@ DEVICE_METADATA = "DeviceMetadata"
 # Alpha in the reference (PR #1257): GPU and MIG devices published for several claims at
 # once (consumable capacity); the mode is --consumable-shares (services/core/shares.py).
 CONSUMABLE_SHARES = "ConsumableShares"
+# Alpha in the reference, off by default: the standard resource.kubernetes.io/numaNode
+# attribute is published as a one-element list (ints) instead of an int
+# (services.core.nvidia.list_type_attributes). Needs Kubernetes 1.36+ with its own gate of
+# the same name on; a server that cannot store lists gets the int (docs/operations.md).
+DRA_LIST_TYPE_ATTRIBUTES = "DRAListTypeAttributes"
 # The compute-domain.nvidia.com driver's gates (docs/computedomains.md). Beta and on by
 # default in the reference: a node whose NVLink fabric reports an error is refused
 # rather than taken as outside a fabric (services.core.nvidia.node_clique_id).
@@ -32,6 +37,7 @@ DEFAULTS: Mapping[str, bool] = {
     NVML_DEVICE_HEALTH_CHECK: False,
     DEVICE_METADATA: False,
     CONSUMABLE_SHARES: False,
+    DRA_LIST_TYPE_ATTRIBUTES: False,
     CRASH_ON_NVLINK_FABRIC_ERRORS: True,
     FABRIC_MANAGER_PARTITIONING: False,
     HOST_MANAGED_IMEX_DAEMON: False,

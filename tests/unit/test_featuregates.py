@@ -56,7 +56,8 @@ def test_parse_and_spec_round_trip() -> None:
         (
             "Nope=true",
             "unknown feature gate 'Nope'; valid: ConsumableShares, CrashOnNVLinkFabricErrors, "
-            "DeviceMetadata, DynamicMIG, FabricManagerPartitioning, HostManagedIMEXDaemon",
+            "DRAListTypeAttributes, DeviceMetadata, DynamicMIG, FabricManagerPartitioning, "
+            "HostManagedIMEXDaemon",
         ),
         ("DynamicMIG=yes", "expected DynamicMIG=true|false"),
         ("DynamicMIG", "expected DynamicMIG=true|false"),
