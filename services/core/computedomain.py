@@ -170,11 +170,16 @@ def decode_compute_domain(params: Any, origin: str) -> ComputeDomainConfig:
 
 
 def validate_compute_domain(config: ComputeDomainConfig, origin: str) -> None:
-    """The reference's ``Validate()`` (domainID required) plus the allocation-mode enum."""
+    """The reference's ``Validate()`` (domainID required) plus the allocation-mode enum.
+
+    An empty or null allocationMode is unset (``Single``), as Go reads it; any other
+    value than ``Single`` or ``All`` is refused, where the reference injects one
+    channel for anything but ``All`` (a misspelt ``all`` would get one, not 2048).
+    """
     where = f"{origin} {config.kind}"
     if not config.domain_id:
         raise ConfigError(f"{where}.domainID: must not be empty (the ComputeDomain's UID)")
-    if isinstance(config, ComputeDomainChannelConfig) and config.allocation_mode is not None:
+    if isinstance(config, ComputeDomainChannelConfig) and config.allocation_mode:
         if config.allocation_mode not in ALLOCATION_MODES:
             raise ConfigError(
                 f"{where}.allocationMode: unknown allocation mode {config.allocation_mode!r}; "

@@ -15,6 +15,7 @@ names its request (or names no request and fits the device type) wins.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -43,6 +44,7 @@ BACKEND_POLICIES = ("LegacyOnly", "PreferIommuFD")
 
 DeviceKind = Literal["gpu", "mig", "vfio"]
 MIB = 2**20
+_ATOI = re.compile(r"[+-]?[0-9]+")  # what Go's strconv.Atoi reads as a number
 
 
 _Strict = Strict
@@ -52,10 +54,15 @@ class TimeSlicingConfig(_Strict, kw_only=True):
     interval: str | None = None
 
 
+# A quantity as resource.Quantity reads JSON: a string, or a number written any way
+# JSON allows (``1.5e9``, ``1073741824.0``: the reference parses the number's text).
+Quantity = str | int | float
+
+
 class MpsConfig(_Strict, kw_only=True):
     default_active_thread_percentage: int | None = None
-    default_pinned_device_memory_limit: str | int | None = None
-    default_per_device_pinned_memory_limit: dict[str, str | int] | None = None
+    default_pinned_device_memory_limit: Quantity | None = None
+    default_per_device_pinned_memory_limit: dict[str, Quantity] | None = None
     multi_user: bool | None = None
 
 
@@ -73,7 +80,7 @@ class MigDeviceSharing(_Strict, kw_only=True):
 
 
 class IommuConfig(_Strict, kw_only=True):
-    backend_policy: str = ""
+    backend_policy: str | None = ""  # null is "" (Go's string field), then LegacyOnly
     enable_api_device: bool | None = msgspec.field(default=None, name="enableAPIDevice")
 
 
@@ -257,10 +264,14 @@ def _validate_mps(mps: MpsConfig, where: str) -> None:
         memory_limit_mib(value, f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]")
 
 
-def memory_limit_mib(value: str | int, where: str) -> int:
-    """A pinned-memory limit in whole MiB (what nvidia-cuda-mps-control takes); > 0."""
+def memory_limit_mib(value: Quantity, where: str) -> int:
+    """A pinned-memory limit in whole MiB (what nvidia-cuda-mps-control takes); > 0.
+
+    Read as resource.Quantity's UnmarshalJSON reads it: the text of a string with
+    surrounding blanks trimmed, or of a JSON number however it is written.
+    """
     try:
-        amount = quantity.parse(str(value))
+        amount = quantity.parse(value.strip() if isinstance(value, str) else str(value))
     except quantity.QuantityError as exc:
         raise ConfigError(f"{where}: {exc}") from exc
     if amount <= 0:
@@ -281,6 +292,7 @@ def per_device_limits(mps: MpsConfig, uuids: Sequence[str], where: str) -> dict[
     """
     uuids = sorted(uuids)
     limits: dict[str, int] = {}
+    index = {str(i): u for i, u in enumerate(uuids)}
     if mps.default_pinned_device_memory_limit is not None:
         mib = memory_limit_mib(
             mps.default_pinned_device_memory_limit, f"{where}.defaultPinnedDeviceMemoryLimit"
@@ -290,8 +302,8 @@ def per_device_limits(mps: MpsConfig, uuids: Sequence[str], where: str) -> dict[
         path = f"{where}.defaultPerDevicePinnedMemoryLimit[{key}]"
         if key in uuids:
             uuid = key
-        elif key.isdigit() and int(key) < len(uuids):
-            uuid = uuids[int(key)]
+        elif _ATOI.fullmatch(key) and str(int(key)) in index:  # strconv.Atoi, as the reference
+            uuid = index[str(int(key))]
         else:
             raise ConfigError(
                 f"{path}: not a UUID or index of this config's devices "

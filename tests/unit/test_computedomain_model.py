@@ -115,6 +115,21 @@ def test_hostile_configs_are_refused_by_field(params: Any, words: str) -> None:
         cd.config_for([entry(params)], "channel", "channel")
 
 
+@pytest.mark.parametrize("mode", ["", None])
+def test_an_empty_allocation_mode_is_unset_as_go_reads_it(mode: str | None) -> None:
+    """An empty or null allocationMode is Go's zero value, the same as none: Single."""
+    config, _ = cd.config_for([entry(channel(allocationMode=mode))], "channel", "channel")
+    assert isinstance(config, cd.ComputeDomainChannelConfig) and config.mode == "Single"
+
+
+@pytest.mark.parametrize("mode", ["all", "single", "Multiple"])
+def test_an_allocation_mode_other_than_single_or_all_is_refused(mode: str) -> None:
+    """The reference injects one channel for anything but "All" (a misspelt "all" gets
+    one, not 2048); gpudra refuses it (docs/differences.md)."""
+    with pytest.raises(ConfigError, match=f"unknown allocation mode '{mode}'; valid: Single, All"):
+        cd.config_for([entry(channel(allocationMode=mode))], "channel", "channel")
+
+
 def test_a_bad_config_is_refused_even_when_it_does_not_win() -> None:
     configs = [entry(channel(bogus=True), requests=["other"]), entry(channel())]
     with pytest.raises(ConfigError, match=r"config\[0\] .*\.bogus: unknown field"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
@@ -149,6 +150,111 @@ def test_validation_names_the_field_and_the_rule(
     with pytest.raises(ConfigError) as err:
         check(params, gates)
     assert message in str(err.value)
+
+
+# ------------------------------------------------------------------ the reference's reading
+#
+# Configs the reference accepts and gpudra once refused: each is read here as the
+# reference's decoder (k8s.io/apimachinery JSON, resource.Quantity, strconv.Atoi)
+# reads it. Those gpudra still refuses on purpose are the next section, each with
+# its row in docs/differences.md.
+
+
+def test_a_memory_limit_is_read_as_resource_quantity_reads_json() -> None:
+    """Quantity.UnmarshalJSON parses a JSON number's text however it is written and
+    trims the blanks around a string (api/nvidia.com/resource/v1beta1/sharing.go)."""
+    mps = check(
+        gpu(strategy="MPS", mpsConfig={
+            "defaultPinnedDeviceMemoryLimit": 1.5e9,
+            "defaultPerDevicePinnedMemoryLimit": {"0": 1073741824.0, "GPU-b": " 2Gi "},
+        })
+    )  # fmt: skip
+    assert isinstance(mps, configs.GpuConfig) and mps.sharing and mps.sharing.mps_config
+    limits = configs.per_device_limits(mps.sharing.mps_config, ["GPU-a", "GPU-b", "GPU-c"], "x")
+    assert limits == {"GPU-a": 1024, "GPU-b": 2048, "GPU-c": 1430}
+    with pytest.raises(ConfigError, match=r"defaultPinnedDeviceMemoryLimit: must be at least 1Mi"):
+        check(gpu(strategy="MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": 2.5}))
+    with pytest.raises(
+        ConfigError, match=r"defaultPinnedDeviceMemoryLimit: expected `int \| float"
+    ):
+        check(gpu(strategy="MPS", mpsConfig={"defaultPinnedDeviceMemoryLimit": True}))
+
+
+def test_a_per_device_index_is_read_as_strconv_atoi_reads_it() -> None:
+    by_index = configs.MpsConfig(default_per_device_pinned_memory_limit={"+1": "2Gi", "-0": "1Gi"})
+    assert configs.per_device_limits(by_index, ["GPU-b", "GPU-a"], "x") == {
+        "GPU-a": 1024,
+        "GPU-b": 2048,
+    }
+    for key in ["1.0", " 1", "0x1", "1_0", "-1", "2"]:
+        bad = configs.MpsConfig(default_per_device_pinned_memory_limit={key: "1Gi"})
+        with pytest.raises(ConfigError, match="not a UUID or index"):
+            configs.per_device_limits(bad, ["GPU-a", "GPU-b"], "x")
+
+
+def test_a_null_backend_policy_is_unset_as_in_go() -> None:
+    vfio = check(
+        {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": None}},
+        fg.parse("PassthroughSupport=true"),
+    )
+    assert vfio == configs.VfioDeviceConfig(
+        iommu=configs.IommuConfig(backend_policy="LegacyOnly", enable_api_device=False)
+    )
+
+
+# Refused on purpose where the reference accepts (docs/differences.md says why).
+
+MIG_TS_WITH_MPS = {
+    "apiVersion": API,
+    "kind": "MigDeviceConfig",
+    "sharing": {"strategy": "TimeSlicing", "mpsConfig": {"defaultActiveThreadPercentage": 10}},
+}
+
+
+def test_a_mig_time_slicing_config_with_an_mps_config_is_refused() -> None:
+    """The reference ignores the mpsConfig here (MigDeviceSharing.GetTimeSlicingConfig),
+    though it refuses the same shape in a GpuConfig."""
+    with pytest.raises(ConfigError) as err:
+        check(MIG_TS_WITH_MPS)
+    assert str(err.value) == (
+        "config[1] (FromClaim) MigDeviceConfig.sharing.mpsConfig: "
+        "not allowed with strategy TimeSlicing"
+    )
+
+
+def test_a_config_that_applies_to_no_device_is_still_validated() -> None:
+    """The reference only decodes a config no device takes; gpudra judges each one."""
+    overridden = opaque(gpu(strategy="TimeSlicing", timeSlicingConfig={"interval": "Fast"}))
+    winner = opaque(gpu())
+    elsewhere = opaque(gpu(strategy="MPS"), requests=["other"])
+    unused_kind = opaque(MIG_TS_WITH_MPS)
+    for bad, words in [
+        (overridden, "config[0] (FromClaim) GpuConfig.sharing.timeSlicingConfig.interval"),
+        (elsewhere, 'config[0] (FromClaim) GpuConfig.sharing.strategy: "MPS" is selected'),
+        (unused_kind, "config[0] (FromClaim) MigDeviceConfig.sharing.mpsConfig"),
+    ]:
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            configs.resolve(
+                [bad, winner], [result("a", "gpu-0")], {"gpu-0": "gpu"},
+                fg.parse("TimeSlicingSettings=true"),
+            )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("kind", "gates"),
+    [
+        ("VfioDeviceConfig", ""),  # PassthroughSupport off: there is no VFIO device
+        ("ComputeDomainChannelConfig", "PassthroughSupport=true"),  # the other driver's kinds
+        ("ComputeDomainDaemonConfig", ""),
+        ("ComputeDomain", ""),
+    ],
+)
+def test_a_kind_no_device_of_this_driver_can_take_is_refused(kind: str, gates: str) -> None:
+    """The reference decodes every kind of its API group for either driver and ignores
+    one no device takes; gpudra refuses it whether or not it names a request."""
+    params = {"apiVersion": API, "kind": kind, **({"domainID": "u"} if "Config" in kind else {})}
+    with pytest.raises(ConfigError, match=r"config\[0\] \(FromClaim\)"):
+        configs.resolve([opaque(params)], [result("a", "gpu-0")], {"gpu-0": "gpu"}, fg.parse(gates))
 
 
 def test_normalisation_fills_the_reference_defaults() -> None:
