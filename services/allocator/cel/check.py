@@ -22,6 +22,8 @@ side may hold one into a form that raises that error (lib.py, equality.py).
 
 from __future__ import annotations
 
+import re
+
 from services.allocator.cel.equality import EQUAL
 from services.allocator.cel.parse import Node
 
@@ -196,3 +198,32 @@ def apply_edits(expression: str, edits: list[Edit]) -> str:
         pos = max(pos, end)
     out.append(expression[pos:])
     return "".join(out)
+
+
+MATCHES = "__k8s_matches"
+_MEMBER_MATCHES = re.compile(r"\.\s*matches\s*\(")
+
+
+def regex_edits(expression: str, tree: Node) -> list[Edit]:
+    """Edits that run every ``matches`` with Go's regexp (goregexp.py) instead of the
+    runtime's RE2: ``T.matches(P)`` and ``matches(T, P)`` become ``__k8s_matches(T, P)``.
+    (Go refuses ``\\C`` and reads classes with Unicode 15.0 tables; the runtime's RE2
+    accepts ``\\C``, has newer tables and a smaller program budget.)"""
+    edits: list[Edit] = []
+    for node in tree.walk():
+        if node.kind != "call" or node.name != "matches" or len(node.args) != 2:
+            continue
+        if not node.target:
+            edits.append((node.start, node.start + len("matches"), MATCHES))
+            continue
+        target, pattern = node.args
+        gap = expression[target.end : pattern.start]
+        call = _MEMBER_MATCHES.search(gap)
+        if call is None:
+            continue
+        start = _before_parens(expression, target.start, gap.count(")", 0, call.start()))
+        edits += [
+            (start, start, f"{MATCHES}("),
+            (target.end + call.start(), target.end + call.end(), ", "),
+        ]
+    return edits

@@ -11,7 +11,16 @@ Mirrors k8s.io/dynamic-resource-allocation/cel (release 1.35):
   ``device.attributes[k]`` as ``device.attributes[?k].orValue(dyn({}))``;
 * an unknown attribute is a runtime error ``no such key: <name>``;
 * the expression must have type bool (or dyn, checked at run time);
-* the cost limit is enforced by a static worst-case estimate (celcost).
+* the cost limit is enforced by a static worst-case estimate (celcost);
+* with DRAListTypeAttributes (``list_attributes``, Kubernetes 1.36+) a list
+  attribute (``ints``, ``bools``, ``strings``, ``versions``) is a CEL list
+  (versions as Semver values), attribute values are typed ``dyn`` (so a
+  selector may return one as it is) and ``includes`` tests membership
+  (dynamic-resource-allocation/cel compile.go, ``library.IncludesOption``);
+* a derived attribute (1.37, DRADerivedAttributes) is an expression of the
+  same environment that must give a scalar (bool, int, string, semver) or a
+  list of them; :meth:`CelEnvironment.derive` turns its value into a
+  DeviceAttribute as ``valToDeviceAttribute`` does.
 
 Why cel-expr-python (the CEL C++ runtime) and not celpy: measured on this
 machine with the selector ``device.attributes["gpu.nvidia.com"].productName ==
@@ -46,7 +55,7 @@ from services.allocator.cel import types as celtypes
 from services.allocator.cel.parse import Node, ParseError, device_path, parse
 from services.allocator.cel.semver import Semver
 from services.core.quantity import Quantity
-from services.core.resource import Device
+from services.core.resource import Device, DeviceAttribute
 
 DEVICE_FIELDS = ("driver", "attributes", "capacity")
 MULTI_ALLOC_FIELD = "allowMultipleAllocations"
@@ -136,13 +145,23 @@ def _type_word(match: re.Match[str]) -> str:
 class CelEnvironment:
     """One compiler per feature set, with a cache of compiled selectors."""
 
-    def __init__(self, consumable_capacity: bool = False, cost_limit: int = celcost.COST_LIMIT):
+    def __init__(
+        self,
+        consumable_capacity: bool = False,
+        cost_limit: int = celcost.COST_LIMIT,
+        list_attributes: bool = False,
+    ):
         self.consumable_capacity = consumable_capacity
+        self.list_attributes = list_attributes
         self.cost_limit = cost_limit
         self.fields = DEVICE_FIELDS + ((MULTI_ALLOC_FIELD,) if consumable_capacity else ())
-        self._env = _new_env({})
-        self._typed = _new_env(_typed_variables(consumable_capacity), checking=True)
+        extra = [_includes()] if list_attributes else []
+        self._env = _new_env({}, extra=extra)
+        self._typed = _new_env(
+            _typed_variables(consumable_capacity, list_attributes), checking=True, extra=extra
+        )
         self._cache: dict[str, Selector] = {}
+        self._derived: dict[str, Selector] = {}
 
     # ------------------------------------------------------------ compile
 
@@ -153,7 +172,16 @@ class CelEnvironment:
             self._cache[expression] = cached
         return cached
 
-    def _compile(self, expression: str) -> Selector:
+    def compile_derived(self, expression: str) -> Selector:
+        """A derived attribute's expression, compiled as the scheduler compiles it
+        (stored expressions: a list result is allowed whatever the gates)."""
+        cached = self._derived.get(expression)
+        if cached is None:
+            cached = self._compile(expression, derived=True)
+            self._derived[expression] = cached
+        return cached
+
+    def _compile(self, expression: str, derived: bool = False) -> Selector:
         selector = Selector(expression)
         typed_source = expression
         try:
@@ -175,7 +203,7 @@ class CelEnvironment:
             selector.program = checked  # the runtime understood it; skip the extras
             return selector
         problem = self._check_fields(tree) or self._check_types(
-            expression, tree, checked, typed_source
+            expression, tree, checked, typed_source, derived
         )
         if problem:
             selector.error = problem
@@ -193,7 +221,7 @@ class CelEnvironment:
         return selector
 
     def _check_types(
-        self, expression: str, tree: Node, checked: Any, typed_source: str
+        self, expression: str, tree: Node, checked: Any, typed_source: str, derived: bool = False
     ) -> str | None:
         """Kubernetes' static checks: typed ``device`` fields, the result type and
         homogeneous literals (see :mod:`services.allocator.cel.check`).
@@ -216,10 +244,15 @@ class CelEnvironment:
             except RuntimeError as exc:
                 return "compilation failed: " + _kubernetes_names(_status_text(str(exc)))
         out = checked.return_type()
+        if derived:
+            return _derived_type_problem(out)
         # An attribute value has Kubernetes' "unknown type" (google.protobuf.Any,
         # which cel-cpp reports as an error type): a selector may return one as
-        # it is, and it is checked at run time; dyn is refused, as in cel-go.
+        # it is, and it is checked at run time; dyn is refused, as in cel-go,
+        # unless attributes are typed dyn (DRAListTypeAttributes).
         if out == cel.Type.BOOL or str(out.name()) in _UNKNOWN_TYPE_NAMES:
+            return None
+        if self.list_attributes and out == cel.Type.DYN:
             return None
         return f"must evaluate to bool or the unknown type, not {_type_name(out)}"
 
@@ -243,7 +276,7 @@ class CelEnvironment:
     def _program(self, expression: str, tree: Node, checked: Any) -> Any:
         """The program to run: unknown domains read as ``{}``, and cel-go's equality
         for Semver and Quantity operands (kept out if the rewrite does not compile)."""
-        domains = _default_domain_edits(expression, tree)
+        domains = _default_domain_edits(expression, tree) + celcheck.regex_edits(expression, tree)
         for edits in (domains + celcheck.equality_edits(expression, tree), domains):
             if not edits:
                 return checked
@@ -270,9 +303,14 @@ class CelEnvironment:
         attributes: dict[str, dict[str, Any]] = {}
         for name, attr in (device.device.attributes or {}).items():
             domain, ident = split_name(name, device.driver)
-            if attr.version is not None:
+            if attr.version is not None or attr.versions is not None:
                 try:
-                    value: Any = celtypes.semver_message(Semver.parse(attr.version))
+                    if attr.versions is not None:
+                        value: Any = [
+                            celtypes.semver_message(Semver.parse(v)) for v in attr.versions
+                        ]
+                    else:
+                        value = celtypes.semver_message(Semver.parse(attr.version or ""))
                 except ValueError as exc:
                     raise CelError(
                         "runtime", f"attribute {name}: parse semantic version: {exc}"
@@ -299,6 +337,19 @@ class CelEnvironment:
         if self.consumable_capacity:
             data[MULTI_ALLOC_FIELD] = bool(device.device.allow_multiple_allocations)
         return self._env.Activation({"device": data})
+
+    def derive(self, selector: Selector, activation: Any) -> DeviceAttribute:
+        """Evaluate a compiled derived attribute (valToDeviceAttribute); raises
+        :class:`CelError` (kind ``runtime`` for evaluation and conversion)."""
+        if selector.program is None:
+            raise CelError("compile", selector.error or "not compiled")
+        try:
+            result = selector.program.eval(activation)
+        except RuntimeError as exc:
+            raise CelError("runtime", _status_text(str(exc))) from exc
+        if result.type() == cel.Type.ERROR:
+            raise CelError("runtime", runtime_message(str(result.value())))
+        return _device_attribute(_plain(result.value()))
 
     def matches(self, selector: Selector, activation: Any) -> bool:
         """Evaluate a compiled selector; raises :class:`CelError` (kind ``runtime``)."""
@@ -346,7 +397,7 @@ def _default_domain_edits(expression: str, tree: Node) -> list[celcheck.Edit]:
     return edits
 
 
-def _new_env(typed: dict[str, Any], checking: bool = False) -> Any:
+def _new_env(typed: dict[str, Any], checking: bool = False, extra: list[Any] | None = None) -> Any:
     """The runtime environment, or (``checking``) the one that only type-checks:
     typed ``device`` fields and the lists extension typed by element."""
     return cel.NewEnv(
@@ -358,19 +409,21 @@ def _new_env(typed: dict[str, Any], checking: bool = False) -> Any:
             ext_bindings.ExtBindings(),
             ext_optional.ExtOptional(),
         ],
-        functions=cellib.functions(typed_lists=checking),
+        functions=cellib.functions(typed_lists=checking) + (extra or []),
     )
 
 
 _ANY = cel.Type("google.protobuf.Any")  # Kubernetes' AnyType for attribute values
 
 
-def _typed_variables(consumable_capacity: bool) -> dict[str, Any]:
-    """``device.<field>`` as Kubernetes types it, one variable per field (check.py)."""
+def _typed_variables(consumable_capacity: bool, list_attributes: bool = False) -> dict[str, Any]:
+    """``device.<field>`` as Kubernetes types it, one variable per field (check.py):
+    an attribute value is the unknown type, or ``dyn`` with list attributes."""
     string = cel.Type.STRING
+    value = cel.Type.DYN if list_attributes else _ANY
     variables = {
         "device_driver": string,
-        "device_attributes": cel.Type.Map(string, cel.Type.Map(string, _ANY)),
+        "device_attributes": cel.Type.Map(string, cel.Type.Map(string, value)),
         "device_capacity": cel.Type.Map(string, cel.Type.Map(string, cellib.Q)),
     }
     if consumable_capacity:
@@ -496,3 +549,113 @@ def _references(tree: Node) -> list[Reference]:
         path = device_path(base.args[0]) or [""]
         refs.append(Reference(path[0], domain, name))
     return refs
+
+
+# ------------------------------------------------------------------ list attributes
+
+
+def _includes_impl(target: Any, arg: Any) -> bool:
+    """library.includes: membership in a list, equality for anything else."""
+    if isinstance(target, list):
+        return any(_cel_equal(item, arg) for item in target)
+    return _cel_equal(target, arg)
+
+
+def _cel_equal(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool):
+        return type(a) is type(b) and a == b
+    return bool(a == b)
+
+
+def _includes() -> Any:
+    return cel.FunctionDecl(
+        "includes",
+        [
+            cel.Overload(
+                "list_includes_dyn_dyn",
+                cel.Type.BOOL,
+                [cel.Type.DYN, cel.Type.DYN],
+                is_member=True,
+                impl=_includes_impl,
+            )
+        ],
+    )
+
+
+# ------------------------------------------------------------------ derived attributes
+
+_DERIVED_SCALARS = ("bool", "int", "string", "dyn", "error", "google.protobuf.Any")
+
+
+def _derived_type_problem(out: Any) -> str | None:
+    """validateOutputType for a derived attribute (stored expressions: lists allowed)."""
+    name = _type_name(out)
+    inner = name[5:-1] if name.startswith("list(") and name.endswith(")") else None
+    for candidate in (name, inner):
+        if candidate in _DERIVED_SCALARS or candidate == celtypes.SEMVER_TYPE:
+            return None
+    shown = _kubernetes_names(name)
+    return (
+        "must evaluate to a primitive scalar (string, integer, boolean, semver) or a list of "
+        f"these scalars, not {shown}"
+    )
+
+
+def _plain(value: Any) -> Any:
+    """A cel-expr-python result as plain Python (lists element by element)."""
+    if isinstance(value, list | tuple):
+        return [_plain(getattr(v, "value", lambda v=v: v)()) for v in value]
+    return value
+
+
+_GO_TYPES = {bool: "bool", int: "int64", str: "string", float: "float64", bytes: "[]uint8"}
+
+
+def _go_type(value: Any) -> str:
+    if isinstance(value, celtypes.SemverMessage):
+        return "semver.Version"
+    return _GO_TYPES.get(type(value), type(value).__name__)
+
+
+def _device_attribute(value: Any) -> DeviceAttribute:
+    """valToDeviceAttribute: a scalar or a list of one scalar type; an empty list is
+    an empty string list."""
+    if isinstance(value, bool):
+        return DeviceAttribute(bool_=value)
+    if isinstance(value, int):
+        return DeviceAttribute(int_=value)
+    if isinstance(value, str):
+        return DeviceAttribute(string=value)
+    if isinstance(value, celtypes.SemverMessage):
+        return DeviceAttribute(version=str(celtypes.semver_of(value)))
+    if isinstance(value, list):
+        if not value:
+            return DeviceAttribute(strings=[])
+        first = value[0]
+        kinds: tuple[tuple[type, str, str], ...] = (
+            (bool, "bools", "bool"),
+            (int, "ints", "int"),
+            (str, "strings", "string"),
+        )
+        for kind, field_name, word in kinds:
+            if type(first) is kind:
+                for i, item in enumerate(value):
+                    if type(item) is not kind:
+                        raise CelError(
+                            "runtime",
+                            f"expected list element at index {i} to be {word}, "
+                            f"got {_go_type(item)}",
+                        )
+                return DeviceAttribute(**{field_name: list(value)})
+        if isinstance(first, celtypes.SemverMessage):
+            versions = []
+            for i, item in enumerate(value):
+                if not isinstance(item, celtypes.SemverMessage):
+                    raise CelError(
+                        "runtime",
+                        f"expected list element at index {i} to be semver, got {_go_type(item)}",
+                    )
+                versions.append(str(celtypes.semver_of(item)))
+            return DeviceAttribute(versions=versions)
+        raise CelError("runtime", f"unsupported list element type: {_go_type(first)}")
+    raise CelError("runtime", f"unsupported CEL return type: {_go_type(value)}")

@@ -16,15 +16,13 @@ provided: the authz libraries (no request to authorize in a selector).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
-from functools import lru_cache
 from typing import Any
 
 from cel_expr_python import cel
 
 from services.allocator.cel import check as celcheck
-from services.allocator.cel import equality, formatlib, listslib, netlib
+from services.allocator.cel import equality, formatlib, goregexp, listslib, netlib
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -128,19 +126,27 @@ def _max(items: list[Any]) -> Any:
     return max(items)
 
 
-@lru_cache(maxsize=256)
-def _regex(pattern: str) -> re.Pattern[str]:
-    return re.compile(pattern)
+def _matches(text: str, pattern: str) -> bool:
+    """``matches`` as cel-go runs it (Go's regexp); a bad computed pattern is its error."""
+    return goregexp.matches(text, pattern)
+
+
+def _illegal(exc: goregexp.RegexpError) -> ValueError:
+    return ValueError(f"Illegal regex: {exc}")
 
 
 def _find(text: str, pattern: str) -> str:
-    match = _regex(pattern).search(text)
-    return match.group() if match else ""
+    try:
+        return goregexp.find(text, pattern)
+    except goregexp.RegexpError as exc:
+        raise _illegal(exc) from None
 
 
 def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
-    found = [m.group() for m in _regex(pattern).finditer(text)]
-    return found if limit < 0 else found[:limit]
+    try:
+        return goregexp.find_all(text, pattern, limit)
+    except goregexp.RegexpError as exc:
+        raise _illegal(exc) from None
 
 
 def _sets_contains(a: list[Any], b: list[Any]) -> bool:
@@ -279,6 +285,7 @@ def _kubernetes() -> list[cel.FunctionDecl]:
         _fn("min", ("list_min", T.DYN, [LIST], True, _min)),
         _fn("max", ("list_max", T.DYN, [LIST], True, _max)),
         _fn("find", ("string_find", s, [s, s], True, _find)),
+        _fn(celcheck.MATCHES, ("k8s_matches_string", b, [s, s], False, _matches)),
         _fn(
             "findAll",
             ("string_find_all", T.List(s), [s, s], True, _find_all),

@@ -15,6 +15,7 @@ import math
 import re
 from datetime import datetime
 
+from services.allocator.cel import goregexp
 from services.allocator.cel.check import error_at
 from services.allocator.cel.parse import Node
 
@@ -99,6 +100,10 @@ def _kind(node: Node, expression: str) -> str | None:
 def _compile_time(node: Node, args: list[Node], expression: str) -> str | None:
     if node.name == "format" and node.target:
         return _format_problem(node, expression)
+    if node.name == "matches" and not node.target and len(args) == 2:
+        # cel-go's ValidateRegexLiterals checks the call's first argument, which in
+        # the function form is the text, not the pattern.
+        args = args[:1]
     if len(args) != 1 or args[0].kind != "lit" or not isinstance(args[0].value, str):
         return None
     value = args[0].value
@@ -114,13 +119,17 @@ def _compile_time(node: Node, args: list[Node], expression: str) -> str | None:
 
 
 def _plan_time(node: Node, args: list[Node], expression: str) -> str | None:
+    regex = None
     if node.name in ("find", "findAll") and node.target and args:
-        pattern = args[0]
-        if pattern.kind == "lit" and isinstance(pattern.value, str):
+        regex = args[0]
+    elif node.name == "matches" and len(node.args) == 2:
+        regex = node.args[1]  # the planner compiles a literal pattern (either form)
+    if regex is not None:
+        if regex.kind == "lit" and isinstance(regex.value, str):
             try:
-                re.compile(pattern.value)
-            except re.error as exc:
-                return f"{INSTANTIATION}error parsing regexp: {exc}: `{pattern.value}`"
+                goregexp.check(regex.value)
+            except goregexp.RegexpError as exc:
+                return f"{INSTANTIATION}{exc}"
         return None
     if node.target or len(args) != 1 or node.name not in ("int", "uint", "double", "bool"):
         return None
@@ -178,8 +187,4 @@ def _timestamp_ok(text: str) -> bool:
 
 
 def _regex_ok(pattern: str) -> bool:
-    try:
-        re.compile(pattern)
-    except re.error:
-        return False
-    return True
+    return goregexp.valid(pattern)
