@@ -19,6 +19,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from services.core import quantity
 from services.core.resource import (
     CELDeviceSelector,
@@ -318,6 +320,77 @@ def mig_attributes(gpu: Gpu, profile: str, inv: NodeInventory) -> dict[str, Devi
         ATTR_PROFILE: _string(profile),
         **_gpu_facts(gpu, inv),
     }
+
+
+# What DRAListTypeAttributes changes (KEP-6072): the reference's addNumaNodeAttribute
+# publishes the standard numaNode as a one-element ints list instead of an int, on every
+# device that has it (full GPU, MIG device, dynamic-MIG partition, VFIO twin); no other
+# attribute changes form.
+LIST_TYPE_ATTRIBUTES = frozenset({ATTR_NUMA_NODE})
+
+
+@functools.lru_cache(maxsize=256)
+def _ints(value: int) -> DeviceAttribute:
+    return DeviceAttribute(ints=[value])
+
+
+def list_type_attributes(devices: Iterable[Device]) -> list[Device]:
+    """``devices`` as the reference publishes them with DRAListTypeAttributes on.
+
+    New device objects where an attribute changes form; devices that shared an
+    attribute map share its list-form copy (rendered pools are values: no map is
+    changed in place).
+    """
+    out: list[Device] = []
+    # id -> (map, its list form); holding the map keeps its id from being reused
+    copies: dict[int, tuple[dict[str, DeviceAttribute], dict[str, DeviceAttribute]]] = {}
+    for device in devices:
+        attrs = device.attributes or {}
+        hit = copies.get(id(attrs))
+        if hit is None:
+            changed = {
+                name: _ints(attr.int_)
+                for name in LIST_TYPE_ATTRIBUTES
+                if (attr := attrs.get(name)) is not None and attr.int_ is not None
+            }
+            hit = copies[id(attrs)] = (attrs, {**attrs, **changed} if changed else attrs)
+        listed = hit[1]
+        out.append(
+            device if listed is attrs else msgspec.structs.replace(device, attributes=listed)
+        )
+    return out
+
+
+def scalar_attributes(devices: Iterable[Device]) -> list[Device]:
+    """The inverse of :func:`list_type_attributes`, for an API server that cannot store
+    lists: a one-element list becomes its value again; a longer one, which has no
+    scalar form, is left out."""
+    out: list[Device] = []
+    for device in devices:
+        attrs = device.attributes
+        if not attrs or not any(a.is_list for a in attrs.values()):
+            out.append(device)
+            continue
+        scalar: dict[str, DeviceAttribute] = {}
+        for name, attr in attrs.items():
+            if not attr.is_list:
+                scalar[name] = attr
+            elif attr.ints is not None and len(attr.ints) == 1:
+                scalar[name] = _int(attr.ints[0])
+            elif attr.bools is not None and len(attr.bools) == 1:
+                scalar[name] = DeviceAttribute(bool_=attr.bools[0])
+            elif attr.strings is not None and len(attr.strings) == 1:
+                scalar[name] = _string(attr.strings[0])
+            elif attr.versions is not None and len(attr.versions) == 1:
+                scalar[name] = DeviceAttribute(version=attr.versions[0])
+        out.append(msgspec.structs.replace(device, attributes=scalar or None))
+    return out
+
+
+def has_list_attributes(device: Device) -> bool:
+    """Whether the device has a list-type attribute (an advanced feature for the
+    per-slice device limit, as taints and consumed counters are)."""
+    return any(a.is_list for a in (device.attributes or {}).values())
 
 
 # ------------------------------------------------------------------ capacities

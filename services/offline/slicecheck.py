@@ -1,19 +1,28 @@
 """Validate ResourceSlices against what the API server accepts (CONTRACTS.md section 4).
 
 The rules mirror kube-apiserver's ``ValidateResourceSlice`` for resource.k8s.io/v1
-in the two versions we support, so a slice that passes here is not rejected
-there. 1.34 and 1.35 differ in how partitionable devices are limited:
+in the versions we support, so a slice that passes here is not rejected there.
+1.34 and 1.35 differ in how partitionable devices are limited; 1.36 adds list-type
+attributes (``ints``, ``bools``, ``strings``, ``versions``), which count as an
+advanced feature for the device limit (``ResourceSliceMaxDevicesWithAdvancedFeatures``):
 
 ===============================  ==========================  ===========================
 rule                             1.34                        1.35+
 ===============================  ==========================  ===========================
 devices per slice                128                         128, 64 with taints/counters
+                                                             (1.36+: or a list attribute)
 taints per device                4                           16
 counter sets                     <= 32 counters in all sets  <= 8 sets x 32 counters
 devices and sharedCounters       may share a slice           never in the same slice
 counters consumed per device     <= 32 in all entries        <= 2 entries x 32 counters
 counters consumed per slice      <= 1024                     (no limit)
+list-type attributes             none                        none (1.36+: <= 48 values
+                                                             a device, lists not empty)
 ===============================  ==========================  ===========================
+
+A 1.36 or 1.37 API server stores list-type attributes only with its alpha gate
+DRAListTypeAttributes on; that is not visible in a slice, so lists pass here for
+those versions (``gpudra slices`` says so when it prints one).
 
 :func:`check_slice` checks one object; :func:`check_pool` also checks what only a
 whole pool shows (slice count, generation, unique names, counter references).
@@ -23,13 +32,13 @@ Each problem names the field path and what was expected.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import msgspec
 
-from services.core import quantity
+from services.core import nvidia, quantity
 from services.core.resource import (
     CounterSet,
     Device,
@@ -69,12 +78,17 @@ class Limits:
     max_counters_per_consumption: int = 32
     max_counters_per_device: int | None = None
     max_device_counters_per_slice: int | None = None
+    list_attributes: bool = True  # 1.36+: ints, bools, strings, versions
+    max_attribute_values: int = 48  # per device, a list's values counted one by one (1.36+)
 
     @classmethod
     def for_minor(cls, minor: int) -> Limits:
-        if minor >= 35:
+        if minor >= 36:
             return cls()
+        if minor == 35:
+            return cls(list_attributes=False)
         return cls(
+            list_attributes=False,
             max_devices_advanced=128,
             max_taints=4,
             split_counters=False,
@@ -251,10 +265,16 @@ class _SliceChecker:
 
     def devices(self, spec: ResourceSliceSpec, path: str) -> list[Problem]:
         devices = spec.devices or []
-        advanced = any(d.taints or d.consumes_counters for d in devices)
+        lists = self.limits.list_attributes and any(map(nvidia.has_list_attributes, devices))
+        advanced = lists or any(d.taints or d.consumes_counters for d in devices)
         limit = self.limits.max_devices_advanced if advanced else self.limits.max_devices
         if len(devices) > limit:
-            why = " (a device has taints or consumesCounters)" if advanced else ""
+            why = (
+                " (a device has taints, consumesCounters or a list attribute)"
+                if self.limits.list_attributes
+                else " (a device has taints or consumesCounters)"
+            )
+            why = why if advanced else ""
             return [Problem(f"{path}.devices", f"at most {limit} devices{why}, got {len(devices)}")]
         problems: list[Problem] = []
         seen: set[str] = set()
@@ -282,7 +302,17 @@ class _SliceChecker:
             )
         for name, attr in attrs.items():
             problems += _qualified_name(name, f"{path}.attributes[{name}]")
-            problems += _attribute(attr, f"{path}.attributes[{name}]")
+            problems += _attribute(attr, f"{path}.attributes[{name}]", self.limits.list_attributes)
+        if self.limits.list_attributes:
+            values = sum(len(_list_values(a)[1] or [None]) for a in attrs.values())
+            if values > self.limits.max_attribute_values:
+                problems.append(
+                    Problem(
+                        path,
+                        f"at most {self.limits.max_attribute_values} attribute values "
+                        f"(a list's values count one by one), got {values}",
+                    )
+                )
         for name, cap in caps.items():
             where = f"{path}.capacity[{name}]"
             problems += _qualified_name(name, where)
@@ -366,20 +396,80 @@ class _SliceChecker:
         return problems
 
 
-def _attribute(attr: DeviceAttribute, path: str) -> list[Problem]:
-    values = [v for v in (attr.int_, attr.bool_, attr.string, attr.version) if v is not None]
-    if len(values) != 1:
-        return [Problem(path, f"exactly one of int, bool, string, version; got {len(values)}")]
+_LIST_KINDS = ("ints", "bools", "strings", "versions")
+
+
+def _list_values(attr: DeviceAttribute) -> tuple[str, list[Any] | None]:
+    """The attribute's list field and values (("", None) for a scalar)."""
+    for kind in _LIST_KINDS:
+        values = getattr(attr, kind)
+        if values is not None:
+            return kind, values
+    return "", None
+
+
+def _attribute(attr: DeviceAttribute, path: str, lists_ok: bool = True) -> list[Problem]:
+    scalars = [v for v in (attr.int_, attr.bool_, attr.string, attr.version) if v is not None]
+    lists = [kind for kind in _LIST_KINDS if getattr(attr, kind) is not None]
+    if lists and not lists_ok:
+        return [
+            Problem(
+                f"{path}.{kind}",
+                "list-type attributes need Kubernetes 1.36 or later with its gate "
+                "DRAListTypeAttributes on (an older API server drops the field, and then "
+                "the attribute has no value)",
+            )
+            for kind in lists
+        ]
+    if len(scalars) + len(lists) != 1:
+        got = len(scalars) + len(lists)
+        kinds = "int, bool, string, version" + (", ints, bools, strings, versions" * lists_ok)
+        return [Problem(path, f"exactly one of {kinds}; got {got}")]
+    if lists:
+        return _list_attribute(attr, path)
     problems: list[Problem] = []
-    if attr.int_ is not None and not -(2**63) <= attr.int_ < 2**63:
-        problems.append(Problem(f"{path}.int", "must fit an int64"))
-    for kind, value in (("string", attr.string), ("version", attr.version)):
-        if value is not None and len(value) > 64:
-            problems.append(Problem(f"{path}.{kind}", f"at most 64 characters, got {len(value)}"))
-    if attr.version is not None and not _SEMVER.match(attr.version):
-        problems.append(
-            Problem(f"{path}.version", f"must be semver 2.0 (e.g. 9.0.0), got {attr.version!r}")
-        )
+    if attr.int_ is not None:
+        problems += _int64(attr.int_, f"{path}.int")
+    if attr.string is not None:
+        problems += _string(attr.string, f"{path}.string")
+    if attr.version is not None:
+        problems += _version(attr.version, f"{path}.version")
+    return problems
+
+
+def _list_attribute(attr: DeviceAttribute, path: str) -> list[Problem]:
+    kind, values = _list_values(attr)
+    assert values is not None
+    where = f"{path}.{kind}"
+    if not values:
+        return [Problem(where, "must not be empty if specified")]
+    checks: dict[str, Callable[[Any, str], list[Problem]]] = {
+        "ints": _int64,
+        "strings": _string,
+        "versions": _version,
+    }
+    check = checks.get(kind)
+    if check is None:
+        return []
+    return [p for i, v in enumerate(values) for p in check(v, f"{where}[{i}]")]
+
+
+def _int64(value: int, path: str) -> list[Problem]:
+    if not -(2**63) <= value < 2**63:
+        return [Problem(path, "must fit an int64")]
+    return []
+
+
+def _string(value: str, path: str) -> list[Problem]:
+    if len(value) > 64:
+        return [Problem(path, f"at most 64 characters, got {len(value)}")]
+    return []
+
+
+def _version(value: str, path: str) -> list[Problem]:
+    problems = _string(value, path)
+    if not _SEMVER.match(value):
+        problems.append(Problem(path, f"must be semver 2.0 (e.g. 9.0.0), got {value!r}"))
     return problems
 
 

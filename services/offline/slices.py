@@ -1,14 +1,17 @@
 """``gpudra slices``: the ResourceSlices the publisher would write for a simulated node.
 
     gpudra slices --fleet dgx-h100 --node n1 [--feature-gates DynamicMIG=true]
-                  [--kube-version 1.34] [--seed 0] [-o yaml|json]
+                  [--kube-version 1.37] [--seed 0] [-o yaml|json]
 
 No cluster and no bus: the node's inventory comes from discovery's simulated
 NVML for the fleet (the same one ``gpudra discovery --fleet`` serves, so UUIDs
 match for the same node and seed), and the slices are what the publisher
 creates in an empty cluster (generation 1, no owner reference: there is no
 Node to own them). Every slice is checked against the API limits; a problem is
-reported on stderr with exit status 1.
+reported on stderr with exit status 1. The API server's version (default 1.37, the
+version gpudra follows by default) decides the layout and whether list-type
+attributes exist (DRAListTypeAttributes: 1.36 and later; a note on stderr says what
+the API server needs for them).
 """
 
 from __future__ import annotations
@@ -16,15 +19,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from services.core import config, featuregates, resource
+from services.core import config, featuregates, nvidia, resource
+from services.core.resource import ResourceSlice
 from services.core.schemas import NodeInventory
 from services.offline import slicecheck
 
-SPLIT_MINOR = 35
+if TYPE_CHECKING:
+    from services.publisher.render import RenderOptions
+
+DEFAULT_MINOR = 37  # kube_features.DEFAULT_MINOR: the version gpudra follows by default
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,8 +55,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--kube-version",
         type=_kube_minor_arg,
-        default=SPLIT_MINOR,
-        help="API server version deciding the slice layout (default 1.35)",
+        default=DEFAULT_MINOR,
+        help="API server version deciding the slice layout and list attributes (default 1.37)",
     )
     parser.add_argument("--seed", type=int, default=0, help="simulation seed (UUIDs)")
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
@@ -102,9 +109,32 @@ def _run(args: argparse.Namespace) -> int:
     items = [resource.to_builtins(s) for s in slices]
     print(_format(items, args.output), end="")
     problems = slicecheck.check_pool(slices, kube_minor=args.kube_version)
+    note = _list_attributes_note(slices, options)
+    if note:
+        print(f"gpudra slices: note: {note}", file=sys.stderr)
     for problem in problems:
         print(f"gpudra slices: invalid slice: {problem}", file=sys.stderr)
     return 1 if problems else 0
+
+
+def _list_attributes_note(slices: list[ResourceSlice], options: RenderOptions) -> str:
+    """What DRAListTypeAttributes needs from the API server, when the gate is on."""
+    if not options.gates.enabled(featuregates.DRA_LIST_TYPE_ATTRIBUTES):
+        return ""
+    version = f"1.{options.kube_minor}"
+    if not options.list_attributes:
+        return (
+            f"{featuregates.DRA_LIST_TYPE_ATTRIBUTES} changes nothing on Kubernetes {version}: "
+            "list-type attributes exist from 1.36, so numaNode stays an int"
+        )
+    if not any(nvidia.has_list_attributes(d) for s in slices for d in s.spec.devices or []):
+        return ""
+    return (
+        f"numaNode is a list ({featuregates.DRA_LIST_TYPE_ATTRIBUTES}): the API server and "
+        f"the scheduler need Kubernetes' own gate {featuregates.DRA_LIST_TYPE_ATTRIBUTES} "
+        f"(alpha, off by default in {version}); without it the publisher publishes the int "
+        "(selectors comparing numaNode with == match only the int)"
+    )
 
 
 def _format(items: list[dict[str, Any]], output: str) -> str:

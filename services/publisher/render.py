@@ -12,8 +12,13 @@ API limits of CONTRACTS.md section 4 applied on top:
 * DynamicMIG on 1.35+: first the counter sets (at most 8 per slice), then one
   devices-only slice per GPU.
 
-A slice holds at most 64 devices as soon as any device has taints or consumes
-counters (the 1.35 rule, also valid on 1.34), else 128.
+A slice holds at most 64 devices as soon as any device has taints, consumes
+counters (the 1.35 rule, also valid on 1.34) or has a list-type attribute (1.36+,
+``ResourceSliceMaxDevicesWithAdvancedFeatures``), else 128.
+
+With DRAListTypeAttributes the standard ``numaNode`` is a one-element list, as the
+reference publishes it (:func:`services.core.nvidia.list_type_attributes`), on an API
+server that can store lists (1.36 and later); an older one gets the int.
 """
 
 from __future__ import annotations
@@ -39,9 +44,10 @@ from services.core.schemas import Gpu, NodeInventory, NodePreparedDevices
 from services.core.shares import DISABLED, SharesMode
 
 MAX_DEVICES = 128
-MAX_DEVICES_ADVANCED = 64  # any device with taints or consumesCounters
+MAX_DEVICES_ADVANCED = 64  # any device with taints, consumesCounters or a list attribute
 MAX_COUNTER_SETS = 8
 SPLIT_LAYOUT_MINOR = 35  # from 1.35 a slice holds devices or sharedCounters, not both
+LIST_ATTRIBUTES_MINOR = 36  # list-type attributes exist from 1.36 (alpha there and in 1.37)
 _MAX_OBJECT_NAME = 253
 T = TypeVar("T")
 
@@ -60,6 +66,16 @@ class RenderOptions:
     @property
     def split_layout(self) -> bool:
         return self.kube_minor >= SPLIT_LAYOUT_MINOR
+
+    @property
+    def list_attributes(self) -> bool:
+        """numaNode as a list: the driver's gate is on and the API server has list-type
+        attributes at all (whether its own gate is on shows only when it refuses a write:
+        services/publisher/reconcile.py then publishes the int)."""
+        return (
+            self.gates.enabled(featuregates.DRA_LIST_TYPE_ATTRIBUTES)
+            and self.kube_minor >= LIST_ATTRIBUTES_MINOR
+        )
 
 
 @dataclass(frozen=True)
@@ -151,6 +167,8 @@ def _gpu_group(
     vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT)
     if vfio_ok and gpu.vfio is not None and not holdings.withdraws_vfio_twin(gpu):
         devices.append(nvidia.vfio_device(gpu, vfio_index))
+    if opts.list_attributes:
+        devices[:] = nvidia.list_type_attributes(devices)
     if gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK):
         taints = nvidia.health_taints(gpu, (d.name for d in devices), opts.extra_non_fatal_xids)
         for device in devices:
@@ -195,7 +213,9 @@ def _groups(inv: NodeInventory, opts: RenderOptions, holdings: Holdings) -> list
 
 
 def _device_limit(devices: Sequence[Device]) -> int:
-    advanced = any(d.taints or d.consumes_counters for d in devices)
+    advanced = any(
+        d.taints or d.consumes_counters or nvidia.has_list_attributes(d) for d in devices
+    )
     return MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
 
 

@@ -101,6 +101,40 @@ def test_numa_node_of_every_device_comes_from_the_fleet(
     assert a100["gpu-vfio-0"]["attributes"][numa] == {"int": 3}
 
 
+def test_list_type_attributes_print_numa_node_as_a_list(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``gpudra slices --feature-gates DRAListTypeAttributes=true``: every device's numaNode
+    as the reference's one-element list, the pool checked at 1.37 (64 devices a slice), a
+    note on what the API server needs; on 1.35, which has no lists, the int and a note."""
+    numa = nvidia.ATTR_NUMA_NODE
+    args = ["--fleet", "dgx-a100", "--node", "n1", "-o", "json", "--feature-gates"]
+    assert main(["slices", *args, "PassthroughSupport=true,DRAListTypeAttributes=true"]) == 0
+    out, err = capsys.readouterr()
+    items = json.loads(out)["items"]
+    devices = _devices(items)
+    parents = {4: 7, 5: 7, 6: 5, 7: 5}
+    for name, device in devices.items():
+        (value,) = device["attributes"][numa]["ints"]
+        ident = nvidia.parse_device_name(name)
+        if ident.kind == "mig":
+            assert value == parents[ident.minor or 0], name
+        assert all(len(v) == 1 for v in device["attributes"].values())
+    assert devices["gpu-0"]["attributes"][numa] == {"ints": [3]}
+    assert devices["gpu-vfio-0"]["attributes"][numa] == {"ints": [3]}
+    assert any(len(s["spec"]["devices"]) for s in items)
+    assert all(len(s["spec"]["devices"]) <= 64 for s in items)
+    assert not slicecheck.check_pool(items, kube_minor=37)
+    assert "gpudra slices: note: numaNode is a list (DRAListTypeAttributes)" in err
+    assert "Kubernetes' own gate DRAListTypeAttributes (alpha, off by default in 1.37)" in err
+
+    old = ["--kube-version", "1.35", "--feature-gates", "DRAListTypeAttributes=true"]
+    assert main(["slices", *args[:-1], *old]) == 0
+    out, err = capsys.readouterr()
+    assert {d["attributes"][numa]["int"] for d in _devices(json.loads(out)["items"]).values()}
+    assert "DRAListTypeAttributes changes nothing on Kubernetes 1.35" in err
+
+
 def test_dynamic_mig_adds_counter_sets(capsys: pytest.CaptureFixture[str]) -> None:
     items = _slices(
         capsys, "--fleet", "dgx-h100", "--node", "n1", "--feature-gates", "DynamicMIG=true"

@@ -7,6 +7,7 @@ fleet x gate matrix over discovery's simulated fleets is in test_slicecheck.py.
 
 from __future__ import annotations
 
+import itertools
 import uuid
 from pathlib import Path
 
@@ -14,7 +15,7 @@ import msgspec
 import pytest
 import yaml
 
-from services.core import computedomain, featuregates, nvidia, quantity, resource
+from services.core import computedomain, featuregates, nvidia, quantity, resource, shares
 from services.core.resource import Device, ResourceSlice
 from services.core.schemas import (
     Gpu,
@@ -612,3 +613,128 @@ def test_render_contents_is_stable() -> None:
     assert msgspec.json.encode([c.devices for c in a]) == msgspec.json.encode(
         [c.devices for c in b]
     )
+
+
+# --------------------------------------------------------------------------- list attributes
+
+LISTS = featuregates.DRA_LIST_TYPE_ATTRIBUTES
+NUMA = nvidia.ATTR_NUMA_NODE
+
+
+def _layouts() -> list[str]:
+    """Every mix of the gates that change what is published (those the reference takes)."""
+    out = []
+    for dyn, vfio, health in itertools.product((False, True), repeat=3):
+        spec = f"DynamicMIG={dyn},PassthroughSupport={vfio},NVMLDeviceHealthCheck={health}"
+        try:
+            featuregates.parse(spec)
+        except featuregates.FeatureGateError:
+            continue
+        out.append(spec)
+    return out
+
+
+def _fleet_names() -> list[str]:
+    from services.discovery.fleet import fleet_names
+
+    return fleet_names()
+
+
+@pytest.mark.parametrize("fleet", _fleet_names())
+def test_list_type_attributes_turn_numa_node_into_a_one_element_list_on_every_fleet(
+    fleet: str,
+) -> None:
+    """addNumaNodeAttribute: with DRAListTypeAttributes every device that has numaNode
+    (full GPU, static MIG, dynamic-MIG partition, VFIO twin, consumable shares) has it
+    as ``ints: [n]``; nothing else of the pool changes, and the pool is valid."""
+    from services.offline.slices import fleet_inventory
+
+    inv = fleet_inventory(fleet, "n1")
+    kinds: set[str] = set()
+    for layout, mode in itertools.product(_layouts(), ("", "memory")):
+        extra = ",ConsumableShares=true" if mode else ""
+        share = shares.parse_mode(mode or "disabled")
+        off = render_slices(inv, opts(layout + extra, 37, shares=share))
+        on = render_slices(inv, opts(f"{layout}{extra},{LISTS}=true", 37, shares=share))
+        assert [s.metadata.name for s in on] == [s.metadata.name for s in off] or any(
+            len(s.spec.devices or []) > 64 for s in off
+        )
+        off_devices, on_devices = devices_of(off), devices_of(on)
+        assert list(on_devices) == list(off_devices) or len(on) != len(off)
+        assert set(on_devices) == set(off_devices)
+        for name, plain in off_devices.items():
+            listed = on_devices[name]
+            numa = (plain.attributes or {}).get(NUMA)
+            want = dict(plain.attributes or {})
+            if numa is not None:
+                assert numa.int_ is not None and numa.int_ >= 0
+                want[NUMA] = resource.DeviceAttribute(ints=[numa.int_])
+                kinds.add(attrs(plain)["type"])  # type: ignore[arg-type]
+            assert listed.attributes == want, (fleet, layout, name)
+            assert msgspec.structs.replace(listed, attributes=plain.attributes) == plain
+        assert not slicecheck.check_pool(on, kube_minor=37), (fleet, layout)
+        assert not slicecheck.check_pool(on, kube_minor=36), (fleet, layout)
+        # A 1.35 API server has no list-type attributes: the gate changes nothing there.
+        assert render_slices(inv, opts(f"{layout}{extra},{LISTS}=true", 35, shares=share)) == (
+            render_slices(inv, opts(layout + extra, 35, shares=share))
+        )
+    if any(g.numa_node is not None and g.numa_node >= 0 for g in inv.gpus):
+        assert "vfio" in kinds and kinds & {"gpu", "mig"}, kinds
+
+
+def test_numa_node_is_written_as_ints_and_nothing_else_changes_form() -> None:
+    (plain,) = render_slices(dgx_a100(), opts("PassthroughSupport=true", 37))
+    (listed,) = render_slices(dgx_a100(), opts(f"PassthroughSupport=true,{LISTS}=true", 37))
+    data = resource.to_builtins(listed)["spec"]["devices"]
+    by_name = {d["name"]: d["attributes"] for d in data}
+    assert by_name["gpu-0"][NUMA] == {"ints": [0]}
+    assert by_name["gpu-4-mig-3g20gb-9-0"][NUMA] == {"ints": [1]}
+    assert by_name["gpu-vfio-4"][NUMA] == {"ints": [1]}
+    before = {d["name"]: d["attributes"] for d in resource.to_builtins(plain)["spec"]["devices"]}
+    for name, attributes in by_name.items():
+        changed = {k for k in attributes if attributes[k] != before[name][k]}
+        assert changed == {NUMA}, name
+        assert before[name][NUMA] == {"int": attributes[NUMA]["ints"][0]}
+    # attrs() (the allocator's view) sees the list
+    assert attrs(devices_of([listed])["gpu-0"])[NUMA] == [0]
+
+
+def test_a_gpu_without_a_numa_node_has_no_list_attribute() -> None:
+    gpu = h100(0, numa_node=None)
+    (s,) = render_slices(node(gpus=[gpu]), opts(f"{LISTS}=true", 37))
+    assert NUMA not in (devices_of([s])["gpu-0"].attributes or {})
+    assert not nvidia.has_list_attributes(devices_of([s])["gpu-0"])
+
+
+def test_dynamic_mig_partitions_keep_sharing_their_attribute_maps() -> None:
+    """Rendering a thousand nodes stays cheap: the list form is made once per map."""
+    slices = render_slices(node(), opts(f"DynamicMIG=true,{LISTS}=true", 37))
+    parts = [d for d in devices_of(slices).values() if d.name.startswith("gpu-0-mig-1g10gb-19-")]
+    assert len(parts) > 1
+    assert all(p.attributes is parts[0].attributes for p in parts)
+    assert (parts[0].attributes or {})[NUMA].ints == [0]
+
+
+def test_list_attributes_lower_the_device_limit_per_slice_to_64() -> None:
+    """ResourceSliceMaxDevicesWithAdvancedFeatures: list attributes count, as taints do."""
+    many = [h100(i, mig_capable=False, mig_profiles=[]) for i in range(130)]
+    plain = render_slices(node(gpus=many), opts("", 37))
+    assert [len(s.spec.devices or []) for s in plain] == [128, 2]
+    listed = render_slices(node(gpus=many), opts(f"{LISTS}=true", 37))
+    assert [len(s.spec.devices or []) for s in listed] == [64, 64, 2]
+    assert {s.spec.pool.resource_slice_count for s in listed} == {3}
+    assert not slicecheck.check_pool(listed, kube_minor=37)
+    # The same pool in 128-device slices is what the API server refuses.
+    spec = listed[0].spec
+    too_big = msgspec.structs.replace(
+        listed[0],
+        spec=msgspec.structs.replace(
+            spec, devices=[*(spec.devices or []), *(listed[1].spec.devices or [])]
+        ),
+    )
+    (problem,) = slicecheck.check_slice(too_big, kube_minor=37)
+    assert problem.path == "spec.devices" and "list attribute" in problem.message
+    # Without any NUMA node there is no list, and 128 fit again.
+    unknown = [msgspec.structs.replace(g, numa_node=None) for g in many]
+    again = render_slices(node(gpus=unknown), opts(f"{LISTS}=true", 37))
+    assert [len(s.spec.devices or []) for s in again] == [128, 2]

@@ -269,3 +269,40 @@ def test_on_1_34_consumers_must_find_their_set_in_the_same_slice() -> None:
 def _with_generation(s: ResourceSlice, generation: int) -> ResourceSlice:
     pool = msgspec.structs.replace(s.spec.pool, generation=generation)
     return msgspec.structs.replace(s, spec=msgspec.structs.replace(s.spec, pool=pool))
+
+
+# --------------------------------------------------------------------------- list attributes
+
+
+def test_list_attributes_exist_from_1_36_and_follow_its_rules() -> None:
+    data = _good()
+    numa = "resource.kubernetes.io/numaNode"
+    attrs = data["spec"]["devices"][0]["attributes"]
+    attrs[numa] = {"ints": [0]}
+    assert _paths(data, 37) == [] and _paths(data, 36) == []
+    (problem,) = slicecheck.check_slice(data, kube_minor=35)
+    assert problem.path == f"spec.devices[0].attributes[{numa}].ints"
+    assert "Kubernetes 1.36 or later" in problem.message
+    attrs[numa] = {"ints": []}
+    assert _paths(data, 37) == [f"spec.devices[0].attributes[{numa}].ints"]
+    attrs[numa] = {"ints": [0], "int": 0}
+    assert _paths(data, 37) == [f"spec.devices[0].attributes[{numa}]"]
+    attrs[numa] = {"versions": ["1.0.0", "one"], "ints": None}
+    assert _paths(data, 37) == [f"spec.devices[0].attributes[{numa}].versions[1]"]
+    attrs[numa] = {"strings": ["x" * 65]}
+    assert _paths(data, 37) == [f"spec.devices[0].attributes[{numa}].strings[0]"]
+    attrs[numa] = {"bools": [True] * 40}  # 40 values and the other attributes: over 48
+    (problem,) = slicecheck.check_slice(data, kube_minor=37)
+    assert problem.path == "spec.devices[0]" and "at most 48 attribute values" in problem.message
+
+
+def test_a_list_attribute_lowers_the_device_limit_from_1_36() -> None:
+    data = _good()
+    template = data["spec"]["devices"][0]
+    data["spec"]["devices"] = [dict(template, name=f"d{i}") for i in range(100)]
+    assert _paths(data, 37) == []
+    listed = dict(template["attributes"], **{"resource.kubernetes.io/numaNode": {"ints": [0]}})
+    data["spec"]["devices"][5] = dict(template, name="d5", attributes=listed)
+    assert _paths(data, 37) == ["spec.devices"]
+    del data["spec"]["devices"][64:]
+    assert _paths(data, 37) == []
