@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.metadata
 import logging
 import math
 import time
@@ -25,7 +26,7 @@ from typing import Any, TypeVar
 
 from services.core.schemas import VfioInfo
 from services.discovery import backend as nv
-from services.discovery import pciids, sysfs
+from services.discovery import nvmlabi, pciids, sysfs
 from services.discovery.pciids import PciIds
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,14 @@ def _load_pynvml() -> ModuleType:
         raise nv.LibraryNotFound(f"pynvml is not installed: {exc}") from exc
 
 
+def binding_version() -> str:
+    """The installed pynvml distribution and version, e.g. "nvidia-ml-py 13.615.71"."""
+    try:
+        return f"nvidia-ml-py {importlib.metadata.version('nvidia-ml-py')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "pynvml (not from nvidia-ml-py)"
+
+
 def format_bus_id(raw: str | bytes) -> str:
     """NVML's "00000000:3B:00.0" -> "0000:3b:00.0" (go-nvlib's GetPCIBusID)."""
     text = raw.decode() if isinstance(raw, bytes) else raw
@@ -119,6 +128,7 @@ class NvmlBackend:
         self._handles: dict[int, Any] = {}
         self._event_set: Any = None
         self._unmonitored: dict[int, str] = {}
+        self.binding = binding_version()
 
     # ------------------------------------------------------------ calls
 
@@ -134,6 +144,16 @@ class NvmlBackend:
             return fn(*args)
         except self.lib.NVMLError as exc:
             raise nv.error_for_code(int(exc.value), str(exc)) from exc
+
+    def _read(self, layout: type[nvmlabi.S], filled: Any) -> nvmlabi.S:
+        """A struct pynvml returned, read as nvml.h lays it out (never by pynvml's fields)."""
+        return nvmlabi.read(layout, filled, self.binding)
+
+    def _device(self, address: int | None) -> Any:
+        """An nvmlDevice_t read from a struct, as the handle pynvml's calls take."""
+        if not address:
+            raise nv.NvmlError("NVML returned a null device handle")
+        return ctypes.cast(ctypes.c_void_p(address), self.lib.c_nvmlDevice_t)
 
     def _handle(self, index: int) -> Any:
         if index not in self._handles:
@@ -203,13 +223,18 @@ class NvmlBackend:
         return int(major), int(minor)
 
     def memory_total(self, index: int) -> int:
-        return int(self._call(self.lib.nvmlDeviceGetMemoryInfo, self._handle(index)).total)
+        info = self._call(self.lib.nvmlDeviceGetMemoryInfo, self._handle(index))
+        return int(self._read(nvmlabi.Memory, info).total)
 
     def pci_info(self, index: int) -> nv.PciInfo:
-        info = self._call(self.lib.nvmlDeviceGetPciInfo, self._handle(index))
+        info = self._read(
+            nvmlabi.PciInfo, self._call(self.lib.nvmlDeviceGetPciInfo, self._handle(index))
+        )
         combined = int(info.pciDeviceId)  # device id << 16 | vendor id
         return nv.PciInfo(
-            bus_id=format_bus_id(info.busId), device_id=combined >> 16, vendor_id=combined & 0xFFFF
+            bus_id=format_bus_id(nvmlabi.c_string(info.busId)),
+            device_id=combined >> 16,
+            vendor_id=combined & 0xFFFF,
         )
 
     def addressing_mode(self, index: int) -> str | None:
@@ -230,8 +255,12 @@ class NvmlBackend:
         return sysfs.vfio_info(bus_id, self.sysfs_root, self.dev_root, self.pci_ids)
 
     def gpu_fabric_info(self, index: int) -> nv.FabricInfo:
-        """nvmlDeviceGetGpuFabricInfo, the call go-nvlib's IsFabricAttached makes."""
-        info = self.lib.c_nvmlGpuFabricInfo_t()
+        """nvmlDeviceGetGpuFabricInfo, the call go-nvlib's IsFabricAttached makes.
+
+        Into nvml.h's struct, not pynvml's: before 13.615 pynvml's was 92 bytes with
+        the fields after the UUID 64 bytes late (see :mod:`nvmlabi`).
+        """
+        info = nvmlabi.GpuFabricInfo()
         self._call(self.lib.nvmlDeviceGetGpuFabricInfo, self._handle(index), ctypes.byref(info))
         return nv.FabricInfo(
             cluster_uuid=str(uuid.UUID(bytes=bytes(info.clusterUuid))),
@@ -264,7 +293,7 @@ class NvmlBackend:
         out = []
         for nvml_index in range(lib.NVML_GPU_INSTANCE_PROFILE_COUNT):
             try:
-                info = self._profile_info(handle, nvml_index)
+                info, name = self._profile_info(handle, nvml_index)
             except (nv.NotSupported, nv.InvalidArgument):
                 continue
             try:
@@ -274,7 +303,7 @@ class NvmlBackend:
             slices = int(info.sliceCount)
             profile = nv.GpuInstanceProfile(
                 name=profile_name(
-                    getattr(info, "name", None),
+                    name,
                     slices,
                     int(info.memorySizeMB),
                     device_memory,
@@ -296,16 +325,22 @@ class NvmlBackend:
             out.append((profile, info))
         return out
 
-    def _profile_info(self, handle: Any, nvml_index: int) -> Any:
+    def _profile_info(
+        self, handle: Any, nvml_index: int
+    ) -> tuple[nvmlabi.GpuInstanceProfileInfo | nvmlabi.GpuInstanceProfileInfoV2, bytes | None]:
+        """The profile's info struct and NVML's name for it (None before the v2 struct)."""
         lib = self.lib
         try:
-            return self._call(lib.nvmlDeviceGetGpuInstanceProfileInfo, handle, nvml_index, 2)
+            info = self._call(lib.nvmlDeviceGetGpuInstanceProfileInfo, handle, nvml_index, 2)
         except nv.FunctionNotFound:  # drivers before the v2 struct (no name field)
-            return self._call(lib.nvmlDeviceGetGpuInstanceProfileInfo, handle, nvml_index, 1)
+            info = self._call(lib.nvmlDeviceGetGpuInstanceProfileInfo, handle, nvml_index, 1)
+            return self._read(nvmlabi.GpuInstanceProfileInfo, info), None
+        v2 = self._read(nvmlabi.GpuInstanceProfileInfoV2, info)
+        return v2, bytes(v2.name)
 
     def _placements(self, handle: Any, profile_id: int) -> tuple[nv.Placement, ...]:
         lib = self.lib
-        array = (lib.c_nvmlGpuInstancePlacement_t * MAX_PLACEMENTS)()
+        array = (nvmlabi.GpuInstancePlacement * MAX_PLACEMENTS)()
         count = ctypes.c_uint(MAX_PLACEMENTS)
         self._call(
             lib.nvmlDeviceGetGpuInstancePossiblePlacements,
@@ -327,7 +362,7 @@ class NvmlBackend:
             gi_id = int(self._call(lib.nvmlDeviceGetGpuInstanceId, mig))
             ci_id = int(self._call(lib.nvmlDeviceGetComputeInstanceId, mig))
             gi = self._call(lib.nvmlDeviceGetGpuInstanceById, handle, gi_id)
-            info = self._call(lib.nvmlGpuInstanceGetInfo, gi)
+            info = self._gi_info(gi)
             out.append(
                 nv.MigInstance(
                     gi_id=gi_id,
@@ -352,35 +387,44 @@ class NvmlBackend:
             gi = self._call(lib.nvmlDeviceCreateGpuInstance, handle, profile_id)
         else:
             size = profile.placements[0].size if profile.placements else 1
-            placement = lib.c_nvmlGpuInstancePlacement_t(placement_start, size)
+            placement = nvmlabi.GpuInstancePlacement(placement_start, size)
             gi = self._call(
                 lib.nvmlDeviceCreateGpuInstanceWithPlacement,
                 handle,
                 profile_id,
                 ctypes.byref(placement),
             )
-        info = self._call(lib.nvmlGpuInstanceGetInfo, gi)
+        info = self._gi_info(gi)
         return int(info.id), nv.Placement(int(info.placement.start), int(info.placement.size))
+
+    def _gi_info(self, gi: Any) -> nvmlabi.GpuInstanceInfo:
+        return self._read(nvmlabi.GpuInstanceInfo, self._call(self.lib.nvmlGpuInstanceGetInfo, gi))
 
     def create_compute_instance(self, index: int, gi_id: int) -> tuple[int, str]:
         lib, handle = self.lib, self._handle(index)
         gi = self._call(lib.nvmlDeviceGetGpuInstanceById, handle, gi_id)
-        gi_info = self._call(lib.nvmlGpuInstanceGetInfo, gi)
+        gi_info = self._gi_info(gi)
         profile = next(
             (p for p, _ in self._profiles(index) if p.id == int(gi_info.profileId)), None
         )
         if profile is None:
             raise nv.NotFound(f"GPU {index} GI {gi_id}: unknown profile {gi_info.profileId}")
-        ci_profile = self._call(
-            lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
-            gi,
-            profile.ci_profile,
-            lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+        ci_profile = self._read(
+            nvmlabi.ComputeInstanceProfileInfoV2,
+            self._call(
+                lib.nvmlGpuInstanceGetComputeInstanceProfileInfo,
+                gi,
+                profile.ci_profile,
+                lib.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED,
+            ),
         )
         ci = self._call(lib.nvmlGpuInstanceCreateComputeInstance, gi, int(ci_profile.id))
-        ci_info = self._call(lib.nvmlComputeInstanceGetInfo, ci)
+        ci_info = self._read(
+            nvmlabi.ComputeInstanceInfo, self._call(lib.nvmlComputeInstanceGetInfo, ci)
+        )
         # The CI's own device handle gives the UUID without walking every MIG slot.
-        return int(ci_info.id), str(self._call(lib.nvmlDeviceGetUUID, ci_info.device))
+        mig = self._device(ci_info.device)
+        return int(ci_info.id), str(self._call(lib.nvmlDeviceGetUUID, mig))
 
     def destroy_compute_instance(self, index: int, gi_id: int, ci_id: int) -> None:
         lib = self.lib
@@ -438,14 +482,15 @@ class NvmlBackend:
             return None
         lib = self.lib
         try:
-            data = self._call(lib.nvmlEventSetWait_v2, self._event_set, int(timeout_s * 1000))
+            raw = self._call(lib.nvmlEventSetWait_v2, self._event_set, int(timeout_s * 1000))
         except nv.Timeout:
             return None
+        data = self._read(nvmlabi.EventData, raw)
         if not int(data.eventType) & lib.nvmlEventTypeXidCriticalError:
             return None
         gi, ci = int(data.gpuInstanceId), int(data.computeInstanceId)
         return nv.NvmlEvent(
-            gpu_uuid=str(self._call(lib.nvmlDeviceGetUUID, data.device)),
+            gpu_uuid=str(self._call(lib.nvmlDeviceGetUUID, self._device(data.device))),
             xid=int(data.eventData),
             gi_id=None if gi == NO_INSTANCE else gi,
             ci_id=None if ci == NO_INSTANCE else ci,

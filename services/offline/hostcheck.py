@@ -112,6 +112,8 @@ def check(
     report: dict[str, Any] = {"node": node, "driver": be.driver_version(), "gpus": []}
     report["cuda_driver_version"] = be.cuda_driver_version()
     report["backend"] = be.name
+    # The Python binding NVML was read through (nvidia-ml-py's release), for the real backend.
+    report["binding"] = getattr(be, "binding", None)
     differences: list[str] = []
     for index in range(be.device_count()):
         real = facts(be, index)
@@ -271,7 +273,11 @@ def _missing(edits: dict[str, Any]) -> Iterator[str]:
 
 
 def _print(report: dict[str, Any]) -> None:
-    print(f"node {report['node']}: driver {report['driver']}, CUDA {report['cuda_driver_version']}")
+    binding = f", {report['binding']}" if report.get("binding") else ""
+    print(
+        f"node {report['node']}: driver {report['driver']}, "
+        f"CUDA {report['cuda_driver_version']}{binding}"
+    )
     for gpu in report["gpus"]:
         real = gpu["real"]
         print(

@@ -1,14 +1,20 @@
 """A pynvml stand-in over the simulated NVML, and the sysfs it implies.
 
-The real (pynvml) backend runs against it in unit and integration tests.
+The real (pynvml) backend runs against it in unit and integration tests. Each
+call that returns or fills a struct does what pynvml's wrapper and NVML do
+together: the struct is the binding's own class (whatever ``pynvml`` holds at
+the time, so a test can install another release's layouts), and its bytes are
+written as nvml.h lays them out (the ``struct`` formats below, from nvml.h for
+Linux's LP64 ABI), never through the binding's field names.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import struct
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pynvml
@@ -19,6 +25,35 @@ from services.discovery.models import MIB, get_model
 from services.discovery.nvml import ARCHITECTURES, BRANDS
 from services.discovery.sim import SimNvml
 
+# nvml.h's structs as NVML writes them (little-endian, LP64: pointers and
+# unsigned long long 8 bytes, natural alignment spelled out as padding).
+PCI_INFO = "<16s5I32s"  # nvmlPciInfo_t: busIdLegacy, domain, bus, device, pciDeviceId, sub, busId
+MEMORY = "<3Q"  # nvmlMemory_t: total, free, used
+GI_PROFILE_V1 = "<10IQ"  # nvmlGpuInstanceProfileInfo_t: id .. ofaCount, memorySizeMB
+GI_PROFILE_V2 = "<11I4xQ96s"  # _v2_t: version, id .. ofaCount, (pad), memorySizeMB, name
+PLACEMENT = "<2I"  # nvmlGpuInstancePlacement_t: start, size
+GI_INFO = "<Q4I"  # nvmlGpuInstanceInfo_t: device, id, profileId, placement
+CI_PROFILE_V2 = "<10I96s"  # nvmlComputeInstanceProfileInfo_v2_t: version, id .. sharedOfa, name
+CI_INFO = "<2Q4I"  # nvmlComputeInstanceInfo_t: device, gpuInstance, id, profileId, placement
+EVENT_DATA = "<3Q2I"  # nvmlEventData_t: device, eventType, eventData, gpuInstanceId, ciId
+FABRIC_INFO = "<16s2IB3x"  # nvmlGpuFabricInfo_t: clusterUuid, status, cliqueId, state (uchar)
+
+
+def nvml_writes(target: Any, payload: bytes) -> None:
+    """NVML filling ``target`` (a ctypes object) with ``payload`` from its first byte."""
+    room = ctypes.sizeof(target)
+    assert room >= len(payload), (
+        f"NVML writes {len(payload)} bytes into a {room}-byte {type(target).__name__}"
+    )
+    ctypes.memmove(ctypes.addressof(target), payload, len(payload))
+
+
+def filled(struct_type: Any, payload: bytes) -> Any:
+    """What a pynvml wrapper returns: its own struct, as NVML filled it."""
+    out = struct_type()
+    nvml_writes(out, payload)
+    return out
+
 
 class FakeNvml:
     """pynvml's C calls, answered by a simulated node."""
@@ -26,6 +61,19 @@ class FakeNvml:
     def __init__(self, sim: SimNvml) -> None:
         self.sim = sim
         self.v2_names = True
+        # Handles NVML puts into structs (nvmlDevice_t and the like) are pointers; these
+        # stand-in addresses are never dereferenced, only mapped back to the handle.
+        self._addresses: dict[tuple[Any, ...], int] = {}
+
+    def address(self, handle: tuple[Any, ...]) -> int:
+        return self._addresses.setdefault(handle, 0x1000 + 0x10 * len(self._addresses))
+
+    def _resolve(self, handle: Any) -> tuple[Any, ...]:
+        """A handle as the backend hands it back: ours, or a pointer read from a struct."""
+        if isinstance(handle, tuple):
+            return handle
+        address = ctypes.cast(handle, ctypes.c_void_p).value
+        return next(h for h, a in self._addresses.items() if a == address)
 
     def install(self, monkeypatch: pytest.MonkeyPatch) -> None:
         for name in dir(self):
@@ -67,7 +115,8 @@ class FakeNvml:
         return ("gpu", i)
 
     # devices
-    def nvmlDeviceGetUUID(self, h: tuple[Any, ...]) -> str:
+    def nvmlDeviceGetUUID(self, handle: Any) -> str:
+        h = self._resolve(handle)
         if h[0] == "mig":
             return next(m.uuid for m in self.sim.mig_devices(h[1]) if (m.gi_id, m.ci_id) == h[2:])
         return str(self._run(self.sim.uuid, h[1]))
@@ -90,21 +139,33 @@ class FakeNvml:
         major, minor = self._run(self.sim.cuda_compute_capability, h[1])
         return major, minor
 
-    def nvmlDeviceGetMemoryInfo(self, h: tuple[str, int]) -> Any:
-        return SimpleNamespace(total=self._run(self.sim.memory_total, h[1]))
+    def nvmlDeviceGetMemoryInfo(self, h: tuple[str, int], version: Any = None) -> Any:
+        assert version is None  # the v1 struct, as the backend asks
+        total = self._run(self.sim.memory_total, h[1])
+        return filled(pynvml.c_nvmlMemory_t, struct.pack(MEMORY, total, total, 0))
 
     def nvmlDeviceGetPciInfo(self, h: tuple[str, int]) -> Any:
         info = self._run(self.sim.pci_info, h[1])
-        return SimpleNamespace(
-            busId=("0000" + info.bus_id).upper().encode(),  # NVML: 8-digit domain, upper case
-            pciDeviceId=info.device_id << 16 | info.vendor_id,
+        domain, bus, rest = info.bus_id.split(":")
+        device = rest.split(".")[0]
+        payload = struct.pack(
+            PCI_INFO,
+            f"{int(domain, 16):04X}:{int(bus, 16):02X}:{int(device, 16):02X}.0".encode(),
+            int(domain, 16),
+            int(bus, 16),
+            int(device, 16),
+            info.device_id << 16 | info.vendor_id,
+            0,
+            ("0000" + info.bus_id).upper().encode(),  # NVML: 8-digit domain, upper case
         )
+        return filled(pynvml.nvmlPciInfo_t, payload)
 
     def nvmlDeviceGetGpuFabricInfo(self, h: tuple[str, int], ref: Any) -> int:
         info = self._run(self.sim.gpu_fabric_info, h[1])
-        out = ref._obj  # pynvml passes ctypes.byref(c_nvmlGpuFabricInfo_t())
-        out.clusterUuid[:] = list(uuid.UUID(info.cluster_uuid).bytes)
-        out.cliqueId, out.state, out.status = info.clique_id, info.state, info.status
+        payload = struct.pack(
+            FABRIC_INFO, uuid.UUID(info.cluster_uuid).bytes, info.status, info.clique_id, info.state
+        )
+        nvml_writes(ref._obj, payload)  # the caller passes ctypes.byref(its struct)
         return int(pynvml.NVML_SUCCESS)
 
     def nvmlDeviceGetAddressingMode(self, h: tuple[str, int]) -> int:
@@ -126,29 +187,34 @@ class FakeNvml:
         if v == 2 and not self.v2_names:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
         p = self._spec(h[1], idx)
-        info = SimpleNamespace(
-            id=p.id,
-            sliceCount=p.slices,
-            instanceCount=p.instances,
-            multiprocessorCount=p.multiprocessors,
-            copyEngineCount=p.copy_engines,
-            decoderCount=p.decoders,
-            encoderCount=p.encoders,
-            jpegCount=p.jpeg_engines,
-            ofaCount=p.ofa_engines,
-            memorySizeMB=p.memory_mib,
+        counts = (
+            p.id,
+            0,  # isP2pSupported
+            p.slices,
+            p.instances,
+            p.multiprocessors,
+            p.copy_engines,
+            p.decoders,
+            p.encoders,
+            p.jpeg_engines,
+            p.ofa_engines,
         )
-        if v == 2:
-            info.name = f"MIG {p.name}"
-        return info
+        if v == 1:
+            payload = struct.pack(GI_PROFILE_V1, *counts, p.memory_mib)
+            return filled(pynvml.c_nvmlGpuInstanceProfileInfo_t, payload)
+        version = pynvml.nvmlGpuInstanceProfileInfo_v2
+        payload = struct.pack(
+            GI_PROFILE_V2, version, *counts, p.memory_mib, f"MIG {p.name}".encode()
+        )
+        return filled(pynvml.c_nvmlGpuInstanceProfileInfo_v2_t, payload)
 
     def nvmlDeviceGetGpuInstancePossiblePlacements(
         self, h: tuple[str, int], profile_id: int, array: Any, count: Any
     ) -> int:
         profile = next(p for p in self.sim.gpu_instance_profiles(h[1]) if p.id == profile_id)
         assert count._obj.value >= len(profile.placements)
-        for slot, pl in enumerate(profile.placements):
-            array[slot].start, array[slot].size = pl.start, pl.size
+        payload = b"".join(struct.pack(PLACEMENT, pl.start, pl.size) for pl in profile.placements)
+        nvml_writes(array, payload)
         count._obj.value = len(profile.placements)
         return 0
 
@@ -177,9 +243,9 @@ class FakeNvml:
 
     def nvmlGpuInstanceGetInfo(self, gi: tuple[Any, ...]) -> Any:
         g = next(g for g in self.sim.state.gpus[gi[1]].gpu_instances if g.id == gi[2])
-        return SimpleNamespace(
-            id=g.id, profileId=g.profile_id, placement=SimpleNamespace(start=g.start, size=g.size)
-        )
+        device = self.address(("gpu", gi[1]))
+        payload = struct.pack(GI_INFO, device, g.id, g.profile_id, g.start, g.size)
+        return filled(pynvml.c_nvmlGpuInstanceInfo_t, payload)
 
     def nvmlDeviceCreateGpuInstance(self, h: tuple[str, int], profile_id: int) -> Any:
         gi_id, _ = self._run(self.sim.create_gpu_instance, h[1], profile_id, None)
@@ -188,20 +254,25 @@ class FakeNvml:
     def nvmlDeviceCreateGpuInstanceWithPlacement(
         self, h: tuple[str, int], profile_id: int, placement: Any
     ) -> Any:
-        start = placement._obj.start
+        start, _size = struct.unpack_from(PLACEMENT, bytes(placement._obj))  # as NVML reads it
         gi_id, _ = self._run(self.sim.create_gpu_instance, h[1], profile_id, start)
         return ("gi", h[1], gi_id)
 
     def nvmlGpuInstanceGetComputeInstanceProfileInfo(self, gi: Any, ci: int, eng: int) -> Any:
         assert eng == pynvml.NVML_COMPUTE_INSTANCE_ENGINE_PROFILE_SHARED
-        return SimpleNamespace(id=ci)
+        version = pynvml.nvmlComputeInstanceProfileInfo_v2
+        payload = struct.pack(CI_PROFILE_V2, version, ci, 0, 0, 0, 0, 0, 0, 0, 0, b"")
+        return filled(pynvml.c_nvmlComputeInstanceProfileInfo_v2_t, payload)
 
     def nvmlGpuInstanceCreateComputeInstance(self, gi: tuple[Any, ...], ci_profile: int) -> Any:
         ci_id, _ = self._run(self.sim.create_compute_instance, gi[1], gi[2])
         return ("ci", gi[1], gi[2], ci_id)
 
     def nvmlComputeInstanceGetInfo(self, ci: tuple[Any, ...]) -> Any:
-        return SimpleNamespace(id=ci[3], device=("mig", ci[1], ci[2], ci[3]))
+        device = self.address(("mig", ci[1], ci[2], ci[3]))
+        gpu_instance = self.address(("gi", ci[1], ci[2]))
+        payload = struct.pack(CI_INFO, device, gpu_instance, ci[3], 0, 0, 0)
+        return filled(pynvml.c_nvmlComputeInstanceInfo_t, payload)
 
     def nvmlGpuInstanceGetComputeInstanceById(self, gi: tuple[Any, ...], ci_id: int) -> Any:
         return ("ci", gi[1], gi[2], ci_id)
@@ -234,13 +305,15 @@ class FakeNvml:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_TIMEOUT)
         index = next(g.index for g in self.sim.state.gpus if g.uuid == event.gpu_uuid)
         none = 0xFFFFFFFF
-        return SimpleNamespace(
-            eventType=pynvml.nvmlEventTypeXidCriticalError,
-            eventData=event.xid,
-            gpuInstanceId=none if event.gi_id is None else event.gi_id,
-            computeInstanceId=none if event.ci_id is None else event.ci_id,
-            device=("gpu", index),
+        payload = struct.pack(
+            EVENT_DATA,
+            self.address(("gpu", index)),
+            pynvml.nvmlEventTypeXidCriticalError,
+            event.xid,
+            none if event.gi_id is None else event.gi_id,
+            none if event.ci_id is None else event.ci_id,
         )
+        return filled(pynvml.c_nvmlEventData_t, payload)
 
 
 def fake_sysfs(root: Path, sim: SimNvml) -> tuple[Path, Path]:

@@ -17,7 +17,7 @@ import pynvml
 import pytest
 
 from services.discovery import backend as nv
-from services.discovery import mig, pciids, sysfs
+from services.discovery import mig, nvmlabi, pciids, sysfs
 from services.discovery.fleet import get_fleet
 from services.discovery.inventory import scan
 from services.discovery.nvml import NvmlBackend, format_bus_id
@@ -173,4 +173,4 @@ def test_bus_id_and_sysfs_edge_cases(tmp_path: Path) -> None:
     lines = ["0x0 0x0 0x0", "0x1000 0x1fff 0x4", "0x3000 0x3fff 0x0"]
     assert sysfs.addressable_memory(lines) == 0x1000  # only the 64-bit BAR counts
     assert sysfs.addressable_memory(["0x1000 0x2fff 0xc"]) == 0x2000
-    assert ctypes.sizeof(pynvml.c_nvmlGpuInstancePlacement_t) == 8  # the struct we hand NVML
+    assert ctypes.sizeof(nvmlabi.GpuInstancePlacement) == 8  # the struct we hand NVML
