@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import ERR_FORMAT, ERR_SUFFIX, Quantity, QuantityError
+from services.core.resource import Device
 
 CANONICAL = [
     ("0", "0"),
@@ -88,3 +90,43 @@ def test_semver_parse_and_order_follow_blang() -> None:
         with pytest.raises(SemverError) as err:
             v(bad)
         assert str(err.value) == message
+
+
+# Go's AsInt64 after resource.MustParse and Add/Sub (k8s.io/apimachinery v0.37.2),
+# recorded with a small Go program: isInteger answers from how Go holds the value.
+_GO_IS_INTEGER = [
+    ("quantity('9999999999999999999999999999999999999G').isInteger()", False),
+    ("quantity('99999999999999999999').isInteger()", False),
+    ("quantity('1000m').isInteger()", False),
+    ("quantity('10E18').isInteger()", False),
+    ("quantity('9E18').isInteger()", True),
+    ("quantity('1Ei').isInteger()", False),
+    ("quantity('7Ei').isInteger()", False),
+    ("quantity('100000000000000000000m').isInteger()", False),
+    ("quantity('1').isInteger()", True),
+    ("quantity('1500m').isInteger()", False),
+    ("quantity('512Mi').isInteger()", True),
+    ("quantity('0.5Gi').isInteger()", False),
+    ("quantity('1e3').isInteger()", True),
+    ("quantity('1E-3').isInteger()", False),
+    ("quantity('9223372036854775807').add(1).sub(1).isInteger()", False),
+    ("quantity('99999999999999999999').sub(quantity('99999999999999999998')).isInteger()", False),
+    ("quantity('512Mi').add(1).sub(quantity('1')).asInteger() == 536870912", True),
+]
+
+
+@pytest.mark.parametrize(("expression", "expected"), _GO_IS_INTEGER)
+def test_is_integer_as_go(expression: str, expected: bool) -> None:
+    env = CelEnvironment()
+    selector = env.compile(expression)
+    assert selector.error is None
+    device = DeviceInput("gpu.example.com", Device(name="d"))
+    assert env.matches(selector, env.activation(device)) is expected
+
+
+def test_as_integer_of_a_decimal_fails() -> None:
+    env = CelEnvironment()
+    selector = env.compile("quantity('1Ei').asInteger() > 0")
+    device = DeviceInput("gpu.example.com", Device(name="d"))
+    with pytest.raises(CelError, match="cannot convert value to integer"):
+        env.matches(selector, env.activation(device))

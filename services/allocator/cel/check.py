@@ -227,3 +227,87 @@ def regex_edits(expression: str, tree: Node) -> list[Edit]:
             (target.end + call.start(), target.end + call.end(), ", "),
         ]
     return edits
+
+
+# Quantity arithmetic ending in isInteger()/asInteger(), with Go's representation.
+QREP, QREP_OF, QADD, QSUB, QIS_INT, QAS_INT = (
+    "__k8s_qrep",
+    "__k8s_qrep_of",
+    "__k8s_qadd",
+    "__k8s_qsub",
+    "__k8s_qisint",
+    "__k8s_qasint",
+)
+_ENDS = {"isInteger": QIS_INT, "asInteger": QAS_INT}
+_STEPS = {"add": QADD, "sub": QSUB}
+_METHOD = re.compile(r"\.\s*([A-Za-z_]+)\s*\(")
+
+
+def representation_edits(expression: str, tree: Node) -> list[Edit]:
+    """Edits that run ``R.add(a).sub(b).isInteger()`` (and ``asInteger``) on Go's
+    representation of the quantity, where ``R`` is ``quantity("<literal>")`` or the
+    chain does arithmetic.
+
+    Go answers isInteger from how the quantity is held, not its value: ``1000m``
+    (an int64 with scale -3), ``1Ei`` (parsed as a decimal) and a sum that once
+    overflowed int64 are not integers there. A Quantity value in CEL here is its
+    exact value only (equality compares it), so the chain is rewritten into
+    functions that carry the representation as a string (lib.py):
+    ``__k8s_qisint(__k8s_qsub(__k8s_qadd(__k8s_qrep("1Ei"), a), b))``.
+    """
+    edits: list[Edit] = []
+    for node in tree.walk():
+        if node.kind != "call" or node.name not in _ENDS or not node.target:
+            continue
+        if len(node.args) != 1:
+            continue
+        chain: list[Node] = [node]
+        root = node.args[0]
+        while root.kind == "call" and root.target and root.name in _STEPS and len(root.args) == 2:
+            chain.append(root)
+            root = root.args[0]
+        literal_root = (
+            root.kind == "call"
+            and not root.target
+            and root.name == "quantity"
+            and len(root.args) == 1
+            and root.args[0].kind == "lit"
+            and isinstance(root.args[0].value, str)
+        )
+        if not literal_root and len(chain) == 1:
+            continue
+        steps = _chain_edits(expression, chain)
+        if steps is None:
+            continue
+        start = root.start
+        edits += [(start, start, "".join(f"{_name(c)}(" for c in chain))]
+        if literal_root:
+            edits.append((root.start, root.start + len("quantity"), QREP))
+        else:
+            edits += [(start, start, f"{QREP_OF}("), (root.end, root.end, ")")]
+        edits += steps
+    return edits
+
+
+def _name(call: Node) -> str:
+    return _ENDS.get(call.name) or _STEPS[call.name]
+
+
+def _chain_edits(expression: str, chain: list[Node]) -> list[Edit] | None:
+    """``.add(`` -> ``, ``; ``.isInteger(`` -> nothing (its ``)`` closes the call);
+    None when a receiver is in parentheses (left alone)."""
+    edits: list[Edit] = []
+    for call in chain:
+        target = call.args[0]
+        stop = call.args[1].start if len(call.args) > 1 else call.end
+        found = _METHOD.match(expression, target.end, stop)
+        if found is None or found.group(1) != call.name:
+            return None
+        edits.append((found.start(), found.end(), ", " if call.name in _STEPS else ""))
+    return edits
+
+
+def runtime_edits(expression: str, tree: Node) -> list[Edit]:
+    """Every rewrite of the program that gives Go's answers at run time (regexes and
+    quantity representations); env.py applies them with its own."""
+    return regex_edits(expression, tree) + representation_edits(expression, tree)

@@ -276,7 +276,7 @@ class CelEnvironment:
     def _program(self, expression: str, tree: Node, checked: Any) -> Any:
         """The program to run: unknown domains read as ``{}``, and cel-go's equality
         for Semver and Quantity operands (kept out if the rewrite does not compile)."""
-        domains = _default_domain_edits(expression, tree) + celcheck.regex_edits(expression, tree)
+        domains = _default_domain_edits(expression, tree) + celcheck.runtime_edits(expression, tree)
         for edits in (domains + celcheck.equality_edits(expression, tree), domains):
             if not edits:
                 return checked

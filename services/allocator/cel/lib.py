@@ -79,6 +79,56 @@ def _sub_int(a: Any, b: int) -> Any:
     return celtypes.quantity_message(_q(a).sub(Quantity.from_int(b, "DecimalExponent")))
 
 
+def _rep(q: Quantity) -> str:
+    return f"{q.unscaled}|{q.exp}|{q.format}|{int(q.dec)}"
+
+
+def _of_rep(text: str) -> Quantity:
+    unscaled, exp, fmt, dec = text.split("|")
+    return Quantity(int(unscaled), int(exp), fmt, dec == "1")  # type: ignore[arg-type]
+
+
+def _qrep_int(rep: str, other: int, sign: int) -> str:
+    q = _of_rep(rep)
+    return _rep(q.add(Quantity.from_int(sign * other, q.format)))
+
+
+def _qrep_q(rep: str, other: Any, sign: int) -> str:
+    q, o = _of_rep(rep), _q(other)
+    return _rep(q.add(o) if sign > 0 else q.sub(o))
+
+
+def _qrep_as_integer(rep: str) -> int:
+    value = _of_rep(rep).as_int64()
+    if value is None:
+        raise ValueError("cannot convert value to integer")
+    return value
+
+
+def _representation() -> list[cel.FunctionDecl]:
+    """check.representation_edits' functions: a Quantity as Go holds it, in a string."""
+    b, i, s = T.BOOL, T.INT, T.STRING
+    return [
+        _fn(celcheck.QREP, ("k8s_qrep", s, [s], False, lambda t: _rep(Quantity.parse(t)))),
+        _fn(celcheck.QREP_OF, ("k8s_qrep_of", s, [Q], False, lambda m: _rep(_q(m)))),
+        _fn(
+            celcheck.QADD,
+            ("k8s_qadd_q", s, [s, Q], False, lambda r, o: _qrep_q(r, o, 1)),
+            ("k8s_qadd_int", s, [s, i], False, lambda r, o: _qrep_int(r, o, 1)),
+        ),
+        _fn(
+            celcheck.QSUB,
+            ("k8s_qsub_q", s, [s, Q], False, lambda r, o: _qrep_q(r, o, -1)),
+            ("k8s_qsub_int", s, [s, i], False, lambda r, o: _qrep_int(r, o, -1)),
+        ),
+        _fn(
+            celcheck.QIS_INT,
+            ("k8s_qisint", b, [s], False, lambda r: _of_rep(r).as_int64() is not None),
+        ),
+        _fn(celcheck.QAS_INT, ("k8s_qasint", i, [s], False, _qrep_as_integer)),
+    ]
+
+
 # ---------------------------------------------------------------- semver
 
 
@@ -236,7 +286,7 @@ def functions(typed_lists: bool = False) -> list[cel.FunctionDecl]:
     ``typed_lists``: without the lists extension's element-typed functions, which the
     checking environment declares from listslib.typed_config()."""
     lists = listslib.functions(typed=typed_lists)
-    return _kubernetes() + netlib.functions() + lists + formatlib.functions()
+    return _kubernetes() + _representation() + netlib.functions() + lists + formatlib.functions()
 
 
 def _kubernetes() -> list[cel.FunctionDecl]:
