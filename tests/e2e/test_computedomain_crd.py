@@ -67,6 +67,16 @@ async def test_defaults_and_the_status_subresource(api: KubeApi) -> None:
     assert stored["status"]["status"] == "Ready"
 
 
+async def test_num_nodes_is_optional_and_defaults_to_zero(api: KubeApi) -> None:
+    """As the reference's CRD: ``numNodes`` optional, default 0, minimum 0."""
+    body = domain("cd-no-count")
+    del body["spec"]["numNodes"]
+    made = json.loads(await api.create(PATH, body))
+    assert made["spec"]["numNodes"] == 0
+    zero = json.loads(await api.create(PATH, domain("cd-zero-count", numNodes=0)))
+    assert zero["spec"]["numNodes"] == 0
+
+
 async def test_the_spec_is_immutable(api: KubeApi) -> None:
     await api.create(PATH, domain("cd-immutable"))
     body = {"spec": {"numNodes": 3}}

@@ -68,14 +68,21 @@ class Env:
                 await self.task
         self.task = None
 
-    async def domain(self, name: str, num_nodes: int = 2, template: str = "") -> dict[str, Any]:
+    async def domain(
+        self, name: str, num_nodes: int | None = 2, template: str = ""
+    ) -> dict[str, Any]:
+        """Create a domain; ``num_nodes=None`` leaves numNodes out (the CRD defaults it)."""
+        spec: dict[str, Any] = {
+            "channel": {"resourceClaimTemplate": {"name": template or f"{name}-channel"}}
+        }
+        if num_nodes is not None:
+            spec["numNodes"] = num_nodes
         body = {
             "apiVersion": "resource.nvidia.com/v1beta1",
             "kind": "ComputeDomain",
             "metadata": {"name": name, "namespace": "default"},
-            "spec": {"numNodes": num_nodes,
-                     "channel": {"resourceClaimTemplate": {"name": template or f"{name}-channel"}}},
-        }  # fmt: skip
+            "spec": spec,
+        }
         return dict(json.loads(await self.api.create(cd.domains_path("default"), body)))
 
     async def get(self, path: str) -> dict[str, Any] | None:
@@ -183,6 +190,26 @@ async def test_status_follows_the_members_readiness(env: Env) -> None:
     assert {n["name"]: n["index"] for n in after["nodes"]} == {
         n["name"]: n["index"] for n in status["nodes"]
     }
+
+
+async def test_a_domain_without_num_nodes_is_ready_while_every_member_is(env: Env) -> None:
+    """numNodes left out: the CRD defaults it to 0, as the reference's does, and the
+    status is the reference's for 0 (calculateGlobalStatus): Ready with no member yet,
+    NotReady while a member that joined is not Ready."""
+    await env.start()
+    made = await env.domain("cd-zero", num_nodes=None)
+    assert made["spec"]["numNodes"] == 0
+    uid = made["metadata"]["uid"]
+
+    async def status_is(want: str, count: int) -> bool:
+        status = await status_of(env, "cd-zero")
+        return status.get("status") == want and len(status.get("nodes", [])) == count
+
+    await until(lambda: status_is("Ready", 0))
+    await env.join(uid, NODES[0])
+    await until(lambda: status_is("NotReady", 1))
+    await env.join(uid, NODES[0], "Ready")
+    await until(lambda: status_is("Ready", 1))
 
 
 async def test_concurrent_joins_lose_no_peer_and_indices_are_unique(env: Env) -> None:

@@ -196,6 +196,11 @@ def test_the_compute_domain_crd_in_the_chart_is_the_deploy_file() -> None:
     assert crd["metadata"]["name"] == "computedomains.resource.nvidia.com"
     (version,) = crd["spec"]["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1beta1", True, True)
+    # numNodes as in the reference's CRD (+kubebuilder:default:=0, Minimum=0, Optional).
+    spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    assert spec["required"] == ["channel"]
+    num_nodes = spec["properties"]["numNodes"]
+    assert (num_nodes["type"], num_nodes["default"], num_nodes["minimum"]) == ("integer", 0, 0)
 
 
 def _subcommands() -> dict[str, argparse.ArgumentParser]:
