@@ -118,10 +118,24 @@ def test_good_configs_and_templates_are_admitted(cluster: ControlPlane) -> None:
         "sharing": {"strategy": "MPS", "mpsConfig": mps},
     }
     assert apply(cluster, badconfigs.claim("default", "good", good)).returncode == 0
+    # Read as the reference's decoder reads them (resource.Quantity, Go's null string).
+    as_go = [
+        {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+            "defaultPinnedDeviceMemoryLimit": 1.5e9}}},
+        {"apiVersion": API, "kind": "GpuConfig", "sharing": {"strategy": "MPS", "mpsConfig": {
+            "defaultPinnedDeviceMemoryLimit": " 2Gi "}}},
+        {"apiVersion": API, "kind": "VfioDeviceConfig", "iommu": {"backendPolicy": None}},
+    ]  # fmt: skip
+    for i, params in enumerate(as_go):
+        proc = apply(cluster, badconfigs.claim("default", f"as-go-{i}", params))
+        assert proc.returncode == 0, (params, proc.stderr)
     channel = {"apiVersion": API, "kind": CHANNEL, "domainID": "5f0c", "allocationMode": "All"}
     cd = badconfigs.claim("default", "good-cd", channel)
     cd["spec"]["devices"]["config"][0]["opaque"]["driver"] = "compute-domain.nvidia.com"
     assert apply(cluster, cd).returncode == 0
+    unset = badconfigs.claim("default", "good-cd-unset", {**channel, "allocationMode": ""})
+    unset["spec"]["devices"]["config"][0]["opaque"]["driver"] = "compute-domain.nvidia.com"
+    assert apply(cluster, unset).returncode == 0
     template = {
         "apiVersion": "resource.k8s.io/v1",
         "kind": "ResourceClaimTemplate",
