@@ -104,6 +104,36 @@ def node_devices() -> list[Device]:
     ]
 
 
+# ------------------------------------------------------------------ binding conditions
+# On every channel device where the API server keeps them (Kubernetes 1.36+, gates
+# DRADeviceBindingConditions and DRAResourceClaimDeviceStatus): the scheduler binds a
+# channel claim's pod to a node only once the claim's status.devices entry says
+# IMEX_DOMAIN_READY True (the controller sets it when the node's IMEX daemon is Ready,
+# services/domains/binding.py), and gives the node up when IMEX_DOMAIN_FAILED is True.
+# The daemon device has none: its pod is what makes the domain Ready.
+IMEX_DOMAIN_READY = f"{CD_DRIVER}/IMEXDomainReady"
+IMEX_DOMAIN_FAILED = f"{CD_DRIVER}/IMEXDomainFailed"
+
+
+def with_binding_conditions(devices: Sequence[Device]) -> list[Device]:
+    """``devices`` with the binding conditions on each channel device (copies)."""
+    return [
+        msgspec.structs.replace(
+            d,
+            binding_conditions=[IMEX_DOMAIN_READY],
+            binding_failure_conditions=[IMEX_DOMAIN_FAILED],
+        )
+        if _is_channel(d)
+        else d
+        for d in devices
+    ]
+
+
+def _is_channel(device: Device) -> bool:
+    kind = (device.attributes or {}).get(ATTR_TYPE)
+    return kind is not None and kind.string == CHANNEL_TYPE
+
+
 def device_type(device_name: str) -> DeviceType:
     """The type of one of our device names; ValueError for a name that is none of them."""
     if device_name == DAEMON_DEVICE:

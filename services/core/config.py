@@ -139,6 +139,17 @@ def add_compute_domains_flag(parser: argparse.ArgumentParser, help: str) -> None
     )
 
 
+def add_api_feature_flag(parser: argparse.ArgumentParser, flag: str, help: str) -> None:
+    """``--<flag> auto|on|off``: a write gpudra makes only where the API server supports
+    it (services.core.claimstatus.wanted: ``auto`` asks the server's version)."""
+    parser.add_argument(
+        f"--{flag}",
+        choices=("auto", "on", "off"),
+        default=env(flag, "auto"),
+        help=help,
+    )
+
+
 def _positive_int(value: str) -> int:
     try:
         number = int(value)

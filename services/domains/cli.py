@@ -3,6 +3,7 @@
 gpudra domains [--kubeconfig F] [--namespace gpudra] [--daemon-image IMAGE]
                [--daemon-nats-ca-secret SECRET] [--daemon-env NAME=value]
                [--status-batch 0.1] [--sweep-interval 600]
+               [--binding-conditions auto|on|off]
 """
 
 from __future__ import annotations
@@ -79,6 +80,13 @@ def register(subparsers: Any) -> None:
         type=positive,
         default=positive(config.env("status-batch", "0.1")),
         help="seconds a status write waits to take several membership changes at once",
+    )
+    config.add_api_feature_flag(
+        parser,
+        "binding-conditions",
+        "set the binding conditions of channel claims (compute-domain.nvidia.com/"
+        "IMEXDomainReady, IMEXDomainFailed) so that a pod binds only where its IMEX domain is "
+        "Ready: auto on Kubernetes 1.36+; give the publisher the same value",
     )
     parser.add_argument(
         "--sweep-interval",
@@ -157,6 +165,7 @@ async def _serve(args: argparse.Namespace) -> None:
         ),
         batch_s=args.status_batch,
         sweep_s=args.sweep_interval,
+        binding_conditions=args.binding_conditions,
     )
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="domains", identity=Identity(Role.DOMAINS))

@@ -13,4 +13,9 @@ STATUS_WRITES = Counter(
     "gpudra_domains_status_writes_total", "ComputeDomain status writes (one per changed status)."
 )
 MEMBERS = Gauge("gpudra_domains_members", "Member keys seen in the domains bucket.")
+BINDING_WRITES = Counter(
+    "gpudra_domains_binding_writes_total",
+    "Channel claims' binding conditions written, by what they say (waiting, ready, failed).",
+    ["state"],
+)
 SWEPT = Counter("gpudra_domains_swept_total", "Deleted domains whose leftovers were swept.")

@@ -5,7 +5,10 @@ down), the ``domains`` bucket's member and index keys (indices to give, a status
 to write). Two workers drain the marks: one reconciles objects, one writes
 statuses, several domains' changes at once after ``batch_s`` (a daemon joining
 rewrites one status, not one per peer). A periodic sweep removes what a deleted
-domain left behind (templates, DaemonSets, node labels, bucket keys).
+domain left behind (templates, DaemonSets, node labels, bucket keys). Where the
+API server has binding conditions, a claim informer feeds the binder
+(services/domains/binding.py), which tells the scheduler when a channel claim's
+node is Ready in its domain.
 """
 
 from __future__ import annotations
@@ -16,13 +19,15 @@ from dataclasses import dataclass
 
 import msgspec
 
+from services.core import claimstatus, subjects
 from services.core import computedomain as cd
-from services.core import subjects
+from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
 from services.core.informer import Informer
 from services.core.kube import ApiError, KubeApi
 from services.core.schemas import DomainIndex, DomainMember, DomainStatusEvent
 from services.domains import metrics
+from services.domains.binding import CLAIMS_PATH, Binder, BoundClaim
 from services.domains.events import DomainEvents
 from services.domains.kubeobjects import Conflict, KubeObjects
 from services.domains.membership import Membership, domain_status
@@ -39,6 +44,8 @@ class ControllerConfig:
     batch_s: float = 0.1  # status writes wait this long to take several changes at once
     retry_s: float = 2.0
     sweep_s: float = 600.0
+    # Channel claims' binding conditions (binding.py): auto (Kubernetes 1.36+), on, off.
+    binding_conditions: str = "auto"
 
 
 class Controller:
@@ -55,6 +62,11 @@ class Controller:
         self._wake_objects = asyncio.Event()
         self._wake_statuses = asyncio.Event()
         self.written: dict[str, DomainStatus] = {}  # uid -> the status last written
+        self.binder = Binder(api, self.by_uid, self.member, self.events, config.retry_s)
+        self.claims: Informer[BoundClaim] = Informer(
+            api, "resourceclaims", CLAIMS_PATH, BoundClaim, on_change=self.binder.claim_changed
+        )
+        self.binding: bool | None = None  # decided at start (binding_conditions)
 
     # ---------------------------------------------------------------- inputs
 
@@ -62,6 +74,7 @@ class Controller:
         domain = new or old
         assert domain is not None
         self._mark_objects(domain.key)
+        self.binder.domain_changed(domain.uid)
         if new is not None:
             if new.status != self.written.get(new.uid):
                 self.written.pop(new.uid, None)  # someone else wrote it: write ours again
@@ -77,6 +90,9 @@ class Controller:
 
     def by_uid(self, uid: str) -> ComputeDomain | None:
         return next((d for d in self.informer.items.values() if d.uid == uid), None)
+
+    def member(self, uid: str, node: str) -> DomainMember | None:
+        return self.membership.members.get(uid, {}).get(node)
 
     async def load_membership(self) -> None:
         """Every key of the bucket, before anything is decided (indices stay unique)."""
@@ -114,6 +130,7 @@ class Controller:
         if member:
             assert value is None or isinstance(value, DomainMember)
             self.membership.set_member(uid, node, value)
+            self.binder.member_changed(uid, node)
         else:
             assert value is None or isinstance(value, DomainIndex)
             self.membership.set_index(uid, node, value)
@@ -256,9 +273,40 @@ class Controller:
         listing = await self.api.list(cd.domains_path(), {})
         return {msgspec.json.decode(raw, type=Listed).metadata.uid for raw in listing.items}
 
+    # ---------------------------------------------------------------- binding conditions
+
+    async def decide_binding(self) -> bool:
+        """Whether to follow claims: ``binding_conditions`` on, or auto on a 1.36+ server."""
+        mode = self.config.binding_conditions
+        if mode != "auto":
+            return mode == "on"
+        backoff = Backoff()
+        while True:
+            try:
+                minor = await claimstatus.server_minor(self.api)
+                break
+            except ApiError as exc:
+                log.warning("API server version unknown; retrying", extra={"error": str(exc)})
+                await backoff.sleep()
+        return claimstatus.wanted(mode, minor)
+
+    async def follow_claims(self) -> None:
+        """Claims, once the domains are known (a claim of a domain not seen yet would
+        otherwise be failed as naming none)."""
+        self.binding = await self.decide_binding()
+        log.info("binding conditions", extra={"on": self.binding,
+                                              "mode": self.config.binding_conditions})  # fmt: skip
+        if not self.binding:
+            return
+        await self.informer.synced.wait()
+        async with asyncio.TaskGroup() as group:
+            group.create_task(self.claims.run())
+            group.create_task(self.binder.run())
+
     async def run(self) -> None:
         await self.load_membership()
         async with asyncio.TaskGroup() as group:
+            group.create_task(self.follow_claims())
             group.create_task(self._say_synced())
             group.create_task(self.informer.run())
             group.create_task(self.follow_members())

@@ -63,6 +63,7 @@ class Settings:
     checkpoint_recovery: Recovery = DEFAULT_RECOVERY
     shares: SharesMode = DISABLED
     compute_domains: bool = False  # also prepare compute-domain.nvidia.com claims
+    claim_device_status: str = "auto"  # status.devices of GPU claims: auto (1.36+), on, off
 
 
 def plugin_dir(kubelet_root: Path) -> Path:
@@ -238,6 +239,10 @@ async def run(settings: Settings) -> int:
     report = await engine.recover()
     log.info("recovered", extra={"node": settings.node, **report})
     service = PreparerService(bus, engine, settings.node)
+    if api is not None and settings.claim_device_status != "off":
+        from services.preparer.devicestatus import DeviceStatusWriter
+
+        service.device_status = DeviceStatusWriter(api, store, settings.claim_device_status)
     domain_service = None
     if settings.compute_domains:
         domain_service, gate_api = await _domain_service(

@@ -73,6 +73,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "also prepare compute-domain.nvidia.com claims (node label, readiness, IMEX "
         "channels, daemon edits); needs the API server for ComputeDomains and this node",
     )
+    config.add_api_feature_flag(
+        parser,
+        "claim-device-status",
+        "write each prepared GPU claim's status.devices (a Ready condition, the GPU or MIG "
+        "device UUID, PCI bus id, sharing) through the API server: auto on Kubernetes 1.36+, "
+        "where it may write only claims allocated to this node",
+    )
     parser.add_argument(
         "--trust-claims-bucket",
         action="store_true",
@@ -124,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         faults=crash,
         checkpoint_recovery=args.checkpoint_recovery,
         compute_domains=args.compute_domains,
+        claim_device_status=args.claim_device_status,
         shares=config.consumable_shares(args, "preparer"),
     )
     return runner.run("preparer", args, run(settings))

@@ -39,6 +39,7 @@ from services.core.schemas import (
     NodeRequest,
 )
 from services.preparer.checkpoint import CheckpointStore, ClaimEntry
+from services.preparer.devicestatus import DeviceStatusWriter
 from services.preparer.engine import Outcome
 from services.preparer.holdings import HoldingsPublisher
 from services.preparer.spanfacts import claim_facts
@@ -214,12 +215,16 @@ class PreparerService:
         )
         self._names = {op: _Names.of(op, node, driver) for op in ("prepare", "unprepare")}
         self._holdings_due: asyncio.TimerHandle | None = None
+        # status.devices of the claims (GPU driver only), told with the holdings
+        self.device_status: DeviceStatusWriter | None = None
 
     async def start(self) -> None:
         if self._own_events:
             self.events.start()
         if self.holdings is not None:
             self.holdings.start()
+        if self.device_status is not None:
+            self.device_status.start()
         front = Identity(Role.FRONT, self.node)  # the only one whose requests we answer
         await self.bus.serve(
             subjects.node_prepare(self.node, self.driver),
@@ -241,6 +246,8 @@ class PreparerService:
             self._holdings_due.cancel()
         if self.holdings is not None:
             await self.holdings.close()
+        if self.device_status is not None:
+            await self.device_status.close()
         if self._own_events:
             await self.events.close()
 
@@ -310,6 +317,8 @@ class PreparerService:
         self._holdings_due = None
         if self.holdings is not None:
             self.holdings.changed()
+        if self.device_status is not None:  # after the reply, with the burst it ended
+            self.device_status.changed()
 
     async def _one(
         self,

@@ -96,6 +96,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "also publish the compute-domain.nvidia.com slices (channel-0, daemon-0) of every "
         "node where that driver's kubelet plugin is registered",
     )
+    config.add_api_feature_flag(
+        parser,
+        "binding-conditions",
+        "with --compute-domains: bindingConditions on the channel devices, so that a pod "
+        "binds only where its IMEX domain is Ready (gpudra domains sets them; give it the "
+        "same value): auto on Kubernetes 1.36+",
+    )
     parser.set_defaults(func=_run)
 
 
@@ -138,6 +145,7 @@ async def _serve(args: argparse.Namespace) -> None:
         force_registered=args.force_registered,
         workers=args.workers,
         resync_s=args.resync_interval,
+        binding_conditions=args.binding_conditions,
     )
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))

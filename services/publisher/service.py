@@ -27,8 +27,8 @@ from typing import TypeVar
 import msgspec
 from opentelemetry import trace
 
+from services.core import claimstatus, domainnode, featuregates, nvidia, subjects, tracing
 from services.core import computedomain as cd
-from services.core import featuregates, nvidia, subjects, tracing
 from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
 from services.core.informer import watch_forever
@@ -48,7 +48,6 @@ from services.publisher.render import (
     RenderError,
     RenderOptions,
     SliceContent,
-    fabric_error,
     render_contents,
     render_domain_contents,
 )
@@ -71,6 +70,9 @@ class PublisherConfig:
     # (channel-0 and daemon-0 on every node with an inventory where its plugin is registered).
     driver: str = nvidia.DRIVER_NAME
     workers: int = DEFAULT_WORKERS
+    # compute-domain.nvidia.com only: binding conditions on the channel devices
+    # (services/domains/binding.py): auto (Kubernetes 1.36+), on, off.
+    binding_conditions: str = "auto"
     resync_s: float = 600.0
     retry_failed_s: float = 5.0
 
@@ -101,6 +103,7 @@ class Publisher:
         self._wake = asyncio.Event()
         # Which nodes this replica publishes (all, unless replicas share them: shards.py).
         self.owns: Callable[[str], bool] = lambda _node: True
+        self.binding_conditions = False  # decided in run() from the server's version
 
     def take(self, is_mine: Callable[[str], bool]) -> None:
         """Nodes for which ``is_mine`` just became true: look at them afresh and sync."""
@@ -216,13 +219,16 @@ class Publisher:
         if self.config.driver == cd.CD_DRIVER:
             gates = self.config.render.gates
             contents = render_domain_contents(inventory, gates)
+            if contents is not None and self.binding_conditions:
+                contents = [
+                    SliceContent(cd.with_binding_conditions(c.devices or []), c.shared_counters)
+                    for c in contents
+                ]
             if contents is None:
-                strict = gates.enabled(featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS)
                 log.warning(
-                    "no compute-domain pool for the node: its NVLink fabric names no one clique",
-                    extra={"node": inventory.node, "reason": fabric_error(inventory, strict),
-                           featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS: strict},
-                )  # fmt: skip
+                    "no compute-domain pool for the node: it cannot serve the driver",
+                    extra={"node": inventory.node, "reason": domainnode.refusal(inventory, gates)},
+                )
             return contents
         holdings = self.holdings.get(inventory.node, NO_HOLDINGS)
         return render_contents(inventory, self.config.render, holdings)
@@ -422,6 +428,11 @@ class Publisher:
         """Serve until cancelled."""
         if self.config.kube_minor is None:
             self.config.kube_minor = await self._server_minor()
+        if self.config.driver == cd.CD_DRIVER:
+            mode, minor = self.config.binding_conditions, self.config.kube_minor
+            self.binding_conditions = claimstatus.wanted(mode, minor)
+            extra = {"on": self.binding_conditions, "mode": mode, "kube_minor": minor}
+            log.info("binding conditions on channel devices", extra=extra)
         render = self.config.render
         self.config.render = RenderOptions(
             gates=render.gates,
