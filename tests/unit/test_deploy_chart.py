@@ -89,6 +89,18 @@ KEYGEN = {
     ("", "configmaps", "update", ("auth-public",)),
 }
 NEVER = {"*", "escalate", "bind", "impersonate", "deletecollection"}
+# Claim status writes (Kubernetes 1.36+, the chart's default KUBE_VERSION): each component
+# only its own driver's status.devices entries, the preparer only on its own node's claims.
+CLAIM_DEVICE_STATUS = {
+    ("resource.k8s.io", "resourceclaims/status", "patch"),
+    ("resource.k8s.io", "resourceclaims/driver", "associated-node:patch"),
+}
+BINDING_CONDITIONS = {
+    *(("resource.k8s.io", "resourceclaims", v) for v in ("list", "watch")),
+    ("resource.k8s.io", "resourceclaims/status", "patch"),
+    ("resource.k8s.io", "resourceclaims/driver", "arbitrary-node:patch"),
+}
+DRIVER_RULES = {"preparer": nvidia.DRIVER_NAME, "domains": computedomain.CD_DRIVER}
 
 
 def _values() -> dict[str, Any]:
@@ -423,6 +435,8 @@ VARIANTS: dict[str, dict[str, object]] = {
                                                                    "kind": "ClusterIssuer"}},
     "preparer-without-api": {"rbac.rules.preparer": [], "node.preparer.trustClaimsBucket": True},
     "no-compute-domains": {"computeDomains.enabled": False},
+    "no-claim-status-writes": {"node.preparer.claimDeviceStatus": "off",
+                               "computeDomains.bindingConditions": "off"},
     # One node whose pods have only a loopback (tests/e2e/test_chart_install.py).
     "host-network": {
         "hostNetwork": True, "apiServer": {"host": "127.0.0.1", "port": "16443"},
@@ -497,7 +511,17 @@ def test_rendered_rbac_is_the_least_privilege_table(
             ("", "nodes", "get"),
             ("", "nodes", "patch"),
         }
+    if "preparer" in expected and VARIANTS[variant].get("node.preparer.claimDeviceStatus") != "off":
+        expected["preparer"] = expected["preparer"] | CLAIM_DEVICE_STATUS
+    if "domains" in expected and VARIANTS[variant].get("computeDomains.bindingConditions") != "off":
+        expected["domains"] = expected["domains"] | BINDING_CONDITIONS
     assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in roles.items()} == expected
+    for name, role in roles.items():  # resourceclaims/driver: the component's own driver only
+        for rule in role["rules"]:
+            if "resourceclaims/driver" in rule["resources"]:
+                component = name.removeprefix(f"{full}-")
+                assert rule["resources"] == ["resourceclaims/driver"], rule
+                assert rule["resourceNames"] == [DRIVER_RULES[component]], rule
     bindings = objects_by_kind(docs, "ClusterRoleBinding")
     assert set(bindings) == set(roles)
     for name, binding in bindings.items():
@@ -530,6 +554,40 @@ def test_rendered_rbac_is_the_least_privilege_table(
             has_api = spec["automountServiceAccountToken"] or bool(mounted & api_volumes)
             if has_api:
                 assert spec["serviceAccountName"] in with_rules, (workload, container["name"])
+
+
+@pytest.mark.parametrize(
+    ("kube_version", "mode", "on"),
+    [("1.37.2", "auto", True), ("1.36.3", "auto", True), ("1.35.8", "auto", False),
+     ("1.34.4", "auto", False), ("1.37.2", "off", False), ("1.35.8", "on", True)],
+)  # fmt: skip
+def test_claim_status_writes_follow_the_cluster_version(
+    chart_helm: Helm, kube_version: str, mode: str, on: bool
+) -> None:
+    """Below 1.36 patch on resourceclaims/status would let a node rewrite any claim's
+    allocation: auto grants it (and tells the binaries to write) only from 1.36, where the
+    API server checks resourceclaims/driver per driver and node."""
+    values = {"node.preparer.claimDeviceStatus": mode, "computeDomains.bindingConditions": mode}
+    docs = chart_helm.template(values, namespace=NAMESPACE, extra=["--kube-version", kube_version])
+    roles = objects_by_kind(docs, "ClusterRole")
+    assert (CLAIM_DEVICE_STATUS <= _grants(roles["gpudra-preparer"]["rules"])) is on
+    assert (BINDING_CONDITIONS <= _grants(roles["gpudra-domains"]["rules"])) is on
+    if not on:
+        for role in roles.values():
+            assert not {r for _, r, _ in _grants(role["rules"])} & {"resourceclaims/status"}
+    said = {
+        (workload, var["name"]): var["value"]
+        for workload, template in pod_specs(docs).items()
+        for container in _containers_of(template["spec"])
+        for var in container.get("env", [])
+        if var["name"] in ("GPUDRA_CLAIM_DEVICE_STATUS", "GPUDRA_BINDING_CONDITIONS")
+    }
+    want = "on" if on else "off"
+    assert said == {
+        ("gpudra-node", "GPUDRA_CLAIM_DEVICE_STATUS"): want,
+        ("gpudra-publisher", "GPUDRA_BINDING_CONDITIONS"): want,
+        ("gpudra-domains", "GPUDRA_BINDING_CONDITIONS"): want,
+    }
 
 
 def _matches(selector: dict[str, Any], labels: dict[str, str]) -> bool:

@@ -216,3 +216,19 @@ annotations:
   prometheus.io/path: /metrics
 {{- end }}
 {{- end -}}
+
+{{/*
+Claim status writes that are safe only where the API server authorizes them per driver
+and node (Kubernetes 1.36+, resourceclaims/driver): "on" or "off", from a value that is
+on, off or auto (auto: on from 1.36). The chart grants the RBAC and the binaries get the
+same answer, so they never disagree. (list $ value)
+*/}}
+{{- define "gpudra.claimStatusWrites" -}}
+{{- $root := index . 0 -}}
+{{- $value := index . 1 | toString -}}
+{{- if or (eq $value "on") (and (eq $value "auto") (semverCompare ">=1.36-0" $root.Capabilities.KubeVersion.Version)) -}}
+on
+{{- else -}}
+off
+{{- end -}}
+{{- end }}
