@@ -417,11 +417,32 @@ def _device(device: Device, path: str) -> list[str]:
     for name, attribute in (device.attributes or {}).items():
         where = f"{path}.attributes[{name}]"
         errors += _qualified_name(name, where)
-        values = [
+        values: list[object] = [
             v
             for v in (attribute.int_, attribute.bool_, attribute.string, attribute.version)
             if v is not None
         ]
+        # 1.36+ list values (DRAListTypeAttributes; dropped on create with the gate off).
+        for kind, items in (
+            ("bools", attribute.bools),
+            ("ints", attribute.ints),
+            ("strings", attribute.strings),
+            ("versions", attribute.versions),
+        ):
+            if items is None:
+                continue
+            values.append(items)
+            if not items:
+                errors.append(invalid(f"{where}.{kind}", items, "must not be empty if specified"))
+            for i, item in enumerate(items if kind == "versions" else []):
+                if not _SEMVER.match(str(item)):
+                    errors.append(
+                        invalid(
+                            f"{where}.versions[{i}]",
+                            item,
+                            "must be a string compatible with semver.org spec 2.0.0",
+                        )
+                    )
         if attribute.version is not None and not _SEMVER.match(attribute.version):
             errors.append(
                 invalid(
