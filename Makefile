@@ -4,7 +4,8 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
-.PHONY: venv up test lint fmt typecheck unit integration e2e e2e-real controlplane jaeger containerd \
+.PHONY: venv up test lint fmt typecheck unit integration e2e e2e-real controlplane controlplanes \
+	jaeger containerd \
 	node-packages realnode helm image bench clean proto pciids
 
 venv: $(STAMP)
@@ -36,16 +37,23 @@ unit: venv helm
 integration: venv helm image
 	$(BIN)/pytest tests/integration
 
-e2e: venv controlplane jaeger realnode helm image
+e2e: venv controlplanes jaeger realnode helm image
 	$(BIN)/pytest tests/e2e
 
 # Only the e2e tests on real nodes (real kubelet, containerd, runc, containers).
 e2e-real: venv controlplane realnode helm image
 	$(BIN)/pytest tests/e2e -m realnode
 
-# The Go control plane for e2e (cached outside the repo, keyed by its inputs).
+# The Go control plane for e2e (cached outside the repo, keyed by its inputs): Kubernetes
+# 1.37, the default.
 controlplane:
 	services/local/controlplane/build.sh
+
+# The compatibility tier's control planes, 1.34, 1.35 and 1.36 (cached the same way), which
+# tests/e2e/test_kube_versions.py and the 1.35 differential tests run.
+KUBE_COMPAT ?= 1.34 1.35 1.36
+controlplanes: controlplane
+	@for v in $(KUBE_COMPAT); do services/local/controlplane/build.sh --version $$v || exit 1; done
 
 # Jaeger v2 for the traced e2e test and `gpudra up --jaeger` (cached the same way).
 jaeger:
@@ -85,7 +93,7 @@ node-packages:
 # at once nearly halve the wall time on two cores; tests/conftest.py says what runs together.
 TEST_WORKERS ?= 2
 
-test: lint typecheck controlplane jaeger realnode helm image pciids
+test: lint typecheck controlplanes jaeger realnode helm image pciids
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 # Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset

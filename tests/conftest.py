@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shutil
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,13 +67,32 @@ async def bus(nats_server: NatsServer) -> AsyncIterator[Bus]:
         await client.close()
 
 
-@pytest.fixture(scope="session")
-def controlplane_binary() -> Path:
-    """The multi-call binary from services/local/controlplane/build.sh (cached)."""
+def _controlplane(version: str | None = None) -> Path:
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
         # build.sh can still answer from its cache without a toolchain.
         try:
-            return build_controlplane()
+            return build_controlplane(version=version)
         except ControlPlaneError as e:
             pytest.skip(f"no Go toolchain and no cached control-plane binary: {e}")
-    return build_controlplane()
+    return build_controlplane(version=version)
+
+
+@pytest.fixture(scope="session")
+def controlplane_binary() -> Path:
+    """The multi-call binary from services/local/controlplane/build.sh (cached): the
+    default Kubernetes release, 1.37."""
+    return _controlplane()
+
+
+@pytest.fixture(scope="session")
+def controlplane_for() -> Callable[[int], Path]:
+    """``controlplane_for(35)``: the multi-call binary of Kubernetes 1.35 (34 to 37), built
+    on first use (build.sh --version) and cached like the default."""
+    built: dict[int, Path] = {}
+
+    def binary(minor: int) -> Path:
+        if minor not in built:
+            built[minor] = _controlplane(f"1.{minor}")
+        return built[minor]
+
+    return binary

@@ -2,6 +2,7 @@
 
     gpudra up [--workdir DIR] [--no-examples] [--examples DIR] [--timeout 180]
               [--exit-after-demo] [--feature-gates G=true,...] [--jaeger] [--real-nodes]
+              [--kube-version 1.N]
 
 Starts embedded NATS, a real Kubernetes control plane (built by
 services/local/controlplane/build.sh, so it runs from a source checkout), two
@@ -13,6 +14,10 @@ An example with a ComputeDomain (a two-node IMEX job) adds two ``gb200-nvl72``
 nodes of one NVLink clique, ``gpu-node-gb200-1`` and ``-2``, whose IMEX daemon pods
 run as local processes; on real nodes such examples are left out.
 Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
+
+``--kube-version`` runs another Kubernetes release than the default 1.37: 1.34, 1.35
+or 1.36, the compatibility tier (each built from the Go module proxy on first use
+and cached); the allocator's explanations follow the release it runs.
 
 ``--jaeger`` also starts Jaeger v2 (built by services/local/jaeger/build.sh,
 in-memory storage) first, every gpudra process exports its spans to it, and
@@ -100,6 +105,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "and cgroups; otherwise kubelet-dra, saying why)",
     )
     parser.add_argument(
+        "--kube-version",
+        default=config.env("kube_version", "") or None,
+        metavar="1.N",
+        help="the Kubernetes release to run: 1.37 (default), or 1.34, 1.35, 1.36 (built on "
+        "first use and cached)",
+    )
+    parser.add_argument(
         "--no-webhook",
         action="store_true",
         help="do not run gpudra webhook (bad configs are then refused only at prepare)",
@@ -133,7 +145,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"gpudra up: {exc}", file=sys.stderr)
             return 2
     gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
-    tools = _real_node_tools() if args.real_nodes else None
+    tools = _real_node_tools(args.kube_version) if args.real_nodes else None
     if tools is not None:  # real nodes: none in an NVLink fabric (docs/computedomains.md)
         for example in [e for e in examples if e.domains]:
             _say(f"{example.name}: left out on real nodes (ComputeDomains need simulated nodes)")
@@ -148,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
             jaeger=args.jaeger,
             real_nodes=tools is not None,
             node_tools=tools,
+            kube_version=args.kube_version,
             webhook=not args.no_webhook,
         )
     except stacks.StackError as exc:
@@ -180,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
 
 
-def _real_node_tools() -> NodeTools | None:
+def _real_node_tools(args_version: str | None) -> NodeTools | None:
     """The real nodes' binaries (containerd built if needed), or None after saying
     why real nodes cannot run here."""
     from services.local import node
@@ -189,7 +202,8 @@ def _real_node_tools() -> NodeTools | None:
     reason = node.unavailable()
     if reason is None:
         try:
-            return node.NodeTools.find(build_controlplane())
+            binary = build_controlplane(version=args_version)
+            return node.NodeTools.find(binary, hooks_from=build_controlplane())
         except (node.NodeError, ControlPlaneError) as exc:
             reason = str(exc)
     _say(f"gpudra up: --real-nodes: {reason}; running kubelet-dra instead (no containers)")
@@ -205,7 +219,10 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     _say(f"stack up after {time.monotonic() - started:.1f}s:")
     _say(f"  nats            {stack.nats.url} (TLS, CA {stack.nats.access.ca})")
     _say(f"                  one identity per component: {stack.nats.access.users}/*.nk")
-    _say(f"  kube-apiserver  {stack.cp.server} (+ etcd, kube-scheduler, kube-controller-manager)")
+    _say(
+        f"  kube-apiserver  {stack.cp.server}, Kubernetes {stack.cp.kube_version} "
+        "(+ etcd, kube-scheduler, kube-controller-manager)"
+    )
     kubelet = "containerd, kubelet (real containers)" if stack.real_nodes else "kubelet-dra"
     for node in stack.nodes.values():
         _say(

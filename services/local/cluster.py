@@ -1,4 +1,5 @@
-"""A real Kubernetes 1.35 control plane on 127.0.0.1, for `gpudra up` and the e2e tests.
+"""A real Kubernetes control plane on 127.0.0.1 (1.37; 1.34 to 1.36 on request), for
+`gpudra up` and the e2e tests.
 
 The components come from one multi-call binary built from the Go module proxy by
 ``services/local/controlplane/build.sh`` (etcd, kube-apiserver, kube-scheduler,
@@ -16,7 +17,8 @@ everything by PID in reverse order. Every component logs to
 Command line::
 
     python -m services.local.cluster up --nodes n1,n2 [--kubelet-dra] [--feature-gates G=true]
-    python -m services.local.cluster build
+        [--kube-version 1.35]
+    python -m services.local.cluster build [--kube-version 1.35]
 
 ``up`` prints the kubeconfig path and keeps the cluster up until Ctrl-C.
 """
@@ -96,11 +98,18 @@ class ComponentExited(ControlPlaneError):
     """A component process ended while we waited for it."""
 
 
-def build_controlplane(*, env: Mapping[str, str] | None = None, force: bool = False) -> Path:
-    """Run build.sh (a cache hit takes about a second) and return the binary's path."""
+def build_controlplane(
+    *, env: Mapping[str, str] | None = None, force: bool = False, version: str | None = None
+) -> Path:
+    """Run build.sh (a cache hit takes about a second) and return the binary's path.
+
+    ``version``: ``1.34``, ``1.35`` or ``1.36`` for a release of the compatibility tier
+    (built on demand and cached like the default, ``1.37``)."""
     cmd = [str(BUILD_SCRIPT)]
     if force:
         cmd.append("--force")
+    if version:
+        cmd += ["--version", version]
     proc = subprocess.run(
         cmd,
         stdout=subprocess.PIPE,
@@ -116,6 +125,23 @@ def build_controlplane(*, env: Mapping[str, str] | None = None, force: bool = Fa
     if not binary.is_file():
         raise ControlPlaneError(f"{BUILD_SCRIPT} printed {binary}, which is not a file")
     return binary
+
+
+def kube_version(binary: Path) -> str:
+    """The Kubernetes release a control-plane binary holds (``v1.37.2``)."""
+    try:
+        return (binary.parent / "kubernetes-version").read_text().strip()
+    except OSError as exc:
+        raise ControlPlaneError(f"{binary}: no kubernetes-version beside it ({exc})") from None
+
+
+def kube_minor(binary: Path) -> int:
+    """The minor of :func:`kube_version` (37 for ``v1.37.2``)."""
+    version = kube_version(binary)
+    try:
+        return int(version.removeprefix("v").split(".")[1])
+    except (IndexError, ValueError):
+        raise ControlPlaneError(f"{binary}: unreadable kubernetes-version {version!r}") from None
 
 
 def wait_until(
@@ -280,8 +306,6 @@ class ControlPlane:
         self.nodes = list(nodes)
         self.feature_gates = dict(feature_gates or {})
         self.runtime_config: dict[str, bool] = {"resource.k8s.io/v1": True}
-        if self.feature_gates.get("DRADeviceTaintRules"):
-            self.runtime_config["resource.k8s.io/v1alpha3"] = True
         self.runtime_config.update(runtime_config or {})
         self.controllers = list(controllers)
         self.extra_args = {k: list(v) for k, v in (extra_args or {}).items()}
@@ -439,10 +463,30 @@ class ControlPlane:
 
         self._wait(process, healthy, "etcd /health")
 
+    @property
+    def kube_version(self) -> str:
+        """The release this control plane runs (``v1.37.2``)."""
+        if self.binary is None:
+            raise ControlPlaneError("no control-plane binary: call build_controlplane()")
+        return kube_version(self.binary)
+
+    @property
+    def kube_minor(self) -> int:
+        if self.binary is None:
+            raise ControlPlaneError("no control-plane binary: call build_controlplane()")
+        return kube_minor(self.binary)
+
+    def _runtime_config(self) -> str:
+        config = dict(self.runtime_config)
+        if self.feature_gates.get("DRADeviceTaintRules"):
+            # DeviceTaintRule is served as v1alpha3 until 1.35, v1beta2 in 1.36, v1 from 1.37.
+            minor = self.kube_minor
+            if minor < 37:
+                config.setdefault(f"resource.k8s.io/{'v1beta2' if minor == 36 else 'v1alpha3'}", True)
+        return ",".join(f"{k}={'true' if v else 'false'}" for k, v in config.items())
+
     def _start_apiserver(self) -> None:
-        runtime_config = ",".join(
-            f"{k}={'true' if v else 'false'}" for k, v in self.runtime_config.items()
-        )
+        runtime_config = self._runtime_config()
         args = [
             "--etcd-servers", self.etcd_url,
             "--bind-address", "127.0.0.1",
@@ -663,7 +707,7 @@ class ControlPlane:
                 "nodeInfo": {
                     "architecture": "amd64",
                     "operatingSystem": "linux",
-                    "kubeletVersion": "v1.35.0",
+                    "kubeletVersion": self.kube_version,
                     "bootID": "",
                     "containerRuntimeVersion": "",
                     "kernelVersion": "",
@@ -761,21 +805,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     up.add_argument("--nodes", default="node-1", help="comma-separated Node names")
     up.add_argument("--feature-gates", type=_parse_gates, default={}, help="NAME=bool,...")
     up.add_argument("--workdir", type=Path, help="working directory (default: a temp dir)")
+    up.add_argument("--kube-version", help="1.34, 1.35, 1.36 or 1.37 (default)")
     up.add_argument(
         "--kubelet-dra",
         action="store_true",
         help="also run kubelet-dra for every node (root <workdir>/kubelet/<node>)",
     )
-    sub.add_parser("build", help="build (or find) the control-plane binary and print its path")
+    build = sub.add_parser("build", help="build (or find) the binary and print its path")
+    build.add_argument("--kube-version", help="1.34, 1.35, 1.36 or 1.37 (default)")
     args = parser.parse_args(argv)
 
     if args.cmd == "build":
-        print(build_controlplane())
+        print(build_controlplane(version=args.kube_version))
         return 0
 
     nodes = [n for n in (s.strip() for s in args.nodes.split(",")) if n]
     cp = ControlPlane(
-        build_controlplane(),
+        build_controlplane(version=args.kube_version),
         workdir=args.workdir,
         nodes=nodes,
         feature_gates=args.feature_gates,

@@ -23,7 +23,7 @@ from services.local import REPO
 BUILD_SCRIPT = REPO / "services" / "local" / "helm" / "build.sh"
 CHART = REPO / "deploy" / "chart" / "gpudra"
 #: The Kubernetes version the chart is rendered for without a cluster (the control plane's).
-KUBE_VERSION = "1.35.8"
+KUBE_VERSION = "1.37.2"
 
 
 class HelmError(RuntimeError):

@@ -106,18 +106,26 @@ class NodeTools:
         return self.containerd_dir / "ctr"
 
     @classmethod
-    def find(cls, controlplane: Path, containerd_dir: Path | None = None) -> NodeTools:
-        """The tools beside the control-plane binary, containerd (built if needed), runc."""
+    def find(
+        cls,
+        controlplane: Path,
+        containerd_dir: Path | None = None,
+        *,
+        hooks_from: Path | None = None,
+    ) -> NodeTools:
+        """The kubelet beside the control-plane binary, NVIDIA's hooks beside it or beside
+        ``hooks_from`` (the default build: a compatibility-tier build has none), containerd
+        (built if needed), runc."""
         runc = find_runc()
         if runc is None:
             raise NodeError("no runc (Debian's runc package: make node-packages)")
-        folder = controlplane.parent
+        hooks = (hooks_from or controlplane).parent
         tools = cls(
-            kubelet=folder / "kubelet",
+            kubelet=controlplane.parent / "kubelet",
             containerd_dir=containerd_dir or build_containerd(),
             runc=runc,
-            nvidia_cdi_hook=folder / "nvidia-cdi-hook",
-            nvidia_ctk=folder / "nvidia-ctk",
+            nvidia_cdi_hook=hooks / "nvidia-cdi-hook",
+            nvidia_ctk=hooks / "nvidia-ctk",
         )
         for path in (tools.kubelet, tools.containerd, tools.ctr, tools.nvidia_cdi_hook):
             if not os.access(path, os.X_OK):

@@ -177,6 +177,8 @@ class Stack:
     ``real_nodes``: containerd and the real kubelet instead of kubelet-dra (the
     caller checks :func:`services.local.node.unavailable` first); ``node_tools``
     their binaries (default: found beside the control plane, containerd built).
+    ``kube_version``: the Kubernetes release to run (``1.34`` to ``1.36``, built on
+    demand; default the newest, 1.37) when no ``binary`` is given.
     """
 
     def __init__(
@@ -195,6 +197,7 @@ class Stack:
         real_nodes: bool = False,
         node_tools: NodeTools | None = None,
         webhook: bool = False,
+        kube_version: str | None = None,
     ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -214,6 +217,7 @@ class Stack:
         self.real_nodes = real_nodes
         self.node_tools = node_tools
         self.webhook = webhook  # gpudra webhook + its ValidatingWebhookConfiguration
+        self.kube_version = kube_version
         self.real: dict[str, RealNode] = {}  # node name -> its runner, with real_nodes
         self.images: tuple[images.ImageArchive, ...] = ()
         self.cp = ControlPlane(
@@ -253,7 +257,7 @@ class Stack:
     def _start(self) -> None:
         self.logs_dir.mkdir(parents=True, exist_ok=True)
         if self.cp.binary is None:
-            self.cp.binary = build_controlplane()
+            self.cp.binary = build_controlplane(version=self.kube_version)
         if self.jaeger is not None:
             self.jaeger.log_path = self.logs_dir / "jaeger.log"
             self._started.append("jaeger")
@@ -463,7 +467,8 @@ class Stack:
     def _start_real_hosts(self) -> None:
         """Each real node's namespace and driver installation, before its preparer."""
         assert self.cp.binary is not None
-        tools = self.node_tools or NodeTools.find(self.cp.binary)
+        hooks = None if self.kube_version is None else build_controlplane()  # the default's
+        tools = self.node_tools or NodeTools.find(self.cp.binary, hooks_from=hooks)
         self.images = images.build(self.workdir / "images")
         for name, node in self.nodes.items():
             fleet, timeout = node.spec.fleet, self.startup_timeout

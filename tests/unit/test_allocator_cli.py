@@ -156,7 +156,7 @@ def test_objects_the_api_server_refuses_once_gated_fields_drop_exit_2(
         ("v1.36.3", "DRAAdminAccess=false", "feature is locked to true (Kubernetes 1.36)"),
         (
             "1.37",
-            "DRAConsumableCapacity=false",
+            "DRAConsumableCapacity=false,DRAFractionalCapacityRange=true",
             "DRAFractionalCapacityRange is enabled, but depends on features that are "
             "disabled: [DRAConsumableCapacity]",
         ),

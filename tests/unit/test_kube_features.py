@@ -32,11 +32,11 @@ def test_what_changed_between_1_35_and_1_37_defaults() -> None:
         "consumable_capacity",
         "binding_conditions",
         "extended_resource",
-        "fractional_capacity_range",
     }
     for name in turned_on:
         assert not getattr(old, name) and getattr(new, name), name
     assert not new.list_type_attributes and not new.derived_attributes
+    assert not new.fractional_capacity_range  # on only from min. compatibility version 1.37
 
 
 def test_a_gate_is_known_only_from_the_release_that_has_it() -> None:

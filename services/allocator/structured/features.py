@@ -136,7 +136,9 @@ GATES: Mapping[int, Mapping[str, Gate]] = {
         DRAListTypeAttributes=f"off {_D}",
         DRANodeAllocatableResources=f"off {_D}",
         DRAResourcePoolStatus=f"off {_D}",
-        DRAFractionalCapacityRange=f"on needs {CONSUMABLE_CAPACITY}",
+        # Beta "on" only from a minimum compatibility version of 1.37; a 1.37 component's
+        # is 1.36 unless told otherwise, so off (the release's own binary says so).
+        DRAFractionalCapacityRange=f"off needs {CONSUMABLE_CAPACITY}",
         DRAOptionalNodeOperations=f"off {_D} {NODE_DECLARED_FEATURES}",
         DRADerivedAttributes=f"off {_D}",
         DRADeviceCompatibilityGroups=f"off {_D} {PARTITIONABLE_DEVICES}",
@@ -167,7 +169,7 @@ class Features:
     list_type_attributes: bool = False
     node_allocatable_resources: bool = False
     resource_pool_status: bool = False
-    fractional_capacity_range: bool = True
+    fractional_capacity_range: bool = False
     optional_node_operations: bool = False
     derived_attributes: bool = False
     compatibility_groups: bool = False

@@ -1,10 +1,18 @@
 #!/usr/bin/env bash
 # Build (or find in the cache) the control-plane multi-call binary.
 #
-# usage: services/local/controlplane/build.sh [--force]
+# usage: services/local/controlplane/build.sh [--version 1.N] [--force]
+#
+# Without --version (or with the version go.mod requires, 1.37) it builds the
+# default release from go.mod. --version 1.34, 1.35 or 1.36 builds that
+# release from versions/v1.N/go.mod (and go.sum) with the build tag k8s1N,
+# which selects compat_*.go's code for that release's Go API; such a build
+# holds the control plane only (no reference-cdi, nvidia-cdi-hook, nvidia-ctk:
+# they do not depend on the Kubernetes release and come with the default).
 #
 # Prints progress on stderr and the absolute path of the binary as the last
-# line of stdout. Next to the binary there is one symlink per component
+# line of stdout; the file kubernetes-version beside it holds the release
+# (v1.37.2). Next to the binary there is one symlink per component
 # (etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kubectl,
 # kubelet, kubelet-dra, reference-allocator, cdi) and three binaries of module
 # referencecdi/ (NVIDIA's toolkit needs go-nvml, which needs cgo, so they are
@@ -27,23 +35,47 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kubelet-dra reference-allocator)
 
 force=0
-case "${1:-}" in
---force) force=1 ;;
-"") ;;
--h | --help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-*) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
-esac
+version=""
+while [ $# -gt 0 ]; do
+	case "$1" in
+	--force) force=1 ;;
+	--version) version=${2:-}; shift ;;
+	--version=*) version=${1#--version=} ;;
+	-h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+	*) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
+	esac
+	shift
+done
 
 cd "$HERE"
-INPUTS=(go.mod go.sum build.sh $(LC_ALL=C ls -- *.go)
-	referencecdi/go.mod referencecdi/go.sum $(LC_ALL=C ls -- referencecdi/*.go))
+DEFAULT_MINOR=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v1\.\([0-9]*\)\..*/\1/p' go.mod | head -1)
+MINOR=${version#v}
+MINOR=${MINOR#1.}
+MINOR=${MINOR%%[!0-9]*}
+[ -n "$MINOR" ] || MINOR=$DEFAULT_MINOR
+if [ "$MINOR" = "$DEFAULT_MINOR" ]; then
+	MODDIR=.
+	TAGS=""
+	INPUTS=(go.mod go.sum build.sh $(LC_ALL=C ls -- *.go)
+		referencecdi/go.mod referencecdi/go.sum $(LC_ALL=C ls -- referencecdi/*.go))
+else
+	MODDIR=versions/v1.$MINOR
+	[ -f "$MODDIR/go.mod" ] || {
+		echo "build.sh: no Kubernetes 1.$MINOR here (have: 1.$DEFAULT_MINOR$(ls versions 2>/dev/null | sed 's/^v/, /' | tr -d '\n'))" >&2
+		exit 2
+	}
+	TAGS="k8s1$MINOR"
+	INPUTS=("$MODDIR/go.mod" "$MODDIR/go.sum" build.sh $(LC_ALL=C ls -- *.go))
+fi
 KEY=$(gobuild_key "${INPUTS[@]}")
 OUTDIR="$CACHE/controlplane/$KEY"
 BIN="$OUTDIR/controlplane"
 
 complete() {
-	[ -x "$BIN" ] && [ -x "$OUTDIR/reference-cdi" ] || return 1
-	[ -x "$OUTDIR/nvidia-cdi-hook" ] && [ -x "$OUTDIR/nvidia-ctk" ] || return 1
+	[ -x "$BIN" ] && [ -s "$OUTDIR/kubernetes-version" ] || return 1
+	if [ "$MODDIR" = . ]; then
+		[ -x "$OUTDIR/reference-cdi" ] && [ -x "$OUTDIR/nvidia-cdi-hook" ] && [ -x "$OUTDIR/nvidia-ctk" ] || return 1
+	fi
 	local c
 	for c in "${COMPONENTS[@]}"; do [ -L "$OUTDIR/$c" ] || return 1; done
 }
@@ -62,9 +94,7 @@ CC=${CC:-cc}
 command -v "$CC" >/dev/null 2>&1 || { echo "build.sh: reference-cdi needs a C compiler (cgo); none at CC=$CC" >&2; exit 1; }
 export CC
 
-K8S_VERSION=$("$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)
-MINOR=${K8S_VERSION#v1.}
-MINOR=${MINOR%%.*}
+K8S_VERSION=$(cd "$MODDIR" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)
 LDFLAGS="-s -w"
 # What the Kubernetes release build stamps in (hack/lib/version.sh), so that
 # /version and `kubectl version` report the real release.
@@ -76,11 +106,21 @@ done
 gobuild_snapshot controlplane "${INPUTS[@]}"
 OUTDIR="$CACHE/controlplane/$KEY"
 BIN="$OUTDIR/controlplane"
+[ "$MODDIR" = . ] || cp "$TMP/src/$MODDIR/go.mod" "$TMP/src/$MODDIR/go.sum" "$TMP/src/"
 
 echo "build.sh: building control plane ($K8S_VERSION, $("$GO" env GOVERSION), -p $JOBS) into $OUTDIR" >&2
 start=$(date +%s)
-(cd "$TMP/src" && nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "$LDFLAGS" -o "$TMP/out/controlplane" .) >&2
+(cd "$TMP/src" && nice -n 10 "$GO" build -p "$JOBS" -trimpath -tags "$TAGS" -ldflags "$LDFLAGS" -o "$TMP/out/controlplane" .) >&2
 echo "build.sh: built in $(($(date +%s) - start)) s" >&2
+echo "$K8S_VERSION" >"$TMP/out/kubernetes-version"
+if [ "$MODDIR" != . ]; then
+	for c in "${COMPONENTS[@]}"; do
+		ln -s controlplane "$TMP/out/$c"
+	done
+	gobuild_publish controlplane
+	echo "$BIN"
+	exit 0
+fi
 start=$(date +%s)
 (cd "$TMP/src/referencecdi" && CGO_ENABLED=1 nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "-s -w" -o "$TMP/out/reference-cdi" .) >&2
 echo "build.sh: reference-cdi built in $(($(date +%s) - start)) s" >&2

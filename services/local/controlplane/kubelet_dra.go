@@ -217,7 +217,7 @@ func runKubeletDRAWith(ctx context.Context, node, kubeconfig, root string, retry
 	sourcesReady := kubeletconfig.NewSourcesReady(func(sets.Set[string]) bool {
 		return podInformer.Informer().HasSynced()
 	})
-	getNode := func() (*v1.Node, error) { return k.nodeLister.Get(node) }
+	getNode := nodeGetter(func() (*v1.Node, error) { return k.nodeLister.Get(node) })
 
 	manager, err := dra.NewManager(logger, client, root)
 	if err != nil {

@@ -41,6 +41,7 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+	"k8s.io/component-base/featuregate"
 
 	v1 "k8s.io/api/core/v1"
 	resourceapi "k8s.io/api/resource/v1"
@@ -53,6 +54,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/sets"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+	"k8s.io/apiserver/pkg/authentication/user"
 	genericapirequest "k8s.io/apiserver/pkg/endpoints/request"
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	clientscheme "k8s.io/client-go/kubernetes/scheme"
@@ -64,9 +66,7 @@ import (
 	resourceinternal "k8s.io/kubernetes/pkg/apis/resource"
 	_ "k8s.io/kubernetes/pkg/apis/resource/install" // defaults + conversions for resource.k8s.io
 	deviceclassregistry "k8s.io/kubernetes/pkg/registry/resource/deviceclass"
-	resourceclaimregistry "k8s.io/kubernetes/pkg/registry/resource/resourceclaim"
 	resourcesliceregistry "k8s.io/kubernetes/pkg/registry/resource/resourceslice"
-	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 	schedulerfeature "k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/yaml"
@@ -125,6 +125,7 @@ func runReferenceAllocator() (code int) {
 	files := fs.StringArrayP("filename", "f", nil, "input file (YAML or JSON; '-' for stdin); repeatable")
 	node := fs.String("node", "", "allocate on this node only")
 	output := fs.StringP("output", "o", "text", "output format: json, yaml or text")
+	listGates := fs.Bool("list-feature-gates", false, "print this release's DRA feature gates as JSON and exit")
 	utilfeature.DefaultMutableFeatureGate.AddFlag(fs)
 	goflags := flag.NewFlagSet("klog", flag.ContinueOnError)
 	klog.InitFlags(goflags)
@@ -139,6 +140,9 @@ func runReferenceAllocator() (code int) {
 		}
 		fmt.Fprintln(os.Stderr, "reference-allocator:", err)
 		return 2
+	}
+	if *listGates {
+		return printFeatureGates()
 	}
 	if len(*files) == 0 || fs.NArg() > 0 {
 		fs.Usage()
@@ -167,7 +171,7 @@ func runReferenceAllocator() (code int) {
 		return 2
 	}
 
-	features := dynamicresources.AllocatorFeatures(schedulerfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
+	features := allocatorFeatures(schedulerfeature.NewSchedulerFeaturesFromGates(utilfeature.DefaultFeatureGate))
 	result := allocateAll(context.Background(), input, *node, features)
 
 	var err error
@@ -186,6 +190,48 @@ func runReferenceAllocator() (code int) {
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "reference-allocator: write output:", err)
+		return 1
+	}
+	return 0
+}
+
+// gateInfo is one feature gate as this release's components see it.
+type gateInfo struct {
+	Default    bool     `json:"default"`
+	Locked     bool     `json:"locked"`
+	PreRelease string   `json:"preRelease"`
+	Needs      []string `json:"needs"`
+}
+
+// printFeatureGates prints the DRA gates (and the gates they depend on) with
+// their defaults, locks and dependencies, for tests that compare gpudra's
+// per-version tables with the release itself.
+func printFeatureGates() int {
+	all := utilfeature.DefaultMutableFeatureGate.GetAll()
+	deps := gateDependencies()
+	gates := map[string]gateInfo{}
+	var add func(name string)
+	add = func(name string) {
+		if _, done := gates[name]; done {
+			return
+		}
+		spec := all[featuregate.Feature(name)]
+		needs := append([]string{}, deps[name]...)
+		sort.Strings(needs)
+		gates[name] = gateInfo{Default: spec.Default, Locked: spec.LockToDefault, PreRelease: string(spec.PreRelease), Needs: needs}
+		for _, dep := range needs {
+			add(dep)
+		}
+	}
+	for name := range all {
+		if strings.HasPrefix(string(name), "DRA") || name == "DynamicResourceAllocation" {
+			add(string(name))
+		}
+	}
+	enc := json.NewEncoder(os.Stdout)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(gates); err != nil {
+		fmt.Fprintln(os.Stderr, "reference-allocator:", err)
 		return 1
 	}
 	return 0
@@ -311,8 +357,12 @@ func (g namespaceGetter) Get(_ context.Context, name string, _ metav1.GetOptions
 	}}, nil
 }
 
+// requestContext is a request by the scheduler's user: from 1.36 the claim
+// status strategy authorizes status writes against the caller (an offline
+// run allows every write, see claimStrategies).
 func requestContext(resource, subresource, verb string) context.Context {
-	return genericapirequest.WithRequestInfo(context.Background(), &genericapirequest.RequestInfo{
+	ctx := genericapirequest.WithUser(context.Background(), &user.DefaultInfo{Name: "system:kube-scheduler"})
+	return genericapirequest.WithRequestInfo(ctx, &genericapirequest.RequestInfo{
 		IsResourceRequest: true,
 		Verb:              verb,
 		APIGroup:          resourceapi.GroupName,
@@ -329,8 +379,7 @@ func requestContext(resource, subresource, verb string) context.Context {
 // scheduler wrote that status. The objects the allocator gets are the
 // results, converted back to resource.k8s.io/v1.
 func (in *allocatorInput) admit() error {
-	claimStrategy := resourceclaimregistry.NewStrategy(namespaceGetter{namespaces: in.namespaces})
-	claimStatusStrategy := resourceclaimregistry.NewStatusStrategy(claimStrategy)
+	claimStrategy, claimStatusStrategy := claimStrategies(namespaceGetter{namespaces: in.namespaces})
 	for _, d := range in.objects {
 		switch o := d.obj.(type) {
 		case *resourceapi.DeviceClass:
@@ -564,7 +613,7 @@ func allocateAll(ctx context.Context, in *allocatorInput, only string, features 
 	}
 	classes := classLister(in.classes)
 	// As kube-scheduler: one CEL cache for everything.
-	celCache := cel.NewCache(10, cel.Features{EnableConsumableCapacity: features.ConsumableCapacity})
+	celCache := cel.NewCache(10, celFeatures(features))
 	nodes := in.candidateNodes(only)
 
 	out := allocateOutput{Claims: []claimOutcome{}}
