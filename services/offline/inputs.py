@@ -1,4 +1,5 @@
-"""Read DeviceClasses, ResourceSlices, ResourceClaims, Nodes and Namespaces from YAML or JSON.
+"""Read DeviceClasses, ResourceSlices, ResourceClaims, DeviceTaintRules, Nodes and Namespaces
+from YAML or JSON.
 
 A file may hold several YAML documents, one JSON object, or a ``kind: List``.
 Anything we cannot use is refused with :class:`InputError` naming the file and
@@ -26,7 +27,13 @@ from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.snapshot import Inputs
 from services.core.quantity import Quantity, QuantityError
-from services.core.resource import API_VERSION, DeviceClass, ResourceClaim, ResourceSlice
+from services.core.resource import (
+    API_VERSION,
+    DeviceClass,
+    DeviceTaintRule,
+    ResourceClaim,
+    ResourceSlice,
+)
 from services.offline import apivalidate
 from services.offline.strict import StrictError, strict
 
@@ -34,6 +41,15 @@ _KINDS: dict[str, type[msgspec.Struct]] = {
     "DeviceClass": DeviceClass,
     "ResourceSlice": ResourceSlice,
     "ResourceClaim": ResourceClaim,
+}
+
+
+# DeviceTaintRule by release: v1alpha3 up to 1.35, v1beta2 from 1.36, v1 from 1.37.
+_TAINT_RULE_VERSIONS = {
+    34: ("resource.k8s.io/v1alpha3",),
+    35: ("resource.k8s.io/v1alpha3",),
+    36: ("resource.k8s.io/v1alpha3", "resource.k8s.io/v1beta2"),
+    37: ("resource.k8s.io/v1alpha3", "resource.k8s.io/v1beta2", API_VERSION),
 }
 
 
@@ -138,7 +154,8 @@ class _Reader:
         self.features = features
         self.namespaces: dict[str, dict[str, str]] = {}
         consumable = features.consumable_capacity if features else True
-        self.env = CelEnvironment(consumable_capacity=consumable)
+        lists = bool(features and features.list_type_attributes)
+        self.env = CelEnvironment(consumable_capacity=consumable, list_attributes=lists)
 
     def namespace(self, where: str, doc: dict[str, Any]) -> None:
         meta = doc.get("metadata") or {}
@@ -155,6 +172,9 @@ class _Reader:
             return  # read first, see load()
         if api_version == "v1" and kind == "Node":
             self._node(where, doc)
+            return
+        if kind == "DeviceTaintRule" and api_version in self._taint_rule_versions():
+            self._taint_rule(where, doc)
             return
         if api_version != API_VERSION or kind not in _KINDS:
             raise InputError(
@@ -179,7 +199,30 @@ class _Reader:
         name, labels = meta.get("name"), meta.get("labels") or {}
         if not isinstance(name, str) or not name or not isinstance(labels, dict):
             raise InputError(f"{where}: Node needs metadata.name and string labels")
-        self.inputs.nodes[name] = Node(name, {str(k): str(v) for k, v in labels.items()})
+        declared = (doc.get("status") or {}).get("declaredFeatures") or []
+        if not isinstance(declared, list) or not all(isinstance(f, str) for f in declared):
+            raise InputError(f"{where}: Node status.declaredFeatures must be a list of strings")
+        self.inputs.nodes[name] = Node(
+            name, {str(k): str(v) for k, v in labels.items()}, frozenset(declared)
+        )
+
+    def _taint_rule_versions(self) -> tuple[str, ...]:
+        minor = self.features.minor if self.features else max(_TAINT_RULE_VERSIONS)
+        return _TAINT_RULE_VERSIONS.get(minor, ())
+
+    def _taint_rule(self, where: str, doc: dict[str, Any]) -> None:
+        """A DeviceTaintRule, strict; applied to the slices by the allocator
+        (services/allocator/structured/taintrules.py) when its gate is on."""
+        try:
+            strict(doc, DeviceTaintRule)
+            rule = msgspec.convert(doc, DeviceTaintRule)
+        except (msgspec.ValidationError, StrictError) as exc:
+            raise InputError(f"{where}: invalid DeviceTaintRule: {exc}") from exc
+        errors = _taint_rule_errors(rule)
+        if errors:
+            name = rule.metadata.name
+            raise InputError(f"{where}: DeviceTaintRule {name}: {'; '.join(errors)}")
+        self.inputs.taint_rules.append(rule)
 
     def _admit(self, obj: msgspec.Struct) -> None:
         features = self.features
@@ -225,3 +268,14 @@ def _label(obj: msgspec.Struct) -> str:
     if isinstance(obj, ResourceClaim):
         return f"{obj.metadata.namespace or 'default'}/{name}"
     return name
+
+
+def _taint_rule_errors(rule: DeviceTaintRule) -> list[str]:
+    """The checks of validateDeviceTaintRule that matter offline (the effect is checked
+    when decoding)."""
+    errors = []
+    if not rule.metadata.name:
+        errors.append("metadata.name: Required value: name or generateName is required")
+    if not rule.spec.taint.key:
+        errors.append("spec.taint.key: Required value")
+    return errors

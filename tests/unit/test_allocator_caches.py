@@ -20,7 +20,7 @@ import pytest
 from services.allocator.cel.env import CelEnvironment, signature
 from services.allocator.cel.parse import parse
 from services.allocator.structured.engine import Engine
-from services.allocator.structured.features import Features
+from services.allocator.structured.features import Features, defaults
 from services.allocator.structured.pools import Node, gather_pools
 from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.allocator.structured.state import AllocatedState
@@ -214,10 +214,14 @@ def test_pools_keep_input_order_across_node_and_shared_slices() -> None:
         ),
         _slice("n1", [_gpu("e", "1Gi")], pool="n1-second"),
     ]
-    pools = gather_pools(slices, Node("n1", {"zone": "z1"}), Features())
+    old = defaults(35)  # Go map order upstream: gpudra keeps first appearance
+    pools = gather_pools(slices, Node("n1", {"zone": "z1"}), old)
     assert [p.name for p in pools] == ["everywhere", "n1", "labelled", "n1-second"]
-    assert [p.name for p in gather_pools(slices, Node("n2"), Features())] == ["n2", "everywhere"]
-    assert [p.name for p in gather_pools(slices, None, Features())] == ["everywhere"]
+    assert [p.name for p in gather_pools(slices, Node("n2"), old)] == ["n2", "everywhere"]
+    assert [p.name for p in gather_pools(slices, None, old)] == ["everywhere"]
+    # 1.36+ incubating/experimental sort pools by driver and name (sortPoolsByID).
+    pools = gather_pools(slices, Node("n1", {"zone": "z1"}), Features())
+    assert [p.name for p in pools] == ["everywhere", "labelled", "n1", "n1-second"]
 
 
 def test_full_nodes_are_skipped_but_first_fit_in_name_order_holds() -> None:

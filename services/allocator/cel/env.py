@@ -47,8 +47,8 @@ from cel_expr_python.ext import ext_bindings, ext_optional, ext_strings
 
 from services.allocator.cel import check as celcheck
 from services.allocator.cel import cost as celcost
+from services.allocator.cel import equality, listslib
 from services.allocator.cel import lib as cellib
-from services.allocator.cel import listslib
 from services.allocator.cel import literals as celliterals
 from services.allocator.cel import macros as celmacros
 from services.allocator.cel import types as celtypes
@@ -155,10 +155,11 @@ class CelEnvironment:
         self.list_attributes = list_attributes
         self.cost_limit = cost_limit
         self.fields = DEVICE_FIELDS + ((MULTI_ALLOC_FIELD,) if consumable_capacity else ())
-        extra = [_includes()] if list_attributes else []
-        self._env = _new_env({}, extra=extra)
+        self._env = _new_env({}, extra=[_includes(by_kind=True)] if list_attributes else [])
         self._typed = _new_env(
-            _typed_variables(consumable_capacity, list_attributes), checking=True, extra=extra
+            _typed_variables(consumable_capacity, list_attributes),
+            checking=True,
+            extra=[_includes(by_kind=False)] if list_attributes else [],
         )
         self._cache: dict[str, Selector] = {}
         self._derived: dict[str, Selector] = {}
@@ -503,8 +504,16 @@ def device_facts(device: DeviceInput) -> dict[Fact, object] | None:
             value = ("bool", attr.bool_)
         elif attr.string is not None:
             value = ("string", attr.string)
+        elif attr.versions is not None:
+            if not all(_semver_ok(v) for v in attr.versions):
+                return None
+            value = ("versions", tuple(attr.versions))
         else:
-            return None
+            lists = (("ints", attr.ints), ("bools", attr.bools), ("strings", attr.strings))
+            found = next(((kind, tuple(v)) for kind, v in lists if v is not None), None)
+            if found is None:
+                return None
+            value = found
         facts[("attributes", domain, ident)] = value
     for name, cap in (device.device.capacity or {}).items():
         if not _quantity_ok(cap.value):
@@ -555,31 +564,28 @@ def _references(tree: Node) -> list[Reference]:
 
 
 def _includes_impl(target: Any, arg: Any) -> bool:
-    """library.includes: membership in a list, equality for anything else."""
-    if isinstance(target, list):
-        return any(_cel_equal(item, arg) for item in target)
-    return _cel_equal(target, arg)
+    """library.includes: membership in a list (CEL equality), equality for anything else."""
+    if isinstance(target, list | tuple):
+        return any(equality.same(item, arg) for item in target)
+    return equality.same(target, arg)
 
 
-def _cel_equal(a: Any, b: Any) -> bool:
-    if isinstance(a, bool) or isinstance(b, bool):
-        return type(a) is type(b) and a == b
-    return bool(a == b)
-
-
-def _includes() -> Any:
-    return cel.FunctionDecl(
-        "includes",
-        [
+def _includes(by_kind: bool) -> Any:
+    """``<dyn>.includes(<dyn>)``: one dyn overload to type-check; at run time one per
+    pair of runtime kinds (cel-cpp dispatches on kinds, a dyn parameter matches none)."""
+    if not by_kind:
+        dyn = cel.Type.DYN
+        overloads = [cel.Overload("list_includes_dyn_dyn", cel.Type.BOOL, [dyn, dyn], True)]
+    else:
+        kinds = equality.kinds()
+        overloads = [
             cel.Overload(
-                "list_includes_dyn_dyn",
-                cel.Type.BOOL,
-                [cel.Type.DYN, cel.Type.DYN],
-                is_member=True,
-                impl=_includes_impl,
+                f"list_includes_{a}_{b}", cel.Type.BOOL, [ta, tb], True, impl=_includes_impl
             )
-        ],
-    )
+            for a, ta in kinds.items()
+            for b, tb in kinds.items()
+        ]
+    return cel.FunctionDecl("includes", overloads)
 
 
 # ------------------------------------------------------------------ derived attributes
@@ -646,7 +652,9 @@ def _device_attribute(value: Any) -> DeviceAttribute:
                             f"expected list element at index {i} to be {word}, "
                             f"got {_go_type(item)}",
                         )
-                return DeviceAttribute(**{field_name: list(value)})
+                attribute = DeviceAttribute()
+                setattr(attribute, field_name, list(value))
+                return attribute
         if isinstance(first, celtypes.SemverMessage):
             versions = []
             for i, item in enumerate(value):

@@ -4,9 +4,13 @@ The search itself only says "no solution". To explain, every device a node can
 see is classified once per request, by the first check it fails, in the order
 the allocator applies them: pool usable, not in use, DeviceClass selectors,
 request selectors (or a CEL error), per-device node, binding conditions,
-counters, taints, consumable capacity. Devices that pass everything are
-*candidates*; when every request has enough candidates and the claim still
-does not fit, the claim-level constraints or the 32-device limit are named.
+consumable capacity, skipped node operations the node does not declare
+(1.37), counters and their compatibility groups (1.37), taints (a device's own
+or a DeviceTaintRule's). Devices that pass everything are *candidates*; when
+every request has enough candidates and the claim still does not fit, the
+claim-level constraints (with what they compare: values, or from 1.37 with
+DRAListTypeAttributes sets of values, and derived attributes) or the
+32-device limit are named.
 A CEL "no such key" error comes with a "did you mean" drawn from the attribute
 names and domains the devices actually have.
 """
@@ -220,15 +224,25 @@ class Explainer:
                 Cause("too-many-devices", 1, f"the claim needs more than {MAX_DEVICES} devices")
             )
         devices = self.claim.spec.devices
+        features, variant = self.engine.features, self.engine.variant
+        sets = variant.list_constraints and features.list_type_attributes
+        derived = {d.name for spec in self.specs.values() for d in spec.derived_attributes}
         for constraint in (devices.constraints if devices else None) or []:
             attribute = constraint.match_attribute or constraint.distinct_attribute
             kind = "matchAttribute" if constraint.match_attribute else "distinctAttribute"
             scope = ", ".join(constraint.requests or []) or "all requests"
+            if constraint.match_attribute:
+                how = "no value common to all (attribute lists compared as sets)" if sets else ""
+            else:
+                how = "values not pairwise disjoint (as sets)" if sets else ""
+            origin = " (a derived attribute of the request)" if attribute in derived else ""
+            detail = f": {how}" if how else ""
             causes.append(
                 Cause(
                     "constraint-unsatisfiable",
                     1,
-                    f"{kind} {attribute} over {scope} cannot be satisfied by the candidates",
+                    f"{kind} {attribute}{origin} over {scope} cannot be satisfied by the "
+                    f"candidates{detail}",
                 )
             )
         if not causes:

@@ -1,4 +1,4 @@
-"""Which resource pools a node can allocate from (GatherPools of Kubernetes 1.35).
+"""Which resource pools a node can allocate from (GatherPools, Kubernetes 1.34-1.37).
 
 A pool is the set of slices one driver publishes under one pool name. Only the
 newest generation counts; a pool is *incomplete* while fewer slices of that
@@ -7,9 +7,13 @@ it), *invalid* when two of its devices share a name or its counters do not add
 up (nothing is allocated from it either), and *obsolete* when a newer
 generation exists that has no slice for this node (then it is ignored).
 
-Upstream keeps pools in a Go map, so their order is random; we keep the order
-in which pools first appear in the input, and slices in input order, so that
-"first solution wins" is deterministic.
+Order decides "first solution wins". Up to 1.35, and in 1.36/1.37's stable
+allocator, upstream keeps pools in a Go map, so their order is random; we keep
+the order in which pools first appear in the input, and slices in input order.
+From 1.36 the incubating and experimental allocators sort pools by driver and
+pool name and a pool's slices by name (pools pools_incubating.go
+``sortPoolsByID``, ``sortSlicesByName``); so do we for those
+(:class:`~services.allocator.structured.variant.Variant`).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.allocator.structured.features import Features
+from services.allocator.structured.variant import Variant
 from services.core.quantity import Quantity
 from services.core.resource import NodeSelector, NodeSelectorRequirement, ResourceSlice
 
@@ -29,6 +34,16 @@ class NodeSelectorError(ValueError):
 class Node:
     name: str
     labels: dict[str, str] = field(default_factory=dict)
+    # status.declaredFeatures (1.35+, NodeDeclaredFeatures): what the node's kubelet
+    # supports, e.g. DRAOptionalNodeOperations.
+    declared_features: frozenset[str] = frozenset()
+
+
+#: The node a selector is matched against when no node is given: upstream's
+#: allocator always has one, and reference-allocator (like ``gpudra allocate``
+#: without nodes) uses an unnamed node without labels, which ``DoesNotExist`` and
+#: ``NotIn`` match.
+ANONYMOUS = Node("")
 
 
 def _requirement_matches(req: NodeSelectorRequirement, value: str | None) -> bool:
@@ -76,7 +91,7 @@ def node_matches(
     if all_nodes:
         return True
     if selector is not None:
-        return node is not None and selector_matches(selector, node)
+        return selector_matches(selector, node or ANONYMOUS)
     return False
 
 
@@ -98,14 +113,22 @@ class Pool:
         return f"{self.driver}/{self.name}"
 
 
-def _slice_for_node(slice_: ResourceSlice, node: Node | None, features: Features) -> bool | None:
+def _slice_for_node(
+    slice_: ResourceSlice, node: Node | None, features: Features, variant: Variant
+) -> bool | None:
     """True/False: relevant or not; None: skipped outright (unknown kind or gated off)."""
     spec = slice_.spec
     if not features.partitionable_devices and (
         spec.per_device_node_selection is not None or spec.shared_counters
     ):
         return None
-    if spec.shared_counters:
+    if (
+        variant.ignores_compatibility_group_slices
+        and not features.compatibility_groups
+        and uses_compatibility_groups(slice_)
+    ):
+        return None
+    if spec.shared_counters and variant.counter_slices_everywhere:
         return True
     if spec.node_name or spec.all_nodes or spec.node_selector is not None:
         return node_matches(node, spec.node_name, spec.all_nodes, spec.node_selector)
@@ -115,6 +138,13 @@ def _slice_for_node(slice_: ResourceSlice, node: Node | None, features: Features
             for d in spec.devices or []
         )
     return None
+
+
+def uses_compatibility_groups(slice_: ResourceSlice) -> bool:
+    """sliceUsesCompatibilityGroups (1.37)."""
+    return any(
+        c.compatibility_groups for d in slice_.spec.devices or [] for c in d.consumes_counters or []
+    )
 
 
 PoolCache = dict[tuple[object, ...], Pool]
@@ -161,24 +191,34 @@ def gather_pools(
 
     ``cache`` shares built pools between nodes: a pool built from the same slices
     is the same whichever node asks (counter slices are seen from every node).
-    As upstream's GatherPools, slices with binding-condition devices come after
-    the others of their pool, and pools with such devices after every other
-    pool: the allocator prefers devices that need no binding conditions.
+    Pools with binding-condition devices come after every other pool (1.35
+    experimental on; so the allocator prefers devices that need no binding
+    conditions), and in 1.34/1.35's experimental allocator such slices also
+    come after the others of their pool.
     """
+    variant = Variant.of(features)
     index = slices if isinstance(slices, SliceIndex) else SliceIndex(slices)
     built: PoolCache = {} if cache is None else cache
     grouped: dict[tuple[str, str], list[ResourceSlice]] = {}
     deferred: list[ResourceSlice] = []
     for slice_ in index.for_node(node):
-        if not _slice_for_node(slice_, node, features):
+        if not _slice_for_node(slice_, node, features, variant):
             continue
-        if not slice_.spec.shared_counters and _has_binding_conditions(slice_):
+        if (
+            variant.binding_slices_last
+            and not slice_.spec.shared_counters
+            and _has_binding_conditions(slice_)
+        ):
             deferred.append(slice_)
             continue
         _group(grouped, slice_)
     for slice_ in deferred:
         _group(grouped, slice_)
-    pools = _pools(index, grouped, built, features)
+    pools = _pools(index, grouped, built, features, variant)
+    if variant.pools_sorted:
+        pools.sort(key=lambda p: (p.driver, p.name))
+    if not variant.binding_pools_last:
+        return pools
     return [p for p in pools if not _pool_binds(p)] + [p for p in pools if _pool_binds(p)]
 
 
@@ -206,22 +246,25 @@ def _pools(
     grouped: dict[tuple[str, str], list[ResourceSlice]],
     built: PoolCache,
     features: Features,
+    variant: Variant,
 ) -> list[Pool]:
     pools: list[Pool] = []
     for (driver, name), members in grouped.items():
         wanted = members[0].spec.pool.resource_slice_count
         if len(members) == wanted:
-            pools.append(_cached(built, driver, name, members, features, None))
+            pools.append(_cached(built, driver, name, members, features, None, variant))
             continue
         newer, same_generation = _pool_slices(
             index.by_pool.get((driver, name), []), members[0].spec.pool.generation
         )
         if newer:
             continue  # obsolete: a newer generation has no slice for this node
+        if variant.ignores_compatibility_group_slices and not features.compatibility_groups:
+            same_generation = [s for s in same_generation if not uses_compatibility_groups(s)]
         if len(same_generation) != wanted:
             pools.append(Pool(driver, name, incomplete=True))
             continue
-        pools.append(_cached(built, driver, name, members, features, same_generation))
+        pools.append(_cached(built, driver, name, members, features, same_generation, variant))
     return pools
 
 
@@ -232,6 +275,7 @@ def _cached(
     members: list[ResourceSlice],
     features: Features,
     all_members: list[ResourceSlice] | None,
+    variant: Variant,
 ) -> Pool:
     key = (
         driver,
@@ -241,7 +285,7 @@ def _cached(
     )
     pool = built.get(key)
     if pool is None:
-        pool = built[key] = _build(driver, name, members, features, all_members)
+        pool = built[key] = _build(driver, name, members, features, all_members, variant)
     return pool
 
 
@@ -265,13 +309,28 @@ def _build(
     members: list[ResourceSlice],
     features: Features,
     all_members: list[ResourceSlice] | None,
+    variant: Variant,
 ) -> Pool:
+    """buildPool: device slices (by name from 1.36), counter sets, the pool's other slices."""
     pool = Pool(driver, name)
+    if variant.pools_sorted:
+        members = sorted(members, key=lambda s: s.metadata.name)
     if features.partitionable_devices:
         device_slices = [s for s in members if not s.spec.shared_counters]
         counter_slices = [s for s in members if s.spec.shared_counters]
     else:
         device_slices, counter_slices = members, []
+    others: list[ResourceSlice] = []
+    if all_members is not None and len(all_members) > len(members):
+        ours = {id(s) for s in members}
+        for slice_ in all_members:
+            if id(slice_) in ours:
+                continue
+            # 1.37 incubating/experimental see a counter slice of another node only here.
+            if features.partitionable_devices and slice_.spec.shared_counters:
+                counter_slices.append(slice_)
+            else:
+                others.append(slice_)
     seen: set[str] = set()
     for slice_ in device_slices:
         for device in slice_.spec.devices or []:
@@ -291,10 +350,9 @@ def _build(
                 k: Quantity.parse(c.value) for k, c in counter_set.counters.items()
             }
     pool.invalid = _counter_problem(pool.counter_sets, members)
-    if pool.invalid or all_members is None or len(all_members) == len(members):
+    if pool.invalid or not others:
         return pool
-    ours = {id(s) for s in members}
-    pool.other_slices = [s for s in all_members if id(s) not in ours]
+    pool.other_slices = others
     pool.invalid = _counter_problem(pool.counter_sets, pool.other_slices)
     return pool
 

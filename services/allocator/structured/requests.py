@@ -9,7 +9,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from services.core.quantity import Quantity
-from services.core.resource import DeviceRequest, DeviceSelector, DeviceSubRequest, Toleration
+from services.core.resource import (
+    DeviceDerivedAttribute,
+    DeviceRequest,
+    DeviceSelector,
+    DeviceSubRequest,
+    Toleration,
+)
 
 EXACT_COUNT = "ExactCount"
 ALL = "All"
@@ -26,6 +32,7 @@ class RequestSpec:
     admin_access: bool | None  # None: not set
     tolerations: tuple[Toleration, ...]
     capacity: dict[str, Quantity] | None
+    derived_attributes: tuple[DeviceDerivedAttribute, ...] = ()  # 1.37, DRADerivedAttributes
 
     @property
     def result_name(self) -> str:
@@ -60,6 +67,7 @@ def exact(request: DeviceRequest) -> RequestSpec:
         admin_access=body.admin_access,
         tolerations=tuple(body.tolerations or ()),
         capacity=_capacity(body.capacity.requests if body.capacity else None),
+        derived_attributes=tuple(body.derived_attributes or ()),
     )
 
 
@@ -74,6 +82,7 @@ def sub(request: DeviceRequest, subrequest: DeviceSubRequest) -> RequestSpec:
         admin_access=None,
         tolerations=tuple(subrequest.tolerations or ()),
         capacity=_capacity(subrequest.capacity.requests if subrequest.capacity else None),
+        derived_attributes=tuple(subrequest.derived_attributes or ()),
     )
 
 

@@ -22,6 +22,8 @@ from services.allocator.structured.requests import RequestSpec
 from services.allocator.structured.state import DeviceID
 from services.core.resource import Device, DeviceClass, DeviceTaint, Toleration
 
+OPTIONAL_NODE_OPERATIONS = "DRAOptionalNodeOperations"
+
 if TYPE_CHECKING:
     from services.allocator.structured.engine import Candidate, Counters, Engine
 
@@ -130,29 +132,65 @@ class DeviceRules:
         except CelError as exc:
             if exc.kind == "compile":
                 stop = f"{search_owner}: selector #{index}: CEL compile error: {exc.message}"
-            else:
+            elif self.engine.variant.cel_error_names_device:
+                # 1.37: the device named, and cel.EnhanceRuntimeError's hint for "no such key".
+                hint = ""
+                if "no such key:" in exc.message:
+                    hint = (
+                        ". consider using CEL optional chaining (.? followed by orValue()) or "
+                        "guarding the check with has() for optional fields"
+                    )
                 stop = (
                     f"{search_owner}: selector #{index} on device {'/'.join(candidate.id)}: "
-                    f"CEL runtime error: {exc.message}"
+                    f"CEL runtime error: {exc.message}{hint}"
                 )
+            else:
+                stop = f"{search_owner}: selector #{index}: CEL runtime error: {exc.message}"
             message = f"{owner} selector: CEL error: {exc.message}"
             return Rejection("cel-error", message, exc, compiled, search_error=stop)
         return Rejection(code, f"{owner} selector is false: {expression}")
 
-    def capacity(self, candidate: Candidate, allocating: cap.Consumed | None) -> Rejection | None:
-        """Consumable capacity: what the request asks for still fits the device."""
+    def capacity(
+        self, candidate: Candidate, allocating: cap.Consumed | None, static: bool = False
+    ) -> Rejection | None:
+        """Consumable capacity: what the request asks for still fits the device (``static``:
+        fits the device's capacity alone). Raises cap.CapacityError (1.37: stops the claim)."""
         if not self.features.consumable_capacity:
             return None
+        consumed = {} if static else self.engine.state.consumed.get(candidate.id, {})
         try:
             fits = cap.fits(
-                self.engine.state.consumed.get(candidate.id, {}),
+                consumed,
                 self.spec.capacity,
                 candidate.device.capacity or {},
                 allocating,
+                self.engine.capacity_rules,
             )
         except cap.UnknownCapacity:
             return Rejection("capacity-unknown", "device lacks a requested capacity")
         return None if fits else Rejection("capacity-exhausted", "not enough capacity left")
+
+    def node_operations(self, candidate: Candidate) -> Rejection | None:
+        """1.37 experimental: a slice that skips node operations (skipNodeOperations) needs
+        DRAOptionalNodeOperations and a node that declares that feature."""
+        variant = self.engine.variant
+        skips = candidate.slice.spec.skip_node_operations
+        if not skips or variant.channel != "experimental" or variant.minor < 37:
+            return None
+        if not self.features.optional_node_operations:
+            return Rejection(
+                "node-operations-disabled",
+                f"its slice skips node operations ({', '.join(skips)}) but "
+                "DRAOptionalNodeOperations is off",
+            )
+        declared = self.node.declared_features if self.node is not None else frozenset()
+        if OPTIONAL_NODE_OPERATIONS not in declared:
+            return Rejection(
+                "node-operations-undeclared",
+                f"its slice skips node operations ({', '.join(skips)}) and the node does not "
+                f"declare {OPTIONAL_NODE_OPERATIONS} (status.declaredFeatures)",
+            )
+        return None
 
     def partitionable(self, candidate: Candidate) -> Rejection | None:
         if candidate.device.consumes_counters and not self.features.partitionable_devices:
@@ -194,8 +232,40 @@ class DeviceRules:
         return (
             self.in_use(candidate, frozenset())
             or self.selectable(candidate)
-            or self.capacity(candidate, None)
+            or self._capacity_for_explanation(candidate)
+            or self.node_operations(candidate)
             or self.partitionable(candidate)
+            or self.compatibility(candidate)
             or (self.counters(candidate, {}) if candidate.device.consumes_counters else None)
             or self.taint(candidate)
         )
+
+    def _capacity_for_explanation(self, candidate: Candidate) -> Rejection | None:
+        try:
+            return self.capacity(candidate, None)
+        except cap.CapacityError as exc:
+            return Rejection("capacity-error", str(exc), search_error=str(exc))
+
+    def compatibility(self, candidate: Candidate) -> Rejection | None:
+        """1.37 (DRADeviceCompatibilityGroups): the device's compatibility groups share
+        none with those of the allocated devices drawing on the same counter set."""
+        variant = self.engine.variant
+        if not (
+            self.features.compatibility_groups
+            and variant.channel == "experimental"
+            and candidate.device.consumes_counters
+        ):
+            return None
+        baseline = self.engine.group_baseline(candidate.pool)
+        for consumption in candidate.device.consumes_counters or []:
+            current = baseline.get(consumption.counter_set)
+            groups = frozenset(consumption.compatibility_groups or ())
+            if current is not None and not current.admits(groups):
+                mine = ", ".join(sorted(groups)) or "none"
+                theirs = ", ".join(sorted(current.groups)) or "none"
+                return Rejection(
+                    "compatibility-groups",
+                    f"compatibility groups [{mine}] do not fit [{theirs}] of the allocated "
+                    f"devices on counter set {consumption.counter_set}",
+                )
+        return None

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from services.allocator.structured import taintrules
 from services.allocator.structured.engine import AllocationError, Engine, claim_label
 from services.allocator.structured.explain import (
     Cause,
@@ -29,6 +30,7 @@ from services.allocator.structured.state import AllocatedState
 from services.core.resource import (
     AllocationResult,
     DeviceClass,
+    DeviceTaintRule,
     ResourceClaim,
     ResourceSlice,
     to_builtins,
@@ -45,6 +47,7 @@ class Inputs:
     slices: list[ResourceSlice] = field(default_factory=list)
     claims: list[ResourceClaim] = field(default_factory=list)
     nodes: dict[str, Node] = field(default_factory=dict)
+    taint_rules: list[DeviceTaintRule] = field(default_factory=list)
 
     def node_names(self) -> list[str]:
         """Every node the inputs mention (Node objects and slice/device node names), sorted."""
@@ -93,7 +96,8 @@ class OfflineAllocator:
         for claim in inputs.claims:
             if claim.status and claim.status.allocation:
                 state.add(claim.status.allocation, features.consumable_capacity)
-        self.engine = Engine(inputs.classes, inputs.slices, features, state)
+        slices = taintrules.apply(inputs.slices, inputs.taint_rules, features)
+        self.engine = Engine(inputs.classes, slices, features, state)
         self._misfits: set[tuple[bytes, str | None]] = set()
         # Per claim shape: the node list it was last tried on and how many of its
         # first nodes are known misfits, so a long run skips full nodes at once.
