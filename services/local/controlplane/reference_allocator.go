@@ -11,8 +11,9 @@ package main
 // resource.k8s.io/v1 DeviceClass, ResourceSlice and ResourceClaim objects and
 // optionally v1 Node objects (labels for node selectors) and v1 Namespace
 // objects (labels for the adminAccess check; a namespace not given allows
-// adminAccess). Objects are decoded strictly and go through what the API
-// server does on create (defaults, the registry strategies' PrepareForCreate,
+// adminAccess), and DeviceTaintRules (taintrules.go: applied to the slices as
+// kube-scheduler's slice tracker applies them). Objects are decoded strictly
+// and go through what the API server does on create (defaults, the registry strategies' PrepareForCreate,
 // which drops fields of disabled features, and validation). Claims with status.allocation count as allocated;
 // the others are allocated in input order, each seeing the results before it.
 // With --node only that node is tried, otherwise every node the input names
@@ -110,6 +111,9 @@ type allocatorInput struct {
 	classes map[string]*resourceapi.DeviceClass
 	slices  []*resourceapi.ResourceSlice
 	claims  []*resourceapi.ResourceClaim
+
+	taintRuleObjects []decodedObject // DeviceTaintRules as decoded, admitted last
+	taintRules       []*resourceinternal.DeviceTaintRule
 }
 
 func runReferenceAllocator() (code int) {
@@ -318,6 +322,10 @@ func (in *allocatorInput) decode(where string, data []byte) error {
 	if err != nil {
 		return inputErrorf("%s: %v", where, err)
 	}
+	if isDeviceTaintRule(gvk) {
+		in.taintRuleObjects = append(in.taintRuleObjects, decodedObject{where: where, obj: obj})
+		return nil
+	}
 	switch o := obj.(type) {
 	case *resourceapi.DeviceClass, *resourceapi.ResourceSlice, *resourceapi.ResourceClaim:
 	case *v1.Node:
@@ -447,6 +455,16 @@ func (in *allocatorInput) admit() error {
 			}
 			in.claims = append(in.claims, o)
 		}
+	}
+	for _, d := range in.taintRuleObjects {
+		rule, err := admitTaintRule(d.obj)
+		if err != nil {
+			return inputErrorf("%s: DeviceTaintRule: %v", d.where, err)
+		}
+		in.taintRules = append(in.taintRules, rule)
+	}
+	if taintRulesEnabled() {
+		applyTaintRules(in.slices, in.taintRules)
 	}
 	return nil
 }
