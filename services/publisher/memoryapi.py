@@ -5,7 +5,9 @@ resourceVersion on every write, 409 for a stale resourceVersion, an existing
 name or a failed delete precondition, 404 for a missing object, 410 for a watch
 older than the retained history, and objects returned as copies (stored
 encoded, optionally compressed, so a big fleet costs little memory). Calls can
-be made to fail on purpose with :meth:`MemorySliceApi.fail_next`.
+be made to fail on purpose with :meth:`MemorySliceApi.fail_next`; ``drops`` are
+fields not stored (a gate off), ``refuses_lists`` refuses list-type attributes as
+kube-apiserver does without DRAListTypeAttributes (422 naming the attribute).
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ class MemorySliceApi:
     compress: bool = False
     history_size: int = 256  # watch events kept for resuming watches (0: watches always 410)
     drops: frozenset[str] = frozenset()  # fields not stored, as with a feature gate off
+    refuses_lists: bool = False  # 422 for list-type attributes (DRAListTypeAttributes off)
     nodes: dict[str, str] = field(default_factory=dict)  # name -> uid
     auto_nodes: bool = True  # any node name exists unless listed in missing_nodes
     missing_nodes: set[str] = field(default_factory=set)
@@ -192,6 +195,8 @@ class MemorySliceApi:
         return self._changed
 
     async def _put(self, obj: ResourceSlice, uid: str, record: str = "") -> ResourceSlice:
+        if self.refuses_lists:
+            self._refuse_lists(obj)
         if self.drops:
             from services.publisher.reconcile import without
 
@@ -210,6 +215,20 @@ class MemorySliceApi:
             self.writes.append(Write(record, meta.name, node, time.monotonic()))
         await self._emit("ADDED" if record == "create" else "MODIFIED", stored_obj, data)
         return self._decode(data)
+
+    @staticmethod
+    def _refuse_lists(obj: ResourceSlice) -> None:
+        """What kube-apiserver answers when it drops the lists and validates what is left."""
+        for i, device in enumerate(obj.spec.devices or []):
+            for name, attr in (device.attributes or {}).items():
+                if attr.is_list:
+                    raise ApiError(
+                        422,
+                        f'ResourceSlice.resource.k8s.io "{obj.metadata.name}" is invalid: '
+                        f'spec.devices[{i}].attributes[{name}]: Invalid value: "": '
+                        "exactly one value must be specified",
+                        reason="Invalid",
+                    )
 
     async def _emit(self, kind: EventType, obj: ResourceSlice, data: bytes | None = None) -> None:
         if kind == "DELETED":  # the event carries the deletion's resourceVersion

@@ -25,6 +25,11 @@ DROPPED_FIELDS = Counter(
     "Writes after which the API server had dropped slice fields (a feature gate is off).",
     ["field"],
 )
+LIST_ATTRIBUTES_REFUSED = Gauge(
+    "gpudra_publisher_list_attributes_refused",
+    "1 while the API server cannot store list-type attributes (DRAListTypeAttributes is on "
+    "here, off there or the server is older than 1.36) and numaNode is published as an int.",
+)
 SYNC_SECONDS = Histogram(
     "gpudra_publisher_sync_seconds",
     "Time from a node being marked dirty to its slices matching.",

@@ -16,7 +16,13 @@ generated ones:
   writer makes us re-read rather than overwrite); missing ones are created,
   owned by their Node;
 * conflicts, expired watches, throttling and server errors are retried with
-  exponential backoff from a fresh list.
+  exponential backoff from a fresh list;
+* fields the API server does not store (a Kubernetes feature gate is off) are left
+  out of the comparison, so a server that cannot store them is not rewritten forever;
+  list-type attributes (DRAListTypeAttributes) are more: a server that cannot store
+  them refuses the whole slice (the field dropped, the attribute is left without a
+  value: 422), so from then on the int is written instead, logged and counted, and
+  the lists are tried again at the next full resync.
 """
 
 from __future__ import annotations
@@ -101,11 +107,16 @@ class PoolPlan:
 DropKind = str  # "sharedCounters" | "consumesCounters" | "taints" | "allowMultipleAllocations"
 # allowMultipleAllocations stands for it and the capacities' requestPolicy: an API server
 # without DRAConsumableCapacity drops both (consumable shares, services/core/shares.py).
+# listTypeAttributes: attributes written as lists (ints, bools, strings, versions); an
+# API server without DRAListTypeAttributes (or older than 1.36) keeps none of them, and
+# they are then written as the scalar they stand for (nvidia.scalar_attributes).
+LIST_ATTRIBUTES: DropKind = "listTypeAttributes"
 DROPPABLE: tuple[DropKind, ...] = (
     "sharedCounters",
     "consumesCounters",
     "taints",
     "allowMultipleAllocations",
+    LIST_ATTRIBUTES,
 )
 
 
@@ -123,9 +134,12 @@ def plan_pool(
     DRAPartitionableDevices or DRADeviceTaints gate is off): they are left out
     of the comparison, as the resourceslice controller does after a
     DroppedFieldsError, so a server that cannot store them is not rewritten forever.
+    List-type attributes the server refuses are not even sent: their scalar form is.
     """
     if desired is None:
         return PoolPlan(delete=list(actual))
+    if LIST_ATTRIBUTES in dropped:
+        desired = [_scalar(c) for c in desired]
     names = [slice_name(node, i, driver) for i in range(len(desired))]
     by_name: dict[str, ResourceSlice] = {}
     obsolete: list[ResourceSlice] = []
@@ -158,12 +172,20 @@ def plan_pool(
     )
 
 
+def _scalar(content: SliceContent) -> SliceContent:
+    if not content.devices:
+        return content
+    return SliceContent(nvidia.scalar_attributes(content.devices), content.shared_counters)
+
+
 def without(obj: ResourceSlice, dropped: frozenset[DropKind]) -> ResourceSlice:
     """``obj`` as a server that drops ``dropped`` stores it."""
     if not dropped:
         return obj
     spec = obj.spec
     devices = spec.devices
+    if devices and LIST_ATTRIBUTES in dropped:
+        devices = nvidia.scalar_attributes(devices)
     if devices and dropped & {"consumesCounters", "taints"}:
         devices = [
             msgspec.structs.replace(
@@ -210,7 +232,35 @@ def dropped_fields(sent: ResourceSlice, stored: ResourceSlice) -> set[DropKind]:
         d.allow_multiple_allocations for d in stored_devices
     ):
         out.add("allowMultipleAllocations")
+    if _has_lists(sent_devices) and not _has_lists(stored_devices):
+        out.add(LIST_ATTRIBUTES)
     return out
+
+
+def _has_lists(devices: Sequence[Device]) -> bool:
+    return any(map(nvidia.has_list_attributes, devices))
+
+
+def refuses_lists(sent: ResourceSlice, exc: ApiError) -> bool:
+    """Whether the API server refused ``sent`` for one of its list-type attributes.
+
+    A server without DRAListTypeAttributes drops ``ints`` (and the other lists) on
+    create and update, as any field of a gate that is off, and its validation then
+    finds the attribute with no value: ``spec.devices[i].attributes[NAME]: Invalid
+    value: ...: exactly one value must be specified`` (a 422 naming the attribute)."""
+    if exc.status != 422:
+        return False
+    names = {
+        name
+        for d in sent.spec.devices or []
+        for name, attr in (d.attributes or {}).items()
+        if attr.is_list
+    }
+    return any(f"attributes[{name}]" in exc.message for name in names)
+
+
+class ListsRefused(Exception):
+    """A write that the API server refused for its list-type attributes."""
 
 
 def same_slice(actual: ResourceSlice, wanted: ResourceSlice) -> bool:
@@ -223,6 +273,10 @@ def same_slice(actual: ResourceSlice, wanted: ResourceSlice) -> bool:
         w.all_nodes,
         w.per_device_node_selection,
     ):
+        return False
+    # Someone else's skipNodeOperations on our slice would have the kubelet start
+    # containers without their devices' CDI specs: never ours (docs/architecture.md).
+    if (a.skip_node_operations or None) != (w.skip_node_operations or None):
         return False
     if a.pool != w.pool or not _owned(actual, wanted):
         return False
@@ -383,6 +437,11 @@ class Reconciler:
         for attempt in range(self.retry.attempts):
             try:
                 result = await self._sync_once(node, desired, actual)
+            except ListsRefused as exc:
+                # Not a failure to back off from: the same sync again, with the ints.
+                self._refuse_lists(str(exc.__cause__), node)
+                actual = None
+                continue
             except ApiError as exc:
                 if not exc.retryable or attempt == self.retry.attempts - 1:
                     raise SyncFailed(f"node {node!r}: {exc}") from exc
@@ -430,12 +489,42 @@ class Reconciler:
                 raise
 
     async def _write(self, sent: ResourceSlice, call: Awaitable[ResourceSlice]) -> None:
-        self._record(sent, await call)
+        try:
+            stored = await call
+        except ApiError as exc:
+            if refuses_lists(sent, exc):
+                raise ListsRefused(sent.metadata.name) from exc
+            raise
+        self._record(sent, stored)
+
+    def retry_list_attributes(self) -> None:
+        """Send list-type attributes again (the next full resync): the API server may
+        have been given its gate since; if not, one write is refused and the ints stay."""
+        self.dropped -= {LIST_ATTRIBUTES}
+
+    def _refuse_lists(self, error: str, node: str) -> None:
+        metrics.LIST_ATTRIBUTES_REFUSED.set(1)
+        if LIST_ATTRIBUTES in self.dropped:
+            return  # another sync learnt it meanwhile
+        self.dropped |= {LIST_ATTRIBUTES}
+        metrics.DROPPED_FIELDS.labels(field=LIST_ATTRIBUTES).inc()
+        log.error(
+            "the API server refuses list-type attributes (its feature gate DRAListTypeAttributes "
+            "is off, or it is older than 1.36): numaNode is published as an int, as with the "
+            "driver's DRAListTypeAttributes off, until the server accepts lists (tried again at "
+            "each full resync); turn the gate on in kube-apiserver and kube-scheduler, or off here",
+            extra={"node": node, "error": error},
+        )
 
     def _record(self, sent: ResourceSlice, stored: ResourceSlice) -> None:
         if stored.metadata.resource_version:
             self.written[stored.metadata.name] = stored.metadata.resource_version
         lost = dropped_fields(sent, stored) - self.dropped
+        if _has_lists(stored.spec.devices or []):
+            metrics.LIST_ATTRIBUTES_REFUSED.set(0)
+        if LIST_ATTRIBUTES in lost:  # dropped without a word: as refused
+            lost.discard(LIST_ATTRIBUTES)
+            self._refuse_lists("the stored slice has none of them", sent.spec.pool.name)
         if lost:
             self.dropped |= lost
             for field_name in lost:

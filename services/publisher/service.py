@@ -276,6 +276,7 @@ class Publisher:
         """List every slice of the driver, mark each node to check; return the list's RV."""
         listing = await self.api.slice_nodes()
         self.reconciler.deleted.clear()  # events before this listing no longer matter
+        self.reconciler.retry_list_attributes()  # the server may store lists by now
         nodes = listing.nodes
         self.seen |= nodes
         for node in nodes | self.nodes:
@@ -448,6 +449,14 @@ class Publisher:
                 "force_registered": self.config.force_registered,
             },
         )
+        lists = render.gates.enabled(featuregates.DRA_LIST_TYPE_ATTRIBUTES)
+        if lists and not self.config.render.list_attributes:
+            metrics.LIST_ATTRIBUTES_REFUSED.set(1)
+            log.warning(
+                "DRAListTypeAttributes is on, but the API server has no list-type attributes "
+                "(they exist from Kubernetes 1.36): numaNode is published as an int",
+                extra={"kube_minor": self.config.kube_minor},
+            )
         await self.load_snapshot(bus)
         rv = await self.relist()
         async with asyncio.TaskGroup() as group:

@@ -265,3 +265,82 @@ async def test_shares_on_a_server_without_consumable_capacity_are_not_rewritten(
     assert reconciler.dropped == {"allowMultipleAllocations"}
     reconciler.forget("n1")
     assert (await reconciler.sync("n1", _contents(node(), options))).writes == 0
+
+
+LISTS = RenderOptions(gates=featuregates.parse("DRAListTypeAttributes=true"), kube_minor=37)
+NUMA = "resource.kubernetes.io/numaNode"
+
+
+def _numa_forms(api: MemorySliceApi) -> set[str]:
+    return {
+        "ints" if d.attributes[NUMA].is_list else "int"
+        for s in api.stored()
+        for d in s.spec.devices or []
+        if d.attributes and NUMA in d.attributes
+    }
+
+
+async def test_a_server_that_refuses_list_attributes_gets_the_int_once_and_no_churn() -> None:
+    """kube-apiserver without DRAListTypeAttributes drops ``ints`` and refuses the slice
+    (the attribute is left without a value, 422): the publisher writes the int instead,
+    says so once (log, metric), and later syncs write nothing."""
+    api = MemorySliceApi(refuses_lists=True)
+    reconciler = Reconciler(api, FAST)
+    counted = metrics.DROPPED_FIELDS.labels(field="listTypeAttributes")
+    before = counted._value.get()
+    first = await reconciler.sync("n1", _contents(node(), LISTS))
+    assert first.created == 1 and _numa_forms(api) == {"int"}
+    assert reconciler.dropped == {"listTypeAttributes"}
+    assert counted._value.get() == before + 1
+    assert metrics.LIST_ATTRIBUTES_REFUSED._value.get() == 1
+    assert api.calls["create"] == 2  # the refused one, then the int
+    for _ in range(3):
+        reconciler.forget("n1")
+        assert (await reconciler.sync("n1", _contents(node(), LISTS))).writes == 0
+    assert api.calls["create"] == 2 and "replace" not in api.calls
+    assert counted._value.get() == before + 1  # said once
+
+    # A full resync tries the lists again: one refused write, nothing changes.
+    reconciler.retry_list_attributes()
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node(), LISTS))).writes == 0
+    assert api.calls["replace"] == 1 and _numa_forms(api) == {"int"}
+
+    # Once the server stores lists, the next resync writes them.
+    api.refuses_lists = False
+    reconciler.retry_list_attributes()
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node(), LISTS))).updated == 1
+    assert _numa_forms(api) == {"ints"} and reconciler.dropped == set()
+    assert metrics.LIST_ATTRIBUTES_REFUSED._value.get() == 0
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node(), LISTS))).writes == 0
+
+
+async def test_list_attributes_a_server_drops_without_a_word_are_not_rewritten() -> None:
+    api = MemorySliceApi(drops=frozenset({"listTypeAttributes"}))
+    reconciler = Reconciler(api, FAST)
+    await reconciler.sync("n1", _contents(node(), LISTS))
+    assert reconciler.dropped == {"listTypeAttributes"} and _numa_forms(api) == {"int"}
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node(), LISTS))).writes == 0
+
+
+async def test_another_422_is_not_taken_for_refused_lists() -> None:
+    api = MemorySliceApi()
+    api.fail_next("create", 422, 'spec.devices[0].name: Invalid value: "GPU_0": a DNS label')
+    with pytest.raises(SyncFailed, match="DNS label"):
+        await Reconciler(api, FAST).sync("n1", _contents(node(), LISTS))
+
+
+async def test_skip_node_operations_someone_put_on_our_slice_is_taken_off() -> None:
+    """A slice of ours never skips prepare: every gpudra device needs its CDI spec."""
+    api = MemorySliceApi()
+    reconciler = Reconciler(api, FAST)
+    await reconciler.sync("n1", _contents(node(), RenderOptions()))
+    (stored,) = api.stored()
+    spec = msgspec.structs.replace(stored.spec, skip_node_operations=["*"])
+    await api.replace(msgspec.structs.replace(stored, spec=spec))
+    reconciler.forget("n1")
+    assert (await reconciler.sync("n1", _contents(node(), RenderOptions()))).updated == 1
+    assert [s.spec.skip_node_operations for s in api.stored()] == [None]
