@@ -86,6 +86,7 @@ async def one_size(api: KubeApi, nats: NatsServer, root: Path, n: int) -> float:
         argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
                 "--imexd-dir", str(root / name / node), "--server-port", str(port),
                 "--cmd-port", str(cmd), "--probe-interval", "0.5", "--log-level", "warning",
+                "--hosts-file", str(root / name / f"{node}.hosts"),
                 *nats.client_argv(Role.IMEX, node)]  # fmt: skip
         procs.append(spawn(argv, env))
     while True:

@@ -21,8 +21,10 @@ CONSUMABLE_SHARES = "ConsumableShares"
 # the same name on; a server that cannot store lists gets the int (docs/operations.md).
 DRA_LIST_TYPE_ATTRIBUTES = "DRAListTypeAttributes"
 # The compute-domain.nvidia.com driver's gates (docs/computedomains.md). Beta and on by
-# default in the reference: a node whose NVLink fabric reports an error is refused
-# rather than taken as outside a fabric (services.core.nvidia.node_clique_id).
+# default in the reference: the IMEX daemons name their peers by DNS names
+# (services/imexdaemon/dnsnames.py); a node whose NVLink fabric reports an error is
+# refused rather than taken as outside a fabric (services.core.nvidia.node_clique_id).
+IMEX_DAEMONS_WITH_DNS_NAMES = "IMEXDaemonsWithDNSNames"
 CRASH_ON_NVLINK_FABRIC_ERRORS = "CrashOnNVLinkFabricErrors"
 # Alpha in the reference, off by default; gpudra accepts them off and refuses them on
 # (UNSUPPORTED says why).
@@ -38,6 +40,7 @@ DEFAULTS: Mapping[str, bool] = {
     DEVICE_METADATA: False,
     CONSUMABLE_SHARES: False,
     DRA_LIST_TYPE_ATTRIBUTES: False,
+    IMEX_DAEMONS_WITH_DNS_NAMES: True,
     CRASH_ON_NVLINK_FABRIC_ERRORS: True,
     FABRIC_MANAGER_PARTITIONING: False,
     HOST_MANAGED_IMEX_DAEMON: False,
@@ -61,7 +64,9 @@ UNSUPPORTED: Mapping[str, str] = {
 
 # Gates of the compute-domain.nvidia.com driver alone: the GPU driver's slices and
 # prepares never read them.
-DOMAIN_GATES = frozenset({CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON})
+DOMAIN_GATES = frozenset(
+    {IMEX_DAEMONS_WITH_DNS_NAMES, CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON}
+)
 
 # The combinations the reference driver refuses at start-up (pkg/featuregates,
 # ValidateFeatureGates), in the order it checks them; every command that takes

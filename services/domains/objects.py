@@ -102,9 +102,12 @@ def _field(path: str) -> dict[str, Any]:
     return {"valueFrom": {"fieldRef": {"fieldPath": path}}}
 
 
-def _env(settings: DaemonSettings) -> list[dict[str, Any]]:
+def _env(domain: ComputeDomain, settings: DaemonSettings) -> list[dict[str, Any]]:
     fixed: list[dict[str, Any]] = [
         {"name": "MAX_NODES_PER_IMEX_DOMAIN", "value": str(settings.max_nodes)},
+        # The reference's daemon reads numNodes from the ComputeDomain; gpudra's has no API
+        # access, and the spec is immutable: IMEX waits for them with IP addresses.
+        {"name": "COMPUTE_DOMAIN_NUM_NODES", "value": str(domain.spec.num_nodes)},
         {"name": "NODE_NAME", **_field("spec.nodeName")},
         {"name": "POD_IP", **_field("status.podIP")},
         {"name": "POD_UID", **_field("metadata.uid")},
@@ -148,7 +151,7 @@ def daemon_set(domain: ComputeDomain, settings: DaemonSettings) -> dict[str, Any
         "image": settings.image,
         "imagePullPolicy": settings.image_pull_policy,
         "command": ["gpudra", "imex-daemon", "run"],
-        "env": _env(settings),
+        "env": _env(domain, settings),
         "resources": {"claims": [{"name": cd.DAEMON_CONTAINER}]},
         "startupProbe": _probe(1, 1200),
         "livenessProbe": _probe(60, 20),

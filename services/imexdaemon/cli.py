@@ -34,6 +34,13 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--cmd-port", type=int, default=int(config.env("imex-cmd-port", "50005")))
     parser.add_argument("--probe-interval", type=float, default=1.0)
+    parser.add_argument(
+        "--hosts-file",
+        type=Path,
+        default=Path(config.env("imex-hosts-file", "/etc/hosts")),
+        help="where the peers' DNS names get their addresses (IMEXDaemonsWithDNSNames): the "
+        "pod's own /etc/hosts, which nvidia-imex resolves through",
+    )
 
 
 def register(subparsers: Any) -> None:
@@ -41,6 +48,11 @@ def register(subparsers: Any) -> None:
     sub = parser.add_subparsers(dest="imex_command", required=True)
     run = sub.add_parser("run", help="join the domain and run IMEX until stopped")
     config.add_common_flags(run)
+    # The DaemonSet gives the driver's gates as FEATURE_GATES (the reference's variable);
+    # --feature-gates or GPUDRA_FEATURE_GATES win where given.
+    run.set_defaults(
+        feature_gates=config.env("feature-gates") or os.environ.get("FEATURE_GATES", "")
+    )
     _flags(run)
     run.set_defaults(func=_run)
     check = sub.add_parser("check", help="exit 0 when IMEX is READY (the pod's probes)")
@@ -49,12 +61,15 @@ def register(subparsers: Any) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Any:
+    from services.core import featuregates
     from services.imexdaemon.daemon import DaemonSettings
 
+    gates = getattr(args, "feature_gates", None) or featuregates.FeatureGates()
     return DaemonSettings.from_env(
         args.imexd_dir, dict(os.environ), simulated=args.mode == "simulated",
         imex_binary=args.imex_binary, imex_ctl=args.imex_ctl, server_port=args.server_port,
-        cmd_port=args.cmd_port, probe_s=args.probe_interval,
+        cmd_port=args.cmd_port, probe_s=args.probe_interval, hosts_file=args.hosts_file,
+        dns_names=gates.enabled(featuregates.IMEX_DAEMONS_WITH_DNS_NAMES),
     )  # fmt: skip
 
 

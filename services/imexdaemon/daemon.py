@@ -3,11 +3,21 @@
 The steps, as the reference's ``compute-domain-daemon run`` with the bus in place
 of its clique objects: refuse to start without the CDI edits
 (``COMPUTE_DOMAIN_UUID``); a node outside a fabric (empty ``CLIQUE_ID``) joins as
-Ready and idles; otherwise write ``imexd.cfg``, join with its member key,
-render ``nodes.cfg`` from the bus on every change (and tell IMEX with SIGUSR1),
-run IMEX under a watchdog that restarts it, and set the member's status from the
-readiness check. A binary that cannot start marks the member Failed with why. On
-SIGTERM it stops IMEX and leaves (deletes its key).
+Ready and idles; otherwise write ``imexd.cfg``, join with its member key, keep the
+peers current from the bus, run IMEX under a watchdog that restarts it, and set the
+member's status from the readiness check. A binary that cannot start marks the
+member Failed with why. On SIGTERM it stops IMEX and leaves (deletes its key).
+
+How the peers reach IMEX is the gate IMEXDaemonsWithDNSNames's (FEATURE_GATES, as
+the reference's daemon reads it):
+
+- on (the default): ``nodes.cfg`` lists the DNS names of every index once
+  (dnsnames.py), IMEX starts at once, and each change of the clique's members
+  rewrites their addresses in the hosts file and sends IMEX SIGUSR1;
+- off: ``nodes.cfg`` lists the clique's addresses in index order. As the
+  reference, IMEX starts only once ``numNodes`` daemons of the domain have joined
+  (``COMPUTE_DOMAIN_NUM_NODES``; the member says what it waits for meanwhile), and
+  each change of the list then restarts it.
 """
 
 from __future__ import annotations
@@ -21,10 +31,11 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from services.core import computedomain as cd
 from services.core import subjects
 from services.core.bus import Bus
 from services.core.schemas import DomainIndex, DomainMember
-from services.imexdaemon import imexcfg
+from services.imexdaemon import dnsnames, imexcfg
 from services.imexdaemon.member import MemberKey
 from services.imexdaemon.peers import Peers
 
@@ -54,6 +65,10 @@ class DaemonSettings:
     restart_s: float = 1.0
     pod: str = ""
     extra_env: dict[str, str] = field(default_factory=dict)
+    dns_names: bool = True  # IMEXDaemonsWithDNSNames
+    hosts_file: Path = Path("/etc/hosts")  # the pod's own; where the names get addresses
+    max_nodes: int = cd.MAX_NODES_PER_IMEX_DOMAIN  # names in nodes.cfg (DNS names)
+    num_nodes: int = 0  # the domain's spec.numNodes: IMEX waits for them (IP addresses)
 
     @classmethod
     def from_env(cls, imexd_dir: Path, env: dict[str, str], **options: object) -> DaemonSettings:
@@ -64,9 +79,13 @@ class DaemonSettings:
             if not env.get(name):
                 raise StartError(f"{name} is not set (the DaemonSet's downward API sets it)")
         pod = f"{env.get('POD_NAMESPACE', '')}/{env.get('POD_NAME', '')}".strip("/")
+        counts = {
+            "max_nodes": _count(env, "MAX_NODES_PER_IMEX_DOMAIN", cd.MAX_NODES_PER_IMEX_DOMAIN, 1),
+            "num_nodes": _count(env, "COMPUTE_DOMAIN_NUM_NODES", 0, 0),
+        }
         return cls(imexd_dir=imexd_dir, node=env["NODE_NAME"], pod_ip=env["POD_IP"],
                    domain_uid=uid, clique_id=env.get("CLIQUE_ID", ""), pod=pod,
-                   **options)  # type: ignore[arg-type]  # fmt: skip
+                   **counts, **options)  # type: ignore[arg-type]  # fmt: skip
 
     def check_folder(self) -> None:
         """``/imexd`` is the daemon claim's mount: made by the preparer, never by the daemon
@@ -92,14 +111,24 @@ class DaemonSettings:
         if self.simulated:
             import sys
 
-            return [
-                sys.executable,
-                "-m",
-                "services.imexdaemon.standin",
-                "-c",
-                str(self.config_path),
-            ]
+            # The stand-in resolves the names as IMEX's resolver would, from the hosts file.
+            hosts = ["--hosts-file", str(self.hosts_file)] if self.dns_names else []
+            return [sys.executable, "-m", "services.imexdaemon.standin",
+                    "-c", str(self.config_path), *hosts]  # fmt: skip
         return [self.imex_binary, "-c", str(self.config_path)]
+
+
+def _count(env: dict[str, str], name: str, default: int, least: int) -> int:
+    raw = env.get(name, "")
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise StartError(f"{name}={raw!r}: not a number") from None
+    if value < least:
+        raise StartError(f"{name}={raw!r}: must be at least {least}")
+    return value
 
 
 class Daemon:
@@ -113,6 +142,9 @@ class Daemon:
         self.peers = Peers(settings.domain_uid, settings.clique_id)
         self.proc: asyncio.subprocess.Process | None = None
         self.failure = ""  # why IMEX cannot run, when it cannot
+        self.waiting = ""  # why IMEX is not started yet (IP addresses: numNodes not joined)
+        self._may_start = asyncio.Event()
+        self._restarting = False  # the watchdog's next exit is ours (a new node list)
 
     async def run(self) -> None:
         try:
@@ -120,7 +152,14 @@ class Daemon:
                 await self.key.set("Ready")  # no fabric: nothing to broker, as the reference
                 await asyncio.Event().wait()
             imexcfg.write_atomic(self.s.config_path, self.s.imex_config().render())
-            imexcfg.write_atomic(self.s.imex_config().nodes_file, "")
+            nodes = self.s.imex_config().nodes_file
+            if self.s.dns_names:
+                imexcfg.write_atomic(nodes, dnsnames.static_nodes(self.s.max_nodes))
+                dnsnames.update_hosts(self.s.hosts_file, {})  # an earlier run's names go
+                self._may_start.set()
+            else:
+                imexcfg.write_atomic(nodes, "")
+                self._render_peers()  # numNodes 0 starts at once, with no peers yet
             await self.key.set("NotReady", "starting")
             async with asyncio.TaskGroup() as group:
                 group.create_task(self._follow(DomainMember, subjects.MEMBER))
@@ -146,14 +185,44 @@ class Daemon:
             self._render_peers()
 
     def _render_peers(self) -> None:
-        if imexcfg.write_atomic(self.s.imex_config().nodes_file, self.peers.render()):
+        if self.s.dns_names:
+            names = dnsnames.mapping(self.peers.indexed(), self.s.max_nodes)
+            if dnsnames.update_hosts(self.s.hosts_file, names):
+                log.info("peers changed", extra={"names": names})
+                # The real binary re-resolves and reconnects on SIGUSR1; the stand-in
+                # reads the names per query.
+                if not self.s.simulated and self._imex_running():
+                    assert self.proc is not None
+                    self.proc.send_signal(signal.SIGUSR1)
+            return
+        joined = len(self.peers.members)  # the domain's members, every clique (its status)
+        if joined < self.s.num_nodes:
+            # Before the first start the member says why IMEX is not there; once it runs,
+            # a peer that leaves changes nothing until numNodes are back (as the reference).
+            if not self._may_start.is_set():
+                self.waiting = (
+                    f"waiting for numNodes ({self.s.num_nodes}) IMEX daemons to join: "
+                    f"{joined} so far"
+                )
+            return
+        self.waiting = ""
+        changed = imexcfg.write_atomic(self.s.imex_config().nodes_file, self.peers.render())
+        if changed:
             log.info("peers changed", extra={"peers": self.peers.node_list()})
-            # The real binary rereads its node list on SIGUSR1; the stand-in per query.
-            if not self.s.simulated and self.proc is not None and self.proc.returncode is None:
-                self.proc.send_signal(signal.SIGUSR1)
+        if not self._may_start.is_set():
+            self._may_start.set()
+        elif changed and self._imex_running():
+            assert self.proc is not None
+            self._restarting = True  # as the reference: a new address list restarts IMEX
+            self.proc.terminate()
+
+    def _imex_running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
 
     async def _watchdog(self) -> None:
-        """Run IMEX; start it again when it exits (after ``restart_s``)."""
+        """Run IMEX once it may start; start it again when it exits (after ``restart_s``,
+        at once when it was stopped for a new node list)."""
+        await self._may_start.wait()
         while True:
             try:
                 self.proc = await asyncio.create_subprocess_exec(
@@ -168,14 +237,20 @@ class Daemon:
                 continue
             self.failure = ""
             code = await self.proc.wait()
+            if self._restarting:
+                self._restarting = False
+                log.info("IMEX restarted for a new node list")
+                continue
             log.warning("IMEX exited; restarting", extra={"code": code})
             self.failure = f"IMEX exited with code {code}"
             await asyncio.sleep(self.s.restart_s)
 
     async def _readiness(self) -> None:
         while True:
-            ok = await check(self.s) if not self.failure else False
-            if ok:
+            ok = await check(self.s) if not (self.failure or self.waiting) else False
+            if self.waiting:
+                await self.key.set("NotReady", self.waiting)
+            elif ok:
                 await self.key.set("Ready")
             elif self.failure.startswith("cannot start"):
                 pass  # the watchdog has said Failed

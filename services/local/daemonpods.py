@@ -214,11 +214,13 @@ class DaemonPods:
                 self._nodes_by_key[key] = launch.node
 
     def _launch(self, launch: PodLaunch) -> subprocess.Popen[bytes]:
+        name = launch.key.split("/")[1]
+        # The pod's own hosts file, as the kubelet gives each pod one: never this machine's.
+        hosts = self.logs_dir / f"imex-daemon-{name}.hosts"
         argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run",
                 *self.bus_argv(launch.node), "--mode", "simulated",
-                "--imexd-dir", str(launch.imexd_dir)]  # fmt: skip
+                "--imexd-dir", str(launch.imexd_dir), "--hosts-file", str(hosts)]  # fmt: skip
         self.logs_dir.mkdir(parents=True, exist_ok=True)
-        name = launch.key.split("/")[1]
         with open(self.logs_dir / f"imex-daemon-{name}.log", "ab") as out:
             proc = subprocess.Popen(
                 argv,

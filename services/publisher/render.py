@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from services.core import computedomain as cd
-from services.core import featuregates, nvidia, shares
+from services.core import domainnode, featuregates, nvidia, shares
 from services.core.featuregates import FeatureGates
 from services.core.resource import (
     CounterSet,
@@ -303,27 +303,14 @@ def render_domain_contents(
     the same on every node (no clique attribute, as the reference; a node outside a
     fabric publishes them too, and its daemon idles).
 
-    None (no pool) while the node's GPUs name no one clique: where the reference's
-    plugin refuses to start, so it publishes nothing and no claim is scheduled there.
-    That is GPUs of two cliques, and, with CrashOnNVLinkFabricErrors (its default), a
-    GPU whose NVLink fabric did not register; without the gate such a GPU counts as
-    outside the fabric. The pool comes back once the fabric registers.
+    None (no pool) while the node cannot serve the driver (services.core.domainnode:
+    its NVLink fabric names no one clique, or its driver is too old for the IMEX
+    daemons' DNS names), where the reference's plugin refuses to start, so it publishes
+    nothing and no claim is scheduled there. The pool comes back once the node can.
     """
-    if fabric_error(
-        inv, (gates or FeatureGates()).enabled(featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS)
-    ):
+    if domainnode.refusal(inv, gates or FeatureGates()):
         return None
     return [SliceContent(devices=cd.node_devices())]
-
-
-def fabric_error(inv: NodeInventory, strict: bool = True) -> str:
-    """Why the node's GPUs name no one clique ("" when they do, or when the node is
-    outside a fabric); ``strict`` as in :func:`services.core.nvidia.node_clique_id`."""
-    try:
-        nvidia.node_clique_id(inv.gpus, strict=strict)
-    except nvidia.CliqueError as exc:
-        return str(exc)
-    return ""
 
 
 def render_slices(

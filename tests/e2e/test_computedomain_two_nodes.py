@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from services.core import computedomain as cd
+from services.imexdaemon import dnsnames
 from services.local.stack import DAEMON_ADDRESS_BASE, DRIVER_NAMESPACE, NodeSpec, Stack
 from services.preparer.computedomain.engine import spec_path
 from tests.helpers.domainstack import (
@@ -117,11 +118,17 @@ def test_a_two_node_domain_runs_its_job_survives_a_daemon_crash_and_leaves_nothi
     assert {m["ipAddress"] for m in status["nodes"]} == addresses
     assert len({m["cliqueID"] for m in status["nodes"]}) == 1  # one rack, one clique
     assert sorted(m["index"] for m in status["nodes"]) == [0, 1]
-    # Each node's daemon lists both peers (nodes.cfg in its /imexd folder).
+    # Each node's daemon lists every name (nodes.cfg in its /imexd folder) and gives both
+    # peers theirs in its pod's hosts file (IMEXDaemonsWithDNSNames, the default).
     for node in NODES:
         folders = stack.nodes[node].kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
-        listed = set((folders / uid / "nodes.cfg").read_text().split())
-        assert listed == addresses, (node, listed)
+        listed = (folders / uid / "nodes.cfg").read_text().split()
+        assert listed == [dnsnames.name(i) for i in range(cd.MAX_NODES_PER_IMEX_DOMAIN)]
+    hosts = sorted(stack.logs_dir.glob("imex-daemon-*.hosts"))
+    assert len(hosts) == len(NODES), hosts
+    for path in hosts:
+        named = dnsnames.read_hosts(path)
+        assert {named[dnsnames.name(i)] for i in range(len(NODES))} == addresses, path
 
     # Ready only after both daemons saw each other: every status the controller ever
     # wrote that says Ready names both nodes Ready, and NotReady came first.

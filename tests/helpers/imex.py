@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -31,12 +32,23 @@ class Daemons:
         self.port, self.cmd = free_port(), free_port()
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
 
-    def start(self, node: str, *, uid: str, clique: str = CLIQUE, **env: str) -> Path:
+    def start(
+        self,
+        node: str,
+        *,
+        uid: str,
+        clique: str = CLIQUE,
+        extra: Sequence[str] = ("--mode", "simulated"),
+        **env: str,
+    ) -> Path:
+        """Start ``node``'s daemon (``extra``: more flags, the mode by default); ``env``:
+        more of its environment (FEATURE_GATES, COMPUTE_DOMAIN_NUM_NODES, ...)."""
         imexd = self.root / node
         imexd.mkdir(exist_ok=True)  # the daemon claim's mount, as the preparer makes it
-        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "simulated",
+        argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", *extra,
                 "--imexd-dir", str(imexd), "--server-port", str(self.port),
                 "--cmd-port", str(self.cmd), "--probe-interval", "0.2",
+                "--hosts-file", str(self.hosts(node)),
                 *self.server.client_argv(Role.IMEX, node)]  # fmt: skip
         environ = {**os.environ, "NODE_NAME": node, "POD_IP": self.addresses.get(node, "127.0.0.9"),
                    "COMPUTE_DOMAIN_UUID": uid, "CLIQUE_ID": clique, **env}  # fmt: skip
@@ -46,6 +58,10 @@ class Daemons:
             argv, env=environ, stdout=log, stderr=log, start_new_session=True
         )
         return imexd
+
+    def hosts(self, node: str) -> Path:
+        """The node's pod's own hosts file (never this machine's /etc/hosts)."""
+        return self.root / f"{node}.hosts"
 
     def stop(self, node: str) -> None:
         proc = self.procs.pop(node)
@@ -80,3 +96,33 @@ def a_domain(uid: str, name: str = "job", num_nodes: int = 2) -> ComputeDomain:
         "spec": {"numNodes": num_nodes, "channel": channel},
     }
     return msgspec.convert(body, ComputeDomain)
+
+
+FAKE_IMEX = """\
+import signal, sys
+events = sys.argv[sys.argv.index("-c") + 1] + ".events"
+
+
+def note(what):
+    with open(events, "a") as out:
+        out.write(what + "\\n")
+
+
+signal.signal(signal.SIGUSR1, lambda *_: note("SIGUSR1"))
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+note("start")
+while True:
+    signal.pause()
+"""
+
+
+def fake_imex(root: Path) -> tuple[Path, Path]:
+    """An ``nvidia-imex`` that notes each start and each SIGUSR1 in ``<config>.events``,
+    and an ``nvidia-imex-ctl`` that always says READY: what the wrapper does to IMEX in
+    real mode, without NVIDIA's binaries."""
+    binary, ctl = root / "nvidia-imex", root / "nvidia-imex-ctl"
+    binary.write_text(f"#!{sys.executable}\n{FAKE_IMEX}")
+    ctl.write_text("#!/bin/sh\necho READY\n")
+    for each in (binary, ctl):
+        each.chmod(0o755)
+    return binary, ctl

@@ -158,6 +158,8 @@ async def test_a_domain_gets_its_templates_and_daemonset(env: Env) -> None:
                       "allocationMode": "Single"}  # fmt: skip
     pod = ds["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {cd.DOMAIN_LABEL: uid}
+    env_of = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env_of["COMPUTE_DOMAIN_NUM_NODES"] == "2"  # IMEX waits for them by IP address
     assert pod["resourceClaims"] == [{"name": "compute-domain-daemon",
                                       "resourceClaimTemplateName": name}]  # fmt: skip
     domain = await until(lambda: env.get(cd.domains_path("default", "cd-objects")))

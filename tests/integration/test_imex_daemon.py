@@ -26,7 +26,7 @@ from services.core.bus import Bus
 from services.core.natsserver import NatsServer
 from services.core.schemas import DomainIndex, DomainMember
 from tests.helpers.bus import connect
-from tests.helpers.imex import CLIQUE, Daemons
+from tests.helpers.imex import CLIQUE, Daemons, fake_imex
 
 pytestmark = [pytest.mark.integration]
 UID = "0b7f6a52-1111-4222-8333-444455556666"
@@ -71,8 +71,17 @@ async def give_indices(bus: Bus) -> None:
         await bus.kv_put(BUCKET, subjects.domain_index_key(UID, node), value)
 
 
+NAMES = "".join(f"compute-domain-daemon-{i:04d}\n" for i in range(18))
+MARKER = "# Compute Domain Daemon mappings\n"
+IP_ADDRESSES = {"FEATURE_GATES": "IMEXDaemonsWithDNSNames=false"}
+
+
 async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) -> None:
+    """IMEXDaemonsWithDNSNames, the default: the node list is the 18 names, written once;
+    the hosts file gives the clique's members theirs by index (the pod's other lines
+    kept), and the stand-in resolves them as IMEX would."""
     daemons, bus = setup
+    daemons.hosts("tray-a").write_text("127.0.0.1\tlocalhost\n10.0.0.7\ttray-a\n")
     imexd = daemons.start("tray-a", uid=UID)
     await until(lambda: member(bus, "tray-a"))
     config = (imexd / "imexd.cfg").read_text()
@@ -85,7 +94,12 @@ async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) ->
     await give_indices(bus)
     await until(lambda: status_is(bus, "tray-a", "Ready"))
     await until(lambda: status_is(bus, "tray-b", "Ready"))
-    assert (imexd / "nodes.cfg").read_text() == "127.0.0.2\n127.0.0.3\n"  # index order
+    assert (imexd / "nodes.cfg").read_text() == NAMES  # the same on every node, always
+    mapped = "127.0.0.2\tcompute-domain-daemon-0000\n127.0.0.3\tcompute-domain-daemon-0001\n"
+    assert daemons.hosts("tray-a").read_text() == (
+        f"127.0.0.1\tlocalhost\n10.0.0.7\ttray-a\n{MARKER}{mapped}"
+    )
+    assert daemons.hosts("tray-b").read_text() == f"{MARKER}{mapped}"
     assert daemons.check("tray-a", UID).stdout == "READY\n"
     daemons.kill("tray-b")  # dies without leaving: its key stays, nothing answers
     await until(lambda: status_is(bus, "tray-a", "NotReady"))
@@ -94,11 +108,88 @@ async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) ->
     await until(lambda: status_is(bus, "tray-a", "Ready"))
     daemons.stop("tray-b")  # SIGTERM: it leaves, its key goes
     await until(lambda: _absent(bus, "tray-b"))
-    await until(lambda: _list_is(imexd, "127.0.0.2\n"))
+    only_a = (
+        f"127.0.0.1\tlocalhost\n10.0.0.7\ttray-a\n{MARKER}127.0.0.2\tcompute-domain-daemon-0000\n"
+    )
+    await until(lambda: _text_is(daemons.hosts("tray-a"), only_a))
+    assert (imexd / "nodes.cfg").read_text() == NAMES
 
 
-async def _list_is(imexd: Path, text: str) -> bool:
-    return (imexd / "nodes.cfg").read_text() == text
+async def test_with_ip_addresses_imex_waits_for_num_nodes(setup: tuple[Daemons, Bus]) -> None:
+    """IMEXDaemonsWithDNSNames=false: the node list is the clique's addresses in index
+    order, and IMEX starts only once numNodes daemons have joined (as the reference)."""
+    daemons, bus = setup
+    env = {**IP_ADDRESSES, "COMPUTE_DOMAIN_NUM_NODES": "2"}
+    imexd = daemons.start("tray-a", uid=UID, **env)
+    waiting = "waiting for numNodes (2) IMEX daemons to join: 1 so far"
+    await until(lambda: _reason_is(bus, "tray-a", waiting))
+    assert daemons.check("tray-a", UID).returncode == 1  # no IMEX: nothing answers
+    daemons.start("tray-b", uid=UID, **env)
+    await until(lambda: member(bus, "tray-b"))
+    await give_indices(bus)
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+    await until(lambda: status_is(bus, "tray-b", "Ready"))
+    assert (imexd / "nodes.cfg").read_text() == "127.0.0.2\n127.0.0.3\n"  # index order
+    assert not daemons.hosts("tray-a").exists()  # no names, no hosts file touched
+    # Fewer than numNodes again: as the reference, IMEX keeps the list it has (and loses
+    # its peer) until numNodes are back.
+    daemons.stop("tray-b")
+    await until(lambda: _absent(bus, "tray-b"))
+    await until(lambda: status_is(bus, "tray-a", "NotReady"))
+    assert (imexd / "nodes.cfg").read_text() == "127.0.0.2\n127.0.0.3\n"
+    daemons.start("tray-b", uid=UID, **env)
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+
+
+@pytest.mark.parametrize("dns_names", [True, False], ids=["dns-names", "ip-addresses"])
+async def test_a_new_peer_reaches_imex_by_sigusr1_or_by_a_restart(
+    setup: tuple[Daemons, Bus], tmp_path: Path, dns_names: bool
+) -> None:
+    """The real binary's path (a stand-in nvidia-imex that notes what it gets): with DNS
+    names a peer change is SIGUSR1 to the running IMEX (the reference's
+    IMEXDaemonUpdateLoopWithDNSNames); with IP addresses it restarts IMEX
+    (IMEXDaemonUpdateLoopWithIPs)."""
+    daemons, bus = setup
+    binary, ctl = fake_imex(tmp_path)
+    real = ("--mode", "real", "--imex-binary", str(binary), "--imex-ctl", str(ctl))
+    imexd = daemons.start("tray-a", uid=UID, extra=real, **({} if dns_names else IP_ADDRESSES))
+    events = imexd / "imexd.cfg.events"
+    await until(lambda: _text_is(events, "start\n"))
+    await until(lambda: status_is(bus, "tray-a", "Ready"))
+    peer = DomainMember(domain_uid=UID, node="tray-b", ip_address="127.0.0.3", clique_id=CLIQUE)
+    await bus.kv_put(BUCKET, subjects.domain_member_key(UID, "tray-b"), peer)
+    await give_indices(bus)
+    if dns_names:
+        await until(
+            lambda: _has_line(daemons.hosts("tray-a"), "127.0.0.3\tcompute-domain-daemon-0001")
+        )
+        await until(lambda: _contains(events, "SIGUSR1\n"))
+        assert events.read_text().count("start") == 1
+    else:
+        await until(lambda: _text_is(imexd / "nodes.cfg", "127.0.0.2\n127.0.0.3\n"))
+        await until(lambda: _contains(events, "start\nstart\n"))
+        assert "SIGUSR1" not in events.read_text()
+
+
+def _read(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
+
+
+async def _text_is(path: Path, text: str) -> bool:
+    return await asyncio.to_thread(_read, path) == text
+
+
+async def _contains(path: Path, text: str) -> bool:
+    return text in await asyncio.to_thread(_read, path)
+
+
+async def _has_line(path: Path, line: str) -> bool:
+    return line in (await asyncio.to_thread(_read, path)).splitlines()
+
+
+async def _reason_is(bus: Bus, node: str, reason: str) -> bool:
+    found = await member(bus, node)
+    return found is not None and (found.status, found.reason) == ("NotReady", reason)
 
 
 async def _absent(bus: Bus, node: str) -> bool:
@@ -119,7 +210,8 @@ async def test_a_binary_that_cannot_start_marks_the_member_failed(
     (tmp_path / "real").mkdir()
     argv = [sys.executable, "-m", "services.cli", "imex-daemon", "run", "--mode", "real",
             "--imex-binary", str(tmp_path / "no-such-nvidia-imex"), "--imexd-dir",
-            str(tmp_path / "real"), *nats_server.client_argv(Role.IMEX, "tray-a")]  # fmt: skip
+            str(tmp_path / "real"), "--hosts-file", str(tmp_path / "real.hosts"),
+            *nats_server.client_argv(Role.IMEX, "tray-a")]  # fmt: skip
     env = {**os.environ, "NODE_NAME": "tray-a", "POD_IP": "127.0.0.2",
            "COMPUTE_DOMAIN_UUID": UID, "CLIQUE_ID": CLIQUE}  # fmt: skip
     daemons.procs["tray-a"] = subprocess.Popen(  # noqa: ASYNC220 - started, not awaited

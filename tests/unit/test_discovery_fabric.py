@@ -7,7 +7,7 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import featuregates, nvidia
+from services.core import domainnode, featuregates, nvidia
 from services.core.nvidia import CliqueError, node_clique_id
 from services.core.schemas import Gpu, NodeInventory
 from services.discovery import pciids
@@ -17,7 +17,7 @@ from services.discovery.inventory import scan
 from services.discovery.nvml import NvmlBackend
 from services.discovery.sim import SimNvml
 from services.publisher.cliquelabel import wanted_label
-from services.publisher.render import fabric_error, render_domain_contents
+from services.publisher.render import render_domain_contents
 from tests.helpers.nvml import FakeNvml, fake_sysfs
 
 
@@ -97,7 +97,8 @@ def test_crash_on_nvlink_fabric_errors_decides_what_a_fabric_error_costs(state: 
     on = featuregates.parse("")
     off = featuregates.parse("CrashOnNVLinkFabricErrors=false")
     assert render_domain_contents(sick, on) is None
-    assert "GPU 1 (" in fabric_error(sick) and fabric_error(inv) == ""
+    assert "(CrashOnNVLinkFabricErrors): GPU 1 (GPU-" in domainnode.refusal(sick, on)
+    assert domainnode.refusal(inv, on) == domainnode.refusal(sick, off) == ""
     assert wanted_label(sick, strict=True) is None
     healthy = render_domain_contents(inv, on)
     assert healthy is not None and [d.name for d in healthy[0].devices or []] == [
@@ -161,3 +162,25 @@ gpus:
 
 def test_the_label_key_is_gfds() -> None:
     assert nvidia.GPU_CLIQUE_LABEL == "nvidia.com/gpu.clique"
+
+
+def test_dns_names_refuse_a_fabric_node_whose_driver_is_too_old() -> None:
+    """IMEXDaemonsWithDNSNames needs driver 570.158.01 (the reference's plugin refuses to
+    start below it): a fabric node with an older one gets no compute-domain pool and
+    its claims are refused, unless the gate is off. A node outside a fabric runs no
+    IMEX, so its driver does not matter."""
+    inv = scan(SimNvml.boot("t", get_fleet("gb200-nvl72"), 7), "t").inventory
+    assert inv.driver_version == "570.158.01"
+    on, off = featuregates.parse(""), featuregates.parse("IMEXDaemonsWithDNSNames=false")
+    assert domainnode.refusal(inv, on) == ""
+    for version in ("570.124.06", "565.57.01", "570.158", ""):
+        old = msgspec.structs.replace(inv, driver_version=version)
+        why = domainnode.refusal(old, on)
+        assert why.startswith("IMEXDaemonsWithDNSNames needs NVIDIA driver 570.158.01 or later")
+        assert f"the node has {version or 'none'}; set IMEXDaemonsWithDNSNames=false" in why
+        assert render_domain_contents(old, on) is None
+        assert domainnode.refusal(old, off) == "" and render_domain_contents(old, off)
+    newer = msgspec.structs.replace(inv, driver_version="580.95.05")
+    assert domainnode.refusal(newer, on) == ""
+    plain = scan(SimNvml.boot("t", get_fleet("dgx-h100"), 7), "t").inventory
+    assert plain.driver_version == "570.124.06" and domainnode.refusal(plain, on) == ""

@@ -5,7 +5,7 @@ import pytest
 from services.core import featuregates as fg
 
 # The reference's defaults (pkg/featuregates/featuregates.go, defaultFeatureGates).
-REFERENCE_ON = {fg.CRASH_ON_NVLINK_FABRIC_ERRORS}
+REFERENCE_ON = {fg.IMEX_DAEMONS_WITH_DNS_NAMES, fg.CRASH_ON_NVLINK_FABRIC_ERRORS}
 
 
 def test_defaults_match_reference() -> None:
@@ -14,10 +14,11 @@ def test_defaults_match_reference() -> None:
     assert gates.spec() == ""
 
 
-def test_a_gate_on_by_default_can_be_turned_off() -> None:
-    gates = fg.parse("CrashOnNVLinkFabricErrors=false")
-    assert not gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
-    assert gates.spec() == "CrashOnNVLinkFabricErrors=false"
+@pytest.mark.parametrize("gate", sorted(REFERENCE_ON))
+def test_a_gate_on_by_default_can_be_turned_off(gate: str) -> None:
+    gates = fg.parse(f"{gate}=false")
+    assert not gates.enabled(gate)
+    assert gates.spec() == f"{gate}=false"
     assert fg.parse(gates.spec()) == gates
 
 

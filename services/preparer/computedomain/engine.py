@@ -39,8 +39,8 @@ from typing import Any
 import msgspec
 
 from services.core import computedomain as cd
+from services.core import domainnode, nvidia
 from services.core import featuregates as fg
-from services.core import nvidia
 from services.core.kube import ApiError
 from services.core.opaque import ConfigError
 from services.core.resource import DeviceRequestAllocationResult
@@ -224,19 +224,18 @@ class DomainEngine:
         await self.gate.ready(domain, max(left, 0.1))
 
     def _clique_id(self) -> str:
-        """The node's clique from its inventory. With CrashOnNVLinkFabricErrors (the
-        reference's default) a GPU whose fabric registration is unfinished or failed
-        refuses every claim here (the reference's plugin refuses to start); without it
-        such GPUs count as outside a fabric, as the reference's fallback does."""
+        """The node's clique from its inventory, once the node may serve the driver at all
+        (services.core.domainnode: a fabric in error with CrashOnNVLinkFabricErrors, a
+        driver too old for IMEXDaemonsWithDNSNames refuse every claim here, as the
+        reference's plugin refuses to start)."""
         inv = self.inventory.current
         if inv is None:
             raise DomainClaimError("no inventory for this node yet (is discovery running?)")
+        why = domainnode.refusal(inv, self.gates)
+        if why:
+            raise DomainClaimError(why)
         strict = self.gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
-        try:
-            return nvidia.node_clique_id(inv.gpus, strict=strict)
-        except nvidia.CliqueError as exc:
-            gate = f" ({fg.CRASH_ON_NVLINK_FABRIC_ERRORS})" if strict else ""
-            raise DomainClaimError(f"the node's NVLink fabric{gate}: {exc}") from exc
+        return nvidia.node_clique_id(inv.gpus, strict=strict)
 
     def _device(
         self, uid: str, p: _Planned, domain: Domain, clique: str
