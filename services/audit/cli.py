@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import datetime
 import re
 import sys
@@ -148,10 +149,10 @@ async def _audit(args: argparse.Namespace) -> int:
         if args.output == "table":
             print(render.TABLE_HEADER, flush=True)
         line = render.json_line if args.output == "json" else render.table_row
-        async for item in replay(
-            bus, filters, since=args.since, durable=args.durable, follow=args.follow
-        ):
-            print(line(item), flush=True)
+        source = replay(bus, filters, since=args.since, durable=args.durable, follow=args.follow)
+        async with contextlib.aclosing(source):
+            async for item in source:
+                print(line(item), flush=True)
         return 0
     finally:
         await bus.close()
@@ -176,10 +177,14 @@ async def _verify(bus: Bus, filters: Filters, args: argparse.Namespace) -> int:
             if args.wait > 0 and item.stream_seq and _all_complete(events, args):
                 return
 
-    try:
-        await asyncio.wait_for(read(), timeout=args.wait if args.wait > 0 else None)
-    except TimeoutError:
-        pass  # what arrived in time is judged
+    # Closed here, while the bus is open: read() may return with the replay suspended
+    # mid-stream, and a replay left to the garbage collector unsubscribed its consumer
+    # during the bus's drain (ConnectionDrainingError, printed at exit).
+    async with contextlib.aclosing(source):
+        try:
+            await asyncio.wait_for(read(), timeout=args.wait if args.wait > 0 else None)
+        except TimeoutError:
+            pass  # what arrived in time is judged
     report = verify(collect(events).values(), from_start=args.since is None)
     print(f"{len(events)} events, {len(report.complete)} claims complete, "
           f"{len(report.problems)} incomplete, {unreadable} unreadable")  # fmt: skip

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime
 import secrets
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 
 from nats.errors import TimeoutError as NatsTimeoutError
@@ -84,7 +84,7 @@ async def replay(
     durable: str | None = None,
     follow: bool = False,
     idle_wait: float = 1.0,
-) -> AsyncIterator[Stored | Unreadable]:
+) -> AsyncGenerator[Stored | Unreadable, None]:
     """Every matching event, oldest first; without ``follow``, stops at the end of the stream.
 
     A named consumer that exists is resumed where its reader stopped, with the

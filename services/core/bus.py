@@ -42,7 +42,7 @@ from nats.js.errors import (
 )
 from nats.js.kv import KeyValue
 
-from services.core import config, retention, subjects, supervisor, tokenrenew
+from services.core import config, logs, retention, subjects, supervisor, tokenrenew
 from services.core.access import Identity, Role
 from services.core.metrics import FOREIGN_MESSAGES, MALFORMED_MESSAGES
 from services.core.natsauth import Credentials
@@ -145,6 +145,11 @@ class Bus:
         """
         creds = credentials or cls.default_credentials
         token = tokenrenew.TokenSource(creds) if creds.token_file else None
+        # nats-py upgrades to TLS with a stream protocol that never learns it is over TLS
+        # (nats-io/nats.py#574), so asyncio warns at each close that its eof_received()
+        # "has no effect": in every process that connects, not only those with JSON logs
+        # (a CLI's stderr is what `gpudra up` prints of `gpudra audit`).
+        logs.quiet_tls_eof_warnings()
         nc = await nats.connect(
             servers=server_urls(url),
             name=name,

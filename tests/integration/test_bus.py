@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
+from pathlib import Path
 
 import msgspec
 import nats.js.errors
@@ -17,6 +20,7 @@ from services.core.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaEr
 from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Ping(msgspec.Struct):
@@ -28,6 +32,16 @@ async def test_provision_is_idempotent(bus: Bus) -> None:
     await bus.provision()
     info = await bus.js.stream_info(subjects.CLAIMS_STREAM)
     assert info.config.subjects == ["dra.claim.>"]
+
+
+def test_provision_from_the_cli_says_only_what_it_did(nats_server: NatsServer) -> None:
+    """Nothing on stderr: asyncio's warning about nats-py's TLS connections (its
+    eof_received() "has no effect") was printed by every CLI that connected."""
+    argv = [sys.executable, "-m", "services.cli", "provision",
+            *nats_server.client_argv(Role.ADMIN)]  # fmt: skip
+    done = subprocess.run(argv, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"provisioned the streams and buckets on {nats_server.url}\n"
 
 
 async def test_kv_round_trip_and_watch_skips_malformed(bus: Bus) -> None:

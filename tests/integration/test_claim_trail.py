@@ -158,6 +158,23 @@ async def test_verify_waits_for_the_events_still_on_their_way(
     assert "1 claims complete, 0 incomplete" in done.stdout
 
 
+async def test_audit_leaves_quietly_when_it_stops_before_the_stream_ends(
+    nats_server: NatsServer, bus: Bus
+) -> None:
+    """``gpudra up --exit-after-demo`` prints the tail of ``audit --verify --wait``'s
+    stderr. A verify that stops as soon as every trail is complete left its replay
+    suspended mid-stream; closed by the garbage collector during the bus's drain, it
+    printed a ConnectionDrainingError traceback (and asyncio nats-py's TLS warning)."""
+    await life(bus, ClaimRef(uid="q", namespace="ns", name="q"), "n1")
+    early = await audit(nats_server, "--verify", "--wait", "30")
+    assert early.returncode == 0, early.stdout + early.stderr
+    assert "1 claims complete, 0 incomplete" in early.stdout
+    assert early.stderr == ""
+    for args in (["--verify"], ["-o", "table"]):  # to the stream's end
+        done = await audit(nats_server, *args)
+        assert (done.returncode, done.stderr) == (0, ""), args
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [
