@@ -554,6 +554,8 @@ class Engine:
                 continue  # the reference attaches metadata to VFIO devices only
             index = nvidia.parse_device_name(d.name).vfio_index or 0
             published = nvidia.vfio_device(targets[d.name].gpu, index)
+            if self.s.gates.enabled(fg.DRA_LIST_TYPE_ATTRIBUTES):  # as GetDevice() gives it
+                (published,) = nvidia.list_type_attributes([published])
             members.append(
                 metadata.MetadataDevice(d.requests[0], d.pool, d.name, published.attributes or {})
             )

@@ -5,8 +5,9 @@ otherwise have the preparer hand out a GPU: so a claim is prepared only if
 
 a. it exists with the UID the kubelet gave (else it was replaced);
 b. it is allocated, every device result of our driver is in this node's pool
-   (our publisher names a node's pool after the node) and the allocation's
-   nodeSelector, when set, selects this node by name;
+   (our publisher names a node's pool after the node), the allocation's
+   nodeSelector, when set, selects this node by name, and the kubelet will
+   unprepare it (not every result of ours skips NodeUnprepareResources);
 c. it is reserved for at least one pod that runs on this node (same UID as
    the reservation says, bound to this node, not finished).
 
@@ -29,6 +30,9 @@ from services.core.resource import (
 from services.core.schemas import ClaimRef
 
 DRIVER = nvidia.DRIVER_NAME
+# DeviceRequestAllocationResult.skipNodeOperations (Kubernetes 1.37, DRAOptionalNodeOperations).
+SKIP_UNPREPARE = "NodeUnprepareResources"
+SKIP_ALL = "*"
 
 
 def identity(claim: ResourceClaim, ref: ClaimRef) -> str | None:
@@ -68,7 +72,38 @@ def allocation(claim: ResourceClaim, node: str, driver: str = DRIVER) -> str | N
             f"the allocation's nodeSelector does not select this node {node!r} "
             f"(it selects {describe_selector(selector)})"
         )
-    return None
+    return never_unprepared(results, driver)
+
+
+def never_unprepared(results: list[DeviceRequestAllocationResult], driver: str) -> str | None:
+    """Why a prepare would never be undone: every result of ours skips NodeUnprepareResources.
+
+    The kubelet (1.37, DRAOptionalNodeOperations) leaves out a driver's
+    NodeUnprepareResources when each of its results in the claim names that
+    operation or ``*`` in ``skipNodeOperations`` (copied from the device's slice).
+    gpudra's slices never do: every device it prepares leaves a CDI spec, a hold
+    on the device and possibly a MIG device, an MPS daemon or a vfio-pci binding
+    that only unprepare takes back, so such results come from a slice gpudra did not
+    write, and preparing them would hold the devices forever. A result that skips
+    only some operations, or a claim where some result of ours skips none, is
+    prepared as any other (the kubelet asks for it, and unprepares it).
+    """
+    skipping = [
+        r
+        for r in results
+        if SKIP_UNPREPARE in (r.skip_node_operations or [])
+        or SKIP_ALL in (r.skip_node_operations or [])
+    ]
+    if not results or len(skipping) < len(results):
+        return None
+    named = ", ".join(f"{r.device!r} {r.skip_node_operations}" for r in skipping)
+    return (
+        f"every device of driver {driver} in the allocation skips NodeUnprepareResources "
+        f"(skipNodeOperations: {named}), so the kubelet would never unprepare it; "
+        f"{driver}'s slices never say that (each of its devices needs unprepare to take "
+        "back its CDI spec and hold): the slice that published them was written or changed "
+        "by someone else"
+    )
 
 
 def selects(selector: NodeSelector, node: str) -> bool:

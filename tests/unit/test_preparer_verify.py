@@ -71,6 +71,51 @@ def test_other_drivers_results_are_ignored_but_one_of_ours_is_needed() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("ours", "theirs", "refused"),
+    [
+        ([None], ["*"], False),  # another driver's result skipping everything: not ours
+        ([["*"], None], None, False),  # the kubelet calls us for the claim: prepared
+        ([["NodeUnprepareResources"], None], None, False),
+        ([["NodeUnprepareResources"]], None, True),  # never unprepared
+        ([["*"]], None, True),  # only an older kubelet would ask, and it would unprepare
+        ([["NodePrepareResources", "NodeUnprepareResources"], ["*"]], None, True),
+        ([["NodePrepareResources"]], None, False),  # invalid in the API; undo still comes
+    ],
+)
+def test_skip_node_operations_refuse_only_what_would_never_be_unprepared(
+    ours: list[list[str] | None], theirs: list[str] | None, refused: bool
+) -> None:
+    """skipNodeOperations (1.37): gpudra's slices never set it, so a result of ours that
+    carries it came from someone else's slice; a claim is refused only when the kubelet
+    would skip NodeUnprepareResources for our driver (every result of ours says so)."""
+    claim = make_claim(NODE, [Dev("gpu", f"gpu-{i}") for i in range(len(ours))])
+    assert claim.status and claim.status.allocation and claim.status.allocation.devices
+    results = [
+        msgspec.structs.replace(r, skip_node_operations=skip)
+        for r, skip in zip(claim.status.allocation.devices.results or [], ours, strict=True)
+    ]
+    if theirs is not None:
+        other = msgspec.structs.replace(
+            results[0], driver="net.example.com", device="nic-0", skip_node_operations=theirs
+        )
+        results.append(other)
+    mixed = _with_devices(
+        claim, msgspec.structs.replace(claim.status.allocation.devices, results=results)
+    )
+    problem = verify.allocation(mixed, NODE)
+    if not refused:
+        assert problem is None
+        return
+    assert problem is not None
+    assert problem.startswith(
+        "every device of driver gpu.nvidia.com in the allocation skips NodeUnprepareResources "
+        "(skipNodeOperations: 'gpu-0' "
+    )
+    assert "the kubelet would never unprepare it" in problem
+    assert "written or changed by someone else" in problem
+
+
 def _with_devices(claim: ResourceClaim, devices: object) -> ResourceClaim:
     assert claim.status and claim.status.allocation
     allocation = msgspec.structs.replace(claim.status.allocation, devices=devices)
