@@ -390,7 +390,12 @@ def scalar_attributes(devices: Iterable[Device]) -> list[Device]:
 def has_list_attributes(device: Device) -> bool:
     """Whether the device has a list-type attribute (an advanced feature for the
     per-slice device limit, as taints and consumed counters are)."""
-    return any(a.is_list for a in (device.attributes or {}).values())
+    for a in (device.attributes or {}).values():
+        if a.ints is not None or a.bools is not None or a.strings is not None:
+            return True
+        if a.versions is not None:
+            return True
+    return False
 
 
 # ------------------------------------------------------------------ capacities

@@ -212,9 +212,10 @@ def _groups(inv: NodeInventory, opts: RenderOptions, holdings: Holdings) -> list
 # ------------------------------------------------------------------ slices
 
 
-def _device_limit(devices: Sequence[Device]) -> int:
-    advanced = any(
-        d.taints or d.consumes_counters or nvidia.has_list_attributes(d) for d in devices
+def _device_limit(devices: Sequence[Device], lists: bool = True) -> int:
+    """``lists``: whether devices may have list attributes (only looked for then)."""
+    advanced = any(d.taints or d.consumes_counters for d in devices) or (
+        lists and any(map(nvidia.has_list_attributes, devices))
     )
     return MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
 
@@ -232,7 +233,7 @@ def render_contents(
     contents: list[SliceContent] = []
     if not opts.gates.enabled(featuregates.DYNAMIC_MIG):
         devices = [d for g in groups for d in g.devices]
-        limit = _device_limit(devices)
+        limit = _device_limit(devices, opts.list_attributes)
         contents = [SliceContent(devices=chunk) for chunk in _chunks(devices, limit)]
     elif opts.split_layout:
         counter_sets = [c for g in groups for c in g.counter_sets]
@@ -240,14 +241,15 @@ def render_contents(
             SliceContent(shared_counters=c) for c in _chunks(counter_sets, MAX_COUNTER_SETS)
         ]
         for g in groups:
-            limit = _device_limit(g.devices)
+            limit = _device_limit(g.devices, opts.list_attributes)
             contents += [SliceContent(devices=chunk) for chunk in _chunks(g.devices, limit)]
     else:
         for g in groups:
-            if len(g.devices) > _device_limit(g.devices):
+            limit = _device_limit(g.devices, lists=False)  # 1.34 has no list attributes
+            if len(g.devices) > limit:
                 raise RenderError(
                     f"node {inv.node!r}: {len(g.devices)} devices of one GPU do not fit one "
-                    f"1.34 slice beside their counter set (limit {_device_limit(g.devices)})"
+                    f"1.34 slice beside their counter set (limit {limit})"
                 )
             contents.append(SliceContent(devices=g.devices, shared_counters=g.counter_sets or None))
     contents = [c for c in contents if c.devices or c.shared_counters]
