@@ -174,7 +174,9 @@ async def _verify(bus: Bus, filters: Filters, args: argparse.Namespace) -> int:
                 events.append(item.event)
             else:
                 unreadable += 1
-            if args.wait > 0 and item.stream_seq and _all_complete(events, args):
+            # Done once every trail is complete, but never before the stream's end as it
+            # was: the first claims' trails may be complete before the last ones are read.
+            if args.wait > 0 and not item.pending and _all_complete(events, args):
                 return
 
     # Closed here, while the bus is open: read() may return with the replay suspended

@@ -47,6 +47,7 @@ class Stored:
     subject: str
     event: ClaimEvent
     headers: dict[str, str] = field(default_factory=dict)
+    pending: int = 0  # matching events the stream held after this one when it was read
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class Unreadable:
     stream_seq: int
     subject: str
     error: str
+    pending: int = 0
 
 
 def consumer_config(
@@ -107,7 +109,10 @@ async def replay(
             for msg in msgs:
                 # The server starts a start time past the stream's end at its first message.
                 if since is None or msg.metadata.timestamp >= since:
-                    yield _read(msg.metadata.sequence.stream, msg.subject, msg.data, msg.headers)
+                    meta = msg.metadata
+                    yield _read(
+                        meta.sequence.stream, msg.subject, msg.data, msg.headers, meta.num_pending
+                    )
                 await msg.ack()
             if not follow and msgs and msgs[-1].metadata.num_pending == 0:
                 return
@@ -121,9 +126,14 @@ async def _caught_up(sub: object) -> bool:
 
 
 def _read(
-    stream_seq: int, subject: str, data: bytes, headers: dict[str, str] | None
+    stream_seq: int,
+    subject: str,
+    data: bytes,
+    headers: dict[str, str] | None,
+    pending: int | None = 0,
 ) -> Stored | Unreadable:
     try:
-        return Stored(stream_seq, subject, decode(data, ClaimEvent), dict(headers or {}))
+        event = decode(data, ClaimEvent)
     except SchemaError as exc:
-        return Unreadable(stream_seq, subject, str(exc))
+        return Unreadable(stream_seq, subject, str(exc), pending or 0)
+    return Stored(stream_seq, subject, event, dict(headers or {}), pending or 0)

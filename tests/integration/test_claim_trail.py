@@ -158,6 +158,20 @@ async def test_verify_waits_for_the_events_still_on_their_way(
     assert "1 claims complete, 0 incomplete" in done.stdout
 
 
+async def test_verify_with_wait_reads_to_the_streams_end_before_it_judges(
+    nats_server: NatsServer, bus: Bus
+) -> None:
+    """Trails that end one after another: ``--wait`` stopped at the first complete one,
+    judged 1 claim of 4 and passed, never reading the open trail after it."""
+    for i in range(3):
+        await life(bus, ClaimRef(uid=f"w{i}", namespace="ns", name=f"w{i}"), "n1")
+    await life(bus, ClaimRef(uid="open", namespace="ns", name="open"), "n1", close=False)
+    done = await audit(nats_server, "--verify", "--wait", "2")
+    assert done.returncode == 1, done.stdout
+    assert "3 claims complete, 1 incomplete" in done.stdout
+    assert "INCOMPLETE ns/open (open):" in done.stdout
+
+
 async def test_audit_leaves_quietly_when_it_stops_before_the_stream_ends(
     nats_server: NatsServer, bus: Bus
 ) -> None:
