@@ -74,9 +74,17 @@ def _literal_type(node: Node, expression: str) -> str | None:
 
 
 def heterogeneous_literal(expression: str, tree: Node) -> str | None:
-    """cel-go's error for the first list literal mixing literal element types."""
+    """cel-go's error for the first list literal mixing literal element types (literals
+    inside a ``format`` call are exempt: cel-go's string.format validator asks so)."""
+    exempt = {
+        id(inner)
+        for node in tree.walk()
+        if node.kind == "call" and node.target and node.name == "format"
+        for arg in node.args[1:]
+        for inner in arg.walk()
+    }
     for node in tree.walk():
-        if node.kind != "list":
+        if node.kind != "list" or id(node) in exempt:
             continue
         first: str | None = None
         for element in node.args:

@@ -13,7 +13,10 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from datetime import datetime
+from functools import lru_cache
+from typing import Any
 
 from services.allocator.cel import goregexp
 from services.allocator.cel.check import error_at
@@ -41,50 +44,137 @@ def _literal(node: Node, expression: str) -> tuple[bool, object]:
     return False, None
 
 
-def literal_problem(expression: str, tree: Node) -> str | None:
-    """The first compile-time or plan-time error cel-go reports for literal arguments."""
+def literal_problem(expression: str, tree: Node, type_of: TypeOf | None = None) -> str | None:
+    """The first compile-time or plan-time error cel-go reports for literal arguments;
+    ``type_of`` gives an argument's checked type name (None: dyn or not known)."""
+    types = type_of or _checked_types(expression)
     for node in tree.walk():
         if node.kind != "call":
             continue
         args = node.args[1:] if node.target else node.args
-        problem = _compile_time(node, args, expression) or _plan_time(node, args, expression)
+        problem = _compile_time(node, args, expression, types) or _plan_time(node, args, expression)
         if problem:
             return problem
     return None
 
 
-_CLAUSE = re.compile(r"%(\.\d+)?([a-zA-Z%])")
-_NUMERIC_ONLY = {
-    "d": ("decimal clause can only be used on integers", ("int", "uint")),
-    "o": ("octal clause can only be used on integers", ("int", "uint")),
-    "f": ("fixed-point clause can only be used on doubles", ("double",)),
-}  # measured against kube-apiserver 1.35: %e is only checked at run time
+# cel-go's string.format validator (ext/formatting.go, strings extension version 2):
+# the kinds each clause accepts (dyn always passes), and its words.
+_CLAUSES = {
+    "d": (("int", "uint"), "decimal clause can only be used on integers"),
+    "o": (("int", "uint"), "octal clause can only be used on integers"),
+    "f": (("double", "string"), "fixed-point clause can only be used on doubles"),
+    "e": (("double", "string"), "scientific clause can only be used on doubles"),
+    "b": (("int", "uint", "bool"), "only integers and bools can be formatted as binary"),
+    "x": (
+        ("int", "uint", "string", "bytes"),
+        "only integers, byte buffers, and strings can be formatted as hex",
+    ),
+    "s": (
+        (
+            "list map int uint double bool string google.protobuf.Timestamp bytes "
+            "google.protobuf.Duration type null_type"
+        ).split(),
+        "string clause can only be used on strings, bools, bytes, ints, doubles, maps, "
+        "lists, types, durations, and timestamps",
+    ),
+}
+_CLAUSES["X"] = _CLAUSES["x"]
+
+TypeOf = Callable[[Node], "str | None"]
 
 
-def _format_problem(node: Node, expression: str) -> str | None:
-    """cel-go's compile-time check of ``"<literal>".format([<literals>])``."""
+def _format_problem(node: Node, expression: str, type_of: TypeOf) -> str | None:
+    """cel-go's compile-time check of ``"<literal>".format([...])``: each clause parsed
+    and checked against the checked type of its argument, the count of arguments."""
     target, args = node.args[0], node.args[1:]
     if target.kind != "lit" or not isinstance(target.value, str):
         return None
     if len(args) != 1 or args[0].kind != "list":
         return None
     elements = args[0].args
-    index = 0
-    for match in _CLAUSE.finditer(target.value):
-        verb = match.group(2)
-        if verb == "%":
+    call = expression.index("(", target.end)  # cel-go reports call errors at its '('
+    text, i, index, requested = target.value, 0, 0, 0
+    while i < len(text):
+        if text[i] != "%":
+            i += 1
             continue
+        if text[i + 1 : i + 2] == "%":
+            i += 2
+            continue
+        requested += 1
+        if i + 1 >= len(text):
+            return _at(expression, call, "unexpected end of string")
         if index >= len(elements):
-            return None
-        element = elements[index]
+            return _at(expression, call, f"index {index} out of range")
+        read, verb, problem = _clause(text[i + 1 :])
+        if problem:
+            return _at(expression, call, f"could not parse formatting clause: {problem}")
+        bad = _clause_type(verb, elements[index], type_of)
+        if bad is not None:
+            where, given = bad
+            message = f"{_CLAUSES[verb][1]}, was given {given}"
+            return _at(expression, where.start, f"error during formatting: {message}")
+        i += 1 + read
         index += 1
-        rule = _NUMERIC_ONLY.get(verb)
-        kind = _kind(element, expression)
-        if rule is None or kind is None or kind in rule[1]:
-            continue
-        message = f"error during formatting: {rule[0]}, was given {kind}"
-        return "compilation failed: " + error_at(expression, element.start, message)
+    if len(elements) > requested:
+        return _at(
+            expression,
+            call,
+            "too many arguments supplied to string.format "
+            f"(expected {requested}, got {len(elements)})",
+        )
     return None
+
+
+def _clause(text: str) -> tuple[int, str, str | None]:
+    """parseFormattingClause: (characters read, verb, problem)."""
+    i = 0
+    if text[:1] == ".":
+        i = 1
+        while True:
+            if i >= len(text):
+                return (
+                    0,
+                    "",
+                    "error while parsing precision: could not find end of precision specifier",
+                )
+            if not text[i].isascii() or not text[i].isdigit():
+                break
+            i += 1
+        if i == 1:
+            return (
+                0,
+                "",
+                (
+                    "error while parsing precision: error while converting precision to integer: "
+                    'strconv.Atoi: parsing "": invalid syntax'
+                ),
+            )
+    verb = text[i]
+    if verb not in _CLAUSES:
+        return 0, "", f'unrecognized formatting clause "{verb}"'
+    return i + 1, verb, None
+
+
+def _clause_type(verb: str, element: Node, type_of: TypeOf) -> tuple[Node, str] | None:
+    """(the element at fault, its type name) when the clause does not take it."""
+    allowed = _CLAUSES[verb][0]
+    given = type_of(element)
+    if given is None or given == "dyn":
+        return None
+    if given.split("(")[0] not in allowed:
+        return element, given.split("(")[0]
+    if verb == "s" and element.kind in ("list", "map"):
+        for sub in element.args:  # a map's args alternate key, value
+            bad = _clause_type("s", sub, type_of)
+            if bad is not None:
+                return bad
+    return None
+
+
+def _at(expression: str, offset: int, message: str) -> str:
+    return "compilation failed: " + error_at(expression, offset, message)
 
 
 def _kind(node: Node, expression: str) -> str | None:
@@ -97,9 +187,56 @@ def _kind(node: Node, expression: str) -> str | None:
     return names.get(type(value))
 
 
-def _compile_time(node: Node, args: list[Node], expression: str) -> str | None:
+def _checked_types(expression: str) -> TypeOf:
+    """An argument's type as cel-go's checker gives it: literals by their form, anything
+    else compiled on its own in the typed environment (None when that fails, e.g. for a
+    comprehension's variable, which the check then lets pass as dyn)."""
+
+    def type_of(node: Node) -> str | None:
+        if node.kind == "list":
+            return "list"
+        if node.kind == "map":
+            return "map"
+        if node.kind == "lit":
+            return "null_type" if node.value is None else _kind(node, expression)
+        return _compiled_type(expression[node.start : node.end])
+
+    return type_of
+
+
+@lru_cache(maxsize=1024)
+def _compiled_type(text: str) -> str | None:
+    from services.allocator.cel import env as celenv  # env imports this module
+    from services.allocator.cel.check import typed_rewrite
+    from services.allocator.cel.parse import ParseError, parse
+
+    try:
+        typed = typed_rewrite(text, parse(text))
+        checked = _typed_env().compile(typed)
+    except (ParseError, RuntimeError):
+        return None
+    name = celenv._kubernetes_names(celenv._type_name(checked.return_type()))
+    return _GO_TYPE_NAMES.get(name, name)
+
+
+_GO_TYPE_NAMES: dict[str, str | None] = {
+    "error": "google.protobuf.Any",  # cel-cpp's name for Kubernetes' attribute value type
+    "timestamp": "google.protobuf.Timestamp",
+    "duration": "google.protobuf.Duration",
+    "null": "null_type",
+}
+
+
+@lru_cache(maxsize=1)
+def _typed_env() -> Any:
+    from services.allocator.cel import env as celenv
+
+    return celenv._new_env(celenv._typed_variables(True), checking=True)
+
+
+def _compile_time(node: Node, args: list[Node], expression: str, type_of: TypeOf) -> str | None:
     if node.name == "format" and node.target:
-        return _format_problem(node, expression)
+        return _format_problem(node, expression, type_of)
     if node.name == "matches" and not node.target and len(args) == 2:
         # cel-go's ValidateRegexLiterals checks the call's first argument, which in
         # the function form is the text, not the pattern.
