@@ -164,6 +164,9 @@ class DeviceStatusWriter:
                 minor = await claimstatus.server_minor(self.api)
                 break
             except ApiError as exc:
+                if exc.not_found or not exc.retryable:  # no /version at all: not a Kubernetes one
+                    log.warning("API server version unreadable", extra={"error": str(exc)})
+                    return False
                 log.warning("API server version unknown; retrying", extra={"error": str(exc)})
                 await backoff.sleep()
         return claimstatus.wanted(self.mode, minor)
