@@ -1,20 +1,40 @@
-"""The validation kube-apiserver 1.35 runs on create, for the objects ``gpudra allocate`` reads.
+"""The validation kube-apiserver runs on create, for the objects ``gpudra allocate`` reads.
 
 A what-if run must refuse what a cluster would refuse, in the API server's
-words (pkg/apis/resource/validation of Kubernetes 1.35: field path, then
-``Invalid value: <value>: <why>``, ``Required value``, ``Forbidden``, ``Too
-many``, ``Unsupported value``), or a claim that could never be created would
-be reported as allocatable. Covered: request and subrequest shape (exactly one
-of ``exactly`` / ``firstAvailable``, at most 8 subrequests, names), device
-class names, allocation mode and count, CEL selectors compiled in the DRA
-environment under the given gates (syntax, types, result type, cost limit),
-constraint and config request references, qualified attribute names;
-on slices, attribute values (exactly one, semver), capacity request policies
-and node selection; DeviceClass selectors.
+words (pkg/apis/resource/validation of the Kubernetes minor followed, 1.35 or
+1.37: field path, then ``Invalid value: <value>: <why>``, ``Required value``,
+``Forbidden``, ``Too many``, ``Too long``, ``Duplicate value``, ``Unsupported
+value``, ``Not found``), or a claim that could never be created would be
+reported as allocatable. Rules follow validation.go function by function:
 
-Each function returns the errors of one object (empty when valid), already
-worded; objects here have had disabled fields dropped (structured/admission.py)
-first, as PrepareForCreate does before Validate.
+* claims (validateDeviceClaim): request and subrequest shape and names (unique),
+  device class names, selectors (CEL compiled in the DRA environment: syntax,
+  types, literals, string.format, cost limit), allocation mode and count,
+  tolerations (validateDeviceToleration), derivedAttributes (1.37: referenced by
+  a constraint, compiled, total cost), constraints and config request
+  references (unique), opaque configs (driver name, parameters);
+* claim status (validateAllocationResult, for the scheduler's write): results
+  naming known requests, driver, pool and device names, binding conditions,
+  tolerations, shareID (validateUID), skipNodeOperations (1.37), configs,
+  the node selector;
+* slices (validateResourceSliceSpec): driver and pool names, node selection
+  (node name, ValidateNodeSelector with exactly one term, matchFields), devices
+  and sharedCounters never together (1.35+), at most 128 devices or 64 with
+  taints, consumed counters or (1.36+) list attributes, unique device names,
+  per device: attributes and capacities (at most 32; 1.36+ at most 48 values),
+  attribute values (one of eight, strings, semver, non-empty lists), capacity
+  request policies, taints (at most 16), consumed counters (at most 2),
+  per-device node selection, binding conditions, nodeAllocatableResources
+  (1.37); counter sets (at most 8, 32 counters); partitionTypeAttribute and
+  skipNodeOperations (1.37);
+* classes: selectors, configs.
+
+Checks that only declarative validation makes and 1.37 does not enforce
+(compatibilityGroups' size, skipNodeOperations' values) are left out: the
+reference allocator, which runs the registry strategies, accepts them. Each
+function returns the errors of one object (empty when valid), already worded;
+objects here have had disabled fields dropped first (structured/admission.py,
+inputs.drop_new_*), as PrepareForCreate does before Validate.
 """
 
 from __future__ import annotations
@@ -22,20 +42,35 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from services.allocator.cel.env import CelEnvironment
+from services.allocator.structured.features import Features
 from services.core import names
 from services.core.quantity import Quantity, QuantityError
 from services.core.resource import (
     CapacityRequestPolicy,
+    CounterSet,
     Device,
+    DeviceAttribute,
     DeviceClass,
+    DeviceConstraint,
+    DeviceCounterConsumption,
+    DeviceDerivedAttribute,
     DeviceSelector,
     DeviceSubRequest,
+    DeviceTaint,
     ExactDeviceRequest,
+    NodeSelector,
+    NodeSelectorRequirement,
+    OpaqueDeviceConfiguration,
     ResourceClaim,
     ResourceSlice,
+    ResourceSliceSpec,
+    Toleration,
 )
 
 MAX_REQUESTS = 32
@@ -43,6 +78,11 @@ MAX_SUBREQUESTS = 8
 MAX_SELECTORS = 32
 MAX_CONSTRAINTS = 32
 MAX_EXPRESSION = 10 * 1024
+MAX_CONFIGS = 32
+MAX_RESULTS = 32
+MAX_OPAQUE = 10 * 1024
+MAX_BINDING_CONDITIONS = 4
+DERIVED_COST_LIMIT = 1_000_000
 
 _C_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _C_IDENTIFIER_MSG = (
@@ -90,6 +130,60 @@ def forbidden(path: str, detail: str) -> str:
 
 def too_many(path: str, count: int, limit: int) -> str:
     return f"{path}: Too many: {count}: must have at most {limit} items"
+
+
+def too_long(path: str, limit: int) -> str:
+    return f"{path}: Too long: may not be more than {limit} bytes"
+
+
+def duplicate(path: str, value: Any) -> str:
+    return f"{path}: Duplicate value: {_go(value)}"
+
+
+def not_supported(path: str, value: Any, supported: Iterable[str]) -> str:
+    choices = ", ".join(json.dumps(v) for v in supported)
+    return f"{path}: Unsupported value: {_go(value)}: supported values: {choices}"
+
+
+def not_found(path: str, value: Any) -> str:
+    return f"{path}: Not found: {_go(value)}"
+
+
+def _duplicates(keys: Iterable[Any], path: str) -> list[str]:
+    """validateSet's uniqueness check: every repeat after the first, at its index."""
+    seen: set[Any] = set()
+    errors: list[str] = []
+    for i, key in enumerate(keys):
+        if key in seen:
+            errors.append(duplicate(f"{path}[{i}]", key))
+        seen.add(key)
+    return errors
+
+
+def _driver_name(name: str, path: str) -> list[str]:
+    """ValidateCSIDriverName (the rules for a driver's name)."""
+    if not name:
+        return [required(path)]
+    errors = [too_long(path, 63)] if len(name.encode()) > 63 else []
+    return errors + [invalid(path, name, p) for p in names.dns1123_subdomain(name.lower())]
+
+
+def _pool_name(name: str, path: str) -> list[str]:
+    if not name:
+        return [required(path)]
+    errors = [too_long(path, 253)] if len(name.encode()) > 253 else []
+    for part in name.split("/"):
+        errors += _dns_subdomain(part, path)
+    return errors
+
+
+def _label_key(key: str, path: str) -> list[str]:
+    """metav1validation.ValidateLabelName."""
+    return [invalid(path, key, problem) for problem in names.label_key(key)]
+
+
+def _label_value(value: str, path: str) -> list[str]:
+    return [invalid(path, value, problem) for problem in names.label_value(value)]
 
 
 def _dns_label(name: str, path: str) -> list[str]:
@@ -193,15 +287,119 @@ def _allocation_mode(body: ExactDeviceRequest | DeviceSubRequest, path: str) -> 
     ]
 
 
-def _body(body: ExactDeviceRequest | DeviceSubRequest, path: str, env: CelEnvironment) -> list[str]:
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What differs by Kubernetes minor and gates in the rules below."""
+
+    minor: int = 37
+    consumable_capacity: bool = True
+
+    @classmethod
+    def of(cls, features: Features | None) -> Rules:
+        if features is None:
+            return cls()
+        return cls(minor=features.minor, consumable_capacity=features.consumable_capacity)
+
+
+_TOLERATION_OPERATORS = ("Equal", "Exists")
+_TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")  # sets.List: sorted
+
+
+def _toleration(toleration: Toleration, path: str) -> list[str]:
+    """validateDeviceToleration."""
+    errors: list[str] = []
+    if toleration.key:
+        errors += _label_key(toleration.key, f"{path}.key")
+    operator = toleration.operator or ""
+    value = toleration.value or ""
+    if operator == "Exists":
+        if value:
+            errors.append(invalid(f"{path}.value", value, "must be empty for operator `Exists`"))
+    elif operator == "Equal":
+        errors += _label_value(value, f"{path}.value")
+    elif operator == "":
+        errors.append(required(f"{path}.operator"))
+    else:
+        errors.append(not_supported(f"{path}.operator", operator, _TOLERATION_OPERATORS))
+    if toleration.effect and toleration.effect not in _TAINT_EFFECTS:
+        errors.append(not_supported(f"{path}.effect", toleration.effect, _TAINT_EFFECTS))
+    return errors
+
+
+def _body(
+    body: ExactDeviceRequest | DeviceSubRequest,
+    path: str,
+    env: CelEnvironment,
+    derived: _Derived | None = None,
+    request: str = "",
+) -> list[str]:
     errors: list[str] = []
     if not body.device_class_name:
         errors.append(required(f"{path}.deviceClassName"))
     else:
         errors += _dns_subdomain(body.device_class_name, f"{path}.deviceClassName")
     errors += _selectors(body.selectors, f"{path}.selectors", env)
+    if derived is not None:
+        errors += derived.check(body.derived_attributes, f"{path}.derivedAttributes", request)
     errors += _allocation_mode(body, path)
+    for i, toleration in enumerate(body.tolerations or []):
+        errors += _toleration(toleration, f"{path}.tolerations[{i}]")
     return errors
+
+
+class _Derived:
+    """validateDeviceDerivedAttributes (1.37): each name used by a constraint on the
+    request, each expression compiled; the claim's total cost bounded."""
+
+    def __init__(self, env: CelEnvironment, constraints: list[DeviceConstraint]) -> None:
+        self.env = env
+        self.total = 0
+        self.used: dict[str, set[str]] = {}
+        for constraint in constraints:
+            name = constraint.match_attribute or constraint.distinct_attribute
+            if name is None:
+                continue
+            for request in constraint.requests or [""]:
+                self.used.setdefault(request, set()).add(name)
+
+    def _referenced(self, name: str, request: str) -> bool:
+        parent = request.split("/", 1)[0]
+        return any(name in self.used.get(key, ()) for key in ("", request, parent))
+
+    def check(
+        self, attrs: list[DeviceDerivedAttribute] | None, path: str, request: str
+    ) -> list[str]:
+        errors: list[str] = []
+        for i, attr in enumerate(attrs or []):
+            where = f"{path}[{i}]"
+            if attr.name and not self._referenced(attr.name, request):
+                errors.append(
+                    invalid(
+                        f"{where}.name",
+                        attr.name,
+                        "must be referenced by at least one matchAttribute or "
+                        "distinctAttribute constraint targeting this request",
+                    )
+                )
+            if attr.expression:
+                errors += self._expression(attr.expression, f"{where}.expression")
+        return errors + _duplicates((a.name for a in attrs or []), path)
+
+    def _expression(self, expression: str, path: str) -> list[str]:
+        if len(expression) > MAX_EXPRESSION:
+            return [too_long(path, MAX_EXPRESSION)]
+        compiled = self.env.compile(expression)
+        error = compiled.error
+        if error is not None and error.startswith("must evaluate to bool"):
+            error = None  # a derived attribute is a value, not a match
+        if error is None:
+            self.total += compiled.cost or 0
+            return []
+        if error.startswith("too complex"):
+            return [forbidden(path, "too complex, exceeds cost limit")]
+        if error.startswith("program instantiation failed"):
+            return [f"{path}: Internal error: {error}"]
+        return [invalid(path, expression, error)]
 
 
 def _request_names(claim: ResourceClaim) -> dict[str, set[str] | None]:
@@ -226,16 +424,29 @@ def _reference(name: str, path: str, names: dict[str, set[str] | None]) -> list[
     return errors
 
 
-def validate_claim(claim: ResourceClaim, env: CelEnvironment) -> list[str]:
-    """ValidateResourceClaim's spec rules."""
+def _references(refs: list[str] | None, path: str, names: dict[str, set[str] | None]) -> list[str]:
+    items = refs or []
+    if len(items) > MAX_REQUESTS:
+        return [too_many(path, len(items), MAX_REQUESTS)]
+    errors = [e for j, name in enumerate(items) for e in _reference(name, f"{path}[{j}]", names)]
+    return errors + _duplicates(items, path)
+
+
+def validate_claim(
+    claim: ResourceClaim, env: CelEnvironment, rules: Rules | None = None
+) -> list[str]:
+    """ValidateResourceClaim's spec rules (validateDeviceClaim)."""
+    rules = rules or Rules()
     devices = claim.spec.devices
     if devices is None:
         return []
     base = "spec.devices"
     errors: list[str] = []
     requests = devices.requests or []
+    derived = _Derived(env, devices.constraints or []) if rules.minor >= 37 else None
     if len(requests) > MAX_REQUESTS:
         errors.append(too_many(f"{base}.requests", len(requests), MAX_REQUESTS))
+        requests = []
     for i, request in enumerate(requests):
         path = f"{base}.requests[{i}]"
         errors += _dns_label(request.name, f"{path}.name")
@@ -253,48 +464,308 @@ def validate_claim(claim: ResourceClaim, env: CelEnvironment) -> list[str]:
                 )
             )
         elif request.exactly is not None:
-            errors += _body(request.exactly, f"{path}.exactly", env)
+            errors += _body(request.exactly, f"{path}.exactly", env, derived, request.name)
         else:
-            errors += _subrequests(request.first_available or [], f"{path}.firstAvailable", env)
+            errors += _subrequests(
+                request.first_available or [], f"{path}.firstAvailable", env, derived, request.name
+            )
+    errors += _duplicates((r.name for r in requests), f"{base}.requests")
     names = _request_names(claim)
-    errors += _constraints(devices.constraints or [], f"{base}.constraints", names)
-    for i, config in enumerate(devices.config or []):
-        for j, name in enumerate(config.requests or []):
-            errors += _reference(name, f"{base}.config[{i}].requests[{j}]", names)
-        if config.opaque is None:
-            errors.append(required(f"{base}.config[{i}].opaque"))
+    errors += _constraints(devices.constraints or [], f"{base}.constraints", names, rules)
+    configs = devices.config or []
+    if len(configs) > MAX_CONFIGS:
+        errors.append(too_many(f"{base}.config", len(configs), MAX_CONFIGS))
+        configs = []
+    for i, config in enumerate(configs):
+        errors += _references(config.requests, f"{base}.config[{i}].requests", names)
+        errors += _opaque(config.opaque, f"{base}.config[{i}]")
+    if derived is not None and derived.total > DERIVED_COST_LIMIT:
+        errors.append(
+            forbidden(
+                base,
+                "too complex, total cost of derived attribute CEL expressions in the claim "
+                "exceeds cost limit",
+            )
+        )
     return errors
 
 
-def _subrequests(subs: list[DeviceSubRequest], path: str, env: CelEnvironment) -> list[str]:
+def _opaque(opaque: OpaqueDeviceConfiguration | None, path: str) -> list[str]:
+    if opaque is None:
+        return [required(f"{path}.opaque")]
+    errors = _driver_name(opaque.driver, f"{path}.opaque.driver")
+    size = len(json.dumps(opaque.parameters, separators=(",", ":")).encode())
+    if opaque.parameters is None:
+        errors.append(required(f"{path}.opaque.parameters"))
+    elif size > MAX_OPAQUE:
+        errors.append(too_long(f"{path}.opaque.parameters", MAX_OPAQUE))
+    return errors
+
+
+def _subrequests(
+    subs: list[DeviceSubRequest],
+    path: str,
+    env: CelEnvironment,
+    derived: _Derived | None = None,
+    request: str = "",
+) -> list[str]:
     if len(subs) > MAX_SUBREQUESTS:
         return [too_many(path, len(subs), MAX_SUBREQUESTS)]
     errors: list[str] = []
     for j, sub in enumerate(subs):
         errors += _dns_label(sub.name, f"{path}[{j}].name")
-        errors += _body(sub, f"{path}[{j}]", env)
-    return errors
+        errors += _body(sub, f"{path}[{j}]", env, derived, f"{request}/{sub.name}")
+    return errors + _duplicates((s.name for s in subs), path)
 
 
 def _constraints(
-    constraints: Iterable[Any], path: str, names: dict[str, set[str] | None]
+    constraints: Iterable[Any],
+    path: str,
+    names: dict[str, set[str] | None],
+    rules: Rules | None = None,
 ) -> list[str]:
+    rules = rules or Rules()
     errors: list[str] = []
     items = list(constraints)
     if len(items) > MAX_CONSTRAINTS:
         return [too_many(path, len(items), MAX_CONSTRAINTS)]
     for i, constraint in enumerate(items):
         where = f"{path}[{i}]"
-        for j, name in enumerate(constraint.requests or []):
-            errors += _reference(name, f"{where}.requests[{j}]", names)
+        errors += _references(constraint.requests, f"{where}.requests", names)
         if constraint.match_attribute is not None:
             errors += _fully_qualified_name(constraint.match_attribute, f"{where}.matchAttribute")
         elif constraint.distinct_attribute is not None:
             errors += _fully_qualified_name(
                 constraint.distinct_attribute, f"{where}.distinctAttribute"
             )
+        elif rules.consumable_capacity:
+            errors.append(
+                required(
+                    where,
+                    'exactly one of "matchAttribute" or "distinctAttribute" is required, '
+                    "but multiple fields are set",
+                )
+            )
         else:
             errors.append(required(f"{where}.matchAttribute"))
+    return errors
+
+
+# ------------------------------------------------------------------ claim status
+
+
+def _skip_node_operations(ops: list[str] | None, path: str) -> list[str]:
+    """validateSkipNodeOperations. (The values and their uniqueness are checked only by
+    declarative validation, which 1.37 runs without enforcing for this field: measured,
+    reference-allocator accepts ``["Bogus"]``.)"""
+    items = ops or []
+    if "NodePrepareResources" in items and not {"NodeUnprepareResources", "*"} & set(items):
+        return [
+            invalid(
+                path,
+                items,
+                "NodePrepareResources cannot be skipped unless NodeUnprepareResources is "
+                "also skipped",
+            )
+        ]
+    return []
+
+
+def _uid(uid: str, path: str) -> list[str]:
+    """validateUID: google/uuid's Validate, then RFC 4122's normalized form."""
+    problem = _uuid_problem(uid)
+    if problem:
+        return [invalid(path, uid, f"error validating uid: {problem}")]
+    if len(uid) != 36 or uid != uid.lower():
+        return [
+            invalid(
+                path,
+                uid,
+                "uid must be in RFC 4122 normalized form, `xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` "
+                "with lowercase hexadecimal characters",
+            )
+        ]
+    return []
+
+
+_HEX = frozenset("0123456789abcdefABCDEF")
+
+
+def _uuid_problem(uid: str) -> str | None:
+    body = uid
+    if len(uid) == 45 and uid[:9].lower() == "urn:uuid:":
+        body = uid[9:]
+    elif len(uid) == 38 and uid[0] == "{" and uid[-1] == "}":
+        body = uid[1:-1]
+    elif len(uid) not in (32, 36):
+        return f"invalid UUID length: {len(uid)}"
+    if len(body) == 36:
+        if any(body[k] != "-" for k in (8, 13, 18, 23)):
+            return "invalid UUID format"
+        body = body.replace("-", "")
+    if len(body) != 32 or not all(c in _HEX for c in body):
+        return "invalid UUID format"
+    return None
+
+
+def _binding(conditions: list[str] | None, failures: list[str] | None, path: str) -> list[str]:
+    """validateDeviceBindingParameters."""
+    good, bad = conditions or [], failures or []
+    errors: list[str] = []
+    for field, items in (("bindingConditions", good), ("bindingFailureConditions", bad)):
+        if len(items) > MAX_BINDING_CONDITIONS:
+            errors.append(too_many(f"{path}.{field}", len(items), MAX_BINDING_CONDITIONS))
+        else:
+            for i, item in enumerate(items):
+                errors += _label_key(item, f"{path}.{field}[{i}]")
+    errors += _duplicates(good, f"{path}.bindingConditions")
+    seen: set[str] = set()
+    for i, item in enumerate(bad):
+        if item in seen:
+            errors.append(duplicate(f"{path}.bindingFailureConditions[{i}]", item))
+        seen.add(item)
+        if item in good:
+            errors.append(
+                invalid(
+                    f"{path}.bindingFailureConditions[{i}]",
+                    item,
+                    "bindingFailureConditions must not overlap with bindingConditions",
+                )
+            )
+    if not good and bad:
+        errors.append(
+            invalid(
+                f"{path}.bindingConditions",
+                good or None,
+                "bindingConditions are required to use bindingFailureConditions",
+            )
+        )
+    if not bad and good:
+        errors.append(
+            invalid(
+                f"{path}.bindingFailureConditions",
+                bad or None,
+                "bindingFailureConditions are required to use bindingConditions",
+            )
+        )
+    return errors
+
+
+def validate_claim_status(claim: ResourceClaim, rules: Rules | None = None) -> list[str]:
+    """validateResourceClaimStatusUpdate for a new status.allocation (what the
+    scheduler writes): results and configs against the claim's requests."""
+    rules = rules or Rules()
+    allocation = claim.status.allocation if claim.status else None
+    if allocation is None:
+        return []
+    names = _request_names(claim)
+    base = "status.allocation.devices"
+    errors: list[str] = []
+    devices = allocation.devices
+    results = (devices.results if devices else None) or []
+    if len(results) > MAX_RESULTS:
+        errors.append(too_many(f"{base}.results", len(results), MAX_RESULTS))
+        results = []
+    for i, result in enumerate(results):
+        path = f"{base}.results[{i}]"
+        errors += _reference(result.request, f"{path}.request", names)
+        errors += _driver_name(result.driver, f"{path}.driver")
+        errors += _pool_name(result.pool, f"{path}.pool")
+        errors += _dns_label(result.device, f"{path}.device")
+        errors += _binding(result.binding_conditions, result.binding_failure_conditions, path)
+        for j, toleration in enumerate(result.tolerations or []):
+            errors += _toleration(toleration, f"{path}.tolerations[{j}]")
+        if result.share_id is not None:
+            errors += _uid(result.share_id, f"{path}.shareID")
+        if rules.minor >= 37:
+            errors += _skip_node_operations(
+                result.skip_node_operations, f"{path}.skipNodeOperations"
+            )
+    configs = (devices.config if devices else None) or []
+    if len(configs) > 2 * MAX_CONFIGS:
+        errors.append(too_many(f"{base}.config", len(configs), 2 * MAX_CONFIGS))
+        configs = []
+    for i, config in enumerate(configs):
+        path = f"{base}.config[{i}]"
+        errors += _references(config.requests, f"{path}.requests", names)
+        errors += _opaque(config.opaque, path)
+    if allocation.node_selector is not None:
+        errors += _node_selector(allocation.node_selector, "status.allocation.nodeSelector")
+    return errors
+
+
+# ------------------------------------------------------------------ node selectors
+
+_SELECTOR_OPERATORS = ("In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt")
+
+
+def _node_selector(selector: NodeSelector, path: str) -> list[str]:
+    """corevalidation.ValidateNodeSelector."""
+    terms_path = f"{path}.nodeSelectorTerms"
+    terms = selector.node_selector_terms or []
+    if not terms:
+        return [required(terms_path, "must have at least one node selector term")]
+    errors: list[str] = []
+    for i, term in enumerate(terms):
+        where = f"{terms_path}[{i}]"
+        for j, req in enumerate(term.match_expressions or []):
+            errors += _requirement(req, f"{where}.matchExpressions[{j}]")
+        for j, req in enumerate(term.match_fields or []):
+            errors += _field_requirement(req, f"{where}.matchFields[{j}]")
+    return errors
+
+
+def _requirement(req: NodeSelectorRequirement, path: str) -> list[str]:
+    values = req.values or []
+    errors: list[str] = []
+    if req.operator in ("In", "NotIn"):
+        if not values:
+            errors.append(
+                required(f"{path}.values", "must be specified when `operator` is 'In' or 'NotIn'")
+            )
+    elif req.operator in ("Exists", "DoesNotExist"):
+        if values:
+            errors.append(
+                forbidden(
+                    f"{path}.values",
+                    "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+                )
+            )
+    elif req.operator in ("Gt", "Lt"):
+        if len(values) != 1:
+            errors.append(
+                required(
+                    f"{path}.values",
+                    "must be specified single value when `operator` is 'Lt' or 'Gt'",
+                )
+            )
+    else:
+        errors.append(invalid(f"{path}.operator", req.operator, "not a valid selector operator"))
+    errors += _label_key(req.key, f"{path}.key")
+    for i, value in enumerate(values):
+        errors += _label_value(value, f"{path}.values[{i}]")
+    return errors
+
+
+def _field_requirement(req: NodeSelectorRequirement, path: str) -> list[str]:
+    values = req.values or []
+    errors: list[str] = []
+    if req.operator in ("In", "NotIn"):
+        if len(values) != 1:
+            errors.append(
+                required(
+                    f"{path}.values",
+                    "must be only one value when `operator` is 'In' or 'NotIn' for node field "
+                    "selector",
+                )
+            )
+    else:
+        errors.append(invalid(f"{path}.operator", req.operator, "not a valid selector operator"))
+    if req.key != "metadata.name":
+        errors.append(invalid(f"{path}.key", req.key, "not a valid field selector key"))
+    else:
+        for i, value in enumerate(values):
+            errors += _dns_subdomain(value, f"{path}.values[{i}]")
     return errors
 
 
@@ -342,19 +813,23 @@ def authorized_for_admin(
 def validate_class(device_class: DeviceClass, env: CelEnvironment) -> list[str]:
     """ValidateDeviceClass's spec rules (selectors and configs)."""
     errors = _selectors(device_class.spec.selectors, "spec.selectors", env)
-    for i, config in enumerate(device_class.spec.config or []):
-        if config.opaque is None:
-            errors.append(required(f"spec.config[{i}].opaque"))
+    configs = device_class.spec.config or []
+    if len(configs) > MAX_CONFIGS:
+        return [*errors, too_many("spec.config", len(configs), MAX_CONFIGS)]
+    for i, config in enumerate(configs):
+        errors += _opaque(config.opaque, f"spec.config[{i}]")
     return errors
 
 
 # ------------------------------------------------------------------ slices
 
 
-def validate_slice(slice_: ResourceSlice) -> list[str]:
-    """ValidateResourceSlice's spec rules that decide what can be allocated."""
+def validate_slice(slice_: ResourceSlice, rules: Rules | None = None) -> list[str]:
+    """validateResourceSliceSpec (Kubernetes 1.<rules.minor>)."""
+    rules = rules or Rules()
     spec = slice_.spec
-    errors: list[str] = []
+    errors = _driver_name(spec.driver, "spec.driver")
+    errors += _pool_name(spec.pool.name, "spec.pool.name")
     if spec.pool.resource_slice_count <= 0:
         errors.append(
             invalid(
@@ -372,9 +847,54 @@ def validate_slice(slice_: ResourceSlice) -> list[str]:
             )
         )
     errors += _node_selection(slice_)
-    for i, device in enumerate(spec.devices or []):
-        errors += _device(device, f"spec.devices[{i}]")
+    devices = spec.devices or []
+    if rules.minor >= 35 and spec.shared_counters is not None and spec.devices is not None:
+        errors.append(invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed"))
+    limit = _max_devices(spec, rules)
+    if len(devices) > limit:
+        errors.append(too_many("spec.devices", len(devices), limit))
+    else:
+        for i, device in enumerate(devices):
+            errors += _device(device, f"spec.devices[{i}]", spec.per_device_node_selection, rules)
+        errors += _duplicates((d.name for d in devices), "spec.devices")
+    errors += _counter_sets(spec.shared_counters or [], rules)
+    if rules.minor >= 37 and spec.partition_type_attribute is not None:
+        errors += _partition_type(spec)
+    if rules.minor >= 37:
+        errors += _skip_node_operations(spec.skip_node_operations, "spec.skipNodeOperations")
     return errors
+
+
+MAX_DEVICES = 128
+MAX_DEVICES_ADVANCED = 64  # with taints, consumed counters (and, from 1.36, list attributes)
+MAX_ENTRIES = 32  # attributes and capacities per device
+MAX_ATTRIBUTE_VALUES = 48  # from 1.36, list items counted one by one
+MAX_STRING = 64
+MAX_TAINTS = 16
+MAX_COUNTER_SETS = 8
+MAX_COUNTERS = 32
+MAX_CONSUMPTIONS = 2
+
+
+def _has_lists(device: Device) -> bool:
+    return any(a.is_list for a in (device.attributes or {}).values())
+
+
+def _value_count(attribute: DeviceAttribute) -> int:
+    """numEntriesDeviceAttribute's count for one attribute: its list items, or 1."""
+    lists = (attribute.ints, attribute.bools, attribute.strings, attribute.versions)
+    items = sum(len(values or []) for values in lists)
+    return items or 1
+
+
+def _max_devices(spec: ResourceSliceSpec, rules: Rules) -> int:
+    devices = spec.devices or []
+    advanced = any(d.taints or d.consumes_counters for d in devices)
+    if rules.minor >= 36:
+        advanced = advanced or any(_has_lists(d) for d in devices)
+    if rules.minor < 35:
+        return MAX_DEVICES
+    return MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
 
 
 def _node_selection(slice_: ResourceSlice) -> list[str]:
@@ -384,12 +904,23 @@ def _node_selection(slice_: ResourceSlice) -> list[str]:
     if spec.node_name is not None:
         if spec.node_name:
             chosen.append("`nodeName`")
+            errors += _dns_subdomain(spec.node_name, "spec.nodeName")
         else:
             errors.append(
                 invalid("spec.nodeName", "", "must be either unset or set to a non-empty string")
             )
     if spec.node_selector is not None:
         chosen.append("`nodeSelector`")
+        errors += _node_selector(spec.node_selector, "spec.nodeSelector")
+        terms = spec.node_selector.node_selector_terms or []
+        if len(terms) != 1:
+            errors.append(
+                invalid(
+                    "spec.nodeSelector.nodeSelectorTerms",
+                    [msgspec.to_builtins(t) for t in terms] or None,
+                    "must have exactly one node selector term",
+                )
+            )
     for field, value in (
         ("allNodes", spec.all_nodes),
         ("perDeviceNodeSelection", spec.per_device_node_selection),
@@ -412,54 +943,62 @@ def _node_selection(slice_: ResourceSlice) -> list[str]:
     return errors
 
 
-def _device(device: Device, path: str) -> list[str]:
+def _counter_sets(sets: list[CounterSet], rules: Rules) -> list[str]:
+    if len(sets) > MAX_COUNTER_SETS:
+        return [too_many("spec.sharedCounters", len(sets), MAX_COUNTER_SETS)]
+    errors: list[str] = []
+    for i, counter_set in enumerate(sets):
+        path = f"spec.sharedCounters[{i}]"
+        errors += _counter_name(counter_set.name, f"{path}.name")
+        errors += _counters(counter_set.counters, f"{path}.counters")
+    return errors + _duplicates((c.name for c in sets), "spec.sharedCounters")
+
+
+def _counter_name(name: str, path: str) -> list[str]:
+    return [required(path)] if not name else _dns_label(name, path)
+
+
+def _counters(counters: dict[str, Any], path: str) -> list[str]:
+    if not counters:
+        return [required(path)]
+    if len(counters) > MAX_COUNTERS:
+        return [too_many(path, len(counters), MAX_COUNTERS)]
+    return [e for name in counters for e in _dns_label(name, path)]
+
+
+def _device(
+    device: Device, path: str, per_device: bool | None = None, rules: Rules | None = None
+) -> list[str]:
+    rules = rules or Rules()
     errors = _dns_label(device.name, f"{path}.name")
-    for name, attribute in (device.attributes or {}).items():
-        where = f"{path}.attributes[{name}]"
-        errors += _qualified_name(name, where)
-        values: list[object] = [
-            v
-            for v in (attribute.int_, attribute.bool_, attribute.string, attribute.version)
-            if v is not None
-        ]
-        # 1.36+ list values (DRAListTypeAttributes; dropped on create with the gate off).
-        for kind, items in (
-            ("bools", attribute.bools),
-            ("ints", attribute.ints),
-            ("strings", attribute.strings),
-            ("versions", attribute.versions),
-        ):
-            if items is None:
-                continue
-            values.append(items)
-            if not items:
-                errors.append(invalid(f"{where}.{kind}", items, "must not be empty if specified"))
-            for i, item in enumerate(items if kind == "versions" else []):
-                if not _SEMVER.match(str(item)):
-                    errors.append(
-                        invalid(
-                            f"{where}.versions[{i}]",
-                            item,
-                            "must be a string compatible with semver.org spec 2.0.0",
-                        )
-                    )
-        if attribute.version is not None and not _SEMVER.match(attribute.version):
+    attributes = device.attributes or {}
+    entries = len(attributes) + len(device.capacity or {})
+    if entries > MAX_ENTRIES:
+        errors.append(
+            invalid(
+                path,
+                entries,
+                f"the total number of attributes and capacities must not exceed {MAX_ENTRIES}",
+            )
+        )
+    if rules.minor >= 36:
+        values = sum(_value_count(a) for a in attributes.values())
+        if values > MAX_ATTRIBUTE_VALUES:
             errors.append(
                 invalid(
-                    f"{where}.version",
-                    attribute.version,
-                    "must be a string compatible with semver.org spec 2.0.0",
+                    path,
+                    values,
+                    f"the total number of attribute values must not exceed {MAX_ATTRIBUTE_VALUES}",
                 )
             )
-        if not values:
-            errors.append(invalid(where, "", "exactly one value must be specified"))
-        elif len(values) > 1:
-            shown = _attribute_json(attribute)
-            errors.append(f"{where}: Invalid value: {shown}: exactly one value must be specified")
+    for name, attribute in attributes.items():
+        where = f"{path}.attributes[{name}]"
+        errors += _qualified_name(name, f"{path}.attributes")
+        errors += _attribute(attribute, where)
     multi = bool(device.allow_multiple_allocations)
     for name, capacity in (device.capacity or {}).items():
         where = f"{path}.capacity[{name}]"
-        errors += _qualified_name(name, where)
+        errors += _qualified_name(name, f"{path}.capacity")
         policy = capacity.request_policy
         if policy is None:
             continue
@@ -469,6 +1008,256 @@ def _device(device: Device, path: str) -> list[str]:
             )
         else:
             errors += _policy(capacity.value, policy, f"{where}.requestPolicy")
+    taints = device.taints or []
+    if len(taints) > MAX_TAINTS:
+        errors.append(too_many(f"{path}.taints", len(taints), MAX_TAINTS))
+    else:
+        for i, taint in enumerate(taints):
+            errors += _taint(taint, f"{path}.taints[{i}]")
+    errors += _consumptions(device.consumes_counters or [], f"{path}.consumesCounters", rules)
+    errors += _device_node(device, path, per_device)
+    errors += _binding(device.binding_conditions, device.binding_failure_conditions, path)
+    if rules.minor >= 37:
+        errors += _node_allocatable(device, f"{path}.nodeAllocatableResources")
+    return errors
+
+
+def _taint(taint: DeviceTaint, path: str) -> list[str]:
+    errors = _label_key(taint.key, f"{path}.key")
+    if taint.value:
+        errors += _label_value(taint.value, f"{path}.value")
+    if not taint.effect:
+        errors.append(required(f"{path}.effect"))
+    elif taint.effect not in _TAINT_EFFECTS:
+        errors.append(not_supported(f"{path}.effect", taint.effect, _TAINT_EFFECTS))
+    return errors
+
+
+def _consumptions(items: list[DeviceCounterConsumption], path: str, rules: Rules) -> list[str]:
+    if len(items) > MAX_CONSUMPTIONS:
+        return [too_many(path, len(items), MAX_CONSUMPTIONS)]
+    errors: list[str] = []
+    for i, item in enumerate(items):
+        where = f"{path}[{i}]"
+        errors += _counter_name(item.counter_set, f"{where}.counterSet")
+        errors += _counters(item.counters, f"{where}.counters")
+    errors += _duplicates((c.counter_set for c in items), path)
+    # compatibilityGroups (1.37): at most 2, short names, unique, but only in declarative
+    # validation, which 1.37 does not enforce for it (reference-allocator accepts 3).
+    return errors
+
+
+_PER_DEVICE = (
+    "exactly one of `nodeName`, `nodeSelector`, or `allNodes` is required when "
+    "`perDeviceNodeSelection` is set to true in the ResourceSlice spec"
+)
+
+
+def _device_node(device: Device, path: str, per_device: bool | None) -> list[str]:
+    errors: list[str] = []
+    if per_device:
+        chosen = []
+        if device.node_name is not None:
+            if device.node_name:
+                chosen.append("`nodeName`")
+                errors += _dns_subdomain(device.node_name, f"{path}.nodeName")
+            else:
+                errors.append(invalid(f"{path}.nodeName", "", "must not be empty"))
+        if device.node_selector is not None:
+            chosen.append("`nodeSelector`")
+            errors += _node_selector(device.node_selector, f"{path}.nodeSelector")
+        if device.all_nodes is not None:
+            if device.all_nodes:
+                chosen.append("`allNodes`")
+            else:
+                errors.append(
+                    invalid(f"{path}.allNodes", False, "must be either unset or set to true")
+                )
+        if not chosen:
+            errors.append(required(path, _PER_DEVICE))
+        elif len(chosen) > 1:
+            errors.append(invalid(path, "{" + ", ".join(chosen) + "}", _PER_DEVICE))
+    elif (
+        device.node_name is not None
+        or device.node_selector is not None
+        or (device.all_nodes is not None)
+    ):
+        errors.append(
+            invalid(
+                path,
+                None,
+                "`nodeName`, `nodeSelector` and `allNodes` can only be set if "
+                "`perDeviceNodeSelection` is set to true in the ResourceSlice spec",
+            )
+        )
+    return errors
+
+
+def _attribute(attribute: DeviceAttribute, where: str) -> list[str]:
+    """validateDeviceAttribute."""
+    errors: list[str] = []
+    count = 0
+    for value in (attribute.int_, attribute.bool_):
+        count += value is not None
+    if attribute.string is not None:
+        count += 1
+        if len(attribute.string.encode()) > MAX_STRING:
+            errors.append(too_long(f"{where}.string", MAX_STRING))
+    if attribute.version is not None:
+        count += 1
+        errors += _version(attribute.version, f"{where}.version")
+    for field, items in (
+        ("bools", attribute.bools),
+        ("ints", attribute.ints),
+        ("strings", attribute.strings),
+        ("versions", attribute.versions),
+    ):
+        if items is None:
+            continue
+        count += 1
+        if not items:
+            errors.append(invalid(f"{where}.{field}", [], "must not be empty if specified"))
+        if field == "versions":
+            for i, item in enumerate(items):
+                errors += _version(str(item), f"{where}.versions[{i}]")
+    if count == 0:
+        errors.append(invalid(where, "", "exactly one value must be specified"))
+    elif count > 1:
+        errors.append(
+            f"{where}: Invalid value: {_attribute_json(attribute)}: exactly one value must be "
+            "specified"
+        )
+    if attribute.strings:
+        for i, item in enumerate(attribute.strings):
+            if len(str(item).encode()) > MAX_STRING:
+                errors.append(too_long(f"{where}.strings[{i}]", MAX_STRING))
+    return errors
+
+
+def _version(value: str, path: str) -> list[str]:
+    errors = []
+    if not _SEMVER.match(value):
+        errors.append(
+            invalid(path, value, "must be a string compatible with semver.org spec 2.0.0")
+        )
+    if len(value.encode()) > MAX_STRING:
+        errors.append(too_long(path, MAX_STRING))
+    return errors
+
+
+def _partition_type(spec: ResourceSliceSpec) -> list[str]:
+    """validatePartitionTypeAttribute (1.37)."""
+    name = spec.partition_type_attribute or ""
+    devices = spec.devices or []
+    if not any(d.consumes_counters for d in devices):
+        return [
+            invalid(
+                "spec.partitionTypeAttribute",
+                name,
+                "may only be set on a slice which declares devices that consume counters",
+            )
+        ]
+    if _fully_qualified_name(name, "spec.partitionTypeAttribute"):
+        return []  # reported by declarative validation only (not enforced in 1.37)
+    bare = name.removeprefix(spec.driver + "/") if name.startswith(spec.driver + "/") else ""
+    errors: list[str] = []
+    for i, device in enumerate(devices):
+        if not device.consumes_counters:
+            continue
+        path = f"spec.devices[{i}].attributes[{name}]"
+        attributes = device.attributes or {}
+        attribute = attributes.get(name) or (attributes.get(bare) if bare else None)
+        if attribute is None:
+            errors.append(
+                required(
+                    path,
+                    "device consumes counters and `partitionTypeAttribute` names this "
+                    "attribute, so it must be set",
+                )
+            )
+        elif attribute.string is None:
+            errors.append(
+                f"{path}: Invalid value: {_attribute_json(attribute)}: must be a string value "
+                "because `partitionTypeAttribute` names this attribute"
+            )
+    return errors
+
+
+def _node_allocatable(device: Device, path: str) -> list[str]:
+    """validateNodeAllocatableResources (1.37)."""
+    errors: list[str] = []
+    capacities = device.capacity or {}
+    for name, entry in (device.node_allocatable_resources or {}).items():
+        where = f"{path}[{name}]"
+        if not _node_allocatable_name(name):
+            errors.append(invalid(where, name, "must be a node allocatable resource name"))
+        mapping, overhead = entry.get("mapping"), entry.get("overhead")
+        if mapping is None and overhead is None:
+            errors.append(required(where, "at least one of mapping or overhead must be set"))
+        if isinstance(mapping, dict):
+            errors += _allocatable_mapping(mapping, capacities, f"{where}.mapping")
+        if isinstance(overhead, dict):
+            errors += _allocatable_overhead(overhead, f"{where}.overhead")
+    return errors
+
+
+def _node_allocatable_name(name: str) -> bool:
+    """IsNodeAllocatableResourceName: cpu, memory, ephemeral-storage, hugepages-*."""
+    return name in ("cpu", "memory", "ephemeral-storage") or name.startswith("hugepages-")
+
+
+def _sign(text: Any) -> int | None:
+    try:
+        return Quantity.parse(str(text)).sign()
+    except QuantityError:
+        return None
+
+
+def _allocatable_mapping(
+    mapping: dict[str, Any], capacities: dict[str, Any], path: str
+) -> list[str]:
+    errors: list[str] = []
+    key, multiplier = mapping.get("capacityKey"), mapping.get("capacityMultiplier")
+    if key is not None:
+        if key == "":
+            errors.append(
+                invalid(f"{path}.capacityKey", "", "capacityKey must not be an empty string")
+            )
+        elif key not in capacities:
+            errors.append(not_found(f"{path}.capacityKey", key))
+        if multiplier is None:
+            errors.append(
+                required(
+                    f"{path}.capacityMultiplier",
+                    "capacityMultiplier is required when capacityKey is set",
+                )
+            )
+        elif (_sign(multiplier) or 0) <= 0:
+            errors.append(
+                invalid(f"{path}.capacityMultiplier", str(multiplier), "must be positive")
+            )
+    device_multiplier = mapping.get("deviceMultiplier")
+    if device_multiplier is not None and (_sign(device_multiplier) or 0) <= 0:
+        errors.append(
+            invalid(f"{path}.deviceMultiplier", str(device_multiplier), "must be positive")
+        )
+    if multiplier is not None and key is None:
+        errors.append(
+            required(
+                f"{path}.capacityKey", "capacityKey is required when capacityMultiplier is set"
+            )
+        )
+    return errors
+
+
+def _allocatable_overhead(overhead: dict[str, Any], path: str) -> list[str]:
+    per_pod, per_container = overhead.get("perPod"), overhead.get("perContainer")
+    if per_pod is None and per_container is None:
+        return [invalid(path, "", "at least one of perPod or perContainer must be set")]
+    errors: list[str] = []
+    for field, value in (("perPod", per_pod), ("perContainer", per_container)):
+        if value is not None and (_sign(value) or 0) < 0:
+            errors.append(invalid(f"{path}.{field}", str(value), "must be non-negative"))
     return errors
 
 

@@ -23,7 +23,7 @@ import yaml
 
 from services.allocator.cel.env import CelEnvironment
 from services.allocator.structured.admission import admit_claim, admit_slice
-from services.allocator.structured.features import Features
+from services.allocator.structured.features import DEFAULT_MINOR, Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.snapshot import Inputs
 from services.core.quantity import Quantity, QuantityError
@@ -36,6 +36,44 @@ from services.core.resource import (
 )
 from services.offline import apivalidate
 from services.offline.strict import StrictError, strict
+
+
+def drop_new_slice_fields(slice_: ResourceSlice, features: Features) -> None:
+    """The 1.36/1.37 fields a slice loses on create when their gate is off
+    (resourceslice/strategy.go's dropDisabled*Fields; services/allocator/structured/
+    admission.py drops the older ones)."""
+    spec = slice_.spec
+    if not features.partitionable_devices_type:
+        spec.partition_type_attribute = None
+    if not features.optional_node_operations:
+        spec.skip_node_operations = None
+    for device in spec.devices or []:
+        if not features.node_allocatable_resources:
+            device.node_allocatable_resources = None
+        if not features.compatibility_groups:
+            for consumption in device.consumes_counters or []:
+                consumption.compatibility_groups = None
+        if not features.list_type_attributes:
+            for attribute in (device.attributes or {}).values():
+                attribute.ints = attribute.bools = attribute.strings = attribute.versions = None
+
+
+def drop_new_claim_fields(claim: ResourceClaim, features: Features) -> None:
+    """The 1.37 fields a claim loses on create (spec) or on the scheduler's status
+    update when their gate is off (resourceclaim/strategy.go)."""
+    devices = claim.spec.devices
+    if not features.derived_attributes:
+        for request in (devices.requests if devices else None) or []:
+            if request.exactly is not None:
+                request.exactly.derived_attributes = None
+            for sub in request.first_available or []:
+                sub.derived_attributes = None
+    allocation = claim.status.allocation if claim.status else None
+    results = allocation.devices.results if allocation and allocation.devices else None
+    if not features.optional_node_operations:
+        for result in results or []:
+            result.skip_node_operations = None
+
 
 _KINDS: dict[str, type[msgspec.Struct]] = {
     "DeviceClass": DeviceClass,
@@ -153,6 +191,8 @@ class _Reader:
         self.inputs = Inputs()
         self.features = features
         self.namespaces: dict[str, dict[str, str]] = {}
+        self.rules = apivalidate.Rules.of(features)
+        self.minor = features.minor if features else DEFAULT_MINOR
         consumable = features.consumable_capacity if features else True
         lists = bool(features and features.list_type_attributes)
         self.env = CelEnvironment(consumable_capacity=consumable, list_attributes=lists)
@@ -183,7 +223,7 @@ class _Reader:
                 "Namespace"
             )
         try:
-            strict(doc, _KINDS[kind])
+            strict(doc, _KINDS[kind], self.minor)
             obj = msgspec.convert(doc, _KINDS[kind])
         except (msgspec.ValidationError, StrictError) as exc:
             raise InputError(f"{where}: invalid {kind}: {exc}") from exc
@@ -228,8 +268,10 @@ class _Reader:
         features = self.features
         if features is not None and isinstance(obj, ResourceSlice):
             admit_slice(obj, features)
+            drop_new_slice_fields(obj, features)
         elif features is not None and isinstance(obj, ResourceClaim):
             admit_claim(obj, features)
+            drop_new_claim_fields(obj, features)
         _check_quantities(obj)
         if isinstance(obj, ResourceClaim):
             _check_claim(obj)
@@ -241,11 +283,12 @@ class _Reader:
         if isinstance(obj, DeviceClass):
             return apivalidate.validate_class(obj, self.env)
         if isinstance(obj, ResourceSlice):
-            return apivalidate.validate_slice(obj)
+            return apivalidate.validate_slice(obj, self.rules)
         if isinstance(obj, ResourceClaim):
-            errors = apivalidate.validate_claim(obj, self.env)
+            errors = apivalidate.validate_claim(obj, self.env, self.rules)
             namespace = obj.metadata.namespace or "default"
-            return errors or apivalidate.authorized_for_admin(obj, self.namespaces.get(namespace))
+            errors = errors or apivalidate.authorized_for_admin(obj, self.namespaces.get(namespace))
+            return errors or apivalidate.validate_claim_status(obj, self.rules)
         return []
 
     def _keep(self, where: str, obj: msgspec.Struct, label: str) -> None:

@@ -42,54 +42,76 @@ _QUANTITY_FIELDS = frozenset(
 )
 
 
+# Fields (by encoded name, on the struct that holds them) and the Kubernetes minor
+# whose resource.k8s.io/v1 first has them: an older API server does not know them.
+_SINCE = {
+    ("DeviceAttribute", "ints"): 36,
+    ("DeviceAttribute", "bools"): 36,
+    ("DeviceAttribute", "strings"): 36,
+    ("DeviceAttribute", "versions"): 36,
+    ("Device", "nodeAllocatableResources"): 37,  # 1.36 had another shape under another name
+    ("DeviceCounterConsumption", "compatibilityGroups"): 37,
+    ("ResourceSliceSpec", "partitionTypeAttribute"): 37,
+    ("ResourceSliceSpec", "skipNodeOperations"): 37,
+    ("ExactDeviceRequest", "derivedAttributes"): 37,
+    ("DeviceSubRequest", "derivedAttributes"): 37,
+    ("DeviceRequestAllocationResult", "skipNodeOperations"): 37,
+}
+
+
 class StrictError(ValueError):
     """A field the API server does not know."""
 
 
-def strict(doc: dict[str, Any], model: type[msgspec.Struct]) -> None:
-    """Raise :class:`StrictError` for the first unknown field; numeric quantities become
-    strings in place."""
-    _walk(doc, mi.type_info(model), "", False)
+def strict(doc: dict[str, Any], model: type[msgspec.Struct], minor: int = 99) -> None:
+    """Raise :class:`StrictError` for the first unknown field (of Kubernetes 1.<minor>'s
+    API); numeric quantities become strings in place."""
+    _Walker(minor).walk(doc, mi.type_info(model), "", False)
 
 
 def _join(path: str, name: str) -> str:
     return f"{path}.{name}" if path else name
 
 
-def _walk(value: Any, info: mi.Type, path: str, quantity: bool) -> Any:
-    """The value to keep (a numeric quantity comes back as its string)."""
-    if isinstance(info, mi.UnionType):
-        for option in info.types:
-            if not isinstance(option, mi.NoneType):
-                return _walk(value, option, path, quantity) if value is not None else value
+class _Walker:
+    def __init__(self, minor: int) -> None:
+        self.minor = minor
+
+    def walk(self, value: Any, info: mi.Type, path: str, quantity: bool) -> Any:
+        """The value to keep (a numeric quantity comes back as its string)."""
+        if isinstance(info, mi.UnionType):
+            for option in info.types:
+                if not isinstance(option, mi.NoneType):
+                    return self.walk(value, option, path, quantity) if value is not None else value
+            return value
+        if isinstance(info, mi.StructType) and isinstance(value, dict):
+            self._struct(value, info, path)
+        elif isinstance(info, mi.ListType) and isinstance(value, list):
+            for i, item in enumerate(value):
+                value[i] = self.walk(item, info.item_type, f"{path}[{i}]", quantity)
+        elif isinstance(info, mi.DictType) and isinstance(value, dict):
+            for key in list(value):
+                value[key] = self.walk(value[key], info.value_type, f"{path}[{key}]", quantity)
+        elif quantity and isinstance(value, (int, float)) and not isinstance(value, bool):
+            return _number_text(value)
         return value
-    if isinstance(info, mi.StructType) and isinstance(value, dict):
-        _struct(value, info, path)
-    elif isinstance(info, mi.ListType) and isinstance(value, list):
-        for i, item in enumerate(value):
-            value[i] = _walk(item, info.item_type, f"{path}[{i}]", quantity)
-    elif isinstance(info, mi.DictType) and isinstance(value, dict):
+
+    def _struct(self, value: dict[str, Any], info: mi.StructType, path: str) -> None:
+        name = info.cls.__name__
+        if name == "ObjectMeta":
+            unknown = [key for key in value if key not in _OBJECT_META]
+            if unknown:
+                raise StrictError(
+                    f'strict decoding error: unknown field "{_join(path, unknown[0])}"'
+                )
+            return
+        fields = {f.encode_name: f for f in info.fields}
         for key in list(value):
-            value[key] = _walk(value[key], info.value_type, f"{path}[{key}]", quantity)
-    elif quantity and isinstance(value, (int, float)) and not isinstance(value, bool):
-        return _number_text(value)
-    return value
-
-
-def _struct(value: dict[str, Any], info: mi.StructType, path: str) -> None:
-    name = info.cls.__name__
-    if name == "ObjectMeta":
-        unknown = [key for key in value if key not in _OBJECT_META]
-        if unknown:
-            raise StrictError(f'strict decoding error: unknown field "{_join(path, unknown[0])}"')
-        return
-    fields = {f.encode_name: f for f in info.fields}
-    for key in list(value):
-        found = fields.get(key)
-        if found is None:
-            raise StrictError(f'strict decoding error: unknown field "{_join(path, key)}"')
-        quantity = (name, key) in _QUANTITY_FIELDS
-        value[key] = _walk(value[key], found.type, _join(path, key), quantity)
+            found = fields.get(key)
+            if found is None or _SINCE.get((name, key), 0) > self.minor:
+                raise StrictError(f'strict decoding error: unknown field "{_join(path, key)}"')
+            quantity = (name, key) in _QUANTITY_FIELDS
+            value[key] = self.walk(value[key], found.type, _join(path, key), quantity)
 
 
 def _number_text(value: float) -> str:
