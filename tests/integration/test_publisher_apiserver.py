@@ -1,8 +1,9 @@
-"""The publisher's API client and reconciler against a real kube-apiserver (v1.35).
+"""The publisher's API client and reconciler against a real kube-apiserver (v1.37).
 
 Uses the control plane that tests/e2e builds (etcd + kube-apiserver from the Go
 module proxy); skipped when it cannot be built here. The API server runs with
-DRAPartitionableDevices and DRADeviceTaints so it stores counters and taints.
+DRAPartitionableDevices, DRADeviceTaints (both on by default from 1.36) and
+DRAListTypeAttributes (alpha) so it stores counters, taints and list attributes.
 What this shows that the fake cannot: the server's own validation accepts every
 rendered layout, its canonical quantities and ``timeAdded`` stamps compare equal
 to what we render (a restart writes nothing), field selectors and the watch
@@ -38,7 +39,11 @@ NODE = "pub-node-1"
 
 @pytest.fixture(scope="module")
 def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
-    gates = {"DRAPartitionableDevices": True, "DRADeviceTaints": True}
+    gates = {
+        "DRAPartitionableDevices": True,
+        "DRADeviceTaints": True,
+        "DRAListTypeAttributes": True,
+    }
     with ControlPlane(controlplane_binary, nodes=[NODE], feature_gates=gates) as cp:
         yield cp
 
@@ -52,7 +57,7 @@ def _sick(inv: NodeInventory) -> NodeInventory:
     return msgspec.structs.replace(inv, gpus=gpus)
 
 
-def _every_layout() -> list[tuple[str, str, int]]:
+def _every_layout(minor: int) -> list[tuple[str, str, int]]:
     """Every fleet profile x every valid combination of the driver's gates, one
     entry per distinct rendering (most gates do not change the slices); the gates of
     the compute-domain driver and those gpudra refuses on are left at their defaults."""
@@ -70,23 +75,23 @@ def _every_layout() -> list[tuple[str, str, int]]:
         inv = _sick(fleet_inventory(fleet, NODE))
         seen: set[bytes] = set()
         for gates in combos:
-            rendered = msgspec.json.encode(render_contents(inv, RenderOptions(gates, 35)))
+            rendered = msgspec.json.encode(render_contents(inv, RenderOptions(gates, minor)))
             if rendered not in seen:
                 seen.add(rendered)
-                layouts.append((fleet, gates.spec(), 35))
+                layouts.append((fleet, gates.spec(), minor))
     return layouts
 
 
 async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
     apiserver: ControlPlane,
 ) -> None:
-    """Also: the 1.34 combined layout is refused by 1.35, as slicecheck predicts."""
+    """Also: the 1.34 combined layout is refused from 1.35 on, as slicecheck predicts."""
     api = KubeSliceApi(await http_api(str(apiserver.kubeconfig)))
     try:
-        assert await api.server_minor() == 35
+        assert await api.server_minor() == apiserver.kube_minor
         node_uid = await api.node_uid(NODE)
         assert node_uid
-        for fleet, gates, minor in _every_layout():
+        for fleet, gates, minor in _every_layout(apiserver.kube_minor):
             inv = _sick(fleet_inventory(fleet, NODE))
             contents = render_contents(inv, RenderOptions(featuregates.parse(gates), minor))
             first = await Reconciler(api).sync(NODE, contents)
@@ -95,7 +100,7 @@ async def test_every_layout_is_accepted_and_a_restart_writes_nothing(
             assert restarted.writes == 0, (fleet, gates, minor)
             stored = (await api.list_slices(NODE)).items
             assert len(stored) == len(contents)
-            assert not slicecheck.check_pool(stored)
+            assert not slicecheck.check_pool(stored, kube_minor=minor)
             for s in stored:
                 assert [o.uid for o in s.metadata.owner_references or []] == [node_uid]
             if "NVMLDeviceHealthCheck" in gates:
@@ -118,7 +123,8 @@ async def test_the_service_puts_back_a_slice_deleted_behind_its_back(
 ) -> None:
     api = KubeSliceApi(await http_api(str(apiserver.kubeconfig)))
     config = PublisherConfig(
-        render=RenderOptions(featuregates.parse("DynamicMIG=true")), kube_minor=35,
+        render=RenderOptions(featuregates.parse("DynamicMIG=true")),
+        kube_minor=apiserver.kube_minor,
         force_registered=True,
     )  # fmt: skip
     publisher = Publisher(api, config)
