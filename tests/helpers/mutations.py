@@ -5,11 +5,22 @@ and breaks one of them the way a hand-written manifest can be broken: a field
 rule, a CEL selector, an unknown field, an attribute. Both ``gpudra allocate``
 and ``reference-allocator`` must then refuse the input (exit 2) at the same
 document, naming the same field with the same kind of error
-(tests/e2e/test_differential_refusals.py).
+(tests/e2e/test_differential_refusals.py), for Kubernetes 1.37 and 1.35.
+
+There is one mutation per rule of pkg/apis/resource/validation that a manifest
+can break (services/offline/apivalidate.py lists them), plus CEL selectors the
+API server refuses (cost, string.format types, mixed literals, Go regexes) and
+fields of 1.37 (list attributes, derivedAttributes, skipNodeOperations,
+partitionTypeAttribute, nodeAllocatableResources). :data:`NEEDS` names the gates
+under which the API server keeps the field a mutation breaks (with the gate off
+it is dropped on create; a list attribute left with no value is a mutation of
+its own); a gate the release does not have is left out: 1.35 refuses a 1.37
+field as unknown.
 """
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Callable
 from typing import Any
@@ -143,6 +154,412 @@ def bad_device_name(rng: random.Random, objects: Objects) -> bool:
     return True
 
 
+def _claims(objects: Objects, allocated: bool = False) -> list[dict[str, Any]]:
+    return [c for c in _of(objects, "ResourceClaim") if ("status" in c) == allocated]
+
+
+def _slices_with_devices(objects: Objects) -> list[dict[str, Any]]:
+    return [s for s in _of(objects, "ResourceSlice") if s["spec"].get("devices")]
+
+
+def _selector(rng: random.Random, objects: Objects, expression: str) -> bool:
+    body = _pick(rng, _exact_bodies(objects))
+    if body is None:
+        return False
+    body.setdefault("selectors", []).append({"cel": {"expression": expression}})
+    return True
+
+
+def over_cost_limit(rng: random.Random, objects: Objects) -> bool:
+    words = "device.driver.split('.')"
+    return _selector(
+        rng, objects, f"{words}.all(a, {words}.all(b, {words}.all(c, a + b + c != '')))"
+    )
+
+
+def format_argument_type(rng: random.Random, objects: Objects) -> bool:
+    return _selector(
+        rng,
+        objects,
+        rng.choice(
+            [
+                "'%d'.format([device.driver]) == ''",
+                "'%b'.format([1.5]) == ''",
+                "'%x'.format([true]) == ''",
+                "'%e'.format([1]) == ''",
+                "'%s'.format([quantity('1')]) == ''",
+                "'%s %s'.format([1]) == ''",
+                "'%s'.format([1, 2]) == ''",
+                "'%q'.format([1]) == ''",
+            ]
+        ),
+    )
+
+
+def mixed_list_literal(rng: random.Random, objects: Objects) -> bool:
+    return _selector(rng, objects, rng.choice(["device.driver in ['a', 1]", "[1, 2u].size() == 2"]))
+
+
+def go_invalid_regex(rng: random.Random, objects: Objects) -> bool:
+    pattern = rng.choice(["\\\\C", "(?=x)", "(a)\\\\1", "\\\\Z", "a**", "a{1001}", "(?P<>x)"])
+    return _selector(rng, objects, f"device.driver.matches('{pattern}')")
+
+
+def devices_and_counters(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, _slices_with_devices(objects))
+    if slice_ is None:
+        return False
+    slice_["spec"]["sharedCounters"] = [{"name": "cs", "counters": {"c": {"value": "1"}}}]
+    return True
+
+
+def _node_selected(rng: random.Random, objects: Objects, terms: list[Any]) -> bool:
+    slice_ = _pick(rng, _of(objects, "ResourceSlice"))
+    if slice_ is None:
+        return False
+    spec = slice_["spec"]
+    for key in ("nodeName", "allNodes", "perDeviceNodeSelection"):
+        spec.pop(key, None)
+    for device in spec.get("devices") or []:
+        for key in ("nodeName", "nodeSelector", "allNodes"):
+            device.pop(key, None)
+    spec["nodeSelector"] = {"nodeSelectorTerms": terms}
+    return True
+
+
+def two_node_selector_terms(rng: random.Random, objects: Objects) -> bool:
+    term = {"matchExpressions": [{"key": "kubernetes.io/hostname", "operator": "Exists"}]}
+    return _node_selected(rng, objects, [term, term])
+
+
+def match_fields_two_values(rng: random.Random, objects: Objects) -> bool:
+    requirement = {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}
+    return _node_selected(rng, objects, [{"matchFields": [requirement]}])
+
+
+def bad_node_selector(rng: random.Random, objects: Objects) -> bool:
+    requirement = rng.choice(
+        [
+            {"key": "a", "operator": "Exists", "values": ["x"]},
+            {"key": "a", "operator": "In"},
+            {"key": "a", "operator": "Gt", "values": ["1", "2"]},
+            {"key": "-a", "operator": "Exists"},
+            {"key": "a", "operator": "In", "values": ["bad value"]},
+        ]
+    )
+    return _node_selected(rng, objects, rng.choice([[], [{"matchExpressions": [requirement]}]]))
+
+
+def duplicate_device_name(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, [s for s in _slices_with_devices(objects) if len(s["spec"]["devices"]) > 1])
+    if slice_ is None:
+        return False
+    devices = slice_["spec"]["devices"]
+    devices[-1]["name"] = devices[0]["name"]
+    return True
+
+
+def _toleration(rng: random.Random, objects: Objects, toleration: dict[str, Any]) -> bool:
+    body = _pick(rng, _exact_bodies(objects))
+    if body is None:
+        return False
+    body.setdefault("tolerations", []).append(toleration)
+    return True
+
+
+def toleration_exists_with_value(rng: random.Random, objects: Objects) -> bool:
+    return _toleration(rng, objects, {"key": "k", "operator": "Exists", "value": "v"})
+
+
+def bad_toleration(rng: random.Random, objects: Objects) -> bool:
+    return _toleration(
+        rng,
+        objects,
+        rng.choice(
+            [
+                {"key": "k", "operator": "Maybe"},
+                {"key": "k", "operator": "Exists", "effect": "Sometimes"},
+                {"key": "-k", "operator": "Exists"},
+                {"key": "k", "operator": "Equal", "value": "bad value"},
+            ]
+        ),
+    )
+
+
+def too_many_tainted_devices(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, _slices_with_devices(objects))
+    if slice_ is None:
+        return False
+    devices = slice_["spec"]["devices"]
+    template = devices[0]
+    for i in range(65 - len(devices)):
+        copy = json.loads(json.dumps(template))
+        copy["name"] = f"extra-{i}"
+        copy.pop("consumesCounters", None)
+        devices.append(copy)
+    devices[-1]["taints"] = [{"key": "example.com/t", "effect": "NoSchedule"}]
+    return True
+
+
+def bad_taint(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device["taints"] = rng.choice(
+        [
+            [{"key": "-bad", "effect": "NoSchedule"}],
+            [{"key": "k", "value": "bad value", "effect": "NoSchedule"}],
+            [{"key": f"k{i}", "effect": "NoSchedule"} for i in range(17)],
+        ]
+    )
+    return True
+
+
+def _result(claim: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    request = claim["spec"]["devices"]["requests"][0]["name"]
+    result = {"request": request, "driver": "example.com", "pool": "p", "device": "d", **fields}
+    claim["status"] = {"allocation": {"devices": {"results": [result]}}}
+    return result
+
+
+def result_unknown_request(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    _result(claim)["request"] = "nope"
+    return True
+
+
+def result_bad_share_id(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    share = rng.choice(["share-1", "ABCDEF00-0000-0000-0000-000000000000", "0" * 32])
+    _result(claim, shareID=share)
+    return True
+
+
+def result_bad_fields(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    field, value = rng.choice(
+        [("pool", "Bad Pool"), ("device", "Bad_Device"), ("driver", "Bad Driver")]
+    )
+    _result(claim)[field] = value
+    return True
+
+
+def duplicate_request_name(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    requests = claim["spec"]["devices"]["requests"]
+    requests.append(json.loads(json.dumps(requests[0])))
+    return True
+
+
+def too_many_entries(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device.setdefault("attributes", {}).update({f"extra{i}": {"int": i} for i in range(33)})
+    return True
+
+
+def long_string(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device.setdefault("attributes", {})["long"] = {"string": "x" * 65}
+    return True
+
+
+def bad_slice_names(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, _of(objects, "ResourceSlice"))
+    if slice_ is None:
+        return False
+    spec = slice_["spec"]
+    field = rng.choice(["driver", "pool", "nodeName"])
+    if field == "driver":
+        spec["driver"] = "Bad_Driver"
+    elif field == "pool":
+        spec["pool"]["name"] = "bad pool"
+    elif "nodeName" in spec:
+        spec["nodeName"] = "bad node"
+    else:
+        spec["pool"]["name"] = ""
+    return True
+
+
+def bad_config_driver(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    claim["spec"]["devices"]["config"] = [{"opaque": {"driver": "Bad Driver", "parameters": {}}}]
+    return True
+
+
+def duplicate_constraint_request(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    name = claim["spec"]["devices"]["requests"][0]["name"]
+    claim["spec"]["devices"]["constraints"] = [
+        {"requests": [name, name], "matchAttribute": "resource.kubernetes.io/pcieRoot"}
+    ]
+    return True
+
+
+def too_many_consumptions(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device["consumesCounters"] = [
+        {"counterSet": f"cs{i}", "counters": {"c": {"value": "1"}}} for i in range(3)
+    ]
+    return True
+
+
+def binding_failure_only(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device.pop("bindingConditions", None)
+    device["bindingFailureConditions"] = ["example.com/failed"]
+    return True
+
+
+def per_device_node_without_flag(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, [s for s in _slices_with_devices(objects)
+                         if not s["spec"].get("perDeviceNodeSelection")])  # fmt: skip
+    if slice_ is None:
+        return False
+    slice_["spec"]["devices"][0]["allNodes"] = True
+    return True
+
+
+def too_many_counter_sets(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, _of(objects, "ResourceSlice"))
+    if slice_ is None:
+        return False
+    slice_["spec"].pop("devices", None)
+    slice_["spec"]["sharedCounters"] = [
+        {"name": f"cs{i}", "counters": {"c": {"value": "1"}}} for i in range(9)
+    ]
+    return True
+
+
+# 1.37 fields: NEEDS names the gates under which 1.37 keeps them (1.35 does not know them).
+
+
+def list_attribute_values(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device.setdefault("attributes", {})["many"] = rng.choice(
+        [
+            {"ints": list(range(49))},
+            {"ints": []},
+            {"strings": ["x" * 65]},
+            {"versions": ["1.2"]},
+            {"ints": [1], "bools": [True]},
+        ]
+    )
+    return True
+
+
+def list_attribute_gate_off(rng: random.Random, objects: Objects) -> bool:
+    """With DRAListTypeAttributes off 1.37 drops the list, leaving the attribute empty."""
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device.setdefault("attributes", {})["numa"] = {"ints": [0, 1]}
+    return True
+
+
+def list_attributes_too_many_devices(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, _slices_with_devices(objects))
+    if slice_ is None:
+        return False
+    devices = slice_["spec"]["devices"]
+    for i in range(65 - len(devices)):
+        copy = json.loads(json.dumps(devices[0]))
+        copy["name"] = f"extra-{i}"
+        devices.append(copy)
+    devices[-1].setdefault("attributes", {})["numa"] = {"ints": [0]}
+    return True
+
+
+def derived_attribute_unreferenced(rng: random.Random, objects: Objects) -> bool:
+    body = _pick(rng, _exact_bodies(objects))
+    if body is None:
+        return False
+    body["derivedAttributes"] = [{"name": "example.com/x", "expression": "device.driver"}]
+    return True
+
+
+def skip_prepare_only(rng: random.Random, objects: Objects) -> bool:
+    slice_ = _pick(rng, _of(objects, "ResourceSlice"))
+    if slice_ is None:
+        return False
+    slice_["spec"]["skipNodeOperations"] = ["NodePrepareResources"]
+    return True
+
+
+def partition_type_without_counters(rng: random.Random, objects: Objects) -> bool:
+    plain = [
+        s
+        for s in _slices_with_devices(objects)
+        if not any(d.get("consumesCounters") for d in s["spec"]["devices"])
+    ]
+    slice_ = _pick(rng, plain)
+    if slice_ is None:
+        return False
+    slice_["spec"]["partitionTypeAttribute"] = "example.com/type"
+    return True
+
+
+def bad_node_allocatable(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device["nodeAllocatableResources"] = rng.choice(
+        [
+            {"gpus": {"overhead": {"perPod": "1"}}},
+            {"memory": {}},
+            {"memory": {"mapping": {"capacityKey": "nope", "capacityMultiplier": "1"}}},
+            {"memory": {"overhead": {}}},
+        ]
+    )
+    return True
+
+
+_TAINTS = "DRADeviceTaints=true"
+_PARTITIONS = "DRAPartitionableDevices=true"
+NEEDS: dict[str, str] = {
+    "too_many_tainted_devices": _TAINTS,
+    "bad_taint": _TAINTS,
+    "toleration_exists_with_value": _TAINTS,
+    "bad_toleration": _TAINTS,
+    "devices_and_counters": _PARTITIONS,
+    "too_many_consumptions": _PARTITIONS,
+    "per_device_node_without_flag": _PARTITIONS,
+    "too_many_counter_sets": _PARTITIONS,
+    "binding_failure_only": "DRADeviceBindingConditions=true",
+    "result_bad_share_id": "DRAConsumableCapacity=true",
+    "list_attribute_values": "DRAListTypeAttributes=true",
+    "list_attributes_too_many_devices": "DRAListTypeAttributes=true",
+    "list_attribute_gate_off": "DRAListTypeAttributes=false",
+    "derived_attribute_unreferenced": "DRADerivedAttributes=true",
+    "skip_prepare_only": "DRAOptionalNodeOperations=true",
+    "partition_type_without_counters": (
+        "DRAPartitionableDevices=true,DRAResourcePoolStatus=true,DRAPartitionableDevicesType=true"
+    ),
+    "bad_node_allocatable": "DRANodeAllocatableResources=true",
+}
+
+
 MUTATIONS: tuple[Mutation, ...] = (
     negative_count,
     count_with_all,
@@ -154,4 +571,37 @@ MUTATIONS: tuple[Mutation, ...] = (
     bad_version,
     too_many_subrequests,
     bad_device_name,
+    over_cost_limit,
+    format_argument_type,
+    mixed_list_literal,
+    go_invalid_regex,
+    devices_and_counters,
+    two_node_selector_terms,
+    match_fields_two_values,
+    bad_node_selector,
+    duplicate_device_name,
+    toleration_exists_with_value,
+    bad_toleration,
+    too_many_tainted_devices,
+    bad_taint,
+    result_unknown_request,
+    result_bad_share_id,
+    result_bad_fields,
+    duplicate_request_name,
+    too_many_entries,
+    long_string,
+    bad_slice_names,
+    bad_config_driver,
+    duplicate_constraint_request,
+    too_many_consumptions,
+    binding_failure_only,
+    per_device_node_without_flag,
+    too_many_counter_sets,
+    list_attribute_values,
+    list_attribute_gate_off,
+    list_attributes_too_many_devices,
+    derived_attribute_unreferenced,
+    skip_prepare_only,
+    partition_type_without_counters,
+    bad_node_allocatable,
 )
