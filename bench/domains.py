@@ -42,7 +42,7 @@ from services.core.kube import ApiError, KubeApi, http_api
 from services.core.natsserver import NatsServer
 from services.core.ports import free_port
 from services.local.cluster import ControlPlane, build_controlplane, install_crd
-from services.local.stack import COMPUTE_DOMAIN_CRD, NodeSpec, Stack
+from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD, NodeSpec, Stack
 
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -112,6 +112,7 @@ async def run(sizes: list[int]) -> None:
     nats.provision()
     with ControlPlane(build_controlplane(), workdir=root / "cp") as cp:
         install_crd(cp, COMPUTE_DOMAIN_CRD.read_text())
+        install_crd(cp, COMPUTE_DOMAIN_CLIQUE_CRD.read_text())
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "gpudra"}})
         argv = [sys.executable, "-m", "services.cli", "domains", "--kubeconfig", str(cp.kubeconfig),
                 "--namespace", "gpudra", "--log-level", "warning",

@@ -39,7 +39,8 @@ def refusal(inv: NodeInventory, gates: fg.FeatureGates) -> str:
             return (
                 f"{fg.IMEX_DAEMONS_WITH_DNS_NAMES} needs NVIDIA driver {DNS_NAMES_MIN_DRIVER} "
                 f"or later, the node has {inv.driver_version or 'none'}; set "
-                f"{fg.IMEX_DAEMONS_WITH_DNS_NAMES}=false"
+                f"{fg.IMEX_DAEMONS_WITH_DNS_NAMES}=false (and {fg.COMPUTE_DOMAIN_CLIQUES}=false, "
+                "which needs it)"
             )
     return ""
 

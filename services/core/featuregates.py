@@ -22,9 +22,11 @@ CONSUMABLE_SHARES = "ConsumableShares"
 DRA_LIST_TYPE_ATTRIBUTES = "DRAListTypeAttributes"
 # The compute-domain.nvidia.com driver's gates (docs/computedomains.md). Beta and on by
 # default in the reference: the IMEX daemons name their peers by DNS names
-# (services/imexdaemon/dnsnames.py); a node whose NVLink fabric reports an error is
-# refused rather than taken as outside a fabric (services.core.nvidia.node_clique_id).
+# (services/imexdaemon/dnsnames.py); ComputeDomainClique objects per clique, which need
+# those names (services/domains/cliques.py); a node whose NVLink fabric reports an
+# error is refused rather than taken as outside a fabric (services/core/domainnode.py).
 IMEX_DAEMONS_WITH_DNS_NAMES = "IMEXDaemonsWithDNSNames"
+COMPUTE_DOMAIN_CLIQUES = "ComputeDomainCliques"
 CRASH_ON_NVLINK_FABRIC_ERRORS = "CrashOnNVLinkFabricErrors"
 # Alpha in the reference, off by default; gpudra accepts them off and refuses them on
 # (UNSUPPORTED says why).
@@ -41,6 +43,7 @@ DEFAULTS: Mapping[str, bool] = {
     CONSUMABLE_SHARES: False,
     DRA_LIST_TYPE_ATTRIBUTES: False,
     IMEX_DAEMONS_WITH_DNS_NAMES: True,
+    COMPUTE_DOMAIN_CLIQUES: True,
     CRASH_ON_NVLINK_FABRIC_ERRORS: True,
     FABRIC_MANAGER_PARTITIONING: False,
     HOST_MANAGED_IMEX_DAEMON: False,
@@ -65,7 +68,12 @@ UNSUPPORTED: Mapping[str, str] = {
 # Gates of the compute-domain.nvidia.com driver alone: the GPU driver's slices and
 # prepares never read them.
 DOMAIN_GATES = frozenset(
-    {IMEX_DAEMONS_WITH_DNS_NAMES, CRASH_ON_NVLINK_FABRIC_ERRORS, HOST_MANAGED_IMEX_DAEMON}
+    {
+        IMEX_DAEMONS_WITH_DNS_NAMES,
+        COMPUTE_DOMAIN_CLIQUES,
+        CRASH_ON_NVLINK_FABRIC_ERRORS,
+        HOST_MANAGED_IMEX_DAEMON,
+    }
 )
 
 # The combinations the reference driver refuses at start-up (pkg/featuregates,
@@ -77,8 +85,12 @@ EXCLUSIVE: tuple[tuple[str, str], ...] = (
     (DYNAMIC_MIG, MPS_SUPPORT),
     (PASSTHROUGH_SUPPORT, NVML_DEVICE_HEALTH_CHECK),
 )
-# (gate, the gate it needs): DeviceMetadata describes VFIO devices only.
-REQUIRES: tuple[tuple[str, str], ...] = ((DEVICE_METADATA, PASSTHROUGH_SUPPORT),)
+# (gate, the gate it needs): the cliques' daemons are numbered for their DNS names
+# (the reference checks this one first); DeviceMetadata describes VFIO devices only.
+REQUIRES: tuple[tuple[str, str], ...] = (
+    (COMPUTE_DOMAIN_CLIQUES, IMEX_DAEMONS_WITH_DNS_NAMES),
+    (DEVICE_METADATA, PASSTHROUGH_SUPPORT),
+)
 
 
 class FeatureGateError(ValueError):
@@ -129,13 +141,19 @@ def parse(spec: str | None) -> FeatureGates:
 
 
 def check_combination(values: Mapping[str, bool]) -> None:
-    """Refuse what the reference refuses, naming both gates (its wording)."""
+    """Refuse what the reference refuses, naming both gates (its wording, its order)."""
+    first, *rest = REQUIRES
+    _require(values, *first)
     for a, b in EXCLUSIVE:
         if values[a] and values[b]:
             raise FeatureGateError(
                 f"feature gate {a} is currently mutually exclusive with {b}: "
                 f"enable at most one of {a} and {b}"
             )
-    for gate, needed in REQUIRES:
-        if values[gate] and not values[needed]:
-            raise FeatureGateError(f"feature gate {gate} requires {needed} to also be enabled")
+    for gate, needed in rest:
+        _require(values, gate, needed)
+
+
+def _require(values: Mapping[str, bool], gate: str, needed: str) -> None:
+    if values[gate] and not values[needed]:
+        raise FeatureGateError(f"feature gate {gate} requires {needed} to also be enabled")

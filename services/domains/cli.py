@@ -15,7 +15,7 @@ import sys
 from typing import Any
 
 from services.core import computedomain as cd
-from services.core import config, runner, supervisor
+from services.core import config, featuregates, runner, supervisor
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +166,7 @@ async def _serve(args: argparse.Namespace) -> None:
         batch_s=args.status_batch,
         sweep_s=args.sweep_interval,
         binding_conditions=args.binding_conditions,
+        cliques=args.feature_gates.enabled(featuregates.COMPUTE_DOMAIN_CLIQUES),
     )
     stop = runner.stop_event()
     bus = await Bus.connect(args.nats_url, name="domains", identity=Identity(Role.DOMAINS))

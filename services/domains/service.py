@@ -3,9 +3,10 @@
 Three inputs mark work: the ComputeDomain informer (objects to create or tear
 down), the ``domains`` bucket's member and index keys (indices to give, a status
 to write). Two workers drain the marks: one reconciles objects, one writes
-statuses, several domains' changes at once after ``batch_s`` (a daemon joining
-rewrites one status, not one per peer). A periodic sweep removes what a deleted
-domain left behind (templates, DaemonSets, node labels, bucket keys). Where the
+statuses (and, with ComputeDomainCliques, the clique objects: cliques.py), several
+domains' changes at once after ``batch_s`` (a daemon joining rewrites one status, not
+one per peer). A periodic sweep removes what a deleted domain left behind
+(templates, DaemonSets, node labels, clique objects, bucket keys). Where the
 API server has binding conditions, a claim informer feeds the binder
 (services/domains/binding.py), which tells the scheduler when a channel claim's
 node is Ready in its domain.
@@ -28,6 +29,7 @@ from services.core.kube import ApiError, KubeApi
 from services.core.schemas import DomainIndex, DomainMember, DomainStatusEvent
 from services.domains import metrics
 from services.domains.binding import CLAIMS_PATH, Binder, BoundClaim
+from services.domains.cliques import CliqueObjects
 from services.domains.events import DomainEvents
 from services.domains.kubeobjects import Conflict, KubeObjects
 from services.domains.membership import Membership, domain_status
@@ -46,6 +48,8 @@ class ControllerConfig:
     sweep_s: float = 600.0
     # Channel claims' binding conditions (binding.py): auto (Kubernetes 1.36+), on, off.
     binding_conditions: str = "auto"
+    # ComputeDomainClique objects from the membership (the gate ComputeDomainCliques).
+    cliques: bool = True
 
 
 class Controller:
@@ -67,6 +71,7 @@ class Controller:
             api, "resourceclaims", CLAIMS_PATH, BoundClaim, on_change=self.binder.claim_changed
         )
         self.binding: bool | None = None  # decided at start (binding_conditions)
+        self.cliques = CliqueObjects(api, config.daemon.namespace) if config.cliques else None
 
     # ---------------------------------------------------------------- inputs
 
@@ -177,6 +182,8 @@ class Controller:
             return True
         if not await self.kube.teardown(domain):
             return False  # objects still going: look again
+        if self.cliques is not None:
+            await self.cliques.remove_all(domain.uid)
         await self._drop_keys(domain.uid)
         await self.kube.remove_finalizer(domain)
         log.info("domain removed", extra={"domain": domain.key, "uid": domain.uid})
@@ -221,10 +228,20 @@ class Controller:
             return
         status = domain_status(domain.spec.num_nodes, self.membership.nodes(uid))
         await self._report_failures(domain, uid)
-        if self.written.get(uid) == status or (
-            self.written.get(uid) is None and domain.status == status
+        if not (
+            self.written.get(uid) == status
+            or (self.written.get(uid) is None and domain.status == status)
         ):
-            return
+            await self._write_status(domain, status)
+        if self.cliques is not None:
+            try:
+                await self.cliques.sync(uid, self.membership)
+            except ApiError as exc:  # never holds the status back (a CRD not installed)
+                log.warning("clique objects not written", extra={"uid": uid, "error": str(exc)})
+                asyncio.get_running_loop().call_later(self.config.retry_s, self._mark_status, uid)
+
+    async def _write_status(self, domain: ComputeDomain, status: DomainStatus) -> None:
+        uid = domain.uid
         meta = domain.metadata
         body = {"status": msgspec.to_builtins(status)}
         await self.api.patch(f"{cd.domains_path(meta.namespace, meta.name)}/status", body)
@@ -259,10 +276,14 @@ class Controller:
         """Remove everything of domains that no longer exist; returns their UIDs."""
         live = {d.uid for d in self.informer.items.values()}
         gone = await self.kube.orphans(live) | (self.membership.domains() - live)
+        if self.cliques is not None:
+            gone |= await self.cliques.orphans(live)
         if gone:  # the informer may not have seen a domain whose daemon already joined
             gone -= await self._listed_uids()
         for uid in sorted(gone):
             await self.kube.sweep(uid)
+            if self.cliques is not None:
+                await self.cliques.remove_all(uid)
             await self._drop_keys(uid)
             metrics.SWEPT.inc()
             log.info("orphaned domain swept", extra={"uid": uid})

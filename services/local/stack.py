@@ -82,6 +82,7 @@ from services.local.node import NodeTools, RealNode
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
 COMPUTE_DOMAIN_CRD = REPO / "deploy" / "computedomains.yaml"
+COMPUTE_DOMAIN_CLIQUE_CRD = REPO / "deploy" / "computedomaincliques.yaml"
 DRIVER_NAMESPACE = "gpudra"  # where `gpudra domains` puts the IMEX DaemonSets
 
 #: Driver gates the examples need. DynamicMIG stays off: it cannot be combined
@@ -274,6 +275,7 @@ class Stack:
                 self.cp.kubectl("taint", "nodes", node.name, node.spec.taint)
         self.cp.apply(DEVICE_CLASSES.read_text())
         install_crd(self.cp, COMPUTE_DOMAIN_CRD.read_text())
+        install_crd(self.cp, COMPUTE_DOMAIN_CLIQUE_CRD.read_text())
         self.cp.apply(
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRIVER_NAMESPACE}}
         )

@@ -129,6 +129,19 @@ def test_a_two_node_domain_runs_its_job_survives_a_daemon_crash_and_leaves_nothi
     for path in hosts:
         named = dnsnames.read_hosts(path)
         assert {named[dnsnames.name(i)] for i in range(len(NODES))} == addresses, path
+    # ComputeDomainCliques (the default): the clique's object lists both daemons Ready.
+    [clique] = {m["cliqueID"] for m in status["nodes"]}
+    cliques = (
+        f"/apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NAMESPACE}/computedomaincliques"
+    )
+    written = stack.wait_for(
+        lambda: (c := stack.api_get(f"{cliques}/{uid}.{clique}"))
+        and all(d["status"] == "Ready" for d in c.get("daemons", []))
+        and len(c.get("daemons", [])) == len(NODES) and c,
+        "the clique object with both daemons Ready", timeout=30,
+    )  # fmt: skip
+    assert {d["ipAddress"] for d in written["daemons"]} == addresses
+    assert [d["index"] for d in written["daemons"]] == [0, 1]
 
     # Ready only after both daemons saw each other: every status the controller ever
     # wrote that says Ready names both nodes Ready, and NotReady came first.

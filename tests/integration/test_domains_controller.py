@@ -28,7 +28,7 @@ from services.core.schemas import DomainIndex, DomainMember, DomainNodeState
 from services.domains.objects import DaemonSettings
 from services.domains.service import Controller, ControllerConfig
 from services.local.cluster import ControlPlane, install_crd
-from services.local.stack import COMPUTE_DOMAIN_CRD
+from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD
 from tests.helpers.bus import connect
 from tests.helpers.imex import Daemons
 
@@ -39,12 +39,14 @@ RCT = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaimtemplates"
 DS = f"/apis/apps/v1/namespaces/{DRIVER_NS}/daemonsets"
 BUCKET = subjects.DOMAINS_BUCKET
 CLIQUE = "7d1c3e0a-0000-4000-8000-000000000001.1"
+CLIQUES = f"/apis/resource.nvidia.com/v1beta1/namespaces/{DRIVER_NS}/computedomaincliques"
 
 
 @pytest.fixture(scope="module")
 def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
     with ControlPlane(controlplane_binary, nodes=NODES) as cp:
         install_crd(cp, COMPUTE_DOMAIN_CRD.read_text())
+        install_crd(cp, COMPUTE_DOMAIN_CLIQUE_CRD.read_text())
         cp.apply({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": DRIVER_NS}})
         yield cp
 
@@ -351,10 +353,16 @@ async def test_the_sweep_removes_what_a_vanished_domain_left(env: Env) -> None:
         f"/api/v1/nodes/{NODES[1]}", {"metadata": {"labels": {cd.DOMAIN_LABEL: ghost}}}
     )
     await env.join(ghost, NODES[1], "Ready")
+    clique = {"apiVersion": "resource.nvidia.com/v1beta1", "kind": "ComputeDomainClique",
+              "metadata": {"name": f"{ghost}.{CLIQUE}", "namespace": DRIVER_NS,
+                           "labels": {cd.DOMAIN_LABEL: ghost, cd.CLIQUE_LABEL: CLIQUE}},
+              "daemons": []}  # fmt: skip
+    await env.api.create(CLIQUES, clique)
     controller = await env.start(sweep_s=3600)
     await controller.informer.synced.wait()
     assert ghost in await controller.sweep()
     assert await env.get(RCT.format(ns=DRIVER_NS) + f"/{cd.daemon_name(ghost)}") is None
+    assert await env.get(f"{CLIQUES}/{ghost}.{CLIQUE}") is None
     node = await env.get(f"/api/v1/nodes/{NODES[1]}")
     assert node is not None and cd.DOMAIN_LABEL not in node["metadata"].get("labels", {})
     assert not [k for k in await env.admin.kv_keys(BUCKET) if subjects.escape_token(ghost) in k]
@@ -432,3 +440,115 @@ async def test_a_member_value_under_another_nodes_key_is_ignored(env: Env, writt
 async def _status_with(env: Env, name: str, count: int) -> bool:
     status = await status_of(env, name)
     return status.get("status") == "Ready" and len(status.get("nodes", [])) == count
+
+
+# ------------------------------------------------------------------ ComputeDomainCliques
+
+
+def _daemon(node: str, clique: str, index: int, status: str) -> dict[str, Any]:
+    ip = f"10.0.0.{NODES.index(node) + 1}"
+    return {"nodeName": node, "ipAddress": ip, "cliqueID": clique, "index": index,
+            "status": status}  # fmt: skip
+
+
+async def _cliques_of(env: Env, uid: str) -> dict[str, dict[str, Any]]:
+    listing = json.loads(await env.api.get(f"{CLIQUES}?labelSelector={cd.DOMAIN_LABEL}%3D{uid}"))
+    return {item["metadata"]["name"]: item for item in listing["items"]}
+
+
+async def test_clique_objects_mirror_each_cliques_daemons(env: Env) -> None:
+    """ComputeDomainCliques (on by default): one ComputeDomainClique per domain and clique
+    in the driver's namespace, as the reference names and labels it, listing the clique's
+    daemons in index order; written by the controller alone as membership changes, the
+    empty one and all of them at the domain's deletion removed."""
+    await env.start()
+    uid = (await env.domain("cd-cliques", num_nodes=4))["metadata"]["uid"]
+    other = CLIQUE.replace(".1", ".2")
+    await env.join(uid, NODES[0], "Ready")
+    await env.join(uid, NODES[1], "NotReady")
+    await env.join(uid, NODES[2], "Failed", clique_id=other, reason="no binary")
+    await env.join(uid, "plain-node", "Ready", clique_id="")  # outside a fabric: no clique
+    first, second = f"{uid}.{CLIQUE}", f"{uid}.{other}"
+    want = {
+        first: [_daemon(NODES[0], CLIQUE, 0, "Ready"), _daemon(NODES[1], CLIQUE, 1, "NotReady")],
+        second: [_daemon(NODES[2], other, 0, "NotReady")],  # the CRD has no Failed
+    }
+
+    async def daemons_are(want: dict[str, list[dict[str, Any]]]) -> bool:
+        found = await _cliques_of(env, uid)
+        return {name: obj.get("daemons") for name, obj in found.items()} == want
+
+    await until(lambda: daemons_are(want))
+    found = await _cliques_of(env, uid)
+    assert found[first]["metadata"]["labels"] == {cd.DOMAIN_LABEL: uid, cd.CLIQUE_LABEL: CLIQUE}
+    assert found[second]["metadata"]["labels"][cd.CLIQUE_LABEL] == other
+    assert found[first]["metadata"]["namespace"] == DRIVER_NS
+
+    await env.join(uid, NODES[1], "Ready")
+    want[first][1]["status"] = "Ready"
+    await until(lambda: daemons_are(want))
+    await env.admin.kv_delete(BUCKET, subjects.domain_member_key(uid, NODES[2]))  # it leaves
+    del want[second]
+    await until(lambda: daemons_are(want))
+
+    await env.api.delete(cd.domains_path("default", "cd-cliques"))
+    await until(lambda: daemons_are({}))
+    await until(lambda: _gone(env, cd.domains_path("default", "cd-cliques")))
+
+
+async def _gone(env: Env, path: str) -> bool:
+    return await env.get(path) is None
+
+
+async def test_without_cliques_the_controller_writes_no_clique_objects(env: Env) -> None:
+    """ComputeDomainCliques=false: membership and status as ever, no clique objects."""
+    await env.start(cliques=False)
+    uid = (await env.domain("cd-no-cliques", num_nodes=1))["metadata"]["uid"]
+    await env.join(uid, NODES[0], "Ready")
+    await until(lambda: _ready_with(env, "cd-no-cliques", 1))
+    assert await _cliques_of(env, uid) == {}
+
+
+async def _ready_with(env: Env, name: str, count: int) -> bool:
+    status = await status_of(env, name)
+    return status.get("status") == "Ready" and len(status.get("nodes", [])) == count
+
+
+async def test_a_missing_clique_crd_holds_back_neither_status_nor_deletion(
+    env: Env, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The gate on, but the API server serves no ComputeDomainClique (a cluster whose CRD
+    was not installed): the status is written, the clique writes are retried, and the
+    domain is deleted as ever."""
+    from services.domains import cliques
+
+    monkeypatch.setattr(cliques, "PLURAL", "computedomaincliquesnotinstalled")
+    await env.start()
+    await env.domain("cd-no-crd", num_nodes=1)
+    uid = (await env.get(cd.domains_path("default", "cd-no-crd")) or {})["metadata"]["uid"]
+    await env.join(uid, NODES[0], "Ready")
+    await until(lambda: _ready_with(env, "cd-no-crd", 1))
+    await env.api.delete(cd.domains_path("default", "cd-no-crd"))
+    await until(lambda: _gone(env, cd.domains_path("default", "cd-no-crd")))
+
+
+async def test_a_restarted_controller_removes_a_clique_emptied_meanwhile(env: Env) -> None:
+    """The objects are found again by label: a clique whose last daemon left while no
+    controller ran is deleted by the next one."""
+    await env.start()
+    uid = (await env.domain("cd-clique-restart", num_nodes=1))["metadata"]["uid"]
+    other = CLIQUE.replace(".1", ".3")
+    await env.join(uid, NODES[0], "Ready", clique_id=other)
+
+    async def objects() -> set[str]:
+        return set(await _cliques_of(env, uid))
+
+    await until(lambda: _equal(objects(), {f"{uid}.{other}"}))
+    await env.stop()
+    await env.admin.kv_delete(BUCKET, subjects.domain_member_key(uid, NODES[0]))
+    await env.start()
+    await until(lambda: _equal(objects(), set()))
+
+
+async def _equal(value: Awaitable[Any], want: Any) -> bool:
+    return bool(await value == want)

@@ -73,7 +73,7 @@ async def give_indices(bus: Bus) -> None:
 
 NAMES = "".join(f"compute-domain-daemon-{i:04d}\n" for i in range(18))
 MARKER = "# Compute Domain Daemon mappings\n"
-IP_ADDRESSES = {"FEATURE_GATES": "IMEXDaemonsWithDNSNames=false"}
+IP_ADDRESSES = {"FEATURE_GATES": "ComputeDomainCliques=false,IMEXDaemonsWithDNSNames=false"}
 
 
 async def test_ready_only_when_every_peer_answers(setup: tuple[Daemons, Bus]) -> None:

@@ -72,6 +72,10 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
             for v in ("get", "list", "create", "patch", "delete")
         ),
         *(("", "nodes", v) for v in ("list", "patch")),
+        *(
+            ("resource.nvidia.com", "computedomaincliques", v)
+            for v in ("list", "create", "patch", "delete")
+        ),
         ("", "events", "create"),
     },
     "kubeletplugin": set(),
@@ -198,6 +202,23 @@ def test_device_classes_are_the_models_and_the_deploy_file() -> None:
     in_chart = list(yaml.safe_load_all((TEMPLATES / "deviceclasses.yaml").read_text()))
     deploy_file = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
     assert in_chart == deploy_file == models
+
+
+def test_the_compute_domain_clique_crd_in_the_chart_is_the_deploy_file() -> None:
+    in_chart = list(yaml.safe_load_all((CHART / "crds" / "computedomaincliques.yaml").read_text()))
+    deploy_file = list(
+        yaml.safe_load_all((REPO / "deploy" / "computedomaincliques.yaml").read_text())
+    )
+    assert in_chart == deploy_file
+    (crd,) = deploy_file
+    assert crd["metadata"]["name"] == "computedomaincliques.resource.nvidia.com"
+    assert crd["spec"]["names"]["kind"] == "ComputeDomainClique"
+    (version,) = crd["spec"]["versions"]
+    assert (version["name"], version["served"], version["storage"]) == ("v1beta1", True, True)
+    daemons = version["schema"]["openAPIV3Schema"]["properties"]["daemons"]
+    assert daemons["x-kubernetes-list-map-keys"] == ["nodeName"]
+    assert daemons["items"]["required"] == ["nodeName", "ipAddress", "cliqueID"]
+    assert daemons["items"]["properties"]["status"]["enum"] == ["Ready", "NotReady"]
 
 
 def test_the_compute_domain_crd_in_the_chart_is_the_deploy_file() -> None:

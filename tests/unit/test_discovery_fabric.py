@@ -171,13 +171,14 @@ def test_dns_names_refuse_a_fabric_node_whose_driver_is_too_old() -> None:
     IMEX, so its driver does not matter."""
     inv = scan(SimNvml.boot("t", get_fleet("gb200-nvl72"), 7), "t").inventory
     assert inv.driver_version == "570.158.01"
-    on, off = featuregates.parse(""), featuregates.parse("IMEXDaemonsWithDNSNames=false")
+    on = featuregates.parse("")
+    off = featuregates.parse("IMEXDaemonsWithDNSNames=false,ComputeDomainCliques=false")
     assert domainnode.refusal(inv, on) == ""
     for version in ("570.124.06", "565.57.01", "570.158", ""):
         old = msgspec.structs.replace(inv, driver_version=version)
         why = domainnode.refusal(old, on)
         assert why.startswith("IMEXDaemonsWithDNSNames needs NVIDIA driver 570.158.01 or later")
-        assert f"the node has {version or 'none'}; set IMEXDaemonsWithDNSNames=false" in why
+        assert f"the node has {version or 'none'}; set IMEXDaemonsWithDNSNames=false (and " in why
         assert render_domain_contents(old, on) is None
         assert domainnode.refusal(old, off) == "" and render_domain_contents(old, off)
     newer = msgspec.structs.replace(inv, driver_version="580.95.05")

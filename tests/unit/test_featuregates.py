@@ -5,7 +5,11 @@ import pytest
 from services.core import featuregates as fg
 
 # The reference's defaults (pkg/featuregates/featuregates.go, defaultFeatureGates).
-REFERENCE_ON = {fg.IMEX_DAEMONS_WITH_DNS_NAMES, fg.CRASH_ON_NVLINK_FABRIC_ERRORS}
+REFERENCE_ON = {
+    fg.IMEX_DAEMONS_WITH_DNS_NAMES,
+    fg.COMPUTE_DOMAIN_CLIQUES,
+    fg.CRASH_ON_NVLINK_FABRIC_ERRORS,
+}
 
 
 def test_defaults_match_reference() -> None:
@@ -14,12 +18,42 @@ def test_defaults_match_reference() -> None:
     assert gates.spec() == ""
 
 
-@pytest.mark.parametrize("gate", sorted(REFERENCE_ON))
-def test_a_gate_on_by_default_can_be_turned_off(gate: str) -> None:
-    gates = fg.parse(f"{gate}=false")
-    assert not gates.enabled(gate)
-    assert gates.spec() == f"{gate}=false"
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "CrashOnNVLinkFabricErrors=false",
+        "ComputeDomainCliques=false",
+        "ComputeDomainCliques=false,IMEXDaemonsWithDNSNames=false",
+    ],
+)
+def test_a_gate_on_by_default_can_be_turned_off(spec: str) -> None:
+    gates = fg.parse(spec)
+    assert all(not gates.enabled(item.split("=")[0]) for item in spec.split(","))
+    assert gates.spec() == spec
     assert fg.parse(gates.spec()) == gates
+
+
+@pytest.mark.parametrize(
+    "command",
+    [["domains"], ["imex-daemon", "run"], ["preparer", "--fleet", "gb200-nvl72"], ["publisher"]],
+    ids=lambda c: c[0],
+)
+def test_dns_names_off_needs_cliques_off_as_in_the_reference(
+    command: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reference's first rule: ComputeDomainCliques needs IMEXDaemonsWithDNSNames, so
+    turning the names off alone is refused at start-up, before any other mix."""
+    from services.cli import main
+
+    with pytest.raises(SystemExit) as exited:
+        main([*command, "--feature-gates", "IMEXDaemonsWithDNSNames=false"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert (
+        "feature gate ComputeDomainCliques requires IMEXDaemonsWithDNSNames to also be enabled"
+    ) in err, err
+    with pytest.raises(fg.FeatureGateError, match="ComputeDomainCliques requires"):
+        fg.parse("DynamicMIG=true,MPSSupport=true,IMEXDaemonsWithDNSNames=false")
 
 
 @pytest.mark.parametrize(
@@ -56,9 +90,9 @@ def test_parse_and_spec_round_trip() -> None:
     [
         (
             "Nope=true",
-            "unknown feature gate 'Nope'; valid: ConsumableShares, CrashOnNVLinkFabricErrors, "
-            "DRAListTypeAttributes, DeviceMetadata, DynamicMIG, FabricManagerPartitioning, "
-            "HostManagedIMEXDaemon",
+            "unknown feature gate 'Nope'; valid: ComputeDomainCliques, ConsumableShares, "
+            "CrashOnNVLinkFabricErrors, DRAListTypeAttributes, DeviceMetadata, DynamicMIG, "
+            "FabricManagerPartitioning, HostManagedIMEXDaemon, IMEXDaemonsWithDNSNames",
         ),
         ("DynamicMIG=yes", "expected DynamicMIG=true|false"),
         ("DynamicMIG", "expected DynamicMIG=true|false"),
