@@ -1,6 +1,7 @@
 """Differential test on seeded random CEL selectors (tests/helpers/celfuzz.py):
-``gpudra allocate`` and ``reference-allocator`` must give the same outcome for
-each (refused with exit 2, or the claim allocated, unschedulable or in error).
+``gpudra allocate --kube-version 1.N`` and ``reference-allocator`` of 1.N must
+give the same outcome for each (refused with exit 2, or the claim allocated,
+unschedulable or in error), for 1.37 and 1.35.
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_cel.py``.
 """
@@ -12,11 +13,13 @@ import json
 import os
 import random
 import subprocess
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest
 
+from services.allocator.structured.features import DEFAULT_MINOR
 from services.cli import main as gpudra
 from tests.helpers.celfuzz import expression
 from tests.helpers.diffcases import base, claim, exactly
@@ -28,17 +31,30 @@ EXPRESSIONS = int(os.environ.get("GPUDRA_DIFF_CEL", "300"))
 PER_TEST = 25
 
 
+MINORS = (37, 35)
+
+
 @pytest.fixture(scope="module")
-def reference(controlplane_binary: Path) -> Path:
-    return controlplane_binary.parent / "reference-allocator"
+def references(
+    controlplane_binary: Path, controlplane_for: Callable[[int], Path]
+) -> Callable[[int], Path]:
+    def reference(minor: int) -> Path:
+        binary = controlplane_binary if minor == DEFAULT_MINOR else controlplane_for(minor)
+        return binary.parent / "reference-allocator"
+
+    return reference
 
 
 def _outcome(code: int, stdout: str) -> str:
     return json.loads(stdout)["claims"][0]["status"] if code == 0 else f"exit {code}"
 
 
+@pytest.mark.parametrize("minor", MINORS)
 @pytest.mark.parametrize("batch", range((EXPRESSIONS + PER_TEST - 1) // PER_TEST))
-def test_selectors_agree(batch: int, reference: Path, tmp_path: Path) -> None:
+def test_selectors_agree(
+    minor: int, batch: int, references: Callable[[int], Path], tmp_path: Path
+) -> None:
+    reference = references(minor)
     rng = random.Random(SEED * 1_000_003 + batch)
     failures = []
     for n in range(min(PER_TEST, EXPRESSIONS - batch * PER_TEST)):
@@ -54,11 +70,13 @@ def test_selectors_agree(batch: int, reference: Path, tmp_path: Path) -> None:
         )
         out, err = io.StringIO(), io.StringIO()
         with redirect_stdout(out), redirect_stderr(err):
-            code = gpudra(["allocate", "-f", str(path), "-o", "json"])
+            code = gpudra(
+                ["allocate", "--kube-version", f"1.{minor}", "-f", str(path), "-o", "json"]
+            )
         ours, theirs = _outcome(code, out.getvalue()), _outcome(ref.returncode, ref.stdout)
         if ours != theirs:
             failures.append(
                 f"{text}\n    ours {ours}: {err.getvalue() or out.getvalue()}\n"
                 f"    reference {theirs}: {ref.stderr or ref.stdout}"
             )
-    assert not failures, f"seed {SEED}, batch {batch}:\n" + "\n".join(failures)
+    assert not failures, f"1.{minor}, seed {SEED}, batch {batch}:\n" + "\n".join(failures)
