@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,16 @@ from typing import Any
 import pytest
 
 from services.cli import main as gpudra
-from tests.helpers.diffcases import ANY_CLASS, CASES, DEVIATIONS, Case, Deviation, base
+from tests.helpers.diffcases import (
+    ANY_CLASS,
+    CASES,
+    DEVIATIONS,
+    Case,
+    Deviation,
+    base,
+    claim,
+    exactly,
+)
 
 
 def _run(items: list[dict[str, Any]], gates: str, tmp_path: Path) -> tuple[int, str, str]:
@@ -59,3 +69,187 @@ def test_a_valid_object_after_an_invalid_one_is_never_reached(tmp_path: Path) ->
     code, stdout, stderr = _run([bad, *base()], "", tmp_path)
     assert code == 2 and stdout == ""
     assert "document 1, item 1: invalid DeviceClass" in stderr and "expression" in stderr, stderr
+
+
+# ---------------------------------------------------------------- the API server's rules
+#
+# One broken input per rule of pkg/apis/resource/validation, with the first error
+# reference-allocator printed for it (kube-apiserver's registry strategies; 1.37.2,
+# defaults unless gates are given): the document, the field and the kind of error.
+# tests/e2e/test_differential_refusals.py compares the two tools on seeded breakages
+# of the same kinds; these pin the rules in every unit run.
+
+_ALPHA = (
+    "DRAListTypeAttributes=true,DRADerivedAttributes=true,DRAOptionalNodeOperations=true,"
+    "DRAPartitionableDevicesType=true,DRAResourcePoolStatus=true,DRANodeAllocatableResources=true"
+)
+
+
+def _slice(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    spec: dict[str, Any] = objects[2]["spec"]
+    return spec
+
+
+def _body(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    body: dict[str, Any] = objects[3]["spec"]["devices"]["requests"][0]["exactly"]
+    return body
+
+
+def _selector(expression: str) -> Any:
+    return lambda o: _body(o).update(selectors=[{"cel": {"expression": expression}}])
+
+
+def _terms(*terms: dict[str, Any]) -> Any:
+    def apply(o: list[dict[str, Any]]) -> None:
+        del _slice(o)["nodeName"]
+        _slice(o)["nodeSelector"] = {"nodeSelectorTerms": list(terms)}
+
+    return apply
+
+
+def _many(count: int, extra: dict[str, Any]) -> Any:
+    def apply(o: list[dict[str, Any]]) -> None:
+        first = _slice(o)["devices"][0]
+        devices = [json.loads(json.dumps({**first, "name": f"gpu-{i}"})) for i in range(count)]
+        devices[0].update(extra)
+        _slice(o)["devices"] = devices
+
+    return apply
+
+
+def _attribute(name: str, value: dict[str, Any]) -> Any:
+    return lambda o: _slice(o)["devices"][0]["attributes"].update({name: value})
+
+
+def _status(**fields: Any) -> Any:
+    result = {"request": "r", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}
+    return lambda o: o[3].update(
+        status={"allocation": {"devices": {"results": [{**result, **fields}]}}}
+    )
+
+
+_COUNTERS = [{"counterSet": "cs", "counters": {"c": {"value": "1"}}}]
+_RESULTS = "status.allocation.devices.results[0]"
+_REQUEST = "spec.devices.requests[0].exactly"
+_SEL = f"{_REQUEST}.selectors[0].cel.expression"
+
+RULES: list[tuple[str, Any, str, str]] = [
+    # name, breakage, gates, "item N: field: kind" of the first error (1.37)
+    ("cost limit", _selector(
+        "device.driver.split('.').all(a, device.driver.split('.').all(b, "
+        "device.driver.split('.').all(c, a + b + c != '')))"), "", f"4: {_SEL}: Forbidden"),
+    ("format argument type", _selector("'%d'.format([device.driver]) == ''"), "",
+     f"4: {_SEL}: Invalid value"),
+    ("format on an attribute", _selector(
+        "'%s'.format([device.attributes['gpu.example.com'].index]) == '0'"), "",
+     f"4: {_SEL}: Invalid value"),
+    ("heterogeneous list literal", _selector("device.driver in ['a', 1]"), "",
+     f"4: {_SEL}: Invalid value"),
+    ("Go-invalid regex", _selector("device.driver.matches('\\\\C')"), "",
+     f"4: {_SEL}: Invalid value"),
+    ("devices and sharedCounters", lambda o: _slice(o).update(
+        sharedCounters=[{"name": "cs", "counters": {"c": {"value": "1"}}}]), "",
+     "3: spec: Invalid value"),
+    ("two nodeSelector terms", _terms(
+        {"matchExpressions": [{"key": "a", "operator": "Exists"}]},
+        {"matchExpressions": [{"key": "b", "operator": "Exists"}]}), "",
+     "3: spec.nodeSelector.nodeSelectorTerms: Invalid value"),
+    ("matchFields with two values", _terms({"matchFields": [
+        {"key": "metadata.name", "operator": "In", "values": ["n1", "n2"]}]}), "",
+     "3: spec.nodeSelector.nodeSelectorTerms[0].matchFields[0].values: Required value"),
+    ("no nodeSelector term", _terms(), "",
+     "3: spec.nodeSelector.nodeSelectorTerms: Required value"),
+    ("Exists with values", _terms({"matchExpressions": [
+        {"key": "a", "operator": "Exists", "values": ["x"]}]}), "",
+     "3: spec.nodeSelector.nodeSelectorTerms[0].matchExpressions[0].values: Forbidden"),
+    ("duplicate device names", lambda o: _slice(o)["devices"][1].update(name="gpu-0"), "",
+     "3: spec.devices[1]: Duplicate value"),
+    ("toleration Exists with a value", lambda o: _body(o).update(
+        tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]), "",
+     f"4: {_REQUEST}.tolerations[0].value: Invalid value"),
+    ("toleration operator", lambda o: _body(o).update(
+        tolerations=[{"key": "k", "operator": "Maybe"}]), "",
+     f"4: {_REQUEST}.tolerations[0].operator: Unsupported value"),
+    ("too many tainted devices", _many(65, {"taints": [{"key": "k", "effect": "NoSchedule"}]}),
+     "", "3: spec.devices: Too many"),
+    ("17 taints", _many(1, {"taints": [{"key": f"k{i}", "effect": "NoSchedule"}
+                                        for i in range(17)]}), "",
+     "3: spec.devices[0].taints: Too many"),
+    ("result for an unknown request", _status(request="nope"), "",
+     f"4: {_RESULTS}.request: Invalid value"),
+    ("shareID not a UUID", _status(shareID="not-a-uuid"), "",
+     f"4: {_RESULTS}.shareID: Invalid value"),
+    ("shareID not normalized", _status(shareID="ABCDEF00-0000-0000-0000-000000000000"), "",
+     f"4: {_RESULTS}.shareID: Invalid value"),
+    ("duplicate request names", lambda o: o[3]["spec"]["devices"]["requests"].append(
+        json.loads(json.dumps(o[3]["spec"]["devices"]["requests"][0]))), "",
+     "4: spec.devices.requests[1]: Duplicate value"),
+    ("33 attributes and capacities", lambda o: _slice(o)["devices"][0]["attributes"].update(
+        {f"a{i}": {"int": i} for i in range(30)}), "", "3: spec.devices[0]: Invalid value"),
+    ("string of 65 bytes", _attribute("long", {"string": "x" * 65}), "",
+     "3: spec.devices[0].attributes[long].string: Too long"),
+    ("driver name", lambda o: _slice(o).update(driver="Bad_Driver"), "",
+     "3: spec.driver: Invalid value"),
+    ("three counter consumptions", lambda o: _slice(o)["devices"][0].update(consumesCounters=[
+        {"counterSet": f"cs{i}", "counters": {"c": {"value": "1"}}} for i in range(3)]), "",
+     "3: spec.devices[0].consumesCounters: Too many"),
+    ("binding failure conditions alone", lambda o: _slice(o)["devices"][0].update(
+        bindingFailureConditions=["x"]), "", "3: spec.devices[0].bindingConditions: Invalid value"),
+    ("per-device node without the flag", lambda o: _slice(o)["devices"][0].update(
+        allNodes=True), "", "3: spec.devices[0]: Invalid value"),
+    ("list attribute with its gate off", _attribute("numa", {"ints": [0, 1]}), "",
+     "3: spec.devices[0].attributes[numa]: Invalid value"),
+    ("49 list values", _attribute("many", {"ints": list(range(49))}), _ALPHA,
+     "3: spec.devices[0]: Invalid value"),
+    ("65 devices, one with a list", _many(65, {"attributes": {"l": {"ints": [1]}}}), _ALPHA,
+     "3: spec.devices: Too many"),
+    ("derived attribute no constraint uses", lambda o: _body(o).update(
+        derivedAttributes=[{"name": "gpu.example.com/x", "expression": "1"}]), _ALPHA,
+     f"4: {_REQUEST}.derivedAttributes[0].name: Invalid value"),
+    ("skip NodePrepareResources alone", lambda o: _slice(o).update(
+        skipNodeOperations=["NodePrepareResources"]), _ALPHA,
+     "3: spec.skipNodeOperations: Invalid value"),
+    ("partitionTypeAttribute without counters", lambda o: _slice(o).update(
+        partitionTypeAttribute="gpu.example.com/type"), _ALPHA,
+     "3: spec.partitionTypeAttribute: Invalid value"),
+    ("partition type attribute missing", lambda o: (
+        _slice(o).update(partitionTypeAttribute="gpu.example.com/ptype"),
+        _slice(o)["devices"][0].update(consumesCounters=_COUNTERS)), _ALPHA,
+     "3: spec.devices[0].attributes[gpu.example.com/ptype]: Required value"),
+    ("node allocatable capacity key", lambda o: _slice(o)["devices"][0].update(
+        nodeAllocatableResources={"memory": {"mapping": {
+            "capacityKey": "nope", "capacityMultiplier": "1"}}}), _ALPHA,
+     "3: spec.devices[0].nodeAllocatableResources[memory].mapping.capacityKey: Not found"),
+]  # fmt: skip
+
+_FIRST = re.compile(r"item (\d+): (?:invalid )?\w+ [^ ]+: (.*?): ([A-Z][a-z]+ [a-z]+|Forbidden)")
+
+
+@pytest.mark.parametrize(("name", "breakage", "gates", "first"), RULES, ids=[r[0] for r in RULES])
+def test_api_server_rule(name: str, breakage: Any, gates: str, first: str, tmp_path: Path) -> None:
+    objects = [*base(), claim(exactly())]
+    breakage(objects)
+    code, _, stderr = _run(objects, gates, tmp_path)
+    found = _FIRST.search(stderr)
+    assert code == 2 and found, stderr
+    assert ": ".join(found.groups()) == first, stderr
+
+
+@pytest.mark.parametrize(
+    ("field", "breakage"),
+    [
+        ("spec.devices[0].attributes[numa].ints", _attribute("numa", {"ints": [0]})),
+        ("spec.skipNodeOperations", lambda o: _slice(o).update(skipNodeOperations=["*"])),
+        ("spec.devices.requests[0].exactly.derivedAttributes", lambda o: _body(o).update(
+            derivedAttributes=[{"name": "gpu.example.com/x", "expression": "1"}])),
+    ],
+)  # fmt: skip
+def test_fields_1_35_does_not_know(field: str, breakage: Any, tmp_path: Path) -> None:
+    objects = [*base(), claim(exactly())]
+    breakage(objects)
+    path = tmp_path / "in.json"
+    path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": objects}))
+    err = io.StringIO()
+    with redirect_stdout(io.StringIO()), redirect_stderr(err):
+        code = gpudra(["allocate", "--kube-version", "1.35", "-f", str(path)])
+    assert code == 2 and f'strict decoding error: unknown field "{field}"' in err.getvalue()
