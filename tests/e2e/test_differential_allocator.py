@@ -1,19 +1,22 @@
-"""Differential test: ``gpudra allocate`` against ``reference-allocator`` (upstream
-k8s.io/dynamic-resource-allocation/structured v0.35) on seeded generated scenarios.
+"""Differential test: ``gpudra allocate --kube-version 1.N`` against that release's
+``reference-allocator`` (upstream k8s.io/dynamic-resource-allocation/structured of
+1.37 and of 1.35) on seeded generated scenarios.
 
 Scenarios (test_differential_scenarios.py) are grouped into batches, one set of
-Kubernetes feature gates per batch (every combination of the six 1.35 gates
-that change allocation, tests/helpers/scenarios.py GATE_SETS, in turn), and
-written into one input file per batch; each allocator runs once per batch
-(ours in process through the CLI's entry point, the reference as its binary,
-at the same time). For every claim both must give the same status; every
-allocation of either must pass the independent checker; and as each node's
-devices sit in one pool (so Go's random map order over pools cannot change
-which device comes first), both must choose the same node and devices (share
-IDs, random in both, by presence).
+Kubernetes feature gates per batch: every set the release accepts over the gates
+that change allocation (tests/helpers/scenarios.py ``gate_sets``: 288 for 1.37,
+96 for 1.35; locked gates fixed, dependent gates together), each in turn, and
+written into one input file per batch; each allocator runs once per batch (ours
+in process through the CLI's entry point, the reference as its binary, at the
+same time). For every claim both must give the same status; every allocation of
+either must pass the independent checker; and as each node's devices sit in one
+pool (or, where the release orders pools itself, in pools of a known order), both
+must choose the same node, devices and whole allocation (share IDs, random in
+both, by presence).
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_allocator.py``;
-a failure prints the seed, the scenario, and the file with its objects.
+``GPUDRA_DIFF_SCENARIOS_1_37=<n>`` (and ``_1_35``) change how many scenarios run.
+A failure prints the seed, the scenario, and the file with its objects.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import json
 import os
 import re
 import subprocess
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any
@@ -30,20 +34,34 @@ from typing import Any
 import pytest
 
 from services.cli import main as gpudra
-from tests.helpers.scenarios import GATE_SETS, Scenario, check, generate
+from tests.helpers.scenarios import Scenario, check, gate_sets, generate
 
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
-SCENARIOS = int(os.environ.get("GPUDRA_DIFF_SCENARIOS", "512"))
-PER_BATCH = 8  # 512 scenarios: each of the 64 gate combinations once
-BATCHES = range((SCENARIOS + PER_BATCH - 1) // PER_BATCH)
+# minor -> scenarios per gate set: every accepted gate set gets its own batch.
+PER_BATCH = {37: 2, 35: 6}
+MINORS = tuple(PER_BATCH)
 
 
-def _batch(batch: int) -> tuple[str, list[Scenario]]:
-    gates = GATE_SETS[batch % len(GATE_SETS)]
-    indices = range(batch * PER_BATCH, min(SCENARIOS, (batch + 1) * PER_BATCH))
-    return gates, [generate(SEED, i, gates) for i in indices]
+def _count(minor: int) -> int:
+    default = PER_BATCH[minor] * len(gate_sets(minor))
+    return int(os.environ.get(f"GPUDRA_DIFF_SCENARIOS_1_{minor}", str(default)))
+
+
+BATCHES = [
+    (minor, batch)
+    for minor in MINORS
+    for batch in range((_count(minor) + PER_BATCH[minor] - 1) // PER_BATCH[minor])
+]
+
+
+def _batch(minor: int, batch: int) -> tuple[str, list[Scenario]]:
+    sets = gate_sets(minor)
+    gates = sets[batch % len(sets)]
+    size = PER_BATCH[minor]
+    indices = range(batch * size, min(_count(minor), (batch + 1) * size))
+    return gates, [generate(SEED, i, gates, minor) for i in indices]
 
 
 def _write(path: Path, scenarios: list[Scenario]) -> Path:
@@ -56,10 +74,10 @@ def _args(path: Path, gates: str) -> list[str]:
     return ["-f", str(path), "-o", "json", *(["--feature-gates", gates] if gates else [])]
 
 
-def _ours(path: Path, gates: str) -> dict[str, Any]:
+def _ours(path: Path, gates: str, minor: int) -> dict[str, Any]:
     out, err = io.StringIO(), io.StringIO()
     with redirect_stdout(out), redirect_stderr(err):
-        code = gpudra(["allocate", *_args(path, gates)])
+        code = gpudra(["allocate", "--kube-version", f"1.{minor}", *_args(path, gates)])
     assert code == 0, f"gpudra allocate exited {code}: {err.getvalue()}"
     return json.loads(out.getvalue())  # type: ignore[no-any-return]
 
@@ -112,19 +130,23 @@ def _explained(name: str, ours: dict[str, Any], theirs: dict[str, Any]) -> list[
 
 
 @pytest.fixture(scope="module")
-def reference(controlplane_binary: Path) -> Path:
-    return controlplane_binary.parent / "reference-allocator"
+def references(controlplane_for: Callable[[int], Path]) -> Callable[[int], Path]:
+    return lambda minor: controlplane_for(minor).parent / "reference-allocator"
 
 
-@pytest.mark.parametrize("batch", BATCHES)
-def test_allocators_agree(batch: int, reference: Path, tmp_path: Path) -> None:
-    gates, scenarios = _batch(batch)
-    path = _write(tmp_path / f"batch-{batch}.json", scenarios)
+@pytest.mark.parametrize(("minor", "batch"), BATCHES, ids=[f"1.{m}-{b}" for m, b in BATCHES])
+def test_allocators_agree(
+    minor: int, batch: int, references: Callable[[int], Path], tmp_path: Path
+) -> None:
+    gates, scenarios = _batch(minor, batch)
+    path = _write(tmp_path / f"batch-{minor}-{batch}.json", scenarios)
     proc = subprocess.Popen(
-        [str(reference), *_args(path, gates)], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        [str(references(minor)), *_args(path, gates)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
     )
     try:
-        ours = _ours(path, gates)  # meanwhile, on the other core
+        ours = _ours(path, gates, minor)  # meanwhile, on the other core
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
@@ -139,11 +161,12 @@ def test_allocators_agree(batch: int, reference: Path, tmp_path: Path) -> None:
         if problems:
             single = _write(tmp_path / f"scenario-{sc.index:03d}.json", [sc])
             failures.append(
-                f"seed {SEED}, scenario {sc.index} (gates {gates or 'defaults'}), "
-                f"input {single}:\n  " + "\n  ".join(problems)
+                f"seed {SEED}, Kubernetes 1.{minor}, scenario {sc.index} (gates "
+                f"{gates or 'defaults'}), input {single}:\n  " + "\n  ".join(problems)
             )
     counts: dict[str, int] = {}
     for entry in ours["claims"]:
         counts[entry["status"]] = counts.get(entry["status"], 0) + 1
-    print(f"batch {batch} ({gates or 'default gates'}): {len(scenarios)} scenarios, {counts}")
+    shown = gates or "default gates"
+    print(f"1.{minor} batch {batch} ({shown}): {len(scenarios)} scenarios, {counts}")
     assert not failures, "\n".join(failures)

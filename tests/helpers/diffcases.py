@@ -1,9 +1,11 @@
 """Hand-written differential cases: one per class of input on which ``gpudra allocate``
 and ``reference-allocator`` once disagreed (API-server validation, CEL compile and
 run-time rules, the Kubernetes CEL libraries, inputs gpudra could not read, outcome
-rules). tests/e2e/test_differential_cases.py runs both tools on each and asserts
-they agree, and that the outcome is the one the case is about (so a case cannot
-agree by both tools failing on something else).
+rules), and one per behaviour a release changed or added (:data:`RELEASES`).
+tests/e2e/test_differential_cases.py runs both tools on each, for every release
+the case names (1.37 and 1.35 by default), and asserts they agree, and that the
+outcome is the one the case is about for that release (so a case cannot agree by
+both tools failing on something else).
 
 Each case adds its objects to :func:`base`: one node ``n1`` with two GPUs in pool
 ``n1`` of driver ``gpu.example.com``, a DeviceClass ``gpu`` for them and a
@@ -17,6 +19,7 @@ from typing import Any
 
 DRIVER = "gpu.example.com"
 V1 = "resource.k8s.io/v1"
+MINORS = (37, 35)  # the releases whose reference-allocator the cases run against
 
 
 @dataclass(frozen=True)
@@ -27,6 +30,22 @@ class Case:
     says: str = ""  # rc 2: a fragment of the API server's message both must print
     statuses: dict[str, str] = field(default_factory=dict)  # claim -> status (rc 0)
     gates: str = ""
+    minors: tuple[int, ...] = MINORS  # the releases the case is about
+    by_minor: dict[int, dict[str, str]] = field(default_factory=dict)  # statuses per release
+    gates_by_minor: dict[int, str] = field(default_factory=dict)
+    base: bool = True  # add base(): node n1 with two GPUs and the classes
+    compare_allocations: bool = False  # the whole allocation alike, not only the devices
+    devices: dict[str, list[str]] | None = None  # claim -> driver/pool/device, every release
+    devices_by_minor: dict[int, dict[str, list[str]]] = field(default_factory=dict)
+
+    def statuses_for(self, minor: int) -> dict[str, str]:
+        return self.by_minor.get(minor, self.statuses)
+
+    def gates_for(self, minor: int) -> str:
+        return self.gates_by_minor.get(minor, self.gates)
+
+    def devices_for(self, minor: int) -> dict[str, list[str]] | None:
+        return self.devices_by_minor.get(minor, self.devices)
 
 
 ANY_CLASS = {"apiVersion": V1, "kind": "DeviceClass", "metadata": {"name": "any"}, "spec": {}}
@@ -592,7 +611,510 @@ def _binding_case() -> Case:
     )
 
 
-CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case()]
+# ---------------------------------------------------------------- what releases changed
+
+CC_ON = "DRAConsumableCapacity=true"
+PC_ON = "DRAPartitionableDevices=true"
+
+
+def _named(obj: dict[str, Any], name: str) -> dict[str, Any]:
+    obj["metadata"] = {"name": name, "namespace": "default"}
+    return obj
+
+
+def _pool_slice(
+    name: str,
+    devices: list[dict[str, Any]],
+    node: dict[str, Any] | None = None,
+    driver: str = "x.example.com",
+    **spec: Any,
+) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "driver": driver,
+        "pool": {"name": name, "generation": 1, "resourceSliceCount": 1},
+        "devices": devices,
+        **spec,
+    }
+    body.update(node if node is not None else {"nodeName": "n1"})
+    return {"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": name}, "spec": body}
+
+
+def _x(name: str, **attributes: Any) -> dict[str, Any]:
+    """A device of x.example.com with typed attributes (``v={"int": 1}``)."""
+    return {"name": name, "attributes": attributes}
+
+
+X_CLASS = {
+    "apiVersion": V1,
+    "kind": "DeviceClass",
+    "metadata": {"name": "x"},
+    "spec": {"selectors": [{"cel": {"expression": "device.driver == 'x.example.com'"}}]},
+}
+
+
+def _x_claim(name: str, *requests: dict[str, Any], **devices: Any) -> dict[str, Any]:
+    return {
+        "apiVersion": V1,
+        "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"devices": {"requests": list(requests), **devices}},
+    }
+
+
+def _x_request(name: str = "r", **body: Any) -> dict[str, Any]:
+    return {"name": name, "exactly": {"deviceClassName": "x", **body}}
+
+
+def _counters(size: int, *groups: list[str] | None) -> list[dict[str, Any]]:
+    """A pool ``p`` on n1 with a counter set ``set`` (c: size) and one device per entry of
+    ``groups``, each consuming 1 (with those compatibility groups, if any)."""
+    devices = []
+    for i, group in enumerate(groups):
+        consumption: dict[str, Any] = {"counterSet": "set", "counters": {"c": {"value": "1"}}}
+        if group:
+            consumption["compatibilityGroups"] = group
+        devices.append(
+            {"name": f"d{i}", "attributes": {"i": {"int": i}}, "consumesCounters": [consumption]}
+        )
+    pool = {"name": "p", "generation": 1, "resourceSliceCount": 2}
+    spec = {"driver": "x.example.com", "nodeName": "n1", "pool": pool}
+    counter = {**spec, "sharedCounters": [{"name": "set", "counters": {"c": {"value": str(size)}}}]}
+    return [
+        {"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": "p-c"}, "spec": counter},
+        {"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": "p-d"},
+         "spec": {**spec, "devices": devices}},
+    ]  # fmt: skip
+
+
+def _releases() -> list[Case]:
+    never = {"key": "example.com/excluded", "operator": "DoesNotExist"}
+    selector = {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [never]}]}}
+    shared = [
+        {"name": f"gpu-{i}", "allowMultipleAllocations": True,
+         "capacity": {"memory": {"value": "8Gi"}}}
+        for i in range(2)
+    ]  # fmt: skip
+    fractional = {
+        "name": "gpu-0",
+        "allowMultipleAllocations": True,
+        "capacity": {
+            "compute": {
+                "value": "1",
+                "requestPolicy": {
+                    "default": "0.25",
+                    "validRange": {"min": "0.25", "max": "1", "step": "0.25"},
+                },
+            }
+        },
+    }
+    third = _x_request(capacity={"requests": {"compute": "0.3"}})
+    rule: dict[str, Any] = {
+        "apiVersion": V1,
+        "kind": "DeviceTaintRule",
+        "metadata": {"name": "maintenance"},
+        "spec": {
+            "deviceSelector": {"driver": DRIVER, "device": "gpu-0"},
+            "taint": {"key": "example.com/maint", "effect": "NoSchedule"},
+        },
+    }
+    rule_35 = {**rule, "apiVersion": "resource.k8s.io/v1alpha3"}
+    numa = [
+        _x("a", numa={"ints": [0, 1]}, kind={"string": "gpu"}),
+        _x("b", numa={"ints": [1]}, kind={"string": "gpu"}),
+        _x("c", numa={"ints": [0]}, kind={"string": "gpu"}),
+    ]
+    lists = "DRAListTypeAttributes=true"
+    return [
+        # pools.py node_matches: with no node at all, a DoesNotExist selector matches
+        # (upstream's unnamed node has no labels); gpudra said unschedulable.
+        Case(
+            "does-not-exist-selector-without-nodes",
+            [X_CLASS, _pool_slice("everywhere", [_x("a")], selector), _x_claim("c", _x_request())],
+            statuses={"c": "allocated"},
+            base=False,
+            compare_allocations=True,
+        ),
+        Case(
+            "not-in-selector-without-nodes",
+            [
+                X_CLASS,
+                _pool_slice(
+                    "everywhere",
+                    [_x("a")],
+                    {
+                        "nodeSelector": {
+                            "nodeSelectorTerms": [
+                                {
+                                    "matchExpressions": [
+                                        {"key": "zone", "operator": "NotIn", "values": ["z1"]}
+                                    ]
+                                }
+                            ]
+                        }
+                    },
+                ),
+                _x_claim("c", _x_request()),
+            ],
+            statuses={"c": "allocated"},
+            base=False,
+        ),
+        # 1.37 allocateOne: the next device of a request comes after the last (sets);
+        # before, every ordering: two shares of one device.
+        Case(
+            "shares-spread-over-devices",
+            [X_CLASS, _pool_slice("shared", shared), _x_claim("c", _x_request(count=2))],
+            statuses={"c": "allocated"},
+            gates=CC_ON,
+            devices_by_minor={
+                35: {"c": ["x.example.com/shared/gpu-0", "x.example.com/shared/gpu-0"]},
+                37: {"c": ["x.example.com/shared/gpu-0", "x.example.com/shared/gpu-1"]},
+            },
+        ),
+        # allocateDevice up to 1.35 keeps the counters of a device a constraint rejects.
+        Case(
+            "constraint-rejection-gives-counters-back",
+            [
+                X_CLASS,
+                *_counters(2, None, None, None),
+                _x_claim(
+                    "c",
+                    _x_request(
+                        count=2,
+                        selectors=[
+                            {"cel": {"expression": "device.attributes['x.example.com'].i != 1"}}
+                        ],
+                    ),
+                    constraints=[{"matchAttribute": "x.example.com/i"}],
+                ),
+            ],
+            statuses={"c": "unschedulable"},
+            gates=PC_ON,
+        ),
+        Case(
+            "match-attribute-after-a-rejected-partition",
+            [
+                X_CLASS,
+                *_counters(2, None, None, None),
+                _x_claim(
+                    "c",
+                    _x_request(
+                        "a",
+                        selectors=[
+                            {"cel": {"expression": "device.attributes['x.example.com'].i == 0"}}
+                        ],
+                    ),
+                    _x_request("b"),
+                    constraints=[{"matchAttribute": "x.example.com/kind"}],
+                ),
+            ],
+            statuses={"c": "unschedulable"},
+            gates=PC_ON,
+        ),
+        # distinctAttribute up to 1.36 keeps one value per request name.
+        Case(
+            "distinct-attribute-per-request",
+            [
+                X_CLASS,
+                _pool_slice(
+                    "p",
+                    [_x("x", v={"int": 1}), _x("y", v={"int": 2}), _x("z", v={"int": 1})],
+                ),
+                _x_claim(
+                    "c",
+                    _x_request("r", count=2),
+                    _x_request("q"),
+                    constraints=[{"distinctAttribute": "x.example.com/v"}],
+                ),
+            ],
+            gates=CC_ON,
+            by_minor={35: {"c": "allocated"}, 37: {"c": "unschedulable"}},
+        ),
+        # 1.37 Allocate: a config for every request is added once, with requests emptied.
+        Case(
+            "claim-config-naming-every-request",
+            [
+                X_CLASS,
+                _pool_slice("p", [_x("a"), _x("b")]),
+                _x_claim(
+                    "c",
+                    _x_request("r"),
+                    _x_request("q"),
+                    config=[
+                        {
+                            "requests": ["r", "q"],
+                            "opaque": {"driver": "x.example.com", "parameters": {"a": 1}},
+                        }
+                    ],
+                ),
+            ],
+            statuses={"c": "allocated"},
+            compare_allocations=True,
+        ),
+        # 1.37 validateDeviceRequest: "All" keeps a device whose capacity is in use.
+        Case(
+            "all-with-capacity-in-use",
+            [
+                X_CLASS,
+                _pool_slice("shared", shared),
+                _named(_x_claim("c1", _x_request(capacity={"requests": {"memory": "6Gi"}})), "c1"),
+                _named(
+                    _x_claim(
+                        "c2",
+                        _x_request(allocationMode="All", capacity={"requests": {"memory": "4Gi"}}),
+                    ),
+                    "c2",
+                ),
+            ],
+            gates=CC_ON,
+            by_minor={
+                35: {"c1": "allocated", "c2": "allocated"},
+                37: {"c1": "allocated", "c2": "unschedulable"},
+            },
+        ),
+        # 1.37 roundUpRange: with DRAFractionalCapacityRange, milli steps.
+        Case(
+            "fractional-capacity-range",
+            [
+                X_CLASS,
+                _pool_slice("frac", [fractional]),
+                _named(_x_claim("c1", third), "c1"),
+                _named(_x_claim("c2", third), "c2"),
+            ],
+            gates_by_minor={
+                35: CC_ON,
+                37: f"{CC_ON},DRAFractionalCapacityRange=true",
+            },
+            statuses={"c1": "allocated", "c2": "allocated"},
+            by_minor={35: {"c1": "allocated", "c2": "unschedulable"}},
+            compare_allocations=True,
+        ),
+        Case(
+            "fractional-capacity-range-off",
+            [
+                X_CLASS,
+                _pool_slice("frac", [fractional]),
+                _named(_x_claim("c1", third), "c1"),
+                _named(_x_claim("c2", third), "c2"),
+            ],
+            gates=f"{CC_ON},DRAFractionalCapacityRange=false",
+            statuses={"c1": "allocated", "c2": "unschedulable"},
+            minors=(37,),
+            compare_allocations=True,
+        ),
+        # The scheduler's slice tracker applies DeviceTaintRules (on by default in 1.37).
+        Case(
+            "device-taint-rule",
+            [rule, claim(exactly())],
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": [f"{DRIVER}/n1/gpu-1"]},
+        ),
+        Case(
+            "device-taint-rule-gate-off",
+            [rule, claim(exactly())],
+            gates="DRADeviceTaintRules=false",
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": [f"{DRIVER}/n1/gpu-0"]},
+        ),
+        Case(
+            "device-taint-rule-1-35",
+            [rule_35, claim(exactly())],
+            gates="DRADeviceTaints=true,DRADeviceTaintRules=true",
+            statuses={"c": "allocated"},
+            minors=(35,),
+            devices={"c": [f"{DRIVER}/n1/gpu-1"]},
+        ),
+        Case(
+            "device-taint-rule-tolerated",
+            [
+                rule,
+                claim(exactly(tolerations=[{"key": "example.com/maint", "operator": "Exists"}])),
+            ],
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": [f"{DRIVER}/n1/gpu-0"]},
+        ),
+        # Up to 1.36 a rule without deviceSelector taints every device; from 1.37 none.
+        Case(
+            "device-taint-rule-without-selector",
+            [{**rule, "spec": {"taint": rule["spec"]["taint"]}}, claim(exactly())],
+            statuses={"c": "allocated"},
+            minors=(37,),
+        ),
+        Case(
+            "device-taint-rule-without-selector-1-35",
+            [{**rule_35, "spec": {"taint": rule["spec"]["taint"]}}, claim(exactly())],
+            gates="DRADeviceTaints=true,DRADeviceTaintRules=true",
+            statuses={"c": "unschedulable"},
+            minors=(35,),
+        ),
+        # DRAListTypeAttributes: CEL sees lists; constraints compare sets (1.37).
+        Case(
+            "list-attribute-selector",
+            [
+                X_CLASS,
+                _pool_slice("p", numa),
+                _x_claim(
+                    "c",
+                    _x_request(
+                        count=2,
+                        selectors=[
+                            {
+                                "cel": {
+                                    "expression": "device.attributes['x.example.com']"
+                                    ".numa.includes(0)"
+                                }
+                            }
+                        ],
+                    ),
+                ),
+            ],
+            gates=lists,
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": ["x.example.com/p/a", "x.example.com/p/c"]},
+        ),
+        Case(
+            "list-attribute-match-as-sets",
+            [
+                X_CLASS,
+                _pool_slice("p", numa),
+                _x_claim(
+                    "c", _x_request(count=2), constraints=[{"matchAttribute": "x.example.com/numa"}]
+                ),
+            ],
+            gates=lists,
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": ["x.example.com/p/a", "x.example.com/p/b"]},
+        ),
+        Case(
+            "list-attribute-distinct-as-sets",
+            [
+                X_CLASS,
+                _pool_slice("p", numa),
+                _x_claim(
+                    "c",
+                    _x_request(count=2),
+                    constraints=[{"distinctAttribute": "x.example.com/numa"}],
+                ),
+            ],
+            gates=f"{lists},{CC_ON}",
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": ["x.example.com/p/b", "x.example.com/p/c"]},
+        ),
+        Case(
+            "list-attribute-refused-with-the-gate-off",
+            [X_CLASS, _pool_slice("p", numa)],
+            rc=2,
+            says="exactly one value must be specified",
+            minors=(37,),
+        ),
+        # DRADerivedAttributes: a constraint on an attribute the request computes.
+        Case(
+            "derived-attribute-constraint",
+            [
+                X_CLASS,
+                _pool_slice("p", [_x(f"d{i}", i={"int": i}) for i in range(4)]),
+                _x_claim(
+                    "c",
+                    _x_request(
+                        count=2,
+                        selectors=[
+                            {"cel": {"expression": "device.attributes['x.example.com'].i > 0"}}
+                        ],
+                        derivedAttributes=[
+                            {
+                                "name": "x.example.com/half",
+                                "expression": "device.attributes['x.example.com'].i / 2",
+                            }
+                        ],
+                    ),
+                    constraints=[{"matchAttribute": "x.example.com/half"}],
+                ),
+            ],
+            gates="DRADerivedAttributes=true",
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": ["x.example.com/p/d2", "x.example.com/p/d3"]},
+        ),
+        Case(
+            "derived-attribute-error-stops-the-claim",
+            [
+                X_CLASS,
+                _pool_slice("p", [_x("d0", i={"int": 0}), _x("d1")]),
+                _x_claim(
+                    "c",
+                    _x_request(
+                        count=2,
+                        derivedAttributes=[
+                            {
+                                "name": "x.example.com/twice",
+                                "expression": "device.attributes['x.example.com'].i * 2",
+                            }
+                        ],
+                    ),
+                    constraints=[{"matchAttribute": "x.example.com/twice"}],
+                ),
+            ],
+            gates="DRADerivedAttributes=true",
+            statuses={"c": "error"},
+            minors=(37,),
+        ),
+        # DRADeviceCompatibilityGroups: partitions of one counter set must share a group.
+        Case(
+            "compatibility-groups-disjoint",
+            [X_CLASS, *_counters(3, ["a"], ["b"]), _x_claim("c", _x_request(count=2))],
+            gates="DRADeviceCompatibilityGroups=true",
+            statuses={"c": "unschedulable"},
+            minors=(37,),
+        ),
+        Case(
+            "compatibility-groups-shared",
+            [X_CLASS, *_counters(3, ["a"], ["b"], ["a", "b"]), _x_claim("c", _x_request(count=2))],
+            gates="DRADeviceCompatibilityGroups=true",
+            statuses={"c": "allocated"},
+            minors=(37,),
+            devices={"c": ["x.example.com/p/d0", "x.example.com/p/d2"]},
+        ),
+        # DRAOptionalNodeOperations: the node must declare the feature; the results say
+        # which node operations are skipped.
+        Case(
+            "optional-node-operations-undeclared",
+            [
+                X_CLASS,
+                _pool_slice("p", [_x("a")], skipNodeOperations=["*"]),
+                _x_claim("c", _x_request()),
+            ],
+            gates="DRAOptionalNodeOperations=true",
+            statuses={"c": "unschedulable"},
+            minors=(37,),
+        ),
+        Case(
+            "optional-node-operations-declared",
+            [
+                {
+                    "apiVersion": "v1",
+                    "kind": "Node",
+                    "metadata": {"name": "n1"},
+                    "status": {"declaredFeatures": ["DRAOptionalNodeOperations"]},
+                },
+                X_CLASS,
+                _pool_slice("p", [_x("a")], skipNodeOperations=["*"]),
+                _x_claim("c", _x_request()),
+            ],
+            gates="DRAOptionalNodeOperations=true",
+            statuses={"c": "allocated"},
+            minors=(37,),
+            compare_allocations=True,
+        ),
+    ]
+
+
+RELEASES = _releases()
+CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case(), *RELEASES]
 
 
 # ---------------------------------------------------------------- deviations
@@ -606,8 +1128,12 @@ class Deviation:
     name: str
     objects: list[dict[str, Any]]
     ours: dict[str, str]  # claim -> status
-    reference: dict[str, str]
+    reference: dict[str, str]  # what upstream 1.35 gives
     gates: str = ""
+    fixed_in: int = 37  # the first release whose upstream gives our outcome
+
+    def reference_for(self, minor: int) -> dict[str, str]:
+        return self.ours if minor >= self.fixed_in else self.reference
 
 
 def _slice(
@@ -683,6 +1209,7 @@ def _deviations() -> list[Deviation]:
             [*_slice("s", "d.example.com", indexed), later_all],
             ours={"c": "allocated"},
             reference={"c": "unschedulable"},
+            fixed_in=36,  # allocateOne passes r.subRequestIndex
         ),
         # k8s.io/apiserver/pkg/cel/library/quantity.go quantityAdd: `copy := *q` is
         # shallow, so Add changes the device's own inf.Dec value.
@@ -695,6 +1222,7 @@ def _deviations() -> list[Deviation]:
             ],
             ours={"c1": "allocated", "c2": "allocated"},
             reference={"c1": "allocated", "c2": "unschedulable"},
+            fixed_in=37,  # quantityAdd: q.DeepCopy()
         ),
         # allocator_experimental.go checkAvailableCounters: availableCounters and
         # consumedCounters are keyed by pool.PoolID.Pool, the pool name alone.
@@ -740,6 +1268,7 @@ def _deviations() -> list[Deviation]:
             ours={"c": "allocated"},
             reference={"c": "unschedulable"},
             gates=pc,
+            fixed_in=37,  # availableCounters keyed by PoolID
         ),
         # kube-scheduler's allocated-device tracking (dynamicresources
         # foreachAllocatedDevice) counts a shared result by share ID only, and the
@@ -759,6 +1288,7 @@ def _deviations() -> list[Deviation]:
             ours={"c1": "allocated", "c2": "unschedulable"},
             reference={"c1": "allocated", "c2": "allocated"},
             gates=f"{pc},DRAConsumableCapacity=true",
+            fixed_in=36,  # checkAvailableCounters asks IsDeviceAllocated
         ),
     ]
 

@@ -1,21 +1,33 @@
 """Seeded scenarios for the differential test, and an independent check of allocations.
 
-A scenario is a small cluster of its own: 1-3 nodes whose ResourceSlices our
-publisher's renderer produced (``gpudra slices``, every fleet profile, with and
-without DynamicMIG or VFIO), sometimes with device taints; DeviceClasses;
-claims with random CEL selectors over our attributes (strings, quantities,
-semvers, ``has``, ``in``, misspelt names), counts, ``All``, adminAccess,
-firstAvailable, tolerations, matchAttribute / distinctAttribute constraints;
-and claims that are already allocated. Each scenario renames the driver
+A scenario is a small cluster of its own, for one Kubernetes minor and one set
+of its gates: 1-3 nodes whose ResourceSlices our publisher's renderer produced
+(``gpudra slices``, every fleet profile, with and without DynamicMIG or VFIO),
+sometimes with device taints, DeviceTaintRules and binding conditions;
+DeviceClasses; claims with random CEL selectors over our attributes (strings,
+quantities, semvers, ``has``, ``in``, misspelt names), counts, ``All``,
+adminAccess, firstAvailable, tolerations, capacity requests,
+matchAttribute / distinctAttribute constraints, opaque configs; and claims
+that are already allocated. For 1.37 also what its new gates bring, written
+whether the gate is on or not (the API server drops what a gate does not
+allow, as a user's manifests meet a cluster): list attributes
+(``numaNode`` as a list, as the reference driver publishes it, and selectors
+with ``includes``/``exists`` on lists), derived attributes and constraints on
+them, counter compatibility groups, slices that skip node operations and
+Nodes that declare the feature, fractional capacity ranges, and a pool
+selected by a ``DoesNotExist`` node selector. Each scenario renames the driver
 (``s<N>.gpu.nvidia.com``) and prefixes its node and class names, so many
 scenarios share one input file without touching each other's devices.
 
-Every selector is generated together with a Python predicate that has CEL's
-semantics (errors included), so :func:`check` can verify an allocation without
-our CEL environment or our engine: devices exist on the node, satisfy class
-and request selectors, counts and All, constraints, taints, no device used
-twice, counters not exceeded. (distinctAttribute is checked for presence only:
-upstream 1.35 enforces it per request, see services/allocator/structured/constraints.py.)
+Every selector (and derived attribute) is generated together with a Python
+function that has CEL's semantics (errors included), so :func:`check` can
+verify an allocation without our CEL environment or our engine: devices exist
+on the node, satisfy class and request selectors, counts and All,
+constraints (values, or sets of values where the release compares sets;
+distinctAttribute pairwise from 1.37, for presence only before, where
+upstream enforces it per request), taints (the slice's and the rules'),
+skipped node operations, compatibility groups, no device used twice,
+counters not exceeded.
 
 tests/e2e/test_differential_scenarios.py checks the generator and the checker
 themselves; tests/e2e/test_differential_allocator.py runs both allocators.
@@ -23,6 +35,7 @@ themselves; tests/e2e/test_differential_allocator.py runs both allocators.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import io
 import json
@@ -34,6 +47,8 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any
 
+from services.allocator.structured.features import Features, accepted_sets, parse
+from services.allocator.structured.variant import Variant
 from services.cli import main as gpudra
 
 TEMPLATE_NODE = "tmplnode"
@@ -80,6 +95,12 @@ def _gate_set(bits: int) -> str:
 GATE_SETS = tuple(_gate_set(bits ^ _DEFAULT_ON) for bits in range(2 ** len(KUBE_GATES)))
 
 
+def gate_sets(minor: int) -> tuple[str, ...]:
+    """Every ``--feature-gates`` value 1.<minor> accepts over the gates that change
+    allocation (locked gates fixed, dependent gates together; features.accepted_sets)."""
+    return tuple(accepted_sets(minor))
+
+
 ERR = object()  # a CEL evaluation error
 
 
@@ -98,6 +119,8 @@ class Dev:
     capacity: dict[tuple[str, str], str]
     taints: tuple[dict[str, Any], ...]
     consumes: tuple[tuple[str, str, int], ...]  # (counter set, counter, value)
+    skips_node_operations: bool = False  # its slice has skipNodeOperations
+    groups: tuple[tuple[str, frozenset[str]], ...] = ()  # (counter set, compatibility groups)
 
     @property
     def id(self) -> tuple[str, str, str]:
@@ -120,6 +143,16 @@ def quantity(text: str) -> int:
     return int(match.group(1)) * _SUFFIX.get(match.group(2) or "", 1)
 
 
+def milli(text: str) -> int:
+    """A quantity in milli units, fractions (``0.25``) included."""
+    match = re.fullmatch(r"(\d+)(?:\.(\d+))?([KMGT]i|[kMG])?", text)
+    if match is None:
+        raise ValueError(f"unexpected quantity {text!r}")
+    whole, frac, suffix = match.group(1), match.group(2) or "", match.group(3) or ""
+    value = (int(whole) * 1000 + int((frac + "000")[:3])) * _SUFFIX.get(suffix, 1)
+    return value
+
+
 def devices_of(slices: Iterable[dict[str, Any]]) -> list[Dev]:
     out = []
     for slice_ in slices:
@@ -139,6 +172,10 @@ def devices_of(slices: Iterable[dict[str, Any]]) -> list[Dev]:
                 for c in device.get("consumesCounters") or []
                 for counter, v in c["counters"].items()
             )
+            groups = tuple(
+                (c["counterSet"], frozenset(c.get("compatibilityGroups") or ()))
+                for c in device.get("consumesCounters") or []
+            )
             out.append(
                 Dev(
                     driver,
@@ -149,6 +186,8 @@ def devices_of(slices: Iterable[dict[str, Any]]) -> list[Dev]:
                     capacity,
                     tuple(device.get("taints") or ()),
                     consumes,
+                    bool(spec.get("skipNodeOperations")),
+                    groups,
                 )
             )
     return out
@@ -196,8 +235,11 @@ def _semver(text: str) -> tuple[int, ...]:
     return tuple(int(p) for p in text.split("-")[0].split("."))
 
 
-def atoms(d: str, rng: random.Random, facts: dict[str, list[str]]) -> list[Callable[[], Sel]]:
-    """Selector makers over driver domain ``d``; ``facts`` lists values seen in the slices."""
+def atoms(
+    d: str, rng: random.Random, facts: dict[str, list[str]], lists: bool = False
+) -> list[Callable[[], Sel]]:
+    """Selector makers over driver domain ``d``; ``facts`` lists values seen in the slices;
+    ``lists``: list attributes may exist (DRAListTypeAttributes), so selectors test them."""
     attrs = f'device.attributes["{d}"]'
 
     def product() -> Sel:
@@ -359,16 +401,58 @@ def atoms(d: str, rng: random.Random, facts: dict[str, list[str]]) -> list[Calla
             lambda dev: _with(_attr(dev, RK, "pciBusID"), lambda v: True),
         )
 
+    # List attributes (1.36+, DRAListTypeAttributes): numaNode may be a list of ints.
+    def numa_includes() -> Sel:
+        node = rng.choice([0, 1])
+        cel = (
+            f'has(device.attributes["{RK}"].numaNode) && '
+            f'device.attributes["{RK}"].numaNode.includes({node})'
+        )
+
+        def fn(dev: Dev) -> Tri:
+            value = dev.attributes.get((RK, "numaNode"))
+            if value is None:
+                return False
+            return node in value[1] if isinstance(value[1], list) else value[1] == node
+
+        return Sel(cel, fn)
+
+    def numa_all() -> Sel:
+        cel = (
+            f'has(device.attributes["{RK}"].numaNode) && '
+            f'device.attributes["{RK}"].numaNode.all(n, n < 2)'
+        )
+
+        def fn(dev: Dev) -> Tri:
+            value = dev.attributes.get((RK, "numaNode"))
+            if value is None:
+                return False
+            return all(n < 2 for n in value[1]) if isinstance(value[1], list) else ERR
+
+        return Sel(cel, fn)
+
+    def numa_in() -> Sel:
+        node = rng.choice([0, 1])
+        return Sel(
+            f'{node} in device.attributes["{RK}"].numaNode',
+            lambda dev: _with(
+                _attr(dev, RK, "numaNode"), lambda v: node in v if isinstance(v, list) else ERR
+            ),
+        )
+
     common = [product, product_prefix, memory, has_memory, compute, driver_major]
     common += [numa, architecture, brand, profile, other_domain]
     common += [string_equals_semver, memory_is_integer, name_words, two_variables, index_of]
     rare = [misspelt, semver_equals_string, not_an_ip]
     rare += [profile_in] if facts["profile"] else []
+    if lists:
+        common += [numa_includes, numa_includes, numa_all]
+        rare += [numa_in]
     return common * 4 + rare
 
 
-def selector(d: str, rng: random.Random, facts: dict[str, list[str]]) -> Sel:
-    makers = atoms(d, rng, facts)
+def selector(d: str, rng: random.Random, facts: dict[str, list[str]], lists: bool = False) -> Sel:
+    makers = atoms(d, rng, facts, lists)
     first = rng.choice(makers)()
     roll = rng.random()
     if roll < 0.55:
@@ -408,10 +492,23 @@ class Scenario:
     claims: list[dict[str, Any]]  # in input order; some already allocated
     request_selectors: dict[tuple[str, str], list[Sel]] = field(default_factory=dict)
     class_configs: dict[str, dict[str, Any]] = field(default_factory=dict)
+    minor: int = 35
+    node_objects: list[dict[str, Any]] = field(default_factory=list)
+    taint_rules: list[dict[str, Any]] = field(default_factory=list)
+    # (claim, request) -> derived attribute name -> its function on a device
+    derived: dict[tuple[str, str], dict[str, Callable[[Dev], Any]]] = field(default_factory=dict)
 
     @property
     def namespace(self) -> str:
         return f"s{self.index:03d}"
+
+    @functools.cached_property
+    def features(self) -> Features:
+        return parse(self.gates, self.minor)
+
+    @functools.cached_property
+    def variant(self) -> Variant:
+        return Variant.of(self.features)
 
     def objects(self) -> list[dict[str, Any]]:
         classes = []
@@ -427,14 +524,43 @@ class Scenario:
                     "spec": spec,
                 }
             )
-        return [*classes, *self.slices, *self.claims]
+        return [*classes, *self.node_objects, *self.slices, *self.taint_rules, *self.claims]
 
     def devices(self) -> list[Dev]:
-        return devices_of(self.slices)
+        """The devices as the allocator sees them: DeviceTaintRules applied where the
+        release applies them."""
+        devices = devices_of(self.slices)
+        if not self.taint_rules or not _rules_on(self.features):
+            return devices
+        out = []
+        for dev in devices:
+            extra = tuple(
+                r["spec"]["taint"] for r in self.taint_rules if _rule_selects(r, dev, self.minor)
+            )
+            out.append(dataclasses.replace(dev, taints=dev.taints + extra) if extra else dev)
+        return out
 
 
-def generate(seed: int, index: int, gates: str) -> Scenario:
+def _rules_on(features: Features) -> bool:
+    return features.device_taint_rules if features.minor >= 35 else features.device_taints
+
+
+def _rule_selects(rule: dict[str, Any], dev: Dev, minor: int) -> bool:
+    selector = rule["spec"].get("deviceSelector")
+    if selector is None:
+        return minor <= 36
+    return all(
+        selector.get(key) in (None, value)
+        for key, value in (("driver", dev.driver), ("pool", dev.pool), ("device", dev.name))
+    )
+
+
+def generate(seed: int, index: int, gates: str, minor: int = 35) -> Scenario:
+    """One scenario for Kubernetes 1.<minor> under ``gates``. What 1.35 scenarios drew
+    from the seed before 1.37 existed is drawn the same way (``rng``); everything added
+    since comes from a second stream (``more``)."""
     rng = random.Random(seed * 100_003 + index)
+    more = random.Random(f"{seed}/{index}/{minor}")
     sc = Scenario(
         index=index,
         seed=seed,
@@ -444,6 +570,7 @@ def generate(seed: int, index: int, gates: str) -> Scenario:
         classes={},
         slices=[],
         claims=[],
+        minor=minor,
     )
     for n in range(rng.choice([1, 1, 2, 2, 3])):
         node = f"{sc.namespace}-n{n}"
@@ -456,7 +583,9 @@ def generate(seed: int, index: int, gates: str) -> Scenario:
             _taint(rng, slices)
         if rng.random() < 0.25:
             _binding_conditions(rng, slices)
+        _newer_slices(more, sc, node, slices)
         sc.slices += slices
+    _newer_cluster(more, sc)
     devices = sc.devices()
     facts = {
         "productName": sorted({str(_attr(v, sc.driver, "productName")) for v in devices}),
@@ -472,12 +601,140 @@ def generate(seed: int, index: int, gates: str) -> Scenario:
         if rng.random() < 0.3:
             sc.class_configs[name] = _opaque(rng, d)
     for c in range(rng.randint(1, 6)):
-        sc.claims.append(_bounded_claim(rng, sc, f"c{c}", facts))
+        sc.claims.append(_bounded_claim(rng, sc, f"c{c}", facts, more))
     for e in range(rng.choice([0, 0, 1, 2])):
         existing = _existing(rng, sc, f"old{e}", devices)
         if existing is not None:
             sc.claims.insert(rng.randint(0, len(sc.claims)), existing)
     return sc
+
+
+def _newer_slices(
+    more: random.Random, sc: Scenario, node: str, slices: list[dict[str, Any]]
+) -> None:
+    """What 1.36/1.37 slices may carry: numaNode as a list (the reference driver with
+    DRAListTypeAttributes), compatibility groups on counters, skipped node operations,
+    fractional capacity ranges on shared devices."""
+    if sc.minor < 37:
+        return
+    features = sc.features
+    if features.list_type_attributes and more.random() < 0.6:
+        for slice_ in slices:
+            for device in slice_["spec"].get("devices") or []:
+                numa = (device.get("attributes") or {}).get(f"{RK}/numaNode")
+                if numa is not None and more.random() < 0.7:
+                    value = numa["int"]
+                    numa.clear()
+                    numa["ints"] = [value] if more.random() < 0.6 else [value, 1 - value]
+    if more.random() < 0.4:
+        for slice_ in slices:
+            for device in slice_["spec"].get("devices") or []:
+                for consumption in device.get("consumesCounters") or []:
+                    groups = more.choice([[], [], ["small"], ["large"], ["small", "large"]])
+                    if groups:
+                        consumption["compatibilityGroups"] = groups
+    if more.random() < 0.25:
+        skip = more.choice(
+            [["*"], ["NodeUnprepareResources"], ["NodePrepareResources", "NodeUnprepareResources"]]
+        )
+        for slice_ in slices:
+            if slice_["spec"].get("devices"):
+                slice_["spec"]["skipNodeOperations"] = skip
+    if features.consumable_capacity and more.random() < 0.5:
+        for slice_ in slices:
+            for device in slice_["spec"].get("devices") or []:
+                if device.get("allowMultipleAllocations") and more.random() < 0.6:
+                    step = more.choice(["0.25", "0.5", "1"])
+                    device.setdefault("capacity", {})["compute"] = {
+                        "value": "2",
+                        "requestPolicy": {
+                            "default": step,
+                            "validRange": {"min": step, "max": "2", "step": step},
+                        },
+                    }
+
+
+def _newer_cluster(more: random.Random, sc: Scenario) -> None:
+    """Objects beside the slices: Nodes (1.37: some declare DRAOptionalNodeOperations),
+    DeviceTaintRules, and a pool every node sees through a DoesNotExist node selector
+    (only where the release orders pools itself, so the comparison stays exact)."""
+    if sc.minor >= 37 and any(s["spec"].get("skipNodeOperations") for s in sc.slices):
+        for node in sc.nodes:
+            if more.random() < 0.6:
+                sc.node_objects.append(
+                    {
+                        "apiVersion": "v1",
+                        "kind": "Node",
+                        "metadata": {"name": node, "labels": {HOSTNAME: node}},
+                        "status": {"declaredFeatures": ["DRAOptionalNodeOperations"]},
+                    }
+                )
+    if sc.features.device_taints and more.random() < 0.3:
+        devices = [v for v in devices_of(sc.slices)]
+        for r in range(more.randint(1, 2)):
+            dev = more.choice(devices)
+            selector: dict[str, str] = {"driver": sc.driver}
+            roll = more.random()
+            if roll < 0.6:
+                selector["device"] = dev.name
+            elif roll < 0.8:
+                selector["pool"] = dev.pool
+            key, value = more.choice([("gpu.nvidia.com/xid", "79"), ("example.com/maint", "")])
+            taint: dict[str, Any] = {"key": key, "effect": more.choice(["NoSchedule", "None"])}
+            if value:
+                taint["value"] = value
+            sc.taint_rules.append(
+                {
+                    "apiVersion": _TAINT_RULE_API[sc.minor],
+                    "kind": "DeviceTaintRule",
+                    "metadata": {"name": f"{sc.namespace}-rule{r}"},
+                    "spec": {"deviceSelector": selector, "taint": taint},
+                }
+            )
+    if sc.variant.pools_sorted and more.random() < 0.2:
+        sc.slices.append(_everywhere_pool(sc))
+
+
+HOSTNAME = "kubernetes.io/hostname"
+_TAINT_RULE_API = {
+    34: "resource.k8s.io/v1alpha3",
+    35: "resource.k8s.io/v1alpha3",
+    36: "resource.k8s.io/v1beta2",
+    37: "resource.k8s.io/v1",
+}
+
+
+def _everywhere_pool(sc: Scenario) -> dict[str, Any]:
+    """Two GPUs every node may use: a selector no node label fails (DoesNotExist)."""
+    d = sc.driver
+    devices = [
+        {
+            "name": f"shared-{i}",
+            "attributes": {
+                "type": {"string": "gpu"},
+                "productName": {"string": "NVIDIA Shared GPU"},
+                "uuid": {"string": f"GPU-{sc.namespace}-shared-{i}"},
+            },
+            "capacity": {"memory": {"value": "16Gi"}},
+        }
+        for i in range(2)
+    ]
+    selector = {"key": "example.com/excluded", "operator": "DoesNotExist"}
+    return {
+        "apiVersion": "resource.k8s.io/v1",
+        "kind": "ResourceSlice",
+        "metadata": {"name": f"{sc.namespace}-everywhere"},
+        "spec": {
+            "driver": d,
+            "pool": {
+                "name": f"{sc.namespace}-everywhere",
+                "generation": 1,
+                "resourceSliceCount": 1,
+            },
+            "nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [selector]}]},
+            "devices": devices,
+        },
+    }
 
 
 def _is_type(driver: str, kind: str) -> Callable[[Dev], Tri]:
@@ -506,11 +763,18 @@ def _binding_conditions(rng: random.Random, slices: list[dict[str, Any]]) -> Non
 
 
 def _request_body(
-    rng: random.Random, sc: Scenario, key: tuple[str, str], facts: dict[str, list[str]]
+    rng: random.Random,
+    sc: Scenario,
+    key: tuple[str, str],
+    facts: dict[str, list[str]],
+    more: random.Random | None = None,
 ) -> dict[str, Any]:
     kind = rng.choice(["gpu", "gpu", "mig", "mig", "vfio", "any"])
     body: dict[str, Any] = {"deviceClassName": f"{sc.namespace}-{kind}"}
-    selectors = [selector(sc.driver, rng, facts) for _ in range(rng.choice([0, 0, 1, 1, 2]))]
+    lists = sc.minor >= 37 and sc.features.list_type_attributes
+    count = rng.choice([0, 0, 1, 1, 2])
+    selectors = [selector(sc.driver, more or rng, facts, lists) if lists else
+                 selector(sc.driver, rng, facts) for _ in range(count)]  # fmt: skip
     if selectors:
         body["selectors"] = [{"cel": {"expression": s.cel}} for s in selectors]
         sc.request_selectors[key] = selectors
@@ -518,10 +782,12 @@ def _request_body(
         body["allocationMode"] = "All"
     else:
         body["count"] = rng.choice([1, 1, 1, 1, 2, 2, 3, 4])
-    if _gate(sc.gates, "DRAConsumableCapacity") and rng.random() < 0.3:
+    if sc.features.consumable_capacity and rng.random() < 0.3:
         name = rng.choice(["memory", "shares"])
         value = rng.choice(["1Gi", "4Gi", "10Gi"] if name == "memory" else ["1", "2"])
         body["capacity"] = {"requests": {name: value}}
+        if more is not None and sc.minor >= 37 and more.random() < 0.4:
+            body["capacity"]["requests"]["compute"] = more.choice(["0.3", "0.5", "1", "1.2"])
     if rng.random() < 0.25:
         toleration: dict[str, Any] = {"key": "gpu.nvidia.com/xid", "operator": "Exists"}
         if rng.random() < 0.5:
@@ -529,24 +795,78 @@ def _request_body(
         if rng.random() < 0.4:
             toleration["effect"] = rng.choice(["NoSchedule", "NoExecute"])
         body["tolerations"] = [toleration]
+    if more is not None and sc.minor >= 37 and more.random() < 0.12:
+        toleration = {"key": "example.com/maint", "operator": "Exists"}
+        body["tolerations"] = [*body.get("tolerations", []), toleration]
+    if more is not None and sc.minor >= 37 and more.random() < 0.3:
+        chosen = more.sample(_derived_makers(sc), more.randint(1, 2))
+        body["derivedAttributes"] = [{"name": n, "expression": e} for n, e, _ in chosen]
+        sc.derived[key] = {n: fn for n, _, fn in chosen}
     return body
+
+
+def _derived_makers(sc: Scenario) -> list[tuple[str, str, Callable[[Dev], Any]]]:
+    """Derived attributes (1.37, DRADerivedAttributes): name, CEL, and the value as
+    Python computes it ((kind, value) like Dev.attributes, or ERR)."""
+    d = sc.driver
+
+    def numa_set(dev: Dev) -> Any:
+        value = dev.attributes.get((RK, "numaNode"))
+        if value is None:
+            return ("int", -1)
+        return value
+
+    def architecture(dev: Dev) -> Any:
+        value = dev.attributes.get((d, "architecture"))
+        return ERR if value is None else value
+
+    def mem_class(dev: Dev) -> Any:
+        value = dev.capacity.get((d, "memory"))
+        if value is None:
+            return ERR
+        return ("string", "big" if quantity(value) >= 40 * 2**30 else "small")
+
+    def major(dev: Dev) -> Any:
+        value = dev.attributes.get((d, "cudaComputeCapability"))
+        return ERR if value is None else ("int", _semver(value[1])[0])
+
+    return [
+        (
+            f"{d}/numaSet",
+            f'has(device.attributes["{RK}"].numaNode) ? device.attributes["{RK}"].numaNode : -1',
+            numa_set,
+        ),
+        (f"{d}/arch", f'device.attributes["{d}"].architecture', architecture),
+        (
+            f"{d}/memClass",
+            f'device.capacity["{d}"].memory.compareTo(quantity("40Gi")) >= 0 ? "big" : "small"',
+            mem_class,
+        ),
+        (f"{d}/major", f'device.attributes["{d}"].cudaComputeCapability.major()', major),
+    ]
 
 
 SEARCH_LIMIT = 3000
 
 
 def _bounded_claim(
-    rng: random.Random, sc: Scenario, name: str, facts: dict[str, list[str]]
+    rng: random.Random,
+    sc: Scenario,
+    name: str,
+    facts: dict[str, list[str]],
+    more: random.Random | None = None,
 ) -> dict[str, Any]:
     devices = sc.devices()
     for _ in range(20):
-        for key in [k for k in sc.request_selectors if k[0] == name]:
-            del sc.request_selectors[key]
-        claim = _claim(rng, sc, name, facts)
+        for table in (sc.request_selectors, sc.derived):
+            for key in [k for k in table if k[0] == name]:
+                del table[key]
+        claim = _claim(rng, sc, name, facts, more)
         if _search_size(sc, claim, devices) <= SEARCH_LIMIT:
             return claim
-    for key in [k for k in sc.request_selectors if k[0] == name]:
-        del sc.request_selectors[key]
+    for table in (sc.request_selectors, sc.derived):
+        for key in [k for k in table if k[0] == name]:
+            del table[key]
     simple = {"name": "r0", "exactly": {"deviceClassName": f"{sc.namespace}-gpu"}}
     return {**claim, "spec": {"devices": {"requests": [simple]}}}
 
@@ -575,24 +895,33 @@ def _search_size(sc: Scenario, claim: dict[str, Any], devices: list[Dev]) -> int
 
 
 def _claim(
-    rng: random.Random, sc: Scenario, name: str, facts: dict[str, list[str]]
+    rng: random.Random,
+    sc: Scenario,
+    name: str,
+    facts: dict[str, list[str]],
+    more: random.Random | None = None,
 ) -> dict[str, Any]:
     requests = []
     for r in range(rng.choice([1, 1, 1, 2, 2, 3])):
         request: dict[str, Any] = {"name": f"r{r}"}
-        if rng.random() < 0.2 and _gate(sc.gates, "DRAPrioritizedList"):
+        if rng.random() < 0.2 and sc.features.prioritized_list:
             subs = []
             for s in range(rng.randint(2, 3)):
-                sub = _request_body(rng, sc, (name, f"r{r}/s{s}"), facts)
-                if s > 0 and sub.pop("allocationMode", None):
-                    # A later "All" subrequest is a documented deviation
+                sub = _request_body(rng, sc, (name, f"r{r}/s{s}"), facts, more)
+                if (
+                    s > 0
+                    and sub.get("allocationMode")
+                    and sc.variant.later_subrequest_uses_first_data
+                ):
+                    # A later "All" subrequest is a documented deviation up to 1.35
                     # (docs/differences.md; tests/helpers/diffcases.py DEVIATIONS).
+                    sub.pop("allocationMode")
                     sub["count"] = 1
                 subs.append({"name": f"s{s}", **sub})
             request["firstAvailable"] = subs
         else:
-            body = _request_body(rng, sc, (name, f"r{r}"), facts)
-            if rng.random() < 0.05 and _gate(sc.gates, "DRAAdminAccess"):
+            body = _request_body(rng, sc, (name, f"r{r}"), facts, more)
+            if rng.random() < 0.05 and sc.features.admin_access:
                 body["adminAccess"] = True
             request["exactly"] = body
         requests.append(request)
@@ -613,9 +942,25 @@ def _claim(
         if len(requests) > 1 and rng.random() < 0.5:
             constraint["requests"] = rng.sample([r["name"] for r in requests], 2)
         constraints.append(constraint)
-    if "DRAConsumableCapacity=true" in sc.gates and rng.random() < 0.4:
+    if sc.features.consumable_capacity and rng.random() < 0.4:
         attribute = rng.choice([f"{RK}/pciBusID", f"{sc.driver}/uuid", f"{RK}/pcieRoot"])
         constraints.append({"distinctAttribute": attribute})
+    # Every derived attribute is compared by a constraint on its request (the API
+    # server refuses one nothing compares).
+    derived: dict[str, set[str]] = {}
+    for (claim_name, request_name), table in sc.derived.items():
+        if claim_name == name:
+            for attribute in table:
+                derived.setdefault(attribute, set()).add(request_name.split("/")[0])
+    for attribute, scope in sorted(derived.items()):
+        assert more is not None
+        kind = more.choice(["matchAttribute", "matchAttribute", "distinctAttribute"])
+        if kind == "distinctAttribute" and not sc.features.consumable_capacity:
+            kind = "matchAttribute"
+        constraint = {kind: attribute, "requests": sorted(scope)}
+        if len(scope) == len(requests) and more.random() < 0.5:
+            del constraint["requests"]
+        constraints.append(constraint)
     if constraints:
         devices["constraints"] = constraints
     configs = []
@@ -765,7 +1110,11 @@ def _bodies(claim: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _value(dev: Dev, attribute: str) -> tuple[str, Any] | None:
+def _value(dev: Dev, attribute: str, derived: dict[str, Callable[[Dev], Any]] | None = None) -> Any:
+    """The attribute a constraint compares: a derived one of the request, else the
+    device's own (None when it has none)."""
+    if derived and attribute in derived:
+        return derived[attribute](dev)
     domain, _, ident = attribute.partition("/")
     return dev.attributes.get((domain, ident))
 
@@ -802,12 +1151,39 @@ def check(sc: Scenario, outcomes: dict[str, dict[str, Any]]) -> list[str]:
             in_use[key] = name
             if key in devices:
                 allocated.append(devices[key])
-    if _gate(sc.gates, "DRAPartitionableDevices"):
+    if sc.features.partitionable_devices:
         limits = counter_limits(sc.slices)
         for counter, value in _consumed(allocated).items():
             if value > limits.get(counter, 0):
                 problems.append(f"counter {counter} overdrawn: {value} > {limits.get(counter, 0)}")
+        if sc.features.compatibility_groups:
+            problems += _group_problems(sc, allocated)
     return problems
+
+
+def _group_problems(sc: Scenario, allocated: list[Dev]) -> list[str]:
+    """DRADeviceCompatibilityGroups: the devices drawing on one counter set either all
+    have no groups, or all have groups with one in common (checked only where the
+    claims allocated before the run already obey this)."""
+
+    def faults(devs: list[Dev]) -> list[str]:
+        sets: dict[tuple[str, str, str], list[frozenset[str]]] = {}
+        for dev in devs:
+            for counter_set, groups in dev.groups:
+                sets.setdefault((dev.driver, dev.pool, counter_set), []).append(groups)
+        out = []
+        for key, members in sets.items():
+            empty = [g for g in members if not g]
+            common = set(members[0]).intersection(*members[1:]) if members else set()
+            if empty and len(empty) != len(members):
+                out.append(f"counter set {key}: devices with and without groups {members}")
+            elif not empty and not common:
+                out.append(f"counter set {key}: no group in common {members}")
+        return out
+
+    before = [d for c in sc.claims for r in _results(c) for d in devices_of(sc.slices)
+              if d.id == (r["driver"], r["pool"], r["device"])]  # fmt: skip
+    return [] if faults(before) else faults(allocated)
 
 
 def _check_claim(
@@ -831,13 +1207,16 @@ def _check_claim(
             problems.append(f"unknown device or request in {r}")
             continue
         chosen.setdefault(r["request"], []).append(dev)
-        if dev.node != node:
+        if dev.node not in (node, ""):  # "": a pool every node sees
             problems.append(f"{dev.name} is on {dev.node}, not {node}")
+        if dev.skips_node_operations and sc.features.optional_node_operations:
+            if "DRAOptionalNodeOperations" not in _declared(sc, node):
+                problems.append(f"{dev.name} skips node operations, {node} lacks the feature")
         if not _matches(sc, name, r["request"], body, dev):
             problems.append(f"{dev.name} does not satisfy request {r['request']}")
         if bool(r.get("adminAccess")) != bool(body.get("adminAccess")):
             problems.append(f"{dev.name}: adminAccess {r.get('adminAccess')} for {r['request']}")
-        if _gate(sc.gates, "DRADeviceTaints"):
+        if sc.features.device_taints:
             for taint in dev.taints:
                 if taint["effect"] != "None" and not _tolerated(taint, body.get("tolerations", [])):
                     problems.append(f"{dev.name}: taint {taint} not tolerated")
@@ -856,27 +1235,90 @@ def _check_claim(
         body, got = bodies[used[0]], chosen[used[0]]
         if body.get("allocationMode") == "All":
             want = {v.id for v in devices.values()
-                    if v.node == node and _matches(sc, name, used[0], body, v)}  # fmt: skip
-            if {v.id for v in got} != want:
+                    if v.node in (node, "") and _matches(sc, name, used[0], body, v)}  # fmt: skip
+            if {v.id for v in got} != want and not _asks_capacity(sc, body):
                 problems.append(f"request {used[0]} (All): got {len(got)}, matching {len(want)}")
         elif len(got) != body.get("count", 1):
             problems.append(f"request {used[0]}: {len(got)} devices, count {body.get('count', 1)}")
     for constraint in claim["spec"]["devices"].get("constraints") or []:
         scope = constraint.get("requests")
-        devs = [v for k, vs in chosen.items() for v in vs
-                if not scope or k in scope or k.split("/")[0] in scope]  # fmt: skip
-        if "matchAttribute" in constraint:
-            values = [_value(v, constraint["matchAttribute"]) for v in devs]
-            if None in values or len(set(values)) > 1:
-                problems.append(f"matchAttribute {constraint['matchAttribute']}: {values}")
-        if "distinctAttribute" in constraint:
-            # Only presence: upstream 1.35 remembers one value per request, so two
-            # devices of one request may share a value (reproduced by our engine on
-            # purpose; the exact comparison of choices covers it).
-            values = [_value(v, constraint["distinctAttribute"]) for v in devs]
-            if None in values:
-                problems.append(f"distinctAttribute {constraint['distinctAttribute']}: {values}")
+        attribute = constraint.get("matchAttribute") or constraint["distinctAttribute"]
+        values = [
+            _value(v, attribute, _derived(sc, name, k))
+            for k, vs in chosen.items()
+            for v in vs
+            if not scope or k in scope or k.split("/")[0] in scope
+        ]
+        if "matchAttribute" in constraint and not _all_match(sc, values):
+            problems.append(f"matchAttribute {attribute}: {values}")
+        if "distinctAttribute" in constraint and not _all_distinct(sc, values):
+            problems.append(f"distinctAttribute {attribute}: {values}")
     return problems
+
+
+def _asks_capacity(sc: Scenario, body: dict[str, Any]) -> bool:
+    """ "All" leaves out devices whose capacity cannot hold the request (rounded by
+    request policies): the exact comparison of choices covers those."""
+    return bool(sc.features.consumable_capacity and (body.get("capacity") or {}).get("requests"))
+
+
+def _declared(sc: Scenario, node: str) -> list[str]:
+    for obj in sc.node_objects:
+        if obj["metadata"]["name"] == node:
+            return list((obj.get("status") or {}).get("declaredFeatures") or [])
+    return []
+
+
+def _derived(sc: Scenario, claim: str, request: str) -> dict[str, Callable[[Dev], Any]]:
+    return sc.derived.get((claim, request), {}) if sc.features.derived_attributes else {}
+
+
+def _as_set(value: tuple[str, Any]) -> tuple[str, frozenset[Any]]:
+    kind, raw = value
+    base = {"ints": "int", "bools": "bool", "strings": "string", "versions": "version"}
+    if kind in base:
+        return base[kind], frozenset(raw)
+    return kind, frozenset([raw])
+
+
+def _sets(sc: Scenario) -> bool:
+    return sc.variant.list_constraints and sc.features.list_type_attributes
+
+
+def _all_match(sc: Scenario, values: list[Any]) -> bool:
+    """Every device has the attribute; all scalars of one type and value (a list only as
+    the first and only value), or as sets, one element in common."""
+    if any(v is None or v is ERR for v in values):
+        return False
+    if _sets(sc):
+        sets = [_as_set(v) for v in values]
+        return len({k for k, _ in sets}) <= 1 and (
+            not sets or bool(frozenset.intersection(*(s for _, s in sets)))
+        )
+    if len(values) <= 1:
+        return True
+    if any(isinstance(v[1], list) for v in values):
+        return False
+    return len(set(values)) == 1
+
+
+def _all_distinct(sc: Scenario, values: list[Any]) -> bool:
+    """Presence only up to 1.36 (upstream remembers one value per request); from 1.37
+    pairwise different (as sets: pairwise disjoint)."""
+    if any(v is None or v is ERR for v in values):
+        return False
+    if sc.variant.distinct_per_request:
+        return True
+    if _sets(sc):
+        sets = [_as_set(v) for v in values]
+        return all(
+            a[0] != b[0] or not (a[1] & b[1]) for i, a in enumerate(sets) for b in sets[i + 1 :]
+        )
+    for i, a in enumerate(values):
+        for b in values[:i]:
+            if isinstance(a[1], list) or (not isinstance(b[1], list) and a == b):
+                return False
+    return True
 
 
 def _gpu_only_scenario() -> Scenario:
