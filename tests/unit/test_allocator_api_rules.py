@@ -24,6 +24,7 @@ from tests.helpers.diffcases import (
     ANY_CLASS,
     CASES,
     DEVIATIONS,
+    MINORS,
     Case,
     Deviation,
     base,
@@ -32,11 +33,13 @@ from tests.helpers.diffcases import (
 )
 
 
-def _run(items: list[dict[str, Any]], gates: str, tmp_path: Path) -> tuple[int, str, str]:
+def _run(
+    items: list[dict[str, Any]], gates: str, tmp_path: Path, minor: int = 37
+) -> tuple[int, str, str]:
     path = tmp_path / "in.json"
     path.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     out, err = io.StringIO(), io.StringIO()
-    args = ["allocate", "-f", str(path), "-o", "json"]
+    args = ["allocate", "--kube-version", f"1.{minor}", "-f", str(path), "-o", "json"]
     with redirect_stdout(out), redirect_stderr(err):
         code = gpudra([*args, *(["--feature-gates", gates] if gates else [])])
     return code, out.getvalue(), err.getvalue()
@@ -46,19 +49,29 @@ def _statuses(stdout: str) -> dict[str, str]:
     return {c["name"]: c["status"] for c in json.loads(stdout)["claims"]}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
-def test_case(case: Case, tmp_path: Path) -> None:
-    code, stdout, stderr = _run(base() + case.objects, case.gates, tmp_path)
+CASE_PARAMS = [(minor, case) for minor in MINORS for case in CASES if minor in case.minors]
+
+
+@pytest.mark.parametrize(
+    ("minor", "case"), CASE_PARAMS, ids=[f"1.{m}-{c.name}" for m, c in CASE_PARAMS]
+)
+def test_case(minor: int, case: Case, tmp_path: Path) -> None:
+    items = (base() if case.base else []) + case.objects
+    code, stdout, stderr = _run(items, case.gates_for(minor), tmp_path, minor)
     assert code == case.rc, stderr
     if case.rc == 2:
         assert case.says in stderr and "document 1, item" in stderr, stderr
     else:
-        assert _statuses(stdout) == case.statuses, stdout
+        assert _statuses(stdout) == case.statuses_for(minor), stdout
 
 
+@pytest.mark.parametrize("minor", MINORS)
 @pytest.mark.parametrize("deviation", DEVIATIONS, ids=[d.name for d in DEVIATIONS])
-def test_deviation_keeps_the_right_outcome(deviation: Deviation, tmp_path: Path) -> None:
-    code, stdout, stderr = _run([ANY_CLASS, *deviation.objects], deviation.gates, tmp_path)
+def test_deviation_keeps_the_right_outcome(
+    minor: int, deviation: Deviation, tmp_path: Path
+) -> None:
+    items = [ANY_CLASS, *deviation.objects]
+    code, stdout, stderr = _run(items, deviation.gates, tmp_path, minor)
     assert code == 0, stderr
     assert _statuses(stdout) == deviation.ours, stdout
 
