@@ -66,6 +66,7 @@ from services.core.resource import (
     ExactDeviceRequest,
     NodeSelector,
     NodeSelectorRequirement,
+    ObjectMeta,
     OpaqueDeviceConfiguration,
     ResourceClaim,
     ResourceSlice,
@@ -231,6 +232,28 @@ def _fully_qualified_name(name: str, path: str) -> list[str]:
                 "a fully qualified name must be a domain and a name separated by a slash",
             )
         )
+    return errors
+
+
+# ------------------------------------------------------------------ metadata
+
+
+def validate_meta(meta: ObjectMeta, namespaced: bool) -> list[str]:
+    """ValidateObjectMeta's rules for a created object: a name (or generateName) that is
+    a DNS subdomain (for claims, slices and classes alike), the namespace a DNS label,
+    label keys and values, annotation keys."""
+    errors: list[str] = []
+    if not meta.name and not meta.generate_name:
+        errors.append(required("metadata.name", "name or generateName is required"))
+    elif meta.name:
+        errors += _dns_subdomain(meta.name, "metadata.name")
+    if namespaced and meta.namespace:
+        errors += _dns_label(meta.namespace, "metadata.namespace")
+    for key, value in (meta.labels or {}).items():
+        errors += [invalid("metadata.labels", key, p) for p in names.label_key(key)]
+        errors += [invalid("metadata.labels", value, p) for p in names.label_value(value)]
+    for key in meta.annotations or {}:
+        errors += [invalid("metadata.annotations", key, p) for p in names.label_key(key.lower())]
     return errors
 
 
@@ -811,14 +834,28 @@ def authorized_for_admin(
 
 
 def validate_class(device_class: DeviceClass, env: CelEnvironment) -> list[str]:
-    """ValidateDeviceClass's spec rules (selectors and configs)."""
+    """ValidateDeviceClass's spec rules (selectors, configs, extendedResourceName)."""
     errors = _selectors(device_class.spec.selectors, "spec.selectors", env)
     configs = device_class.spec.config or []
     if len(configs) > MAX_CONFIGS:
-        return [*errors, too_many("spec.config", len(configs), MAX_CONFIGS)]
-    for i, config in enumerate(configs):
-        errors += _opaque(config.opaque, f"spec.config[{i}]")
+        errors.append(too_many("spec.config", len(configs), MAX_CONFIGS))
+    else:
+        for i, config in enumerate(configs):
+            errors += _opaque(config.opaque, f"spec.config[{i}]")
+    name = device_class.spec.extended_resource_name
+    if name is not None and not _extended_resource_name(name):
+        errors.append(
+            invalid("spec.extendedResourceName", name, "must be a valid extended resource name")
+        )
     return errors
+
+
+def _extended_resource_name(name: str) -> bool:
+    """v1helper.IsExtendedResourceName: not native (no ``/``, or ``kubernetes.io/`` in
+    it), not ``requests.``-prefixed, and a qualified name once so prefixed."""
+    if "/" not in name or "kubernetes.io/" in name or name.startswith("requests."):
+        return False
+    return not names.label_key(f"requests.{name}")
 
 
 # ------------------------------------------------------------------ slices

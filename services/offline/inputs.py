@@ -31,6 +31,7 @@ from services.core.resource import (
     API_VERSION,
     DeviceClass,
     DeviceTaintRule,
+    ObjectMeta,
     ResourceClaim,
     ResourceSlice,
 )
@@ -159,11 +160,6 @@ def _check_quantities(obj: msgspec.Struct) -> None:
             raise QuantityError(f"{where}: {value!r}: {exc}") from exc
 
 
-def _check_claim(claim: ResourceClaim) -> None:
-    if not claim.metadata.name:
-        raise ValueError("metadata.name: Required value: name or generateName is required")
-
-
 def load(paths: list[Path], features: Features | None = None) -> Inputs:
     """Read every file; raises :class:`InputError` at the first unusable document.
 
@@ -272,14 +268,20 @@ class _Reader:
         elif features is not None and isinstance(obj, ResourceClaim):
             admit_claim(obj, features)
             drop_new_claim_fields(obj, features)
+        if features is not None and isinstance(obj, DeviceClass):
+            if not features.extended_resource:  # deviceclass/strategy.go drops it
+                obj.spec.extended_resource_name = None
         _check_quantities(obj)
-        if isinstance(obj, ResourceClaim):
-            _check_claim(obj)
         errors = self._validate(obj)
         if errors:
             raise ValueError("; ".join(errors))
 
     def _validate(self, obj: msgspec.Struct) -> list[str]:
+        meta = getattr(obj, "metadata", None)
+        if isinstance(meta, ObjectMeta):
+            errors = apivalidate.validate_meta(meta, isinstance(obj, ResourceClaim))
+            if errors:
+                return errors
         if isinstance(obj, DeviceClass):
             return apivalidate.validate_class(obj, self.env)
         if isinstance(obj, ResourceSlice):

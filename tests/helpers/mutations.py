@@ -450,6 +450,33 @@ def too_many_counter_sets(rng: random.Random, objects: Objects) -> bool:
     return True
 
 
+def bad_metadata(rng: random.Random, objects: Objects) -> bool:
+    obj = _pick(rng, objects)
+    if obj is None or obj["kind"] not in ("DeviceClass", "ResourceSlice", "ResourceClaim"):
+        return False
+    meta = obj["metadata"]
+    choice = rng.choice(["name", "labels", "annotations", "namespace"])
+    if choice == "name":
+        meta["name"] = meta["name"].upper() + "_x"
+    elif choice == "labels":
+        meta["labels"] = {"-bad": "x"} if rng.random() < 0.5 else {"ok": "bad value"}
+    elif choice == "annotations":
+        meta["annotations"] = {"bad key!": "x"}
+    elif obj["kind"] == "ResourceClaim":
+        meta["namespace"] = "Bad_NS"
+    else:
+        meta.pop("name")
+    return True
+
+
+def bad_extended_resource_name(rng: random.Random, objects: Objects) -> bool:
+    cls = _pick(rng, _of(objects, "DeviceClass"))
+    if cls is None:
+        return False
+    cls["spec"]["extendedResourceName"] = rng.choice(["bad name", "memory", "kubernetes.io/x"])
+    return True
+
+
 # 1.37 fields: NEEDS names the gates under which 1.37 keeps them (1.35 does not know them).
 
 
@@ -548,6 +575,7 @@ NEEDS: dict[str, str] = {
     "too_many_counter_sets": _PARTITIONS,
     "binding_failure_only": "DRADeviceBindingConditions=true",
     "result_bad_share_id": "DRAConsumableCapacity=true",
+    "bad_extended_resource_name": "DRAExtendedResource=true",
     "list_attribute_values": "DRAListTypeAttributes=true",
     "list_attributes_too_many_devices": "DRAListTypeAttributes=true",
     "list_attribute_gate_off": "DRAListTypeAttributes=false",
@@ -597,6 +625,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     binding_failure_only,
     per_device_node_without_flag,
     too_many_counter_sets,
+    bad_metadata,
+    bad_extended_resource_name,
     list_attribute_values,
     list_attribute_gate_off,
     list_attributes_too_many_devices,

@@ -233,9 +233,24 @@ RULES: list[tuple[str, Any, str, str]] = [
         nodeAllocatableResources={"memory": {"mapping": {
             "capacityKey": "nope", "capacityMultiplier": "1"}}}), _ALPHA,
      "3: spec.devices[0].nodeAllocatableResources[memory].mapping.capacityKey: Not found"),
+    ("claim name", lambda o: o[3]["metadata"].update(name="Bad_Name"), "",
+     "4: metadata.name: Invalid value"),
+    ("slice without a name", lambda o: o[2]["metadata"].pop("name"), "",
+     "3: metadata.name: Required value"),
+    ("claim namespace", lambda o: o[3]["metadata"].update(namespace="Bad_NS"), "",
+     "4: metadata.namespace: Invalid value"),
+    ("label key", lambda o: o[3]["metadata"].update(labels={"-bad": "x"}), "",
+     "4: metadata.labels: Invalid value"),
+    ("annotation key", lambda o: o[2]["metadata"].update(annotations={"bad key!": "x"}), "",
+     "3: metadata.annotations: Invalid value"),
+    ("extendedResourceName", lambda o: o[0]["spec"].update(extendedResourceName="bad name"), "",
+     "1: spec.extendedResourceName: Invalid value"),
+    ("opaque parameters over 10 KiB", lambda o: o[3]["spec"]["devices"].update(config=[
+        {"opaque": {"driver": "gpu.example.com", "parameters": {"a": "x" * 11000}}}]), "",
+     "4: spec.devices.config[0].opaque.parameters: Too long"),
 ]  # fmt: skip
 
-_FIRST = re.compile(r"item (\d+): (?:invalid )?\w+ [^ ]+: (.*?): ([A-Z][a-z]+ [a-z]+|Forbidden)")
+_FIRST = re.compile(r"item (\d+): (?:invalid )?\w+ [^ ]*: (.*?): ([A-Z][a-z]+ [a-z]+|Forbidden)")
 
 
 @pytest.mark.parametrize(("name", "breakage", "gates", "first"), RULES, ids=[r[0] for r in RULES])
