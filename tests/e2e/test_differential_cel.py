@@ -12,6 +12,7 @@ import io
 import json
 import os
 import random
+import shutil
 import subprocess
 from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from services.allocator.cel import goregexp
 from services.allocator.structured.features import DEFAULT_MINOR
 from services.cli import main as gpudra
 from tests.helpers.celfuzz import expression
@@ -80,3 +82,25 @@ def test_selectors_agree(
                 f"    reference {theirs}: {ref.stderr or ref.stdout}"
             )
     assert not failures, f"1.{minor}, seed {SEED}, batch {batch}:\n" + "\n".join(failures)
+
+
+def _go() -> str | None:
+    local = Path("/usr/local/go/bin/go")
+    return shutil.which("go") or (str(local) if local.exists() else None)
+
+
+@pytest.mark.skipif(_go() is None, reason="no Go toolchain to compare the tables with")
+def test_regex_unicode_tables_match_the_go_toolchain(tmp_path: Path) -> None:
+    """services/allocator/cel/data/gounicode.json is what data/gounicode.go writes with
+    the Go that builds the control plane (regenerate it when that Go's tables change)."""
+    source = Path(goregexp.__file__).parent / "data"
+    out = subprocess.run(
+        [str(_go()), "run", str(source / "gounicode.go")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**os.environ, "GOTOOLCHAIN": "local"},
+        cwd=tmp_path,
+    ).stdout
+    assert json.loads(out) == json.loads((source / "gounicode.json").read_text())
