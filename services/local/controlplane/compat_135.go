@@ -9,7 +9,6 @@ import (
 	"k8s.io/dynamic-resource-allocation/structured"
 	"k8s.io/kubernetes/pkg/kubelet/cm/dra"
 	resourceclaimregistry "k8s.io/kubernetes/pkg/registry/resource/resourceclaim"
-	schedulerfeature "k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 )
 
 // claimStrategies: before 1.36 status writes are not authorized per subresource.
