@@ -689,9 +689,10 @@ def _counters(size: int, *groups: list[str] | None) -> list[dict[str, Any]]:
 def _releases() -> list[Case]:
     never = {"key": "example.com/excluded", "operator": "DoesNotExist"}
     selector = {"nodeSelector": {"nodeSelectorTerms": [{"matchExpressions": [never]}]}}
+    policy = {"default": "1Gi", "validRange": {"min": "1Gi", "step": "1Gi"}}
     shared = [
         {"name": f"gpu-{i}", "allowMultipleAllocations": True,
-         "capacity": {"memory": {"value": "8Gi"}}}
+         "capacity": {"memory": {"value": "8Gi", "requestPolicy": policy}}}
         for i in range(2)
     ]  # fmt: skip
     fractional = {

@@ -786,8 +786,12 @@ def _request_body(
         name = rng.choice(["memory", "shares"])
         value = rng.choice(["1Gi", "4Gi", "10Gi"] if name == "memory" else ["1", "2"])
         body["capacity"] = {"requests": {name: value}}
-        if more is not None and sc.minor >= 37 and more.random() < 0.4:
-            body["capacity"]["requests"]["compute"] = more.choice(["0.3", "0.5", "1", "1.2"])
+        if more is not None and sc.minor >= 37 and more.random() < 0.5:
+            compute = more.choice(["0.3", "0.5", "1", "1.2"])
+            if more.random() < 0.5:
+                body["capacity"]["requests"] = {"compute": compute}
+            else:
+                body["capacity"]["requests"]["compute"] = compute
     if rng.random() < 0.25:
         toleration: dict[str, Any] = {"key": "gpu.nvidia.com/xid", "operator": "Exists"}
         if rng.random() < 0.5:
@@ -798,6 +802,11 @@ def _request_body(
     if more is not None and sc.minor >= 37 and more.random() < 0.12:
         toleration = {"key": "example.com/maint", "operator": "Exists"}
         body["tolerations"] = [*body.get("tolerations", []), toleration]
+    if more is not None and sc.minor >= 37 and more.random() < 0.3:
+        # Plain requests too, so that what 1.37 added meets devices that fit.
+        body.pop("selectors", None)
+        sc.request_selectors.pop(key, None)
+        body["deviceClassName"] = f"{sc.namespace}-{more.choice(['gpu', 'any', 'mig'])}"
     if more is not None and sc.minor >= 37 and more.random() < 0.3:
         chosen = more.sample(_derived_makers(sc), more.randint(1, 2))
         body["derivedAttributes"] = [{"name": n, "expression": e} for n, e, _ in chosen]

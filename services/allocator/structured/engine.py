@@ -111,6 +111,8 @@ class NodeView:
     node: Node | None
     pools: list[Pool]
     candidates: list[Candidate]  # devices of complete, valid pools, in search order
+    # 1.34: where the search reaches an invalid pool and must stop the claim.
+    stop: tuple[int, str] | None = None
 
 
 def _consumption(device: Device) -> list[tuple[str, str, int]]:
@@ -202,6 +204,7 @@ class Engine:
         self._counter_users: dict[tuple[str, str], dict[str, list[list[tuple[str, str, int]]]]] = {}
         self._consumptions: dict[int, list[tuple[str, str, int]]] = {}
         self._groups: dict[tuple[str, str], tuple[int, dict[str, GroupIntersection]]] = {}
+        self._slice_versions: dict[tuple[str, str], int] = {}
         self.share_seq = 0
 
     # ------------------------------------------------------------ per-node view
@@ -211,14 +214,22 @@ class Engine:
         cached = self._views.get(key)
         if cached is None:
             pools = gather_pools(self._index, node, self.features, self._pools)
-            candidates = [
-                Candidate(pool, s, d, (pool.driver, pool.name, d.name), self.consumption(d))
-                for pool in pools
-                if not pool.incomplete and pool.invalid is None
-                for s in pool.slices
-                for d in s.spec.devices or []
-            ]
-            cached = self._views[key] = NodeView(node, pools, candidates)
+            old = self.variant.pools_by_node_slices  # 1.34: incomplete pools are used
+            candidates: list[Candidate] = []
+            stop: tuple[int, str] | None = None
+            for pool in pools:
+                if pool.invalid is not None:
+                    if old and stop is None:
+                        stop = (len(candidates), f"pool {pool.name} is invalid: {pool.invalid}")
+                    continue
+                if pool.incomplete and not old:
+                    continue
+                candidates += [
+                    Candidate(pool, s, d, (pool.driver, pool.name, d.name), self.consumption(d))
+                    for s in pool.slices
+                    for d in s.spec.devices or []
+                ]
+            cached = self._views[key] = NodeView(node, pools, candidates, stop)
         return cached
 
     # ------------------------------------------------------------ selectors
@@ -307,6 +318,37 @@ class Engine:
         if self.features.consumable_capacity:
             return self.state.is_allocated(device_id)
         return device_id in self.state.devices
+
+    def counter_key(self, candidate: Candidate) -> tuple[str, str]:
+        """Where a device's counters live: its pool, or (1.34) its own slice."""
+        if self.variant.pools_by_node_slices:
+            return (
+                candidate.pool.driver,
+                f"{candidate.pool.name}\x00{candidate.slice.metadata.name}",
+            )
+        return candidate.pool.key
+
+    def available_for(self, candidate: Candidate) -> Counters:
+        if not self.variant.pools_by_node_slices:
+            return self.available_counters(candidate.pool)
+        key = self.counter_key(candidate)
+        cached = self._available.get(key)
+        if cached is None or self._slice_versions.get(key) != self.state.version:
+            # 1.34 checkAvailableCounters: the slice's counter sets less what its
+            # allocated devices consume (exclusive use only).
+            from services.core.quantity import Quantity
+
+            slice_ = candidate.slice
+            cached = {
+                c.name: {k: Quantity.parse(v.value).nanos() for k, v in c.counters.items()}
+                for c in slice_.spec.shared_counters or []
+            }
+            for device in slice_.spec.devices or []:
+                if (candidate.pool.driver, candidate.pool.name, device.name) in self.state.devices:
+                    _subtract(cached, self.consumption(device))
+            self._available[key] = cached
+            self._slice_versions[key] = self.state.version
+        return cached
 
     def available_counters(self, pool: Pool) -> Counters:
         """Counter sets minus what allocated devices consume (may go negative, as upstream).
@@ -661,8 +703,12 @@ class _Search:
         # remembers one value per request; shared devices may be picked twice;
         # rejected devices keep counters). From 1.36 the incubating and
         # experimental allocators go on after the device just taken (startLocation).
-        candidates = self.view.candidates
-        for index in range(start if self.variant.combinations else 0, len(candidates)):
+        candidates, stop = self.view.candidates, self.view.stop
+        for index in range(start if self.variant.combinations else 0, len(candidates) + 1):
+            if stop is not None and index == stop[0]:
+                raise AllocationError(stop[1])  # 1.34: an invalid pool stops the claim
+            if index == len(candidates):
+                break
             candidate = candidates[index]
             if data.rules.in_use(candidate, self.allocating) is not None:
                 continue
@@ -706,7 +752,8 @@ class _Search:
         if data.rules.partitionable(candidate) is not None:
             return None
         taken = _Taken()
-        skip_counters = multi and self._capacity_in_use(device_id)
+        # From 1.35 a further share of a device in use takes no counters again.
+        skip_counters = multi and variant.minor >= 35 and self._capacity_in_use(device_id)
         if device.consumes_counters and not skip_counters:
             if (
                 variant.channel == "experimental"
@@ -849,7 +896,7 @@ class _Search:
         return True
 
     def _take_counters(self, data: RequestData, candidate: Candidate) -> bool:
-        consumed = self.consumed_counters.setdefault(candidate.pool.key, {})
+        consumed = self.consumed_counters.setdefault(self.engine.counter_key(candidate), {})
         if data.rules.counters(candidate, consumed) is not None:
             return False
         for set_name, name, value in candidate.counters:
@@ -858,7 +905,7 @@ class _Search:
         return True
 
     def _release_counters(self, candidate: Candidate) -> None:
-        consumed = self.consumed_counters[candidate.pool.key]
+        consumed = self.consumed_counters[self.engine.counter_key(candidate)]
         for set_name, name, value in candidate.counters:
             consumed[set_name][name] -= value
 
@@ -880,7 +927,9 @@ class _Search:
             pool=candidate.id[1],
             device=candidate.id[2],
             admin_access=True if spec.admin else None,
-            tolerations=list(spec.tolerations) or None,
+            tolerations=(list(spec.tolerations) or None)
+            if self.variant.tolerations_in_results
+            else None,
             share_id=result.share_id,
             consumed_capacity=result.consumed,
         )

@@ -251,6 +251,10 @@ def _pools(
     pools: list[Pool] = []
     for (driver, name), members in grouped.items():
         wanted = members[0].spec.pool.resource_slice_count
+        if variant.pools_by_node_slices:
+            pool = _cached(built, driver, name, members, features, None, variant)
+            pools.append(pool)
+            continue
         if len(members) == wanted:
             pools.append(_cached(built, driver, name, members, features, None, variant))
             continue
@@ -313,6 +317,18 @@ def _build(
 ) -> Pool:
     """buildPool: device slices (by name from 1.36), counter sets, the pool's other slices."""
     pool = Pool(driver, name)
+    if variant.pools_by_node_slices:
+        # 1.34 (poolIsInvalid): every slice holds devices (and maybe its own counters).
+        pool.slices = members
+        pool.incomplete = len(members) != members[0].spec.pool.resource_slice_count
+        seen_1_34: set[str] = set()
+        for slice_ in members:
+            for device in slice_.spec.devices or []:
+                if device.name in seen_1_34:
+                    pool.invalid = f"duplicate device name {device.name}"
+                    return pool
+                seen_1_34.add(device.name)
+        return pool
     if variant.pools_sorted:
         members = sorted(members, key=lambda s: s.metadata.name)
     if features.partitionable_devices:

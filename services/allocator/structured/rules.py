@@ -48,10 +48,11 @@ def taint_tolerated(taint: DeviceTaint, toleration: Toleration) -> bool:
     return toleration.operator == "Exists"
 
 
-def blocking_taint(device: Device, request: RequestSpec) -> DeviceTaint | None:
-    """The first NoSchedule/NoExecute taint the request does not tolerate."""
+def blocking_taint(device: Device, request: RequestSpec, every: bool = False) -> DeviceTaint | None:
+    """The first NoSchedule/NoExecute taint the request does not tolerate (``every``: 1.34,
+    a taint of any effect)."""
     for taint in device.taints or []:
-        if taint.effect in ("NoSchedule", "NoExecute") and not any(
+        if (every or taint.effect in ("NoSchedule", "NoExecute")) and not any(
             taint_tolerated(taint, t) for t in request.tolerations
         ):
             return taint
@@ -206,7 +207,7 @@ class DeviceRules:
         As upstream, every counter of the pool is checked, not only the device's
         own: a pool already over its counters takes nothing more.
         """
-        available = self.engine.available_counters(candidate.pool)
+        available = self.engine.available_for(candidate)
         adds: dict[tuple[str, str], int] = {}
         for set_name, name, value in candidate.counters:
             adds[(set_name, name)] = adds.get((set_name, name), 0) + value
@@ -221,7 +222,7 @@ class DeviceRules:
     def taint(self, candidate: Candidate) -> Rejection | None:
         if not self.features.device_taints:
             return None
-        taint = blocking_taint(candidate.device, self.spec)
+        taint = blocking_taint(candidate.device, self.spec, self.engine.variant.every_taint_blocks)
         if taint is None:
             return None
         shown = f"{taint.key}={taint.value}" if taint.value else taint.key

@@ -162,15 +162,24 @@ class Variant:
 
     @property
     def counter_slices_everywhere(self) -> bool:
-        """A slice with sharedCounters belongs to every node's pools (up to 1.36, and
-        1.37 stable); 1.37 incubating/experimental match it to the node like any slice."""
-        return not (self.minor >= 37 and self.channel != "stable")
+        """A slice with sharedCounters belongs to every node's pools (1.35, 1.36 and 1.37
+        stable); 1.34 and 1.37 incubating/experimental match it to the node like any
+        slice."""
+        return self.minor >= 35 and not (self.minor >= 37 and self.channel != "stable")
 
     @property
     def ignores_compatibility_group_slices(self) -> bool:
         """1.37: with DRADeviceCompatibilityGroups off, slices using compatibility groups
         are ignored, so their pool is incomplete."""
         return self.minor >= 37
+
+    @property
+    def pools_by_node_slices(self) -> bool:
+        """1.34: a pool is the node's slices of its newest generation (incomplete when
+        fewer than resourceSliceCount, other nodes' slices not looked at); its devices
+        are used even then, a pool with duplicate device names stops the claim when the
+        search reaches it, and counters come from the device's own slice."""
+        return self.minor <= 34
 
     # ---------------------------------------------------------------- constraints
 
@@ -207,7 +216,17 @@ class Variant:
         deviation: gpudra always counts shares)."""
         return self.minor >= 36
 
+    @property
+    def every_taint_blocks(self) -> bool:
+        """1.34 (allTaintsTolerated): a taint of any effect, None too, must be tolerated."""
+        return self.minor <= 34
+
     # ---------------------------------------------------------------- result
+
+    @property
+    def tolerations_in_results(self) -> bool:
+        """The request's tolerations are copied into each result from 1.35."""
+        return self.minor >= 35
 
     @property
     def claim_config_once(self) -> bool:
