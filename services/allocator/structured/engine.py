@@ -335,7 +335,8 @@ class Engine:
         cached = self._available.get(key)
         if cached is None or self._slice_versions.get(key) != self.state.version:
             # 1.34 checkAvailableCounters: the slice's counter sets less what its
-            # allocated devices consume (exclusive use only).
+            # allocated devices consume (upstream: exclusive use only; a share counts
+            # here too, the documented deviation).
             from services.core.quantity import Quantity
 
             slice_ = candidate.slice
@@ -344,7 +345,8 @@ class Engine:
                 for c in slice_.spec.shared_counters or []
             }
             for device in slice_.spec.devices or []:
-                if (candidate.pool.driver, candidate.pool.name, device.name) in self.state.devices:
+                device_id = (candidate.pool.driver, candidate.pool.name, device.name)
+                if self._counts_against_counters(device_id):
                     _subtract(cached, self.consumption(device))
             self._available[key] = cached
             self._slice_versions[key] = self.state.version
