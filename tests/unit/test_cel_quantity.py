@@ -112,6 +112,11 @@ _GO_IS_INTEGER = [
     ("quantity('9223372036854775807').add(1).sub(1).isInteger()", False),
     ("quantity('99999999999999999999').sub(quantity('99999999999999999998')).isInteger()", False),
     ("quantity('512Mi').add(1).sub(quantity('1')).asInteger() == 536870912", True),
+    ("quantity('80Gi').add(quantity('1000m')).isInteger()", False),
+    ("quantity('1').sub(quantity('500m')).add(quantity('500m')).isInteger()", False),
+    ("quantity('2k').add(3).isInteger()", True),
+    ("(quantity('1Ei')).isInteger()", False),
+    ("((quantity('1')).add(quantity('1000m'))).isInteger()", False),
 ]
 
 

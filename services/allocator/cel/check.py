@@ -261,7 +261,8 @@ def representation_edits(expression: str, tree: Node) -> list[Edit]:
     overflowed int64 are not integers there. A Quantity value in CEL here is its
     exact value only (equality compares it), so the chain is rewritten into
     functions that carry the representation as a string (lib.py):
-    ``__k8s_qisint(__k8s_qsub(__k8s_qadd(__k8s_qrep("1Ei"), a), b))``.
+    ``__k8s_qisint(__k8s_qsub(__k8s_qadd(__k8s_qrep("1Ei"), a), b))``; a
+    ``quantity("<literal>")`` argument of ``add``/``sub`` keeps its representation too.
     """
     edits: list[Edit] = []
     for node in tree.walk():
@@ -274,45 +275,62 @@ def representation_edits(expression: str, tree: Node) -> list[Edit]:
         while root.kind == "call" and root.target and root.name in _STEPS and len(root.args) == 2:
             chain.append(root)
             root = root.args[0]
-        literal_root = (
-            root.kind == "call"
-            and not root.target
-            and root.name == "quantity"
-            and len(root.args) == 1
-            and root.args[0].kind == "lit"
-            and isinstance(root.args[0].value, str)
-        )
-        if not literal_root and len(chain) == 1:
+        if not _literal_quantity(root) and len(chain) == 1:
             continue
         steps = _chain_edits(expression, chain)
         if steps is None:
             continue
-        start = root.start
-        edits += [(start, start, "".join(f"{_name(c)}(" for c in chain))]
-        if literal_root:
+        links, parens = steps
+        # Each call's name goes before the parentheses around its receiver (and around
+        # every receiver inside it): outermost first at one position.
+        for i, call in enumerate(chain):
+            start = _before_parens(expression, root.start, sum(parens[i:]))
+            edits.append((start, start, f"{_name(call)}("))
+        if _literal_quantity(root):
             edits.append((root.start, root.start + len("quantity"), QREP))
         else:
-            edits += [(start, start, f"{QREP_OF}("), (root.end, root.end, ")")]
-        edits += steps
+            edits += [(root.start, root.start, f"{QREP_OF}("), (root.end, root.end, ")")]
+        edits += links
+        for call in chain[1:]:
+            if _literal_quantity(call.args[1]):
+                arg = call.args[1]
+                edits.append((arg.start, arg.start + len("quantity"), QREP))
     return edits
+
+
+def _literal_quantity(node: Node) -> bool:
+    return (
+        node.kind == "call"
+        and not node.target
+        and node.name == "quantity"
+        and len(node.args) == 1
+        and node.args[0].kind == "lit"
+        and isinstance(node.args[0].value, str)
+    )
 
 
 def _name(call: Node) -> str:
     return _ENDS.get(call.name) or _STEPS[call.name]
 
 
-def _chain_edits(expression: str, chain: list[Node]) -> list[Edit] | None:
-    """``.add(`` -> ``, ``; ``.isInteger(`` -> nothing (its ``)`` closes the call);
-    None when a receiver is in parentheses (left alone)."""
+_LINK = re.compile(r"([\s)]*)\.\s*([A-Za-z_]+)\s*\(")
+
+
+def _chain_edits(expression: str, chain: list[Node]) -> tuple[list[Edit], list[int]] | None:
+    """``.add(`` -> ``, ``; ``.isInteger(`` -> nothing (its ``)`` closes the call), and
+    how many parentheses close around each receiver; None when the text is not that."""
     edits: list[Edit] = []
+    parens: list[int] = []
     for call in chain:
         target = call.args[0]
         stop = call.args[1].start if len(call.args) > 1 else call.end
-        found = _METHOD.match(expression, target.end, stop)
-        if found is None or found.group(1) != call.name:
+        found = _LINK.match(expression, target.end, stop)
+        if found is None or found.group(2) != call.name:
             return None
-        edits.append((found.start(), found.end(), ", " if call.name in _STEPS else ""))
-    return edits
+        parens.append(found.group(1).count(")"))
+        replacement = ", " if call.name in _STEPS else ""
+        edits.append((found.end(1), found.end(), replacement))
+    return edits, parens
 
 
 def runtime_edits(expression: str, tree: Node) -> list[Edit]:

@@ -94,7 +94,7 @@ def _qrep_int(rep: str, other: int, sign: int) -> str:
 
 
 def _qrep_q(rep: str, other: Any, sign: int) -> str:
-    q, o = _of_rep(rep), _q(other)
+    q, o = _of_rep(rep), (_of_rep(other) if isinstance(other, str) else _q(other))
     return _rep(q.add(o) if sign > 0 else q.sub(o))
 
 
@@ -115,11 +115,13 @@ def _representation() -> list[cel.FunctionDecl]:
             celcheck.QADD,
             ("k8s_qadd_q", s, [s, Q], False, lambda r, o: _qrep_q(r, o, 1)),
             ("k8s_qadd_int", s, [s, i], False, lambda r, o: _qrep_int(r, o, 1)),
+            ("k8s_qadd_rep", s, [s, s], False, lambda r, o: _qrep_q(r, o, 1)),
         ),
         _fn(
             celcheck.QSUB,
             ("k8s_qsub_q", s, [s, Q], False, lambda r, o: _qrep_q(r, o, -1)),
             ("k8s_qsub_int", s, [s, i], False, lambda r, o: _qrep_int(r, o, -1)),
+            ("k8s_qsub_rep", s, [s, s], False, lambda r, o: _qrep_q(r, o, -1)),
         ),
         _fn(
             celcheck.QIS_INT,
