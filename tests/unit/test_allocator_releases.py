@@ -202,3 +202,37 @@ def test_1_34_uses_an_incomplete_pool_and_stops_at_an_invalid_one() -> None:
     duplicate = _slice(["a", "a"])
     view = Engine({}, [duplicate], defaults(34)).view(Node("n1"))
     assert view.stop == (0, "pool p is invalid: duplicate device name a")
+
+
+# ---------------------------------------------------------------- explanations
+
+
+def _explained(name: str, minor: int, tmp: Path, **changes: Any) -> str:
+    case = next(c for c in RELEASES if c.name == name)
+    items = json.loads(json.dumps((base() if case.base else []) + case.objects))
+    for claim_object in items:
+        if claim_object["kind"] == "ResourceClaim" and "count" in changes:
+            claim_object["spec"]["devices"]["requests"][0]["exactly"]["count"] = changes["count"]
+    run = _allocate(items, case.gates_for(minor), minor, tmp)
+    return json.dumps([c["explanation"] for c in json.loads(run["out"])["claims"]])
+
+
+@pytest.mark.parametrize(
+    ("name", "minor", "changes", "words"),
+    [
+        ("device-taint-rule-without-selector-1-35", 35, {},
+         "taint example.com/maint:NoSchedule (from DeviceTaintRule maintenance) not tolerated"),
+        ("all-with-capacity-in-use", 37, {},
+         "asks for all matching devices, and x.example.com/shared/gpu-0 has too little capacity"),
+        ("compatibility-groups-disjoint", 37, {}, "compatibility groups do not fit together"),
+        ("optional-node-operations-undeclared", 37, {},
+         "does not declare DRAOptionalNodeOperations"),
+        ("list-attribute-match-as-sets", 37, {"count": 3},
+         "no value common to all (attribute lists compared as sets)"),
+        ("derived-attribute-constraint", 37, {"count": 3}, "(a derived attribute of the request)"),
+    ],
+)  # fmt: skip
+def test_explanations_name_what_the_newer_releases_check(
+    name: str, minor: int, changes: dict[str, int], words: str, tmp_path: Path
+) -> None:
+    assert words in _explained(name, minor, tmp_path, **changes)

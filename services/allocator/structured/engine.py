@@ -205,6 +205,8 @@ class Engine:
         self._consumptions: dict[int, list[tuple[str, str, int]]] = {}
         self._groups: dict[tuple[str, str], tuple[int, dict[str, GroupIntersection]]] = {}
         self._slice_versions: dict[tuple[str, str], int] = {}
+        # id() of a taint a DeviceTaintRule added -> the rule's name (taintrules.apply)
+        self.taint_origins: dict[int, str] = {}
         self.share_seq = 0
 
     # ------------------------------------------------------------ per-node view

@@ -150,6 +150,7 @@ class Explainer:
         self.tallies: dict[str, _Tally] = {}
         self.specs: dict[str, RequestSpec] = {}
         self.claim_causes: dict[tuple[str, str, str | None], int] = {}
+        self.seen: dict[tuple[str, str, str], Candidate] = {}
         self.nodes = 0
 
     def node(self, node: Node | None) -> None:
@@ -168,6 +169,8 @@ class Explainer:
                 self._claim_cause(
                     "pool-invalid", f"resource pool {pool.label()} is invalid: {pool.invalid}"
                 )
+        for candidate in view.candidates:
+            self.seen.setdefault(candidate.id, candidate)
         for request in self.requests:
             for spec in alternatives(request):
                 self._classify(spec, view.candidates, node)
@@ -198,6 +201,18 @@ class Explainer:
                     rejection.cel_error.message, rejection.selector.references, candidates
                 )
             tally.add(rejection.code, rejection.message, candidate.id, hint)
+            if (
+                spec.mode == ALL
+                and rejection.code == "capacity-exhausted"
+                and self.engine.variant.all_mode_static_capacity
+            ):
+                # 1.37: "All" keeps a matching device whose capacity is in use, so the
+                # request cannot be met while it is.
+                self._claim_cause(
+                    "all-capacity-in-use",
+                    f"request {spec.result_name} asks for all matching devices, and "
+                    f"{device_label(candidate.id)} has too little capacity left",
+                )
 
     def explanation(self) -> Explanation:
         out = Explanation(nodes=self.nodes)
@@ -216,6 +231,10 @@ class Explainer:
             claim.extend(self._combination_causes(total))
         out.claim = claim
         return out
+
+    def _candidates_use_groups(self) -> bool:
+        ids = set().union(*(t.candidates for t in self.tallies.values()))
+        return any(_uses_groups(self.seen[i]) for i in ids if i in self.seen)
 
     def _combination_causes(self, total: int) -> list[Cause]:
         causes: list[Cause] = []
@@ -245,6 +264,16 @@ class Explainer:
                     f"candidates{detail}",
                 )
             )
+        if not causes and features.compatibility_groups and self._candidates_use_groups():
+            causes.append(
+                Cause(
+                    "compatibility-groups",
+                    1,
+                    "the candidates draw on shared counters whose compatibility groups do not "
+                    "fit together (devices on one counter set must share a group, or all "
+                    "have none)",
+                )
+            )
         if not causes:
             causes.append(
                 Cause(
@@ -255,6 +284,10 @@ class Explainer:
                 )
             )
         return causes
+
+
+def _uses_groups(candidate: Candidate) -> bool:
+    return any(c.compatibility_groups for c in candidate.device.consumes_counters or [])
 
 
 def error_explanation(

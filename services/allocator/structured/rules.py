@@ -226,7 +226,9 @@ class DeviceRules:
         if taint is None:
             return None
         shown = f"{taint.key}={taint.value}" if taint.value else taint.key
-        return Rejection("tainted", f"taint {shown}:{taint.effect} not tolerated")
+        rule = self.engine.taint_origins.get(id(taint))
+        origin = f" (from DeviceTaintRule {rule})" if rule else ""
+        return Rejection("tainted", f"taint {shown}:{taint.effect}{origin} not tolerated")
 
     def first(self, candidate: Candidate) -> Rejection | None:
         """The first rule that rejects the device for this request alone (the explainer's view)."""

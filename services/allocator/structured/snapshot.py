@@ -96,8 +96,10 @@ class OfflineAllocator:
         for claim in inputs.claims:
             if claim.status and claim.status.allocation:
                 state.add(claim.status.allocation, features.consumable_capacity)
-        slices = taintrules.apply(inputs.slices, inputs.taint_rules, features)
+        origins: dict[int, str] = {}
+        slices = taintrules.apply(inputs.slices, inputs.taint_rules, features, origins)
         self.engine = Engine(inputs.classes, slices, features, state)
+        self.engine.taint_origins = origins
         self._misfits: set[tuple[bytes, str | None]] = set()
         # Per claim shape: the node list it was last tried on and how many of its
         # first nodes are known misfits, so a long run skips full nodes at once.

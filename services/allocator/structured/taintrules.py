@@ -24,9 +24,13 @@ def enabled(features: Features) -> bool:
 
 
 def apply(
-    slices: list[ResourceSlice], rules: list[DeviceTaintRule], features: Features
+    slices: list[ResourceSlice],
+    rules: list[DeviceTaintRule],
+    features: Features,
+    origins: dict[int, str] | None = None,
 ) -> list[ResourceSlice]:
-    """The slices as the allocator sees them (the same objects where no rule applies)."""
+    """The slices as the allocator sees them (the same objects where no rule applies);
+    ``origins`` gets, per taint object a rule added, the rule's name (for explanations)."""
     if not rules or not enabled(features):
         return slices
     every = features.minor <= 36
@@ -56,5 +60,7 @@ def apply(
                     )
                 target = (patched.spec.devices or [])[i]
                 target.taints = [*(target.taints or []), rule.spec.taint]
+                if origins is not None:
+                    origins[id(rule.spec.taint)] = rule.metadata.name
         out.append(patched)
     return out
