@@ -4,6 +4,7 @@
     python bench/prepare.py --sink --pairs 10 --cycles 500   # tracing overhead, on/off
     python bench/prepare.py --compare main --pairs 6 --cycles 500  # this tree against main
     python bench/prepare.py --shares --cycles 500            # a 10Gi share vs a whole GPU
+    python bench/prepare.py --status-pairs 6 --cycles 500    # claim device status, on/off
 
 
 Starts a nats-server, ``gpudra discovery --fleet`` (simulated GPUs),
@@ -47,6 +48,14 @@ claims and with claims for a 10Gi share of a GPU (a ``shareID`` and its
 ``consumedCapacity``, as the scheduler allocates them): the share's figures
 include its checks, its GPU's MPS daemon (started by the first share, stopped
 by the last) and its MPS limits in the CDI spec.
+
+``--status-pairs N`` runs two nodes of this tree the same way: one whose in-memory
+API server answers ``/version`` (1.37) and takes claim status patches, so its
+preparer writes every prepared claim's ``status.devices`` in the background and
+removes them at unprepare (services/preparer/devicestatus.py), and one without,
+whose preparer writes nothing; the ratios are on/off. The API server runs in the
+bench process, beside the kubelet's client: its share of the status writes' cost
+lands in the bench's CPU column, not the preparer's.
 
 A node has as many GPUs as its fleet (8 for dgx-h100); when more workers than
 GPUs run at once, claims carry adminAccess so that two in-flight claims may
@@ -97,6 +106,7 @@ from services.local.jaeger import Jaeger  # noqa: E402
 from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
 
 NODE = "bench-node"
+STATUS_VERSION = "v1.37.2"  # --status-pairs: a release whose claims take status.devices
 
 
 @dataclass
@@ -242,8 +252,10 @@ async def run_phase(
     concurrency: int,
     rng: random.Random | None = None,
     shares: bool = False,
+    hold_s: float = 0.0,
 ) -> Phase:
-    """``rng``: where claim UIDs and GPU choices come from (seeded: the same workload)."""
+    """``rng``: where claim UIDs and GPU choices come from (seeded: the same workload);
+    ``hold_s``: how long each claim stays prepared before its unprepare (untimed)."""
     rng = rng or random.Random()
     admin = concurrency > len(gpus)
     plan: list[list[Claim]] = [[] for _ in range(concurrency)]
@@ -260,7 +272,7 @@ async def run_phase(
         plan[slot].append(Claim(uid, "bench", rc.metadata.name))
     if api.started:
         await api.wait_served("claim", read_ahead, timeout=120)
-    phase = await timed_cycles(kubelet, plan)
+    phase = await timed_cycles(kubelet, plan, hold_s)
     # The pods are gone: the allocator's watcher drops the claims from the bucket.
     for claims in plan:
         for c in claims:
@@ -270,8 +282,9 @@ async def run_phase(
     return phase
 
 
-async def timed_cycles(kubelet: Caller, plan: list[list[Claim]]) -> Phase:
-    """One worker per list of ``plan``: each claim prepared, then unprepared, timed."""
+async def timed_cycles(kubelet: Caller, plan: list[list[Claim]], hold_s: float = 0.0) -> Phase:
+    """One worker per list of ``plan``: each claim prepared, then unprepared, timed (held
+    ``hold_s`` in between, untimed: a pod's life)."""
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
     errors: list[str] = []
@@ -281,10 +294,12 @@ async def timed_cycles(kubelet: Caller, plan: list[list[Claim]]) -> Phase:
             t0 = time.perf_counter()
             result = (await kubelet.prepare([c]))[c.uid]
             t1 = time.perf_counter()
-            error = (await kubelet.unprepare([c]))[c.uid]
-            t2 = time.perf_counter()
             prepare_ms.append((t1 - t0) * 1000)
-            unprepare_ms.append((t2 - t1) * 1000)
+            if hold_s:
+                await asyncio.sleep(hold_s)
+                t1 = time.perf_counter()  # the unprepare is timed on its own
+            error = (await kubelet.unprepare([c]))[c.uid]
+            unprepare_ms.append((time.perf_counter() - t1) * 1000)
             if result.error or len(result.devices) != 1 or error:
                 errors.append(result.error or error or f"{len(result.devices)} devices")
 
@@ -344,11 +359,12 @@ async def timed_phase(
     procs: dict[str, int],
     rng: random.Random | None = None,
     shares: bool = False,
+    hold_s: float = 0.0,
 ) -> Phase:
     """One phase, with the CPU time each process spent on it."""
     before = {name: cpu_seconds(pid) for name, pid in procs.items()}
     gets = dict(api.served)
-    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency, rng, shares)
+    phase = await run_phase(caller, bus, api, gpus, cycles, concurrency, rng, shares, hold_s)
     phase.api_gets = {kind: n - gets.get(kind, 0) for kind, n in api.served.items()}
     phase.cpu_ms_per_cycle = {
         name: (cpu_seconds(pid) - before[name]) * 1000 / cycles for name, pid in procs.items()
@@ -373,6 +389,8 @@ async def main(args: argparse.Namespace) -> int:
     try:
         if args.compare:
             return 1 if await run_compare(args) else 0
+        if args.status_pairs:
+            return 1 if await run_status_pairs(args) else 0
         if not args.pairs:
             return 1 if await run_set(args, otlp) else 0
         if not otlp:
@@ -428,13 +446,15 @@ class NodeStack:
     pids: dict[str, int]
     front: Proc
     preparer: Proc
+    hold_s: float = 0.0  # --hold
 
     async def phase(
         self, cycles: int, concurrency: int, rng: random.Random | None = None, shares: bool = False
     ) -> Phase:
         return await timed_phase(
-            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids, rng, shares
-        )
+            self.caller, self.bus, self.api, self.gpus, cycles, concurrency, self.pids, rng,
+            shares, self.hold_s,
+        )  # fmt: skip
 
     def peak_rss(self) -> str:
         """VmHWM of each node process (the sum is what issue 13's footprint target counts)."""
@@ -468,14 +488,15 @@ def private_mb(pid: int) -> float:
 
 @contextlib.asynccontextmanager
 async def node_stack(
-    args: argparse.Namespace, otlp: str, repo: Path = REPO
+    args: argparse.Namespace, otlp: str, repo: Path = REPO, status: bool = False
 ) -> AsyncIterator[NodeStack]:
-    """Start a node's processes (tracing on when ``otlp``; ``repo``: whose code), warm
+    """Start a node's processes (tracing on when ``otlp``; ``repo``: whose code; ``status``:
+    an API server that takes claim status writes, so the preparer writes them), warm
     them up; stop them after."""
     root = Path(tempfile.mkdtemp(prefix="gpudra-bench-", dir="/tmp"))
     nats = NatsServer(root / "nats", log_file=root / "nats.log")
     procs: list[Proc] = []
-    api = MemoryApiServer()
+    api = MemoryApiServer(version=STATUS_VERSION if status else None)
     try:
         nats.start()
         nats.provision()
@@ -539,7 +560,7 @@ async def node_stack(
             pids["bench"] = os.getpid()  # the kubelet's client and the API server
             if otlp and args.sink_pid:
                 pids["sink"] = args.sink_pid
-            yield NodeStack(caller, bus, api, gpus, pids, front, preparer)
+            yield NodeStack(caller, bus, api, gpus, pids, front, preparer, args.hold / 1000)
         await bus.close()
     finally:
         for proc in reversed(procs):
@@ -626,6 +647,36 @@ def checkout(rev: str) -> Iterator[Path]:
         shutil.rmtree(where.parent, ignore_errors=True)
 
 
+async def run_status_pairs(args: argparse.Namespace) -> bool:
+    """Two nodes of this tree side by side, the same seeded phases interleaved: one whose
+    API server takes claim status writes (the preparer writes every prepared claim's
+    status.devices, and removes it at unprepare) and one whose API server has no
+    /version (the writer stays off). Ratios: writing over not writing."""
+    pairs: list[tuple[dict[int, list[Phase]], dict[int, list[Phase]]]] = []
+    async with node_stack(args, "") as off_node, node_stack(args, "", status=True) as on_node:
+        for i in range(max(args.status_pairs, 1)):
+            off: dict[int, list[Phase]] = {}
+            on: dict[int, list[Phase]] = {}
+            print(f"pair {i + 1}: load average {loadavg()}")
+            for concurrency in args.concurrency:
+                order = [(off_node, off, "off"), (on_node, on, "on")]
+                for node, into, name in order if i % 2 == 0 else reversed(order):
+                    rng = random.Random(f"{args.seed}/{i}/{concurrency}")
+                    phase = await node.phase(args.cycles, concurrency, rng)
+                    print(f"  status {name}: ", end="")
+                    report(phase, args.cycles, concurrency > len(node.gpus))
+                    if phase.errors:
+                        return True
+                    into[concurrency] = [phase]
+            pairs.append((off, on))
+            report_ratios(pairs[-1:], f"pair {i + 1}", "status on/off")
+        report_ratios(pairs, f"median of {len(pairs)} pairs", "status on/off")
+        print(f"status writes answered: {on_node.api.served['status']}")
+        for label, node in (("off", off_node), ("on", on_node)):
+            print(f"status {label}: {node.peak_rss()}")
+    return False
+
+
 def loadavg() -> str:
     return " ".join(f"{x:.2f}" for x in os.getloadavg())
 
@@ -702,6 +753,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="run REV (any git revision, checked out in a temporary worktree) beside this "
         "tree, the same seeded workload on both, --pairs interleaved pairs (default 1); "
         "print this tree's figures over REV's",
+    )
+    parser.add_argument(
+        "--status-pairs",
+        type=int,
+        default=0,
+        metavar="N",
+        help="run N interleaved pairs of two nodes of this tree, one writing each claim's "
+        "status.devices (its API server takes them) and one not; print on/off ratios",
+    )
+    parser.add_argument(
+        "--hold",
+        type=float,
+        default=0.0,
+        metavar="MS",
+        help="keep each claim prepared this long before its unprepare (untimed; a pod's "
+        "life: with --status-pairs, long enough for its status to be written)",
     )
     parser.add_argument("--seed", default="gpudra", help="the workload's seed (--compare)")
     parser.add_argument(

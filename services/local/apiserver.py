@@ -6,7 +6,11 @@ and watch of Pods with the field selector ``spec.nodeName=<node>`` (the
 preparer's pod watch). Objects are plain JSON data; every change gets the next
 resourceVersion and is kept for watches that start from an older one. It
 counts the GETs it answers, so a test can say how many API calls a prepare
-cost.
+cost. Given a ``version`` (``v1.37.2``) it also answers ``GET /version`` and
+merge patches of a claim's status (``status.devices``, with the UID and
+resourceVersion preconditions), so a preparer there writes its claims' device
+status (services/preparer/devicestatus.py); without one it serves neither, as
+before, and the preparer writes nothing.
 
     api = MemoryApiServer()
     await api.start()
@@ -69,7 +73,8 @@ def _status(code: int, reason: str, message: str) -> web.Response:
 
 
 class MemoryApiServer:
-    def __init__(self) -> None:
+    def __init__(self, version: str | None = None) -> None:
+        self.version = version
         self.claims: dict[tuple[str, str], Obj] = {}
         self.pods: dict[tuple[str, str], Obj] = {}
         self.served: collections.Counter[str] = collections.Counter()  # "claim", "pod", "pods"
@@ -96,6 +101,9 @@ class MemoryApiServer:
         app.router.add_get(CLAIM, self._get_claim)
         app.router.add_get(POD, self._get_pod)
         app.router.add_get(PODS, self._list_or_watch)
+        if self.version is not None:
+            app.router.add_get("/version", self._version)
+            app.router.add_patch(CLAIM + "/status", self._patch_claim_status)
         self._runner = web.AppRunner(app)
         await self._runner.setup()
         await web.TCPSite(self._runner, "127.0.0.1", self.port).start()
@@ -175,11 +183,39 @@ class MemoryApiServer:
         return web.json_response(resourceapi.group_document())
 
     async def _get_claim(self, request: web.Request) -> web.Response:
-        self._serve("claim")
+        ns, name = request.match_info["ns"], request.match_info["name"]
+        claim = self.claims.get((ns, name))
+        self._serve("claim" if claim is not None else "missing claim")
+        if claim is None:
+            return _status(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found')
+        return web.json_response(claim)
+
+    async def _version(self, request: web.Request) -> web.Response:
+        minor = (self.version or "").lstrip("v").split(".")[1]
+        return web.json_response({"major": "1", "minor": minor, "gitVersion": self.version})
+
+    async def _patch_claim_status(self, request: web.Request) -> web.Response:
+        """A merge patch of ``status.devices`` only, as the device-status writer sends it."""
+        self._serve("status")
         ns, name = request.match_info["ns"], request.match_info["name"]
         claim = self.claims.get((ns, name))
         if claim is None:
             return _status(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found')
+        patch = await request.json()
+        meta = patch.get("metadata") or {}
+        if meta.get("uid") not in (None, claim["metadata"].get("uid")):
+            return _status(422, "Invalid", "metadata.uid: field is immutable")
+        if meta.get("resourceVersion") not in (None, claim["metadata"]["resourceVersion"]):
+            return _status(409, "Conflict", "the object has been modified")
+        status = dict(claim.get("status") or {})
+        devices = (patch.get("status") or {}).get("devices")
+        if devices:
+            status["devices"] = devices
+        else:
+            status.pop("devices", None)
+        claim = {**claim, "status": status}
+        claim["metadata"] = {**claim["metadata"], "resourceVersion": self._next_rv()}
+        self.claims[(ns, name)] = claim
         return web.json_response(claim)
 
     async def _get_pod(self, request: web.Request) -> web.Response:

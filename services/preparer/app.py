@@ -242,7 +242,9 @@ async def run(settings: Settings) -> int:
     if api is not None and settings.claim_device_status != "off":
         from services.preparer.devicestatus import DeviceStatusWriter
 
-        service.device_status = DeviceStatusWriter(api, store, settings.claim_device_status)
+        service.device_status = DeviceStatusWriter(
+            api, store, settings.claim_device_status, idle=service.idle
+        )
     domain_service = None
     if settings.compute_domains:
         domain_service, gate_api = await _domain_service(

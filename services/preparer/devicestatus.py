@@ -22,21 +22,27 @@ prepared (CDI spec written, sharing applied, MIG device made), and ``data``:
 The preparer writes them because it alone knows them, and it runs on the claim's
 node, where the API server lets it write only its own driver's entries of claims
 allocated to this node (``associated-node:patch`` on ``resourceclaims/driver``,
-Kubernetes 1.36+: a node cannot touch another node's claims). The writes are off
-the kubelet's path: after the reply, in the background, coalesced like the
-holdings; what they should say is a function of the checkpoint (the condition's
-time is the prepare's completion), so a restarted preparer writes nothing that is
-already there. An unprepared claim's entries are removed (deallocation removes
-them too, so most removals find nothing to do).
+Kubernetes 1.36+: a node cannot touch another node's claims). The writes stay off
+the kubelet's path: they start :data:`SETTLE_S` after the last prepare or
+unprepare (a pod's claims, a job's pods, and a claim unprepared meanwhile costs
+nothing), and each claim's write waits until no kubelet call is being answered
+(at most :data:`QUIET_MAX_S`, so a node that is never idle still gets them). What
+they say is a function of the checkpoint (the condition's time is the prepare's
+completion), so a restarted preparer writes nothing that is already there. An
+unprepared claim's entries are removed (deallocation removes them too, so most
+removals find nothing to do): one GET, and a patch only where they are still there.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import time
 from typing import Any
 
 import msgspec
+from prometheus_client import Counter
 
 from services.core import claimstatus, nvidia, supervisor
 from services.core.backoff import Backoff
@@ -54,10 +60,19 @@ log = logging.getLogger(__name__)
 DRIVER = nvidia.DRIVER_NAME
 READY = "Ready"
 CONCURRENCY = 8  # claims written at once
+SETTLE_S = 0.5  # after the last prepare or unprepare, before the writes start
+QUIET_MAX_S = 5.0  # the longest a write waits for no kubelet call in flight
 TRIES = 5  # reads and writes of one claim before the next round
 RETRY_S = 2.0
 
 Wanted = tuple[str, str, tuple[claimstatus.Entry, ...]]  # namespace, name, our entries
+
+WRITES = Counter(
+    "gpudra_preparer_claim_status_writes_total",
+    "Claims' status.devices writes: written (entries set), removed (after an unprepare), "
+    "error (tried again later), refused (this claim's write refused for good).",
+    ["result"],
+)
 
 
 class _Meta(msgspec.Struct, rename="camel", kw_only=True):
@@ -131,13 +146,23 @@ class DeviceStatusWriter:
     """Keeps each prepared claim's status.devices entries of ours as the checkpoint says."""
 
     def __init__(
-        self, api: KubeApi, store: CheckpointStore, mode: str = "auto", retry_s: float = RETRY_S
+        self,
+        api: KubeApi,
+        store: CheckpointStore,
+        mode: str = "auto",
+        retry_s: float = RETRY_S,
+        *,
+        idle: asyncio.Event | None = None,
+        settle_s: float = SETTLE_S,
     ) -> None:
-        """``mode``: on, off, or auto (Kubernetes 1.36+: see services.core.claimstatus)."""
+        """``mode``: on, off, or auto (Kubernetes 1.36+: see services.core.claimstatus);
+        ``idle``: set while the preparer answers no kubelet call (the service's)."""
         self.api = api
         self.store = store
         self.mode = mode
         self.retry_s = retry_s
+        self.idle = idle
+        self.settle_s = settle_s
         self.written: dict[str, Wanted] = {}  # uid -> what the claim's status says of ours
         self.off = ""  # why writing stopped ("" while it goes on)
         self._dirty = asyncio.Event()
@@ -179,7 +204,10 @@ class DeviceStatusWriter:
             return
         while not self.off:
             await self._dirty.wait()
-            self._dirty.clear()
+            since = time.monotonic()
+            while self._dirty.is_set() and time.monotonic() - since < QUIET_MAX_S:
+                self._dirty.clear()  # until SETTLE_S without a change (at most QUIET_MAX_S)
+                await asyncio.sleep(self.settle_s)
             if not await self.sync():
                 asyncio.get_running_loop().call_later(self.retry_s, self._dirty.set)
 
@@ -200,6 +228,7 @@ class DeviceStatusWriter:
         namespace, name, ours = want or (*self.written[uid][:2], ())
         extra = {"claim": f"{namespace}/{name}", "uid": uid}
         async with self._limit:
+            await self._quiet()
             try:
                 await self._put(uid, namespace, name, list(ours))
             except Refused as exc:
@@ -207,6 +236,7 @@ class DeviceStatusWriter:
                 log.error(f"claim device status not written from now on: {exc}", extra=extra)
                 return True
             except ApiError as exc:
+                WRITES.labels("error" if exc.retryable else "refused").inc()
                 if exc.retryable:
                     log.warning("claim device status not written; trying again",
                                 extra={**extra, "error": str(exc)})  # fmt: skip
@@ -218,6 +248,12 @@ class DeviceStatusWriter:
         else:
             self.written[uid] = want
         return True
+
+    async def _quiet(self) -> None:
+        """Until no kubelet call is in flight (at most QUIET_MAX_S)."""
+        if self.idle is not None and not self.idle.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.idle.wait(), QUIET_MAX_S)
 
     async def _put(
         self, uid: str, namespace: str, name: str, ours: list[claimstatus.Entry]
@@ -255,5 +291,6 @@ class DeviceStatusWriter:
                     "the API server dropped status.devices (its DRAResourceClaimDeviceStatus "
                     "gate is off)"
                 )
+            WRITES.labels("written" if ours else "removed").inc()
             return
         raise ApiError(409, f"claim {namespace}/{name} kept changing")

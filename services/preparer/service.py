@@ -217,6 +217,9 @@ class PreparerService:
         self._holdings_due: asyncio.TimerHandle | None = None
         # status.devices of the claims (GPU driver only), told with the holdings
         self.device_status: DeviceStatusWriter | None = None
+        self.idle = asyncio.Event()  # set while no kubelet call is being answered
+        self.idle.set()
+        self._in_flight = 0
 
     async def start(self) -> None:
         if self._own_events:
@@ -280,9 +283,16 @@ class PreparerService:
     ) -> NodeReply:
         if len(request.claims) > limits.MAX_CLAIMS_PER_REQUEST:
             return self._refuse_oversized(op, request)
-        outcomes = await asyncio.gather(
-            *(self._one(op, request, ref, run, requested, succeeded) for ref in request.claims)
-        )
+        self._in_flight += 1
+        self.idle.clear()
+        try:
+            outcomes = await asyncio.gather(
+                *(self._one(op, request, ref, run, requested, succeeded) for ref in request.claims)
+            )
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self.idle.set()
         if any(not o.error for o in outcomes):
             self._holdings_changed()
         return NodeReply(
