@@ -5,7 +5,8 @@
 Scenarios (test_differential_scenarios.py) are grouped into batches, one set of
 Kubernetes feature gates per batch: every set the release accepts over the gates
 that change allocation (tests/helpers/scenarios.py ``gate_sets``: 288 for 1.37,
-96 for 1.35; locked gates fixed, dependent gates together), each in turn, and
+144 for 1.35 with DRADeviceTaintRules; locked gates fixed, dependent gates
+together), each in turn, 576 scenarios for each release, and
 written into one input file per batch; each allocator runs once per batch (ours
 in process through the CLI's entry point, the reference as its binary, at the
 same time). For every claim both must give the same status; every allocation of
@@ -15,7 +16,8 @@ must choose the same node, devices and whole allocation (share IDs, random in
 both, by presence).
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_allocator.py``;
-``GPUDRA_DIFF_SCENARIOS_1_37=<n>`` (and ``_1_35``) change how many scenarios run.
+``GPUDRA_DIFF_SCENARIOS_1_37=<n>`` (and ``_1_35``) change how many scenarios run,
+``GPUDRA_DIFF_MINORS=37,35,36,34`` which releases.
 A failure prints the seed, the scenario, and the file with its objects.
 """
 
@@ -39,9 +41,10 @@ from tests.helpers.scenarios import Scenario, check, gate_sets, generate
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
-# minor -> scenarios per gate set: every accepted gate set gets its own batch.
-PER_BATCH = {37: 2, 35: 6}
-MINORS = tuple(PER_BATCH)
+# minor -> scenarios per gate set: every accepted gate set gets its own batch. 1.36 and
+# 1.34 run on request (GPUDRA_DIFF_MINORS=37,35,36,34), one scenario per gate set.
+PER_BATCH = {37: 2, 35: 4, 36: 1, 34: 1}
+MINORS = tuple(int(m) for m in os.environ.get("GPUDRA_DIFF_MINORS", "37,35").split(","))
 
 
 def _count(minor: int) -> int:

@@ -47,7 +47,13 @@ from contextlib import redirect_stdout
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.allocator.structured.features import Features, accepted_sets, parse
+from services.allocator.structured.features import (
+    ALLOCATION_GATES,
+    DEVICE_TAINT_RULES,
+    Features,
+    accepted_sets,
+    parse,
+)
 from services.allocator.structured.variant import Variant
 from services.cli import main as gpudra
 
@@ -97,8 +103,13 @@ GATE_SETS = tuple(_gate_set(bits ^ _DEFAULT_ON) for bits in range(2 ** len(KUBE_
 
 def gate_sets(minor: int) -> tuple[str, ...]:
     """Every ``--feature-gates`` value 1.<minor> accepts over the gates that change
-    allocation (locked gates fixed, dependent gates together; features.accepted_sets)."""
-    return tuple(accepted_sets(minor))
+    allocation (locked gates fixed, dependent gates together; features.accepted_sets).
+    Up to 1.36, where DRADeviceTaintRules is off by default, it is varied too, so the
+    generated DeviceTaintRules are applied in some batches (1.37 applies them wherever
+    DRADeviceTaints is on; a hand-written case turns them off)."""
+    if minor >= 37:
+        return tuple(accepted_sets(minor))
+    return tuple(accepted_sets(minor, (*ALLOCATION_GATES, DEVICE_TAINT_RULES)))
 
 
 ERR = object()  # a CEL evaluation error
