@@ -95,6 +95,8 @@ class _Estimator:
             size = MAX_DRIVER
         elif path in (["attributes"], ["capacity"]):
             size = MAX_ENTRIES
+        elif node.optional and _device_domain(node.args[0]):
+            size = UNBOUNDED  # measured: cel-go keeps no size through an optional
         else:
             size = _member_size(node.args[0], scope)
         return Estimate(inner.cost + 1, size)
@@ -105,6 +107,8 @@ class _Estimator:
         base = node.args[0]
         if device_path(base) in (["attributes"], ["capacity"]):
             size = MAX_ENTRIES
+        elif node.optional and _device_domain(base):
+            size = UNBOUNDED
         else:
             size = _member_size(base, scope)
         return Estimate(inner.cost + key.cost + 1, size)
@@ -180,6 +184,9 @@ class _Estimator:
             return Estimate(base + 1 + _scan(first) * max(1, math.ceil(pattern * 0.25)), first)
         if name in _LIST_SCANS and node.target and name not in _STRING_SCANS:
             return Estimate(base + 1 + first, 1)
+        if name in ("startsWith", "endsWith") and node.target:
+            # cel-go prices only the prefix or suffix, not the string it is looked for in.
+            return Estimate(base + 1 + _scan(sum(a.size for a in args[1:])), 1)
         if name in _STRING_SCANS:
             size = first + 1 if name == "split" else first
             return Estimate(base + 1 + _scan(sum(a.size for a in args)), size)
@@ -264,6 +271,11 @@ def _string_list(node: Node) -> bool:
     if node.kind == "list":
         return any(a.kind == "lit" and isinstance(a.value, str) for a in node.args)
     return node.kind == "call" and node.name == "split"
+
+
+def _device_domain(node: Node) -> bool:
+    """``device.attributes[d]`` / ``device.capacity[d]``: one domain's map."""
+    return node.kind == "index" and device_path(node.args[0]) in (["attributes"], ["capacity"])
 
 
 def _member_size(base: Node, scope: dict[str, int]) -> int:
