@@ -7,6 +7,8 @@ apimachinery's, kube-openapi's and Go's ``url.ParseRequestURI``'s.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from services.allocator.cel import cost as celcost
@@ -147,3 +149,72 @@ def test_names_word_for_word() -> None:
             "example.com",
         )
     ]
+
+
+# string.format's run-time text as cel-go writes it: each expected text is one
+# reference-allocator 1.37 agreed with (the selector `<call> == "<text>"` allocated
+# in both tools).
+_GO_FORMAT = [
+    ("'%s'.format([1.5])", "1.5"),
+    ("'%s'.format([1e21])", "1e+21"),
+    ("'%s'.format([0.1])", "0.1"),
+    ("'%s'.format([1.0])", "1"),
+    ("'%s'.format([-0.0])", "-0"),
+    ("'%s'.format([123456789.0])", "1.23456789e+08"),
+    ("'%s'.format([1e-5])", "1e-05"),
+    ("'%s'.format([0.0001])", "0.0001"),
+    ("'%s'.format([[1, 'a', 2.5, b'x', true, null]])", '[1, "a", 2.500000, b"x", true, null]'),
+    ("'%s'.format([{'b': 1, 'a': [2.0]}])", '{"a":[2.000000], "b":1}'),
+    ("'%s'.format([{2: 'x', 1: 'y'}])", '{1:"y", 2:"x"}'),
+    ("'%s'.format([b'abc'])", "abc"),
+    ("'%s'.format([duration('90s')])", "90s"),
+    ("'%s'.format([duration('1.5s')])", "1.5s"),
+    ("'%s'.format([timestamp('2020-01-01T00:00:00.25Z')])", "2020-01-01T00:00:00.25Z"),
+    ("'%s'.format([2u])", "2"),
+    ("'%s'.format([-5])", "-5"),
+    ("'%d'.format([-5])", "-5"),
+    ("'%d'.format([5u])", "5"),
+    ("'%x'.format([255])", "ff"),
+    ("'%X'.format([255])", "FF"),
+    ("'%x'.format([-255])", "-ff"),
+    ("'%x'.format(['hi'])", "6869"),
+    ("'%X'.format([b'\\x01\\xff'])", "01FF"),
+    ("'%o'.format([8])", "10"),
+    ("'%o'.format([-8])", "-10"),
+    ("'%b'.format([5])", "101"),
+    ("'%b'.format([-5])", "-101"),
+    ("'%b'.format([true])", "1"),
+    ("'%f'.format([1.5])", "1.500000"),
+    ("'%.2f'.format([1234.567])", "1,234.57"),
+    ("'%.0f'.format([2.5])", "2"),
+    ("'%f'.format([-0.5])", "-0.500000"),
+    ("'%.3f'.format([1e20])", "100,000,000,000,000,000,000.000"),
+    ("'%f'.format(['NaN'])", "NaN"),
+    ("'%f'.format(['Infinity'])", "∞"),
+    ("'%f'.format(['-Infinity'])", "-∞"),
+    ("'%e'.format([1.5])", "1.500000×10⁰⁰"),  # noqa: RUF001
+    ("'%.2e'.format([0.000123])", "1.230000×10⁻⁰⁴"),  # noqa: RUF001
+    ("'%e'.format([-1e-300])", "-1.000000×10⁻³⁰⁰"),  # noqa: RUF001
+    ("'%e'.format(['NaN'])", "   NaN"),
+    ("'%.10e'.format(['Infinity'])", "         ∞"),
+    ("'%s'.format([[[1], {'k': 'v'}]])", '[[1], {"k":"v"}]'),
+    ("'%s'.format([[dyn(1.0)]])", "[1.000000]"),
+    ("'%s'.format([{true: 1}])", "{true:1}"),
+    ("'%s'.format([['a\\nb', 'é', '\"q\"']])", '["a\\nb", "é", "\\"q\\""]'),
+    (
+        "'%s'.format([[[duration('1m')], [timestamp('2020-01-01T00:00:00Z')]]])",
+        '[[duration("60s")], [timestamp("2020-01-01T00:00:00Z")]]',
+    ),
+    ("'%s'.format([[1.0/0.0]])", '["+Inf"]'),
+    ("'%s %s'.format(['a', 1])", "a 1"),
+    ("'%s'.format([['\\u00ad']])", '["\\u00ad"]'),
+]
+
+
+@pytest.mark.parametrize(("call", "text"), _GO_FORMAT)
+def test_format_text_as_cel_go(call: str, text: str) -> None:
+    env = CelEnvironment()
+    selector = env.compile(f"{call} == {json.dumps(text, ensure_ascii=False)}")
+    assert selector.error is None, selector.error
+    device = DeviceInput("gpu.example.com", Device(name="d"))
+    assert env.matches(selector, env.activation(device)), call

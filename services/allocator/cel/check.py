@@ -333,7 +333,39 @@ def _chain_edits(expression: str, chain: list[Node]) -> tuple[list[Edit], list[i
     return edits, parens
 
 
+FORMAT = "__k8s_format"
+_MEMBER_FORMAT = re.compile(r"\.\s*format\s*\(")
+
+
+def format_edits(expression: str, tree: Node) -> list[Edit]:
+    """``S.format(L)`` becomes ``__k8s_format(S, L)``: cel-go's run-time text
+    (strformat.py), not cel-cpp's."""
+    edits: list[Edit] = []
+    for node in tree.walk():
+        if node.kind != "call" or node.name != "format" or not node.target:
+            continue
+        if len(node.args) != 2:
+            continue
+        target, args = node.args
+        if target.kind == "ident" and target.name == "format":
+            continue  # format.named(...), Kubernetes' format library
+        gap = expression[target.end : args.start]
+        call = _MEMBER_FORMAT.search(gap)
+        if call is None:
+            continue
+        start = _before_parens(expression, target.start, gap.count(")", 0, call.start()))
+        edits += [
+            (start, start, f"{FORMAT}("),
+            (target.end + call.start(), target.end + call.end(), ", "),
+        ]
+    return edits
+
+
 def runtime_edits(expression: str, tree: Node) -> list[Edit]:
-    """Every rewrite of the program that gives Go's answers at run time (regexes and
-    quantity representations); env.py applies them with its own."""
-    return regex_edits(expression, tree) + representation_edits(expression, tree)
+    """Every rewrite of the program that gives Go's answers at run time (regexes, quantity
+    representations, string.format's text); env.py applies them with its own."""
+    return (
+        regex_edits(expression, tree)
+        + representation_edits(expression, tree)
+        + format_edits(expression, tree)
+    )

@@ -22,7 +22,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from services.allocator.cel import check as celcheck
-from services.allocator.cel import equality, formatlib, goregexp, listslib, netlib
+from services.allocator.cel import equality, formatlib, goregexp, listslib, netlib, strformat
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.quantity import Quantity
@@ -183,6 +183,11 @@ def _matches(text: str, pattern: str) -> bool:
     return goregexp.matches(text, pattern)
 
 
+def _format(text: str, args: list[Any]) -> str:
+    """string.format with cel-go's run-time text (strformat.py)."""
+    return strformat.format_string(text, list(args))
+
+
 def _illegal(exc: goregexp.RegexpError) -> ValueError:
     return ValueError(f"Illegal regex: {exc}")
 
@@ -338,6 +343,7 @@ def _kubernetes() -> list[cel.FunctionDecl]:
         _fn("max", ("list_max", T.DYN, [LIST], True, _max)),
         _fn("find", ("string_find", s, [s, s], True, _find)),
         _fn(celcheck.MATCHES, ("k8s_matches_string", b, [s, s], False, _matches)),
+        _fn(celcheck.FORMAT, ("k8s_format_string", s, [s, LIST], False, _format)),
         _fn(
             "findAll",
             ("string_find_all", T.List(s), [s, s], True, _find_all),
