@@ -119,7 +119,19 @@ REGEXES = (
     "(?P<>x)",
     "\\\\p{Klingon}",
 )
-FORMATS = ("%d", "%s", "%x", "%.2f", "%e", "%b", "%o", "%s %s", "%%")
+FORMATS = ("%d", "%s", "%x", "%.2f", "%e", "%b", "%o", "%s %s", "%%", "%.0f", "%X")
+FORMAT_ARGUMENTS = (
+    "1234.5678",
+    "-0.5",
+    "123456789.0",
+    "'Infinity'",
+    "[1, 'a', 2.5]",
+    "{'b': 1, 'a': true}",
+    "duration('90s')",
+    "timestamp('2020-01-01T00:00:00Z')",
+    "255",
+    "b'hi'",
+)
 QUANTITY_CHAINS = (
     "quantity('1Ei').isInteger()",
     "quantity('1000m').isInteger()",
@@ -143,8 +155,9 @@ def _user(rng: random.Random) -> str:
     if kind < 0.7:
         return f"{text}.findAll({pattern}{rng.choice(['', ', 1', ', 0'])}).size() > 0"
     if kind < 0.85:
-        argument = rng.choice(PLAIN + CUSTOM)
-        return f"'{rng.choice(FORMATS)}'.format([{argument}]) != ''"
+        argument = rng.choice(PLAIN + CUSTOM + FORMAT_ARGUMENTS)
+        call = f"'{rng.choice(FORMATS)}'.format([{argument}])"
+        return rng.choice([f"{call} != ''", f"{call}.size() == {rng.randint(1, 14)}"])
     return rng.choice(QUANTITY_CHAINS)
 
 
