@@ -144,3 +144,22 @@ def test_allow_multiple_allocations_only_with_consumable_capacity() -> None:
 def test_optional_attribute_cost(expression: str, over: bool) -> None:
     selector = CelEnvironment().compile(expression)
     assert (selector.error or "").startswith("too complex") is over, selector.error
+
+
+@pytest.mark.parametrize(
+    ("expression", "over"),
+    [
+        # Measured against reference-allocator 1.37: a type has no size, so comparing
+        # one is over the cost limit; listing or formatting one is not.
+        ("type(1) == int", True),
+        ("int != type(device.driver)", True),
+        ("[1].exists(x, type(x) == int)", True),
+        ("string(type(1)) == 'int'", True),
+        ("[type(1)].size() == 1", False),
+        ("type(1) in [int]", False),
+        ("'%s'.format([type(1)]) == 'int'", False),
+    ],
+)
+def test_type_cost(expression: str, over: bool) -> None:
+    selector = CelEnvironment().compile(expression)
+    assert (selector.error or "").startswith("too complex") is over, selector.error

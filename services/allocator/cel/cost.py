@@ -141,6 +141,8 @@ class _Estimator:
             return Estimate(base + 1 + _scan(size), size)
         if node.name == "in":
             return Estimate(base + 1 + right.size, 1)
+        if node.name in ("==", "!=") and any(_is_type_value(a, scope) for a in node.args):
+            return Estimate(COST_LIMIT + 1, 1)  # measured: any comparison of types is over
         if node.name in ("==", "!=", "<", "<=", ">", ">="):
             smaller = min(left.size, right.size)
             if smaller >= UNBOUNDED and _unsized_pair_over(node):
@@ -170,8 +172,9 @@ class _Estimator:
             # not know (library/cost.go): every call is over the limit.
             return Estimate(UNBOUNDED, 1)
         if name == "type" and not node.target:
-            # Measured against kube-apiserver 1.35: any type() is over the limit.
-            return Estimate(COST_LIMIT + 1, 1)
+            # A type has no size in cel-go: comparing one is over the limit (_binary),
+            # formatting one is not (measured against reference-allocator 1.37).
+            return Estimate(sum(self.visit(a, scope).cost for a in node.args) + 1, UNBOUNDED)
         if name in (INDEX_OF, LAST_INDEX_OF) and node.target and _string_list(node.args[0]):
             # Measured against kube-apiserver 1.35: Kubernetes' list indexOf over
             # strings is estimated with strings of unbounded size, over the limit.
@@ -271,6 +274,16 @@ def _string_list(node: Node) -> bool:
     if node.kind == "list":
         return any(a.kind == "lit" and isinstance(a.value, str) for a in node.args)
     return node.kind == "call" and node.name == "split"
+
+
+_TYPE_NAMES = frozenset("int uint double bool string bytes list map null_type type".split())
+
+
+def _is_type_value(node: Node, scope: dict[str, int]) -> bool:
+    """``type(x)`` or a type's name (``int``, ``string``, ...)."""
+    if node.kind == "call" and node.name == "type" and not node.target:
+        return True
+    return node.kind == "ident" and node.name in _TYPE_NAMES and node.name not in scope
 
 
 def _device_domain(node: Node) -> bool:
