@@ -154,7 +154,6 @@ def test_optional_attribute_cost(expression: str, over: bool) -> None:
         ("type(1) == int", True),
         ("int != type(device.driver)", True),
         ("[1].exists(x, type(x) == int)", True),
-        ("string(type(1)) == 'int'", True),
         ("[type(1)].size() == 1", False),
         ("type(1) in [int]", False),
         ("'%s'.format([type(1)]) == 'int'", False),
