@@ -522,6 +522,10 @@ def _opaque(opaque: OpaqueDeviceConfiguration | None, path: str) -> list[str]:
         errors.append(required(f"{path}.opaque.parameters"))
     elif size > MAX_OPAQUE:
         errors.append(too_long(f"{path}.opaque.parameters", MAX_OPAQUE))
+    elif not isinstance(opaque.parameters, dict):
+        errors.append(
+            invalid(f"{path}.opaque.parameters", "<value omitted>", "must be a valid JSON object")
+        )
     return errors
 
 

@@ -396,7 +396,15 @@ def bad_config_driver(rng: random.Random, objects: Objects) -> bool:
     claim = _pick(rng, _claims(objects))
     if claim is None:
         return False
-    claim["spec"]["devices"]["config"] = [{"opaque": {"driver": "Bad Driver", "parameters": {}}}]
+    claim["spec"]["devices"]["config"] = [
+        rng.choice(
+            [
+                {"opaque": {"driver": "Bad Driver", "parameters": {}}},
+                {"opaque": {"driver": "example.com", "parameters": rng.choice([[1], "x", 3])}},
+                {"opaque": {"driver": "example.com", "parameters": None}},
+            ]
+        )
+    ]
     return True
 
 

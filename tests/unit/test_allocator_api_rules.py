@@ -245,6 +245,9 @@ RULES: list[tuple[str, Any, str, str]] = [
      "3: metadata.annotations: Invalid value"),
     ("extendedResourceName", lambda o: o[0]["spec"].update(extendedResourceName="bad name"), "",
      "1: spec.extendedResourceName: Invalid value"),
+    ("opaque parameters not an object", lambda o: o[3]["spec"]["devices"].update(config=[
+        {"opaque": {"driver": "gpu.example.com", "parameters": [1]}}]), "",
+     "4: spec.devices.config[0].opaque.parameters: Invalid value"),
     ("opaque parameters over 10 KiB", lambda o: o[3]["spec"]["devices"].update(config=[
         {"opaque": {"driver": "gpu.example.com", "parameters": {"a": "x" * 11000}}}]), "",
      "4: spec.devices.config[0].opaque.parameters: Too long"),
