@@ -316,12 +316,17 @@ class Rules:
 
     minor: int = 37
     consumable_capacity: bool = True
+    fractional_range: bool = True  # DRAFractionalCapacityRange (1.37)
 
     @classmethod
     def of(cls, features: Features | None) -> Rules:
         if features is None:
             return cls()
-        return cls(minor=features.minor, consumable_capacity=features.consumable_capacity)
+        return cls(
+            minor=features.minor,
+            consumable_capacity=features.consumable_capacity,
+            fractional_range=features.fractional_capacity_range,
+        )
 
 
 _TOLERATION_OPERATORS = ("Equal", "Exists")
@@ -1048,7 +1053,7 @@ def _device(
                 forbidden(f"{where}.requestPolicy", "allowMultipleAllocations must be true")
             )
         else:
-            errors += _policy(capacity.value, policy, f"{where}.requestPolicy")
+            errors += _policy(capacity.value, policy, f"{where}.requestPolicy", rules)
     taints = device.taints or []
     if len(taints) > MAX_TAINTS:
         errors.append(too_many(f"{path}.taints", len(taints), MAX_TAINTS))
@@ -1317,14 +1322,18 @@ def _q(text: str) -> Quantity:
     return Quantity.parse(text)
 
 
-def _policy(capacity: str, policy: CapacityRequestPolicy, path: str) -> list[str]:
+def _policy(
+    capacity: str, policy: CapacityRequestPolicy, path: str, rules: Rules | None = None
+) -> list[str]:
     try:
-        return _policy_checks(_q(capacity), policy, path)
+        return _policy_checks(_q(capacity), policy, path, rules or Rules())
     except QuantityError:
         return []  # the quantity check names it
 
 
-def _policy_checks(maximum: Quantity, policy: CapacityRequestPolicy, path: str) -> list[str]:
+def _policy_checks(
+    maximum: Quantity, policy: CapacityRequestPolicy, path: str, rules: Rules
+) -> list[str]:
     if policy.valid_values and policy.valid_range is not None:
         return [
             forbidden(
@@ -1337,16 +1346,26 @@ def _policy_checks(maximum: Quantity, policy: CapacityRequestPolicy, path: str) 
         if policy.default is None:
             return [required(f"{path}.default", "required when validValues is defined")]
         return _valid_values(
-            _q(policy.default), maximum, policy.valid_values, f"{path}.validValues"
+            _q(policy.default), maximum, policy.valid_values, f"{path}.validValues", rules
         )
     if policy.valid_range is not None:
         if policy.default is None:
             return [required(f"{path}.default", "required when validRange is defined")]
-        return _valid_range(_q(policy.default), maximum, policy, f"{path}.validRange")
+        return _valid_range(_q(policy.default), maximum, policy, f"{path}.validRange", rules)
     return []
 
 
-def _valid_values(default: Quantity, maximum: Quantity, values: list[str], path: str) -> list[str]:
+MAX_VALID_VALUES = 10  # CapacityRequestPolicyDiscreteMaxOptions
+_NANO = 10**9
+_INT64_MAX = 2**63 - 1
+
+
+def _valid_values(
+    default: Quantity, maximum: Quantity, values: list[str], path: str, rules: Rules
+) -> list[str]:
+    """validateRequestPolicyValidValues: sorted, at most 10, none above the capacity,
+    unique (by integer value, or exactly with DRAFractionalCapacityRange), the default
+    among them."""
     errors: list[str] = []
     parsed = [_q(v) for v in values]
     for i in range(len(parsed) - 1):
@@ -1358,25 +1377,52 @@ def _valid_values(default: Quantity, maximum: Quantity, values: list[str], path:
                     "values must be sorted in ascending order",
                 )
             )
-    for i, option in enumerate(parsed):
-        if option.cmp(maximum) > 0:
-            errors.append(
-                invalid(
-                    f"{path}[{i}]", str(option), f"option is larger than capacity value: {maximum}"
+    found = False
+    if len(parsed) > MAX_VALID_VALUES:
+        errors.append(too_many(path, len(parsed), MAX_VALID_VALUES))
+    else:
+        for i, option in enumerate(parsed):
+            if option.cmp(maximum) > 0:
+                errors.append(
+                    invalid(
+                        f"{path}[{i}]",
+                        str(option),
+                        f"option is larger than capacity value: {maximum}",
+                    )
                 )
-            )
-    if not any(option.cmp(default) == 0 for option in parsed):
+            found = found or option.cmp(default) == 0
+        exact = rules.minor >= 37 and rules.fractional_range
+        keys = [option.nanos() if exact else option.value_ceil() for option in parsed]
+        for i, key in enumerate(keys):
+            if key in keys[:i]:
+                errors.append(duplicate(f"{path}[{i}]", _key_text(parsed[i], exact)))
+    if not found:
         errors.append(
             invalid(path, str(default), "default value is not valid according to the requestPolicy")
         )
     return errors
 
 
+def _key_text(value: Quantity, exact: bool) -> str:
+    """quantityKeyAsDec / quantityKeyInt: what Duplicate value prints."""
+    if not exact:
+        return str(value.value_ceil())
+    nanos = value.nanos()
+    whole, fraction = divmod(abs(nanos), _NANO)
+    sign = "-" if nanos < 0 else ""
+    if fraction == 0:
+        return f"{sign}{whole}"
+    return f"{sign}{whole}.{fraction:09d}".rstrip("0")
+
+
 def _valid_range(
-    default: Quantity, maximum: Quantity, policy: CapacityRequestPolicy, path: str
+    default: Quantity, maximum: Quantity, policy: CapacityRequestPolicy, path: str, rules: Rules
 ) -> list[str]:
+    """validateRequestPolicyRange (1.37 names the default's own field, checks steps in
+    milli units with DRAFractionalCapacityRange and bounds the integer path)."""
     rng = policy.valid_range
     assert rng is not None
+    new = rules.minor >= 37
     low = _q(rng.min)
     errors: list[str] = []
     if low.cmp(maximum) > 0:
@@ -1384,7 +1430,8 @@ def _valid_range(
             invalid(f"{path}.min", str(low), f"min is larger than capacity value: {maximum}")
         )
     if default.cmp(low) < 0:
-        errors.append(invalid(f"{path}.min", str(default), f"default is less than min: {low}"))
+        at = f"{path}.default" if new else f"{path}.min"
+        errors.append(invalid(at, str(default), f"default is less than min: {low}"))
     high = _q(rng.max) if rng.max is not None else None
     if high is not None:
         if low.cmp(high) > 0:
@@ -1394,26 +1441,74 @@ def _valid_range(
                 invalid(f"{path}.max", str(high), f"max is larger than capacity value: {maximum}")
             )
         if default.cmp(high) > 0:
-            errors.append(invalid(f"{path}.max", str(default), f"default is more than max: {high}"))
-    if rng.step is not None:
-        step = _q(rng.step)
-        one = low.add(step)
-        if one.cmp(maximum) > 0:
-            errors.append(
-                invalid(
-                    f"{path}.step",
-                    str(step),
-                    f"one step {one} is larger than capacity value: {maximum}",
-                )
+            at = f"{path}.default" if new else f"{path}.max"
+            errors.append(invalid(at, str(default), f"default is more than max: {high}"))
+    step = _q(rng.step) if rng.step is not None else None
+    named = [("default", default), ("min", low), ("max", high), ("step", step)]
+    milli = False
+    if new and rules.fractional_range:
+        milli = any(_fractional(q) for _, q in named if q is not None)
+        unsafe = [
+            invalid(f"{path}.{name}", str(q), "value cannot be represented as a milli value")
+            for name, q in named
+            if q is not None and not _milli_exact(q)
+        ]
+        if milli and unsafe:
+            return errors + unsafe
+    if step is None:
+        return errors
+    if new and step.sign() <= 0:
+        return [*errors, invalid(f"{path}.step", str(step), "must be greater than zero")]
+    one = low.add(step)
+    if one.cmp(maximum) > 0:
+        errors.append(
+            invalid(
+                f"{path}.step",
+                str(step),
+                f"one step {one} is larger than capacity value: {maximum}",
             )
-        for value in [default] + ([high] if high is not None else []):
-            errors += _on_step(value, low, step, f"{path}.step")
+        )
+    if new and not milli:
+        problems = [
+            p for p in (_int64_bound(q, f"{path}.{n}") for n, q in named if q is not None) if p
+        ]
+        if problems:
+            return errors + problems
+    for value in [default] + ([high] if high is not None else []):
+        errors += _on_step(value, low, step, f"{path}.step", milli)
     return errors
 
 
-def _on_step(value: Quantity, low: Quantity, step: Quantity, path: str) -> list[str]:
-    step_value = step.value_ceil()
-    if step_value and (value.value_ceil() - low.value_ceil()) % step_value != 0:
+def _fractional(value: Quantity) -> bool:
+    return value.nanos() % _NANO != 0
+
+
+def _milli(value: Quantity) -> int:
+    """MilliValue: rounded up to whole thousandths."""
+    return -(-value.nanos() // 10**6)
+
+
+def _milli_exact(value: Quantity) -> bool:
+    return value.nanos() % 10**6 == 0 and abs(_milli(value)) <= _INT64_MAX
+
+
+def _int64_bound(value: Quantity, path: str) -> str | None:
+    """validateInt64Range."""
+    if value.sign() < 0:
+        return invalid(path, str(value), "must be greater than or equal to 0")
+    if value.cmp(Quantity(_INT64_MAX)) > 0:
+        return invalid(path, str(value), "must not be larger than 9223372036854775807")
+    return None
+
+
+def _on_step(
+    value: Quantity, low: Quantity, step: Quantity, path: str, milli: bool = False
+) -> list[str]:
+    if milli:
+        step_value, offset = _milli(step), _milli(value) - _milli(low)
+    else:
+        step_value, offset = step.value_ceil(), value.value_ceil() - low.value_ceil()
+    if step_value and offset % step_value != 0:
         return [
             invalid(
                 path, str(value), f"value is not a multiple of a given step ({step}) from ({low})"

@@ -142,6 +142,18 @@ def _status(**fields: Any) -> Any:
 
 
 _COUNTERS = [{"counterSet": "cs", "counters": {"c": {"value": "1"}}}]
+_POLICY = "spec.devices[0].capacity[memory].requestPolicy"
+
+
+def _policy(policy: dict[str, Any]) -> Any:
+    def apply(o: list[dict[str, Any]]) -> None:
+        device = _slice(o)["devices"][0]
+        device["allowMultipleAllocations"] = True
+        device["capacity"]["memory"] = {"value": "80Gi", "requestPolicy": policy}
+
+    return apply
+
+
 _RESULTS = "status.allocation.devices.results[0]"
 _REQUEST = "spec.devices.requests[0].exactly"
 _SEL = f"{_REQUEST}.selectors[0].cel.expression"
@@ -245,6 +257,19 @@ RULES: list[tuple[str, Any, str, str]] = [
      "3: metadata.annotations: Invalid value"),
     ("extendedResourceName", lambda o: o[0]["spec"].update(extendedResourceName="bad name"), "",
      "1: spec.extendedResourceName: Invalid value"),
+    ("request policy default below min", _policy({"default": "1Gi", "validRange": {"min": "2Gi"}}),
+     "", f"3: {_POLICY}.validRange.default: Invalid value"),
+    ("request policy step zero", _policy(
+        {"default": "1Gi", "validRange": {"min": "1Gi", "step": "0"}}), "",
+     f"3: {_POLICY}.validRange.step: Invalid value"),
+    ("request policy negative min", _policy(
+        {"default": "1", "validRange": {"min": "-2", "step": "1"}}), "",
+     f"3: {_POLICY}.validRange.min: Invalid value"),
+    ("request policy duplicate values", _policy({"default": "1", "validValues": ["1", "1"]}), "",
+     f"3: {_POLICY}.validValues[1]: Duplicate value"),
+    ("request policy 11 values", _policy(
+        {"default": "1", "validValues": [str(i) for i in range(1, 12)]}), "",
+     f"3: {_POLICY}.validValues: Too many"),
     ("opaque parameters not an object", lambda o: o[3]["spec"]["devices"].update(config=[
         {"opaque": {"driver": "gpu.example.com", "parameters": [1]}}]), "",
      "4: spec.devices.config[0].opaque.parameters: Invalid value"),
