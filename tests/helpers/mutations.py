@@ -458,6 +458,27 @@ def too_many_counter_sets(rng: random.Random, objects: Objects) -> bool:
     return True
 
 
+def bad_request_policy(rng: random.Random, objects: Objects) -> bool:
+    device = _pick(rng, [d for d in _devices(objects) if d.get("capacity")])
+    if device is None:
+        return False
+    name = sorted(device["capacity"])[0]
+    device["allowMultipleAllocations"] = True
+    device["capacity"][name]["requestPolicy"] = rng.choice(
+        [
+            {"default": "0", "validRange": {"min": "1"}},
+            {"default": "1", "validRange": {"min": "1", "step": "0"}},
+            {"default": "1", "validRange": {"min": "-2", "step": "1"}},
+            {"default": "1", "validValues": ["1", "1"]},
+            {"default": "1", "validValues": [str(i) for i in range(1, 12)]},
+            {"default": "2", "validValues": ["2", "1"]},
+            {"default": "1", "validValues": ["1"], "validRange": {"min": "1"}},
+            {"validValues": ["1"]},
+        ]
+    )
+    return True
+
+
 def bad_metadata(rng: random.Random, objects: Objects) -> bool:
     obj = _pick(rng, objects)
     if obj is None or obj["kind"] not in ("DeviceClass", "ResourceSlice", "ResourceClaim"):
@@ -584,6 +605,7 @@ NEEDS: dict[str, str] = {
     "binding_failure_only": "DRADeviceBindingConditions=true",
     "result_bad_share_id": "DRAConsumableCapacity=true",
     "bad_extended_resource_name": "DRAExtendedResource=true",
+    "bad_request_policy": "DRAConsumableCapacity=true",
     "list_attribute_values": "DRAListTypeAttributes=true",
     "list_attributes_too_many_devices": "DRAListTypeAttributes=true",
     "list_attribute_gate_off": "DRAListTypeAttributes=false",
@@ -633,6 +655,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     binding_failure_only,
     per_device_node_without_flag,
     too_many_counter_sets,
+    bad_request_policy,
     bad_metadata,
     bad_extended_resource_name,
     list_attribute_values,
