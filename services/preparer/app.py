@@ -243,7 +243,7 @@ async def run(settings: Settings) -> int:
         from services.preparer.devicestatus import DeviceStatusWriter
 
         service.device_status = DeviceStatusWriter(
-            api, store, settings.claim_device_status, idle=service.idle
+            api, store, settings.claim_device_status, idle=service.idle, copy_of=claims.copy_of
         )
     domain_service = None
     if settings.compute_domains:

@@ -302,6 +302,12 @@ class ClaimSource:
             self._copies[key] = claim
         return claim
 
+    def copy_of(self, namespace: str, name: str, uid: str) -> ResourceClaim | None:
+        """The API server's copy of that claim this source holds (read ahead or at its
+        prepare), if any: what the claim's status writer starts from instead of a GET."""
+        copy = self._copies.get(f"{namespace}/{name}")
+        return copy if copy is not None and copy.metadata.uid == uid else None
+
     def forget(self, ref: ClaimRef) -> None:
         """The claim was unprepared: a later prepare reads it afresh (it may be reallocated)."""
         key = f"{ref.namespace}/{ref.name}"

@@ -29,8 +29,10 @@ nothing), and each claim's write waits until no kubelet call is being answered
 (at most :data:`QUIET_MAX_S`, so a node that is never idle still gets them). What
 they say is a function of the checkpoint (the condition's time is the prepare's
 completion), so a restarted preparer writes nothing that is already there. An
-unprepared claim's entries are removed (deallocation removes them too, so most
-removals find nothing to do): one GET, and a patch only where they are still there.
+unprepared claim's entries are removed (deallocation removes them too). A write
+starts from the claim as the preparer last saw it (the copy it checked at the prepare,
+then what its own last write returned), so it is one patch; a claim that changed
+meanwhile answers 409 and is read again.
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -47,7 +50,7 @@ from prometheus_client import Counter
 from services.core import claimstatus, nvidia, supervisor
 from services.core.backoff import Backoff
 from services.core.kube import ApiError, KubeApi
-from services.core.resource import ResourceClaimStatus
+from services.core.resource import ResourceClaim, ResourceClaimStatus
 from services.preparer.checkpoint import (
     GPU_KINDS,
     PREPARE_COMPLETED,
@@ -66,6 +69,8 @@ TRIES = 5  # reads and writes of one claim before the next round
 RETRY_S = 2.0
 
 Wanted = tuple[str, str, tuple[claimstatus.Entry, ...]]  # namespace, name, our entries
+Seen = tuple[str, list[dict[str, Any]] | None]  # a claim's resourceVersion and status.devices
+CopyOf = Callable[[str, str, str], ResourceClaim | None]  # (namespace, name, uid) -> claim
 
 WRITES = Counter(
     "gpudra_preparer_claim_status_writes_total",
@@ -154,6 +159,7 @@ class DeviceStatusWriter:
         *,
         idle: asyncio.Event | None = None,
         settle_s: float = SETTLE_S,
+        copy_of: CopyOf | None = None,
     ) -> None:
         """``mode``: on, off, or auto (Kubernetes 1.36+: see services.core.claimstatus);
         ``idle``: set while the preparer answers no kubelet call (the service's)."""
@@ -163,6 +169,8 @@ class DeviceStatusWriter:
         self.retry_s = retry_s
         self.idle = idle
         self.settle_s = settle_s
+        self.copy_of = copy_of
+        self.seen: dict[str, Seen] = {}  # uid -> the claim as our last write left it
         self.written: dict[str, Wanted] = {}  # uid -> what the claim's status says of ours
         self.off = ""  # why writing stopped ("" while it goes on)
         self._dirty = asyncio.Event()
@@ -245,6 +253,7 @@ class DeviceStatusWriter:
                           extra={**extra, "error": str(exc)})  # fmt: skip
         if want is None:
             self.written.pop(uid, None)
+            self.seen.pop(uid, None)
         else:
             self.written[uid] = want
         return True
@@ -255,37 +264,58 @@ class DeviceStatusWriter:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.idle.wait(), QUIET_MAX_S)
 
+    def _known(self, uid: str, namespace: str, name: str) -> Seen | None:
+        """The claim as last seen: after our own write, or the copy checked at its prepare."""
+        if uid in self.seen:
+            return self.seen[uid]
+        copy = self.copy_of(namespace, name, uid) if self.copy_of is not None else None
+        if copy is None or copy.metadata.resource_version is None:
+            return None
+        return copy.metadata.resource_version, copy.status.devices if copy.status else None
+
+    async def _read(self, uid: str, namespace: str, name: str) -> Seen | None:
+        """The claim now (None: deleted, replaced under its name, or deallocated)."""
+        path = claimstatus.CLAIMS.format(ns=namespace, name=name)
+        try:
+            claim = msgspec.json.decode(await self.api.get(path), type=_Claim)
+        except ApiError as exc:
+            if exc.not_found:
+                return None
+            raise
+        status = claim.status
+        if claim.metadata.uid != uid or status is None or status.allocation is None:
+            return None  # another claim of that name, or deallocated (entries dropped with it)
+        return claim.metadata.resource_version, status.devices
+
     async def _put(
         self, uid: str, namespace: str, name: str, ours: list[claimstatus.Entry]
     ) -> None:
-        path = claimstatus.CLAIMS.format(ns=namespace, name=name)
+        known = self._known(uid, namespace, name)
         for _ in range(TRIES):
-            try:
-                claim = msgspec.json.decode(await self.api.get(path), type=_Claim)
-            except ApiError as exc:
-                if exc.not_found:
-                    return  # deleted: no status to keep
-                raise
-            status = claim.status
-            if claim.metadata.uid != uid or status is None or status.allocation is None:
-                return  # another claim of that name, or deallocated (entries dropped with it)
-            current = status.devices
+            if known is None:
+                known = await self._read(uid, namespace, name)
+                if known is None:
+                    return  # no claim (or allocation) to keep a status in
+            version, current = known
             want = claimstatus.merged(current, DRIVER, ours)
             if claimstatus.same(current, want):
                 return
             try:
                 body = await claimstatus.write(self.api, namespace, name, uid=uid,
-                                               resource_version=claim.metadata.resource_version,
+                                               resource_version=version,
                                                devices=want)  # fmt: skip
             except ApiError as exc:
                 if exc.conflict:
-                    continue  # changed meanwhile: read it again
+                    known = None  # changed meanwhile (or gone): read it again
+                    continue
                 if exc.not_found:
                     return
                 if exc.status == 403:  # no grant at all (a 422 "Forbidden" is this claim's)
                     raise Refused(f"the API server refused it: {exc}") from exc
                 raise
-            stored = msgspec.json.decode(body, type=_Claim).status
+            written = msgspec.json.decode(body, type=_Claim)
+            stored = written.status
+            self.seen[uid] = (written.metadata.resource_version, stored.devices if stored else None)
             if ours and not claimstatus.ours(stored.devices if stored else None, DRIVER):
                 raise Refused(
                     "the API server dropped status.devices (its DRAResourceClaimDeviceStatus "
