@@ -223,22 +223,20 @@ class Binder:
         self.member_of = member_of
         self.events = events
         self.retry_s = retry_s
-        self.claims: dict[str, BoundClaim] = {}
+        # The claims as the controller's informer holds them (set by the controller).
+        self.claim_of: Callable[[str], BoundClaim | None] = lambda _key: None
         self.placed: dict[str, Channel] = {}  # every allocated channel claim of ours, by key
         self.waiting: set[str] = set()  # conditioned claims not settled yet
+        self.releases: set[tuple[str, str]] = set()  # (domain, node) a conditioned claim left
         self._dirty: set[str] = set()
         self._wake = asyncio.Event()
 
     # ---------------------------------------------------------------- inputs
 
     async def claim_changed(self, old: BoundClaim | None, new: BoundClaim | None) -> None:
-        """The claim informer's handler."""
+        """The claim informer's handler (the informer keeps the claims themselves)."""
         claim = new or old
         assert claim is not None
-        if new is None:
-            self.claims.pop(claim.key, None)
-        else:
-            self.claims[claim.key] = new
         self._mark(claim.key)
 
     def member_changed(self, uid: str, node: str) -> None:
@@ -278,7 +276,7 @@ class Binder:
                     asyncio.get_running_loop().call_later(self.retry_s, self._mark, key)
 
     async def reconcile(self, key: str) -> None:
-        claim = self.claims.get(key)
+        claim = self.claim_of(key)
         channel = channel_of(claim) if claim is not None else None
         before = self.placed.pop(key, None)
         if channel is not None:
@@ -286,9 +284,13 @@ class Binder:
         if (
             before is not None
             and before.conditioned
+            and before.domain_uid
             and (channel is None or channel.place != before.place)
         ):
-            await self._release(before)
+            self.releases.add(before.place)
+        for place in sorted(self.releases):  # kept until done: a failed one is tried again
+            await self._release(*place)
+            self.releases.discard(place)
         if claim is None or channel is None or not channel.conditioned or settled(claim, channel):
             self.waiting.discard(key)
             return
@@ -374,17 +376,17 @@ class Binder:
             return domain.uid
         raise ApiError(409, f"node {node} kept changing while being labelled")
 
-    async def _release(self, gone: Channel) -> None:
+    async def _release(self, domain_uid: str, node: str) -> None:
         """A conditioned claim left (domain, node): the last one takes the label it needed."""
-        if not gone.domain_uid or any(c.place == gone.place for c in self.placed.values()):
+        if any(c.place == (domain_uid, node) for c in self.placed.values()):
             return
         for _ in range(LABEL_TRIES):
-            got = await self._node(gone.node)
-            if got is None or got["label"] != gone.domain_uid:
+            got = await self._node(node)
+            if got is None or got["label"] != domain_uid:
                 return
             body = {"metadata": {"labels": {cd.DOMAIN_LABEL: None}, "resourceVersion": got["rv"]}}
             try:
-                await self.api.patch(f"{NODES}/{gone.node}", body)
+                await self.api.patch(f"{NODES}/{node}", body)
             except ApiError as exc:
                 if exc.not_found:
                     return
@@ -392,5 +394,6 @@ class Binder:
                     continue  # the node changed meanwhile: look again
                 raise
             log.info("node label removed: no channel claim of the domain is left there",
-                     extra={"node": gone.node, "domain": gone.domain_uid})  # fmt: skip
+                     extra={"node": node, "domain": domain_uid})  # fmt: skip
             return
+        raise ApiError(409, f"node {node} kept changing while its label was being removed")

@@ -70,6 +70,7 @@ class Controller:
         self.claims: Informer[BoundClaim] = Informer(
             api, "resourceclaims", CLAIMS_PATH, BoundClaim, on_change=self.binder.claim_changed
         )
+        self.binder.claim_of = lambda key: self.claims.items.get(key)
         self.binding: bool | None = None  # decided at start (binding_conditions)
         self.cliques = CliqueObjects(api, config.daemon.namespace) if config.cliques else None
 
