@@ -626,7 +626,7 @@ def _newer_slices(
     """What 1.36/1.37 slices may carry: numaNode as a list (the reference driver with
     DRAListTypeAttributes), compatibility groups on counters, skipped node operations,
     fractional capacity ranges on shared devices."""
-    if sc.minor < 37:
+    if sc.minor < 36:
         return
     features = sc.features
     if features.list_type_attributes and more.random() < 0.6:
@@ -637,6 +637,8 @@ def _newer_slices(
                     value = numa["int"]
                     numa.clear()
                     numa["ints"] = [value] if more.random() < 0.6 else [value, 1 - value]
+    if sc.minor < 37:
+        return
     if more.random() < 0.4:
         for slice_ in slices:
             for device in slice_["spec"].get("devices") or []:
@@ -782,7 +784,7 @@ def _request_body(
 ) -> dict[str, Any]:
     kind = rng.choice(["gpu", "gpu", "mig", "mig", "vfio", "any"])
     body: dict[str, Any] = {"deviceClassName": f"{sc.namespace}-{kind}"}
-    lists = sc.minor >= 37 and sc.features.list_type_attributes
+    lists = sc.minor >= 36 and sc.features.list_type_attributes
     count = rng.choice([0, 0, 1, 1, 2])
     selectors = [selector(sc.driver, more or rng, facts, lists) if lists else
                  selector(sc.driver, rng, facts) for _ in range(count)]  # fmt: skip
