@@ -687,12 +687,16 @@ def validate_claim_status(claim: ResourceClaim, rules: Rules | None = None) -> l
     """validateResourceClaimStatusUpdate for a new status.allocation (what the
     scheduler writes): results and configs against the claim's requests."""
     rules = rules or Rules()
-    allocation = claim.status.allocation if claim.status else None
-    if allocation is None:
+    status = claim.status
+    if status is None:
         return []
+    errors = _reserved_for(status.reserved_for or [], status.allocation is not None)
+    errors += _device_statuses(status.devices or [], status.allocation)
+    allocation = status.allocation
+    if allocation is None:
+        return errors
     names = _request_names(claim)
     base = "status.allocation.devices"
-    errors: list[str] = []
     devices = allocation.devices
     results = (devices.results if devices else None) or []
     if len(results) > MAX_RESULTS:
@@ -724,6 +728,56 @@ def validate_claim_status(claim: ResourceClaim, rules: Rules | None = None) -> l
     if allocation.node_selector is not None:
         errors += _node_selector(allocation.node_selector, "status.allocation.nodeSelector")
     return errors
+
+
+MAX_RESERVED_FOR = 256
+MAX_DEVICE_CONDITIONS = 8
+
+
+def _reserved_for(consumers: list[Any], allocated: bool) -> list[str]:
+    """status.reservedFor: at most 256, resource, name and uid given, uids unique, and
+    only on an allocated claim."""
+    path = "status.reservedFor"
+    errors: list[str] = []
+    if len(consumers) > MAX_RESERVED_FOR:
+        errors.append(too_many(path, len(consumers), MAX_RESERVED_FOR))
+    else:
+        for i, consumer in enumerate(consumers):
+            for field in ("resource", "name", "uid"):
+                if not getattr(consumer, field):
+                    errors.append(required(f"{path}[{i}].{field}"))
+        errors += _duplicates((c.uid for c in consumers), path)
+    if consumers and not allocated:
+        errors.append(forbidden(path, "may not be specified when `allocated` is not set"))
+    return errors
+
+
+def _device_statuses(devices: list[dict[str, Any]], allocation: Any) -> list[str]:
+    """status.devices (validateDeviceStatus): names, an allocated device, conditions."""
+    allocated = set()
+    results = allocation.devices.results if allocation and allocation.devices else None
+    for result in results or []:
+        allocated.add((result.driver, result.pool, result.device, result.share_id))
+    errors: list[str] = []
+    keys = []
+    for i, device in enumerate(devices):
+        path = f"status.devices[{i}]"
+        driver, pool, name = (str(device.get(k) or "") for k in ("driver", "pool", "device"))
+        share = device.get("shareID")
+        errors += _driver_name(driver, f"{path}.driver")
+        errors += _pool_name(pool, f"{path}.pool")
+        errors += _dns_label(name, f"{path}.device")
+        if share is not None:
+            errors += _uid(str(share), f"{path}.shareID")
+        key = f"{driver}/{pool}/{name}" + (f"/{share}" if share else "")
+        if (driver, pool, name, share) not in allocated:
+            shown = {"Driver": driver, "Pool": pool, "Device": name, "ShareID": share or ""}
+            errors.append(invalid(path, shown, "must be an allocated device in the claim"))
+        conditions = device.get("conditions") or []
+        if len(conditions) > MAX_DEVICE_CONDITIONS:
+            errors.append(too_many(f"{path}.conditions", len(conditions), MAX_DEVICE_CONDITIONS))
+        keys.append(key)
+    return errors + _duplicates(keys, "status.devices")
 
 
 # ------------------------------------------------------------------ node selectors

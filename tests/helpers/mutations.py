@@ -350,6 +350,26 @@ def result_bad_fields(rng: random.Random, objects: Objects) -> bool:
     return True
 
 
+def bad_claim_status(rng: random.Random, objects: Objects) -> bool:
+    claim = _pick(rng, _claims(objects))
+    if claim is None:
+        return False
+    pod = {"resource": "pods", "name": "p", "uid": "u1"}
+    choice = rng.choice(["unallocated", "uid", "duplicate", "device"])
+    if choice == "unallocated":
+        claim["status"] = {"reservedFor": [pod]}
+        return True
+    result = _result(claim)
+    status = claim["status"]
+    if choice == "uid":
+        status["reservedFor"] = [{**pod, "uid": ""}]
+    elif choice == "duplicate":
+        status["reservedFor"] = [pod, {**pod, "name": "q"}]
+    else:
+        status["devices"] = [{"driver": result["driver"], "pool": "p", "device": "other"}]
+    return True
+
+
 def duplicate_request_name(rng: random.Random, objects: Objects) -> bool:
     claim = _pick(rng, _claims(objects))
     if claim is None:
@@ -645,6 +665,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     result_unknown_request,
     result_bad_share_id,
     result_bad_fields,
+    bad_claim_status,
     duplicate_request_name,
     too_many_entries,
     long_string,

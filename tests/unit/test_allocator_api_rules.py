@@ -270,6 +270,14 @@ RULES: list[tuple[str, Any, str, str]] = [
     ("request policy 11 values", _policy(
         {"default": "1", "validValues": [str(i) for i in range(1, 12)]}), "",
      f"3: {_POLICY}.validValues: Too many"),
+    ("reservedFor without an allocation", lambda o: o[3].update(
+        status={"reservedFor": [{"resource": "pods", "name": "p", "uid": "u1"}]}), "",
+     "4: status.reservedFor: Forbidden"),
+    ("device status of a device not allocated", lambda o: o[3].update(status={
+        "allocation": {"devices": {"results": [
+            {"request": "r", "driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}]}},
+        "devices": [{"driver": "gpu.example.com", "pool": "n1", "device": "gpu-1"}]}), "",
+     "4: status.devices[0]: Invalid value"),
     ("opaque parameters not an object", lambda o: o[3]["spec"]["devices"].update(config=[
         {"opaque": {"driver": "gpu.example.com", "parameters": [1]}}]), "",
      "4: spec.devices.config[0].opaque.parameters: Invalid value"),
