@@ -94,7 +94,6 @@ GATES: Mapping[int, Mapping[str, Gate]] = {
     ),
     35: _gates(
         DynamicResourceAllocation="on locked",
-        NodeDeclaredFeatures="off",
         DRAAdminAccess=f"on {_D}",
         DRAPrioritizedList=f"on {_D}",
         DRAPartitionableDevices=f"off {_D}",
@@ -107,7 +106,6 @@ GATES: Mapping[int, Mapping[str, Gate]] = {
     ),
     36: _gates(
         DynamicResourceAllocation="on locked",
-        NodeDeclaredFeatures="on",
         DRAAdminAccess=f"on locked {_D}",
         DRAPrioritizedList=f"on {_D}",
         DRAPartitionableDevices=f"on {_D}",
