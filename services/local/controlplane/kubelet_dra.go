@@ -248,7 +248,7 @@ func runKubeletDRAWith(ctx context.Context, node, kubeconfig, root string, retry
 
 	pluginManager := pluginmanager.NewPluginManager(registrationDir, recorder)
 	pluginManager.AddHandler(pluginwatcherapi.DRAPlugin, manager.GetWatcherHandler())
-	go pluginManager.Run(ctx, sourcesReady, ctx.Done())
+	go runPluginManager(ctx, pluginManager, sourcesReady)
 
 	if !cache.WaitForNamedCacheSyncWithContext(ctx, podInformer.Informer().HasSynced, nodeInformer.Informer().HasSynced) {
 		return ctx.Err()

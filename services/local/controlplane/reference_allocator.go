@@ -662,7 +662,7 @@ func allocateAll(ctx context.Context, in *allocatorInput, only string, features 
 		for _, node := range nodes {
 			results, err := allocator.Allocate(ctx, node, []*resourceapi.ResourceClaim{claim})
 			switch {
-			case errors.Is(err, structured.ErrFailedAllocationOnNode):
+			case errors.Is(err, errFailedAllocationOnNode):
 				reasons = append(reasons, fmt.Sprintf("%s: %v", nodeLabel(node), err))
 				continue
 			case err != nil:
