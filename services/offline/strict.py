@@ -91,7 +91,7 @@ class _Walker:
                 value[i] = self.walk(item, info.item_type, f"{path}[{i}]", quantity)
         elif isinstance(info, mi.DictType) and isinstance(value, dict):
             for key in list(value):
-                value[key] = self.walk(value[key], info.value_type, f"{path}[{key}]", quantity)
+                value[key] = self.walk(value[key], info.value_type, f"{path}.{key}", quantity)
         elif quantity and isinstance(value, (int, float)) and not isinstance(value, bool):
             return _number_text(value)
         return value

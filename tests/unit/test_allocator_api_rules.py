@@ -302,7 +302,7 @@ def test_api_server_rule(name: str, breakage: Any, gates: str, first: str, tmp_p
 @pytest.mark.parametrize(
     ("field", "breakage"),
     [
-        ("spec.devices[0].attributes[numa].ints", _attribute("numa", {"ints": [0]})),
+        ("spec.devices[0].attributes.numa.ints", _attribute("numa", {"ints": [0]})),
         ("spec.skipNodeOperations", lambda o: _slice(o).update(skipNodeOperations=["*"])),
         ("spec.devices.requests[0].exactly.derivedAttributes", lambda o: _body(o).update(
             derivedAttributes=[{"name": "gpu.example.com/x", "expression": "1"}])),
