@@ -1279,9 +1279,10 @@ def _check_claim(
 
 
 def _asks_capacity(sc: Scenario, body: dict[str, Any]) -> bool:
-    """ "All" leaves out devices whose capacity cannot hold the request (rounded by
-    request policies): the exact comparison of choices covers those."""
-    return bool(sc.features.consumable_capacity and (body.get("capacity") or {}).get("requests"))
+    """With consumable capacity, "All" leaves out devices whose capacity cannot hold the
+    request (rounded by request policies; up to 1.36 also what other claims' shares
+    hold): the exact comparison of choices covers those."""
+    return sc.features.consumable_capacity
 
 
 def _declared(sc: Scenario, node: str) -> list[str]:
