@@ -1513,6 +1513,14 @@ def _valid_range(
         return errors
     if new and step.sign() <= 0:
         return [*errors, invalid(f"{path}.step", str(step), "must be greater than zero")]
+    if not new and step.value_ceil() == 0:
+        # Upstream 1.35 divides by the step's Value() unchecked: kube-apiserver panics
+        # (the request fails with 500, nothing is stored); refused here in words.
+        return [
+            *errors,
+            f"{path}.step: Internal error: kube-apiserver 1.{rules.minor} fails on a step whose "
+            "integer value is 0 (integer divide by zero) and stores nothing",
+        ]
     one = low.add(step)
     if one.cmp(maximum) > 0:
         errors.append(

@@ -64,9 +64,14 @@ class StrictError(ValueError):
 
 
 def strict(doc: dict[str, Any], model: type[msgspec.Struct], minor: int = 99) -> None:
-    """Raise :class:`StrictError` for the first unknown field (of Kubernetes 1.<minor>'s
+    """Raise :class:`StrictError` naming every unknown field (of Kubernetes 1.<minor>'s
     API); numeric quantities become strings in place."""
-    _Walker(minor).walk(doc, mi.type_info(model), "", False)
+    walker = _Walker(minor)
+    walker.walk(doc, mi.type_info(model), "", False)
+    if walker.unknown:
+        # As sigs.k8s.io/json reports them: every unknown field, sorted.
+        fields = ", ".join(f'unknown field "{f}"' for f in sorted(walker.unknown))
+        raise StrictError(f"strict decoding error: {fields}")
 
 
 def _join(path: str, name: str) -> str:
@@ -76,6 +81,7 @@ def _join(path: str, name: str) -> str:
 class _Walker:
     def __init__(self, minor: int) -> None:
         self.minor = minor
+        self.unknown: list[str] = []
 
     def walk(self, value: Any, info: mi.Type, path: str, quantity: bool) -> Any:
         """The value to keep (a numeric quantity comes back as its string)."""
@@ -99,17 +105,14 @@ class _Walker:
     def _struct(self, value: dict[str, Any], info: mi.StructType, path: str) -> None:
         name = info.cls.__name__
         if name == "ObjectMeta":
-            unknown = [key for key in value if key not in _OBJECT_META]
-            if unknown:
-                raise StrictError(
-                    f'strict decoding error: unknown field "{_join(path, unknown[0])}"'
-                )
+            self.unknown += [_join(path, key) for key in value if key not in _OBJECT_META]
             return
         fields = {f.encode_name: f for f in info.fields}
         for key in list(value):
             found = fields.get(key)
             if found is None or _SINCE.get((name, key), 0) > self.minor:
-                raise StrictError(f'strict decoding error: unknown field "{_join(path, key)}"')
+                self.unknown.append(_join(path, key))
+                continue
             quantity = (name, key) in _QUANTITY_FIELDS
             value[key] = self.walk(value[key], found.type, _join(path, key), quantity)
 

@@ -487,7 +487,7 @@ def bad_request_policy(rng: random.Random, objects: Objects) -> bool:
     device["capacity"][name]["requestPolicy"] = rng.choice(
         [
             {"default": "0", "validRange": {"min": "1"}},
-            {"default": "1", "validRange": {"min": "1", "step": "0"}},
+            {"default": "1", "validRange": {"min": "1", "step": "-1"}},
             {"default": "1", "validRange": {"min": "-2", "step": "1"}},
             {"default": "1", "validValues": ["1", "1"]},
             {"default": "1", "validValues": [str(i) for i in range(1, 12)]},

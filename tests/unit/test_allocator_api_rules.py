@@ -317,3 +317,27 @@ def test_fields_1_35_does_not_know(field: str, breakage: Any, tmp_path: Path) ->
     with redirect_stdout(io.StringIO()), redirect_stderr(err):
         code = gpudra(["allocate", "--kube-version", "1.35", "-f", str(path)])
     assert code == 2 and f'strict decoding error: unknown field "{field}"' in err.getvalue()
+
+
+def test_zero_step_1_35_is_refused(tmp_path: Path) -> None:
+    """Upstream 1.35 divides by a range step's integer value unchecked: kube-apiserver
+    panics on a zero step (HTTP 500, nothing stored; reference-allocator exits 1 with
+    'integer divide by zero'); gpudra refuses the slice in words (docs/differences.md)."""
+    objects = [*base(), claim(exactly())]
+    _policy({"default": "1Gi", "validRange": {"min": "1Gi", "step": "0"}})(objects)
+    code, _, stderr = _run(objects, "DRAConsumableCapacity=true", tmp_path, 35)
+    assert code == 2, stderr
+    assert f"{_POLICY}.validRange.step: Internal error: kube-apiserver 1.35" in stderr
+
+
+def test_every_unknown_field_sorted(tmp_path: Path) -> None:
+    """sigs.k8s.io/json names every unknown field, sorted (measured: 1.35 and 1.37)."""
+    objects = [*base(), claim(exactly())]
+    _slice(objects)["devices"][0].update(zeta=1, alpha=2)
+    _slice(objects)["bogus"] = 1
+    code, _, stderr = _run(objects, "", tmp_path)
+    assert code == 2
+    assert (
+        'strict decoding error: unknown field "spec.bogus", unknown field '
+        '"spec.devices[0].alpha", unknown field "spec.devices[0].zeta"'
+    ) in stderr
