@@ -51,8 +51,10 @@ CDI_KIND = "k8s.gpu.nvidia.com/claim"
 #: nodes and IMEX daemons: tests/e2e/test_stack_up.py runs them through `gpudra up`,
 #: tests/e2e/test_computedomain_two_nodes.py checks that path in depth.
 EXAMPLE_FILES = sorted(e.name for e in demo.gpu_only(demo.load_examples()))
-#: Devices per node when nothing is prepared (gpudra slices --fleet ... with the demo gates).
-FULL_POOLS = {H100: 16, A100: 24}
+#: Devices per node when nothing is prepared (gpudra slices --fleet ... with the demo gates):
+#: the A100s' static MIG devices and, as the reference publishes them, each MIG-mode GPU's
+#: VFIO twin (4 GPUs: 24 + 4).
+FULL_POOLS = {H100: 16, A100: 28}
 IMAGE = "registry.k8s.io/pause:3.10"
 
 
