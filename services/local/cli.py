@@ -193,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
             signal.signal(s, handler)
 
 
-def _real_node_tools(args_version: str | None) -> NodeTools | None:
+def _real_node_tools(kube_version: str | None = None) -> NodeTools | None:
     """The real nodes' binaries (containerd built if needed), or None after saying
     why real nodes cannot run here."""
     from services.local import node
@@ -202,7 +202,7 @@ def _real_node_tools(args_version: str | None) -> NodeTools | None:
     reason = node.unavailable()
     if reason is None:
         try:
-            binary = build_controlplane(version=args_version)
+            binary = build_controlplane(version=kube_version)
             return node.NodeTools.find(binary, hooks_from=build_controlplane())
         except (node.NodeError, ControlPlaneError) as exc:
             reason = str(exc)
