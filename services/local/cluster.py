@@ -482,7 +482,8 @@ class ControlPlane:
             # DeviceTaintRule is served as v1alpha3 until 1.35, v1beta2 in 1.36, v1 from 1.37.
             minor = self.kube_minor
             if minor < 37:
-                config.setdefault(f"resource.k8s.io/{'v1beta2' if minor == 36 else 'v1alpha3'}", True)
+                version = "v1beta2" if minor == 36 else "v1alpha3"
+                config.setdefault(f"resource.k8s.io/{version}", True)
         return ",".join(f"{k}={'true' if v else 'false'}" for k, v in config.items())
 
     def _start_apiserver(self) -> None:
