@@ -60,6 +60,22 @@ from services.core.resource import Device, DeviceAttribute
 DEVICE_FIELDS = ("driver", "attributes", "capacity")
 MULTI_ALLOC_FIELD = "allowMultipleAllocations"
 
+#: k8s.io/apiserver/pkg/cel/environment/base.go: the Kubernetes minor that brought
+#: cel-go's lists extension (``ext.Lists(ext.ListsVersion(3))``: ``slice``, ``flatten``,
+#: ``sort``, ``reverse``, ``distinct``, ``lists.range``) into the base environment.
+LISTS_EXTENSION_SINCE = 34
+
+
+def lists_extension(new_expressions: int | None) -> bool:
+    """Whether an environment declares the lists extension. ``new_expressions``: the
+    minor of the kube-apiserver whose NewExpressions environment (what validation
+    compiles a new object's selectors in) it is; that environment offers only what
+    came by its compatibility version, one minor back (DefaultCompatibilityVersion,
+    the binary's MinCompatibilityVersion), so kube-apiserver 1.34 (compatibility 1.33)
+    refuses ``sort()`` that 1.35 accepts. None: the StoredExpressions environment,
+    every library (what kube-scheduler evaluates stored selectors in)."""
+    return new_expressions is None or new_expressions - 1 >= LISTS_EXTENSION_SINCE
+
 
 class CelError(Exception):
     """A selector that cannot be compiled (``kind="compile"``) or failed on a device."""
@@ -150,16 +166,23 @@ class CelEnvironment:
         consumable_capacity: bool = False,
         cost_limit: int = celcost.COST_LIMIT,
         list_attributes: bool = False,
+        new_expressions: int | None = None,
     ):
+        """``new_expressions``: the NewExpressions environment of that kube-apiserver
+        minor (see :func:`lists_extension`); None: the StoredExpressions one."""
         self.consumable_capacity = consumable_capacity
         self.list_attributes = list_attributes
         self.cost_limit = cost_limit
         self.fields = DEVICE_FIELDS + ((MULTI_ALLOC_FIELD,) if consumable_capacity else ())
-        self._env = _new_env({}, extra=[_includes(by_kind=True)] if list_attributes else [])
+        lists = lists_extension(new_expressions)
+        self._env = _new_env(
+            {}, extra=[_includes(by_kind=True)] if list_attributes else [], lists=lists
+        )
         self._typed = _new_env(
             _typed_variables(consumable_capacity, list_attributes),
             checking=True,
             extra=[_includes(by_kind=False)] if list_attributes else [],
+            lists=lists,
         )
         self._cache: dict[str, Selector] = {}
         self._derived: dict[str, Selector] = {}
@@ -398,19 +421,25 @@ def _default_domain_edits(expression: str, tree: Node) -> list[celcheck.Edit]:
     return edits
 
 
-def _new_env(typed: dict[str, Any], checking: bool = False, extra: list[Any] | None = None) -> Any:
+def _new_env(
+    typed: dict[str, Any],
+    checking: bool = False,
+    extra: list[Any] | None = None,
+    lists: bool = True,
+) -> Any:
     """The runtime environment, or (``checking``) the one that only type-checks:
-    typed ``device`` fields and the lists extension typed by element."""
+    typed ``device`` fields and the lists extension typed by element (``lists``:
+    whether the lists extension is there at all)."""
     return cel.NewEnv(
         celtypes.POOL,
-        config=listslib.typed_config() if checking else None,
+        config=listslib.typed_config(lists) if checking else None,
         variables={"device": cel.Type.Map(cel.Type.STRING, cel.Type.DYN), **typed},
         extensions=[
             ext_strings.ExtStrings(2),
             ext_bindings.ExtBindings(),
             ext_optional.ExtOptional(),
         ],
-        functions=cellib.functions(typed_lists=checking) + (extra or []),
+        functions=cellib.functions(typed_lists=checking, lists_extension=lists) + (extra or []),
     )
 
 

@@ -288,11 +288,12 @@ def _comparison(name: str, ret: cel.Type, result: Callable[[int], Any]) -> cel.F
     )
 
 
-def functions(typed_lists: bool = False) -> list[cel.FunctionDecl]:
+def functions(typed_lists: bool = False, lists_extension: bool = True) -> list[cel.FunctionDecl]:
     """Every function declaration of the DRA environment beyond the runtime's own;
     ``typed_lists``: without the lists extension's element-typed functions, which the
-    checking environment declares from listslib.typed_config()."""
-    lists = listslib.functions(typed=typed_lists)
+    checking environment declares from listslib.typed_config(); ``lists_extension``
+    False: without the lists extension at all (env.py says when)."""
+    lists = listslib.functions(typed=typed_lists, extension=lists_extension)
     return _kubernetes() + _representation() + netlib.functions() + lists + formatlib.functions()
 
 

@@ -185,11 +185,14 @@ def _overload(oid: str, target: dict[str, Any], result: dict[str, Any], *args: s
     return out
 
 
-def typed_config() -> Any:
+def typed_config(extension: bool = True) -> Any:
     """The five functions typed by element as cel-go declares them (``T`` a type
     parameter, ``sort`` per comparable type), for type-checking only: the runtime
     cannot bind a type parameter, so programs run the ``list(dyn)`` declarations
-    of :func:`functions` (env.py's checking environment takes these instead)."""
+    of :func:`functions` (env.py's checking environment takes these instead).
+    ``extension`` False: none of them (an environment without the lists extension)."""
+    if not extension:
+        return None
     t, dyn = _list_of(_T), _list_of({"type_name": "dyn"})
     overloads = {
         "slice": [_overload("list_slice", t, t, "int", "int")],
@@ -213,8 +216,14 @@ def typed_config() -> Any:
     return cel.NewEnvConfigFromYaml(json.dumps(config))  # JSON is YAML
 
 
-def functions(typed: bool = False) -> list[Any]:
-    """Every declaration; ``typed``: without the :data:`TYPED` ones (typed_config)."""
+#: What cel-go's lists extension declares (ext.Lists; ``sortBy`` is not modeled).
+EXTENSION = (*TYPED, "lists.range")
+
+
+def functions(typed: bool = False, extension: bool = True) -> list[Any]:
+    """Every declaration; ``typed``: without the :data:`TYPED` ones (typed_config);
+    ``extension`` False: without the lists extension's (:data:`EXTENSION`), as in an
+    environment whose compatibility version predates it (env.py)."""
     i, s, dyn = cel.Type.INT, cel.Type.STRING, cel.Type.DYN
     pairs, anymap = cel.Type.List(LIST), cel.Type.Map(dyn, dyn)
     decls = [
@@ -226,9 +235,6 @@ def functions(typed: bool = False) -> list[Any]:
         ),
         _decl("__k8s_zip", ("k8s_zip", anymap, [LIST, LIST], False, _zip)),
         _decl("__k8s_merge", ("k8s_merge", anymap, [cel.Type.List(anymap)], False, _merge)),
-        _decl(
-            "lists.range", ("lists_range", cel.Type.List(i), [i], False, lambda n: list(range(n)))
-        ),
         _decl(
             INDEX_OF,
             ("k8s_string_index_of", i, [s, s], True, _index_of),
@@ -242,6 +248,13 @@ def functions(typed: bool = False) -> list[Any]:
             *_by_kind("k8s_list_last_index_of", i, _last_index_of),
         ),
     ]
+    if not extension:
+        return decls
+    decls.append(
+        _decl(
+            "lists.range", ("lists_range", cel.Type.List(i), [i], False, lambda n: list(range(n)))
+        )
+    )
     if typed:
         return decls
     return [
