@@ -1,7 +1,7 @@
 """The validation kube-apiserver runs on create, for the objects ``gpudra allocate`` reads.
 
 A what-if run must refuse what a cluster would refuse, in the API server's
-words (pkg/apis/resource/validation of the Kubernetes minor followed, 1.35 or
+words (pkg/apis/resource/validation of the Kubernetes minor followed, 1.34 to
 1.37: field path, then ``Invalid value: <value>: <why>``, ``Required value``,
 ``Forbidden``, ``Too many``, ``Too long``, ``Duplicate value``, ``Unsupported
 value``, ``Not found``), or a claim that could never be created would be
@@ -9,13 +9,14 @@ reported as allocatable. Rules follow validation.go function by function:
 
 * claims (validateDeviceClaim): request and subrequest shape and names (unique),
   device class names, selectors (CEL compiled in the DRA environment: syntax,
-  types, literals, string.format, cost limit), allocation mode and count,
+  types, literals, string.format, cost limit; kube-apiserver's NewExpressions
+  environment, which in 1.34 has no lists extension), allocation mode and count,
   tolerations (validateDeviceToleration), derivedAttributes (1.37: referenced by
   a constraint, compiled, total cost), constraints and config request
   references (unique), opaque configs (driver name, parameters);
 * claim status (validateAllocationResult, for the scheduler's write): results
   naming known requests, driver, pool and device names, binding conditions,
-  tolerations, shareID (validateUID), skipNodeOperations (1.37), configs,
+  tolerations (1.37), shareID (validateUID), skipNodeOperations (1.37), configs,
   the node selector;
 * slices (validateResourceSliceSpec): driver and pool names, node selection
   (node name, ValidateNodeSelector with exactly one term, matchFields), devices
@@ -29,6 +30,20 @@ reported as allocatable. Rules follow validation.go function by function:
   skipNodeOperations (1.37);
 * classes: selectors, configs.
 
+Kubernetes 1.34 differs in these (each keyed on the minor where the rule lives):
+a list past its limit has every item checked before Too many (_items; 1.35
+stops at Too many), a duplicate is reported at its key's field
+(``requests[1].name``, _duplicates), a request with both ``exactly`` and
+``firstAvailable`` has both checked (_request), an empty qualified name or part
+is a Required value and an unqualified one "must include a domain"
+(_qualified_name), an attribute without a value is a Required value, no taint
+effect ``None`` (taint_effects), at most 4 taints a device, and counters are
+limited per slice (at most 32 in its counter sets, 1024 consumed by its
+devices, 32 by one device, each consumed counter one of the slice's own sets:
+_slice_counter_totals, _consumed_counters_1_34) where 1.35 limits counter sets
+(8) and consumptions (2). Before 1.36 a bad map key is reported at the key
+(``attributes[k]``, _key_path).
+
 Checks that only declarative validation makes and 1.37 does not enforce
 (compatibilityGroups' size, skipNodeOperations' values) are left out: the
 reference allocator, which runs the registry strategies, accepts them. Each
@@ -41,9 +56,9 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -55,11 +70,16 @@ from services.core.resource import (
     CapacityRequestPolicy,
     CounterSet,
     Device,
+    DeviceAllocationConfiguration,
     DeviceAttribute,
+    DeviceClaimConfiguration,
     DeviceClass,
+    DeviceClassConfiguration,
     DeviceConstraint,
     DeviceCounterConsumption,
     DeviceDerivedAttribute,
+    DeviceRequest,
+    DeviceRequestAllocationResult,
     DeviceSelector,
     DeviceSubRequest,
     DeviceTaint,
@@ -73,6 +93,8 @@ from services.core.resource import (
     ResourceSliceSpec,
     Toleration,
 )
+
+T = TypeVar("T")
 
 MAX_REQUESTS = 32
 MAX_SUBREQUESTS = 8
@@ -99,6 +121,28 @@ _REF_MSG = (
     "must be the name of a request in the claim or the name of a request and a "
     "subrequest separated by '/'"
 )
+
+
+@dataclass(frozen=True, slots=True)
+class Rules:
+    """What differs by Kubernetes minor and gates in the rules below."""
+
+    minor: int = 37
+    consumable_capacity: bool = True
+    fractional_range: bool = True  # DRAFractionalCapacityRange (1.37)
+
+    @classmethod
+    def of(cls, features: Features | None) -> Rules:
+        if features is None:
+            return cls()
+        return cls(
+            minor=features.minor,
+            consumable_capacity=features.consumable_capacity,
+            fractional_range=features.fractional_capacity_range,
+        )
+
+
+_RULES = Rules()
 
 
 # ------------------------------------------------------------------ wording
@@ -150,15 +194,69 @@ def not_found(path: str, value: Any) -> str:
     return f"{path}: Not found: {_go(value)}"
 
 
-def _duplicates(keys: Iterable[Any], path: str) -> list[str]:
-    """validateSet's uniqueness check: every repeat after the first, at its index."""
+def _duplicates(
+    keys: Iterable[Any], path: str, rules: Rules = _RULES, field: str = "", shown: Any = None
+) -> list[str]:
+    """validateSet's uniqueness check: every repeat after the first, at its index (1.34:
+    at the key's own field, ``requests[1].name``, as its itemKey names it). ``shown``
+    prints a key as field.Duplicate does, when that is not the key itself."""
     seen: set[Any] = set()
     errors: list[str] = []
+    suffix = f".{field}" if field and rules.minor < 35 else ""
     for i, key in enumerate(keys):
         if key in seen:
-            errors.append(duplicate(f"{path}[{i}]", key))
+            errors.append(duplicate(f"{path}[{i}]{suffix}", shown(key) if shown else key))
         seen.add(key)
     return errors
+
+
+def _items(
+    items: Sequence[T],
+    limit: int,
+    path: str,
+    rules: Rules,
+    check: Callable[[int, T], list[str]],
+) -> tuple[list[str], bool]:
+    """validateSlice: each item's errors, then Too many past ``limit`` (negative: none).
+    From 1.35 Too many is the only error of a list past its limit (the check stops
+    there, "for DOS protection"); 1.34 checks every item first and adds Too many after
+    them. The flag says whether the caller goes on (validateSet's uniqueness check)."""
+    over = 0 <= limit < len(items)
+    if over and rules.minor >= 35:
+        return [too_many(path, len(items), limit)], False
+    errors = [e for i, item in enumerate(items) for e in check(i, item)]
+    if over:
+        errors.append(too_many(path, len(items), limit))
+    return errors, True
+
+
+def _set(
+    items: Sequence[T],
+    limit: int,
+    path: str,
+    rules: Rules,
+    check: Callable[[int, T], list[str]],
+    key: Callable[[T], Any],
+    field: str = "",
+) -> list[str]:
+    """validateSet: :func:`_items`, then every repeated key (``field``: the key's field)."""
+    errors, going_on = _items(items, limit, path, rules, check)
+    if going_on:
+        errors += _duplicates(map(key, items), path, rules, field)
+    return errors
+
+
+def _key_path(path: str, key: str, limit: int, rules: Rules) -> str:
+    """Where validateMap reports a bad key: up to 1.35 at the key (``attributes[k]``, a
+    key longer than ``limit`` cut in the middle, truncateIfTooLong), from 1.36 at the
+    map itself."""
+    if rules.minor >= 36:
+        return path
+    limit = max(limit, 16)
+    if len(key) > limit:
+        rest = limit - 3
+        key = key[: (rest + 1) // 2] + "..." + key[len(key) - rest // 2 :]
+    return f"{path}[{key}]"
 
 
 def _driver_name(name: str, path: str) -> list[str]:
@@ -204,7 +302,12 @@ def _c_identifier(name: str, path: str) -> list[str]:
     return errors
 
 
-def _qualified_name(name: str, path: str) -> list[str]:
+def _qualified_name(name: str, path: str, rules: Rules = _RULES) -> list[str]:
+    """validateQualifiedName. 1.34 says an empty name, domain or identifier is a
+    Required value (``name required``); from 1.35 they are Invalid ones."""
+    old = rules.minor < 35
+    if old and not name:
+        return [required(path, "name required")]
     parts = name.split("/")
     if len(parts) == 1:
         return _c_identifier(parts[0], path)
@@ -212,19 +315,26 @@ def _qualified_name(name: str, path: str) -> list[str]:
     if len(parts) >= 2:
         domain, ident = parts[0], parts[1]
         if not domain:
-            errors.append(invalid(path, "", "the domain must not be empty"))
+            detail = "the domain must not be empty"
+            errors.append(required(path, detail) if old else invalid(path, "", detail))
         else:
             errors += _dns_subdomain(domain, path)
         if not ident:
-            errors.append(invalid(path, "", "the name must not be empty"))
+            detail = "the name must not be empty"
+            errors.append(required(path, detail) if old else invalid(path, "", detail))
         else:
             errors += _c_identifier(ident, path)
     return errors
 
 
-def _fully_qualified_name(name: str, path: str) -> list[str]:
-    errors = _qualified_name(name, path)
-    if "/" not in name:
+def _fully_qualified_name(name: str, path: str, rules: Rules = _RULES) -> list[str]:
+    """validateFullyQualifiedName: a domain is needed (1.34: "must include a domain",
+    not said of an empty name)."""
+    errors = _qualified_name(name, path, rules)
+    if rules.minor < 35:
+        if name and "/" not in name:
+            errors.append(invalid(path, name, "must include a domain"))
+    elif "/" not in name:
         errors.append(
             invalid(
                 path,
@@ -260,17 +370,18 @@ def validate_meta(meta: ObjectMeta, namespaced: bool) -> list[str]:
 # ------------------------------------------------------------------ selectors
 
 
-def _selectors(selectors: list[DeviceSelector] | None, path: str, env: CelEnvironment) -> list[str]:
-    items = selectors or []
-    if len(items) > MAX_SELECTORS:
-        return [too_many(path, len(items), MAX_SELECTORS)]
-    errors: list[str] = []
-    for i, selector in enumerate(items):
+def _selectors(
+    selectors: list[DeviceSelector] | None,
+    path: str,
+    env: CelEnvironment,
+    rules: Rules = _RULES,
+) -> list[str]:
+    def check(i: int, selector: DeviceSelector) -> list[str]:
         if selector.cel is None:
-            errors.append(required(f"{path}[{i}].cel"))
-            continue
-        errors += cel_expression(selector.cel.expression, f"{path}[{i}].cel.expression", env)
-    return errors
+            return [required(f"{path}[{i}].cel")]
+        return cel_expression(selector.cel.expression, f"{path}[{i}].cel.expression", env)
+
+    return _items(selectors or [], MAX_SELECTORS, path, rules, check)[0]
 
 
 def cel_expression(expression: str, path: str, env: CelEnvironment) -> list[str]:
@@ -310,30 +421,16 @@ def _allocation_mode(body: ExactDeviceRequest | DeviceSubRequest, path: str) -> 
     ]
 
 
-@dataclass(frozen=True, slots=True)
-class Rules:
-    """What differs by Kubernetes minor and gates in the rules below."""
-
-    minor: int = 37
-    consumable_capacity: bool = True
-    fractional_range: bool = True  # DRAFractionalCapacityRange (1.37)
-
-    @classmethod
-    def of(cls, features: Features | None) -> Rules:
-        if features is None:
-            return cls()
-        return cls(
-            minor=features.minor,
-            consumable_capacity=features.consumable_capacity,
-            fractional_range=features.fractional_capacity_range,
-        )
-
-
 _TOLERATION_OPERATORS = ("Equal", "Exists")
 _TAINT_EFFECTS = ("NoExecute", "NoSchedule", "None")  # sets.List: sorted
 
 
-def _toleration(toleration: Toleration, path: str) -> list[str]:
+def taint_effects(minor: int) -> tuple[str, ...]:
+    """validDeviceTaintEffects: ``None`` (a taint that only informs) came in 1.35."""
+    return _TAINT_EFFECTS if minor >= 35 else ("NoExecute", "NoSchedule")
+
+
+def _toleration(toleration: Toleration, path: str, rules: Rules = _RULES) -> list[str]:
     """validateDeviceToleration."""
     errors: list[str] = []
     if toleration.key:
@@ -349,8 +446,9 @@ def _toleration(toleration: Toleration, path: str) -> list[str]:
         errors.append(required(f"{path}.operator"))
     else:
         errors.append(not_supported(f"{path}.operator", operator, _TOLERATION_OPERATORS))
-    if toleration.effect and toleration.effect not in _TAINT_EFFECTS:
-        errors.append(not_supported(f"{path}.effect", toleration.effect, _TAINT_EFFECTS))
+    effects = taint_effects(rules.minor)
+    if toleration.effect and toleration.effect not in effects:
+        errors.append(not_supported(f"{path}.effect", toleration.effect, effects))
     return errors
 
 
@@ -360,18 +458,19 @@ def _body(
     env: CelEnvironment,
     derived: _Derived | None = None,
     request: str = "",
+    rules: Rules = _RULES,
 ) -> list[str]:
     errors: list[str] = []
     if not body.device_class_name:
         errors.append(required(f"{path}.deviceClassName"))
     else:
         errors += _dns_subdomain(body.device_class_name, f"{path}.deviceClassName")
-    errors += _selectors(body.selectors, f"{path}.selectors", env)
+    errors += _selectors(body.selectors, f"{path}.selectors", env, rules)
     if derived is not None:
         errors += derived.check(body.derived_attributes, f"{path}.derivedAttributes", request)
     errors += _allocation_mode(body, path)
     for i, toleration in enumerate(body.tolerations or []):
-        errors += _toleration(toleration, f"{path}.tolerations[{i}]")
+        errors += _toleration(toleration, f"{path}.tolerations[{i}]", rules)
     return errors
 
 
@@ -452,12 +551,16 @@ def _reference(name: str, path: str, names: dict[str, set[str] | None]) -> list[
     return errors
 
 
-def _references(refs: list[str] | None, path: str, names: dict[str, set[str] | None]) -> list[str]:
-    items = refs or []
-    if len(items) > MAX_REQUESTS:
-        return [too_many(path, len(items), MAX_REQUESTS)]
-    errors = [e for j, name in enumerate(items) for e in _reference(name, f"{path}[{j}]", names)]
-    return errors + _duplicates(items, path)
+def _references(
+    refs: list[str] | None,
+    path: str,
+    names: dict[str, set[str] | None],
+    rules: Rules = _RULES,
+) -> list[str]:
+    def check(j: int, name: str) -> list[str]:
+        return _reference(name, f"{path}[{j}]", names)
+
+    return _set(refs or [], MAX_REQUESTS, path, rules, check, str)
 
 
 def validate_claim(
@@ -469,50 +572,66 @@ def validate_claim(
     if devices is None:
         return []
     base = "spec.devices"
-    errors: list[str] = []
-    requests = devices.requests or []
     derived = _Derived(env, devices.constraints or []) if rules.minor >= 37 else None
-    if len(requests) > MAX_REQUESTS:
-        errors.append(too_many(f"{base}.requests", len(requests), MAX_REQUESTS))
-        requests = []
-    for i, request in enumerate(requests):
-        path = f"{base}.requests[{i}]"
-        errors += _dns_label(request.name, f"{path}.name")
-        if request.exactly is None and not request.first_available:
-            errors.append(
-                required(path, "exactly one of `exactly` or `firstAvailable` is required")
-            )
-        elif request.exactly is not None and request.first_available:
-            errors.append(
-                invalid(
-                    path,
-                    None,
-                    "exactly one of `exactly` or `firstAvailable` is required, "
-                    "but multiple fields are set",
-                )
-            )
-        elif request.exactly is not None:
-            errors += _body(request.exactly, f"{path}.exactly", env, derived, request.name)
-        else:
-            errors += _subrequests(
-                request.first_available or [], f"{path}.firstAvailable", env, derived, request.name
-            )
-    errors += _duplicates((r.name for r in requests), f"{base}.requests")
+
+    def check(i: int, request: DeviceRequest) -> list[str]:
+        return _request(request, f"{base}.requests[{i}]", env, derived, rules)
+
+    requests = devices.requests or []
+    errors = _set(requests, MAX_REQUESTS, f"{base}.requests", rules, check, _name, "name")
     names = _request_names(claim)
     errors += _constraints(devices.constraints or [], f"{base}.constraints", names, rules)
-    configs = devices.config or []
-    if len(configs) > MAX_CONFIGS:
-        errors.append(too_many(f"{base}.config", len(configs), MAX_CONFIGS))
-        configs = []
-    for i, config in enumerate(configs):
-        errors += _references(config.requests, f"{base}.config[{i}].requests", names)
-        errors += _opaque(config.opaque, f"{base}.config[{i}]")
+
+    def config(i: int, item: DeviceClaimConfiguration) -> list[str]:
+        path = f"{base}.config[{i}]"
+        return _references(item.requests, f"{path}.requests", names, rules) + _opaque(
+            item.opaque, path
+        )
+
+    errors += _items(devices.config or [], MAX_CONFIGS, f"{base}.config", rules, config)[0]
     if derived is not None and derived.total > DERIVED_COST_LIMIT:
         errors.append(
             forbidden(
                 base,
                 "too complex, total cost of derived attribute CEL expressions in the claim "
                 "exceeds cost limit",
+            )
+        )
+    return errors
+
+
+def _name(item: DeviceRequest | DeviceSubRequest | Device | CounterSet) -> str:
+    return item.name
+
+
+def _request(
+    request: DeviceRequest,
+    path: str,
+    env: CelEnvironment,
+    derived: _Derived | None,
+    rules: Rules,
+) -> list[str]:
+    """validateDeviceRequest: exactly one of ``exactly`` and ``firstAvailable``. From
+    1.35 a request with both or neither says only that; 1.34 checks whichever are
+    given first and says it after them."""
+    errors = _dns_label(request.name, f"{path}.name")
+    both = request.exactly is not None and bool(request.first_available)
+    if rules.minor < 35 or not both:
+        if request.first_available:
+            errors += _subrequests(
+                request.first_available, f"{path}.firstAvailable", env, derived, request.name, rules
+            )
+        if request.exactly is not None:
+            errors += _body(request.exactly, f"{path}.exactly", env, derived, request.name, rules)
+    if request.exactly is None and not request.first_available:
+        errors.append(required(path, "exactly one of `exactly` or `firstAvailable` is required"))
+    elif both:
+        errors.append(
+            invalid(
+                path,
+                None,
+                "exactly one of `exactly` or `firstAvailable` is required, "
+                "but multiple fields are set",
             )
         )
     return errors
@@ -540,14 +659,13 @@ def _subrequests(
     env: CelEnvironment,
     derived: _Derived | None = None,
     request: str = "",
+    rules: Rules = _RULES,
 ) -> list[str]:
-    if len(subs) > MAX_SUBREQUESTS:
-        return [too_many(path, len(subs), MAX_SUBREQUESTS)]
-    errors: list[str] = []
-    for j, sub in enumerate(subs):
-        errors += _dns_label(sub.name, f"{path}[{j}].name")
-        errors += _body(sub, f"{path}[{j}]", env, derived, f"{request}/{sub.name}")
-    return errors + _duplicates((s.name for s in subs), path)
+    def check(j: int, sub: DeviceSubRequest) -> list[str]:
+        errors = _dns_label(sub.name, f"{path}[{j}].name")
+        return errors + _body(sub, f"{path}[{j}]", env, derived, f"{request}/{sub.name}", rules)
+
+    return _set(subs, MAX_SUBREQUESTS, path, rules, check, _name, "name")
 
 
 def _constraints(
@@ -557,19 +675,16 @@ def _constraints(
     rules: Rules | None = None,
 ) -> list[str]:
     rules = rules or Rules()
-    errors: list[str] = []
-    items = list(constraints)
-    if len(items) > MAX_CONSTRAINTS:
-        return [too_many(path, len(items), MAX_CONSTRAINTS)]
-    for i, constraint in enumerate(items):
+
+    def check(i: int, constraint: Any) -> list[str]:
         where = f"{path}[{i}]"
-        errors += _references(constraint.requests, f"{where}.requests", names)
+        errors = _references(constraint.requests, f"{where}.requests", names, rules)
         if constraint.match_attribute is not None:
-            errors += _fully_qualified_name(constraint.match_attribute, f"{where}.matchAttribute")
+            match = constraint.match_attribute
+            errors += _fully_qualified_name(match, f"{where}.matchAttribute", rules)
         elif constraint.distinct_attribute is not None:
-            errors += _fully_qualified_name(
-                constraint.distinct_attribute, f"{where}.distinctAttribute"
-            )
+            distinct = constraint.distinct_attribute
+            errors += _fully_qualified_name(distinct, f"{where}.distinctAttribute", rules)
         elif rules.consumable_capacity:
             errors.append(
                 required(
@@ -580,7 +695,9 @@ def _constraints(
             )
         else:
             errors.append(required(f"{where}.matchAttribute"))
-    return errors
+        return errors
+
+    return _items(list(constraints), MAX_CONSTRAINTS, path, rules, check)[0]
 
 
 # ------------------------------------------------------------------ claim status
@@ -640,16 +757,22 @@ def _uuid_problem(uid: str) -> str | None:
     return None
 
 
-def _binding(conditions: list[str] | None, failures: list[str] | None, path: str) -> list[str]:
+def _binding(
+    conditions: list[str] | None,
+    failures: list[str] | None,
+    path: str,
+    rules: Rules = _RULES,
+) -> list[str]:
     """validateDeviceBindingParameters."""
     good, bad = conditions or [], failures or []
     errors: list[str] = []
     for field, items in (("bindingConditions", good), ("bindingFailureConditions", bad)):
-        if len(items) > MAX_BINDING_CONDITIONS:
-            errors.append(too_many(f"{path}.{field}", len(items), MAX_BINDING_CONDITIONS))
-        else:
-            for i, item in enumerate(items):
-                errors += _label_key(item, f"{path}.{field}[{i}]")
+        where = f"{path}.{field}"
+
+        def check(i: int, item: str, where: str = where) -> list[str]:
+            return _label_key(item, f"{where}[{i}]")
+
+        errors += _items(items, MAX_BINDING_CONDITIONS, where, rules, check)[0]
     errors += _duplicates(good, f"{path}.bindingConditions")
     seen: set[str] = set()
     for i, item in enumerate(bad):
@@ -690,41 +813,50 @@ def validate_claim_status(claim: ResourceClaim, rules: Rules | None = None) -> l
     status = claim.status
     if status is None:
         return []
-    errors = _reserved_for(status.reserved_for or [], status.allocation is not None)
-    errors += _device_statuses(status.devices or [], status.allocation)
+    consumers = status.reserved_for or []
+    errors = _reserved_for(consumers, rules)
+    errors += _device_statuses(status.devices or [], status.allocation, rules)
+    if consumers and status.allocation is None:
+        path = "status.reservedFor"
+        errors.append(forbidden(path, "may not be specified when `allocated` is not set"))
     allocation = status.allocation
     if allocation is None:
         return errors
     names = _request_names(claim)
     base = "status.allocation.devices"
     devices = allocation.devices
-    results = (devices.results if devices else None) or []
-    if len(results) > MAX_RESULTS:
-        errors.append(too_many(f"{base}.results", len(results), MAX_RESULTS))
-        results = []
-    for i, result in enumerate(results):
+
+    def result(i: int, result: DeviceRequestAllocationResult) -> list[str]:
         path = f"{base}.results[{i}]"
-        errors += _reference(result.request, f"{path}.request", names)
+        errors = _reference(result.request, f"{path}.request", names)
         errors += _driver_name(result.driver, f"{path}.driver")
         errors += _pool_name(result.pool, f"{path}.pool")
         errors += _dns_label(result.device, f"{path}.device")
-        errors += _binding(result.binding_conditions, result.binding_failure_conditions, path)
-        for j, toleration in enumerate(result.tolerations or []):
-            errors += _toleration(toleration, f"{path}.tolerations[{j}]")
+        errors += _binding(
+            result.binding_conditions, result.binding_failure_conditions, path, rules
+        )
+        if rules.minor >= 37:  # a result's tolerations are checked from 1.37
+            for j, toleration in enumerate(result.tolerations or []):
+                errors += _toleration(toleration, f"{path}.tolerations[{j}]", rules)
         if result.share_id is not None:
             errors += _uid(result.share_id, f"{path}.shareID")
         if rules.minor >= 37:
             errors += _skip_node_operations(
                 result.skip_node_operations, f"{path}.skipNodeOperations"
             )
-    configs = (devices.config if devices else None) or []
-    if len(configs) > 2 * MAX_CONFIGS:
-        errors.append(too_many(f"{base}.config", len(configs), 2 * MAX_CONFIGS))
-        configs = []
-    for i, config in enumerate(configs):
+        return errors
+
+    results = (devices.results if devices else None) or []
+    errors += _items(results, MAX_RESULTS, f"{base}.results", rules, result)[0]
+
+    def config(i: int, config: DeviceAllocationConfiguration) -> list[str]:
         path = f"{base}.config[{i}]"
-        errors += _references(config.requests, f"{path}.requests", names)
-        errors += _opaque(config.opaque, path)
+        return _references(config.requests, f"{path}.requests", names, rules) + _opaque(
+            config.opaque, path
+        )
+
+    configs = (devices.config if devices else None) or []
+    errors += _items(configs, 2 * MAX_CONFIGS, f"{base}.config", rules, config)[0]
     if allocation.node_selector is not None:
         errors += _node_selector(allocation.node_selector, "status.allocation.nodeSelector")
     return errors
@@ -734,26 +866,33 @@ MAX_RESERVED_FOR = 256
 MAX_DEVICE_CONDITIONS = 8
 
 
-def _reserved_for(consumers: list[Any], allocated: bool) -> list[str]:
-    """status.reservedFor: at most 256, resource, name and uid given, uids unique, and
-    only on an allocated claim."""
+def _reserved_for(consumers: list[Any], rules: Rules = _RULES) -> list[str]:
+    """status.reservedFor: at most 256, resource, name and uid given, uids unique (only
+    on an allocated claim: validate_claim_status says so after status.devices)."""
     path = "status.reservedFor"
-    errors: list[str] = []
-    if len(consumers) > MAX_RESERVED_FOR:
-        errors.append(too_many(path, len(consumers), MAX_RESERVED_FOR))
-    else:
-        for i, consumer in enumerate(consumers):
-            for field in ("resource", "name", "uid"):
-                if not getattr(consumer, field):
-                    errors.append(required(f"{path}[{i}].{field}"))
-        errors += _duplicates((c.uid for c in consumers), path)
-    if consumers and not allocated:
-        errors.append(forbidden(path, "may not be specified when `allocated` is not set"))
-    return errors
+
+    def check(i: int, consumer: Any) -> list[str]:
+        fields = ("resource", "name", "uid")
+        return [required(f"{path}[{i}].{f}") for f in fields if not getattr(consumer, f)]
+
+    uid: Callable[[Any], Any] = lambda consumer: consumer.uid  # noqa: E731
+    return _set(consumers, MAX_RESERVED_FOR, path, rules, check, uid, "uid")
 
 
-def _device_statuses(devices: list[dict[str, Any]], allocation: Any) -> list[str]:
-    """status.devices (validateDeviceStatus): names, an allocated device, conditions."""
+def _shared_device_id(key: tuple[str, str, str, Any], rules: Rules) -> dict[str, Any]:
+    """A SharedDeviceID as field.Error prints it: 1.34 holds its names as unique.Handle
+    values, which JSON shows as ``{}``."""
+    if rules.minor < 35:
+        return {"Driver": {}, "Pool": {}, "Device": {}, "ShareID": {}}
+    driver, pool, name, share = key
+    return {"Driver": driver, "Pool": pool, "Device": name, "ShareID": share or ""}
+
+
+def _device_statuses(
+    devices: list[dict[str, Any]], allocation: Any, rules: Rules = _RULES
+) -> list[str]:
+    """status.devices (validateDeviceStatus): names, an allocated device, conditions;
+    each device once (1.34 names the key's field, ``deviceID``)."""
     allocated = set()
     results = allocation.devices.results if allocation and allocation.devices else None
     for result in results or []:
@@ -769,15 +908,19 @@ def _device_statuses(devices: list[dict[str, Any]], allocation: Any) -> list[str
         errors += _dns_label(name, f"{path}.device")
         if share is not None:
             errors += _uid(str(share), f"{path}.shareID")
-        key = f"{driver}/{pool}/{name}" + (f"/{share}" if share else "")
+        key = (driver, pool, name, share or None)
         if (driver, pool, name, share) not in allocated:
-            shown = {"Driver": driver, "Pool": pool, "Device": name, "ShareID": share or ""}
-            errors.append(invalid(path, shown, "must be an allocated device in the claim"))
+            detail = "must be an allocated device in the claim"
+            errors.append(invalid(path, _shared_device_id(key, rules), detail))
         conditions = device.get("conditions") or []
         if len(conditions) > MAX_DEVICE_CONDITIONS:
             errors.append(too_many(f"{path}.conditions", len(conditions), MAX_DEVICE_CONDITIONS))
         keys.append(key)
-    return errors + _duplicates(keys, "status.devices")
+
+    def shown(key: tuple[str, str, str, Any]) -> dict[str, Any]:
+        return _shared_device_id(key, rules)
+
+    return errors + _duplicates(keys, "status.devices", rules, "deviceID", shown)
 
 
 # ------------------------------------------------------------------ node selectors
@@ -896,15 +1039,16 @@ def authorized_for_admin(
     ]
 
 
-def validate_class(device_class: DeviceClass, env: CelEnvironment) -> list[str]:
+def validate_class(
+    device_class: DeviceClass, env: CelEnvironment, rules: Rules = _RULES
+) -> list[str]:
     """ValidateDeviceClass's spec rules (selectors, configs, extendedResourceName)."""
-    errors = _selectors(device_class.spec.selectors, "spec.selectors", env)
-    configs = device_class.spec.config or []
-    if len(configs) > MAX_CONFIGS:
-        errors.append(too_many("spec.config", len(configs), MAX_CONFIGS))
-    else:
-        for i, config in enumerate(configs):
-            errors += _opaque(config.opaque, f"spec.config[{i}]")
+    errors = _selectors(device_class.spec.selectors, "spec.selectors", env, rules)
+
+    def config(i: int, config: DeviceClassConfiguration) -> list[str]:
+        return _opaque(config.opaque, f"spec.config[{i}]")
+
+    errors += _items(device_class.spec.config or [], MAX_CONFIGS, "spec.config", rules, config)[0]
     name = device_class.spec.extended_resource_name
     if name is not None and not _extended_resource_name(name):
         errors.append(
@@ -947,16 +1091,19 @@ def validate_slice(slice_: ResourceSlice, rules: Rules | None = None) -> list[st
             )
         )
     errors += _node_selection(slice_)
-    devices = spec.devices or []
     if rules.minor >= 35 and spec.shared_counters is not None and spec.devices is not None:
         errors.append(invalid("spec", "", "only one of `sharedCounters` or `devices` is allowed"))
+    shared = {c.name: set(c.counters) for c in spec.shared_counters or []}
+
+    def device(i: int, device: Device) -> list[str]:
+        where = f"spec.devices[{i}]"
+        return _device(device, where, spec.per_device_node_selection, rules, shared)
+
+    devices = spec.devices or []
     limit = _max_devices(spec, rules)
-    if len(devices) > limit:
-        errors.append(too_many("spec.devices", len(devices), limit))
-    else:
-        for i, device in enumerate(devices):
-            errors += _device(device, f"spec.devices[{i}]", spec.per_device_node_selection, rules)
-        errors += _duplicates((d.name for d in devices), "spec.devices")
+    errors += _set(devices, limit, "spec.devices", rules, device, _name, "name")
+    if rules.minor < 35:
+        errors += _slice_counter_totals(spec)
     errors += _counter_sets(spec.shared_counters or [], rules)
     if rules.minor >= 37 and spec.partition_type_attribute is not None:
         errors += _partition_type(spec)
@@ -971,9 +1118,13 @@ MAX_ENTRIES = 32  # attributes and capacities per device
 MAX_ATTRIBUTE_VALUES = 48  # from 1.36, list items counted one by one
 MAX_STRING = 64
 MAX_TAINTS = 16
+MAX_TAINTS_1_34 = 4
 MAX_COUNTER_SETS = 8
 MAX_COUNTERS = 32
 MAX_CONSUMPTIONS = 2
+MAX_SHARED_COUNTERS_1_34 = 32  # in all counter sets of a slice
+MAX_DEVICE_COUNTERS_1_34 = 1024  # consumed by all devices of a slice
+MAX_KEY = 63 + 1 + 32  # attribute and capacity names (domain/ID): cut longer ones when shown
 
 
 def _has_lists(device: Device) -> bool:
@@ -1043,32 +1194,59 @@ def _node_selection(slice_: ResourceSlice) -> list[str]:
     return errors
 
 
+def _slice_counter_totals(spec: ResourceSliceSpec) -> list[str]:
+    """1.34's limits on a slice's counters (1.35 limits each set and consumption
+    instead): at most 1024 consumed by its devices, at most 32 in its counter sets."""
+    consumed = sum(len(c.counters) for d in spec.devices or [] for c in d.consumes_counters or [])
+    errors = []
+    if consumed > MAX_DEVICE_COUNTERS_1_34:
+        detail = "the total number of counters in devices must not exceed"
+        errors.append(invalid("spec.devices", consumed, f"{detail} {MAX_DEVICE_COUNTERS_1_34}"))
+    shared = sum(len(c.counters) for c in spec.shared_counters or [])
+    if shared > MAX_SHARED_COUNTERS_1_34:
+        detail = "the total number of shared counters must not exceed"
+        errors.append(
+            invalid("spec.sharedCounters", shared, f"{detail} {MAX_SHARED_COUNTERS_1_34}")
+        )
+    return errors
+
+
 def _counter_sets(sets: list[CounterSet], rules: Rules) -> list[str]:
-    if len(sets) > MAX_COUNTER_SETS:
-        return [too_many("spec.sharedCounters", len(sets), MAX_COUNTER_SETS)]
-    errors: list[str] = []
-    for i, counter_set in enumerate(sets):
+    """validateCounterSet over the slice's sets: at most 8 of them (1.35+; 1.34 bounds
+    the counters of all sets together, _slice_counter_totals), names unique."""
+
+    def check(i: int, counter_set: CounterSet) -> list[str]:
         path = f"spec.sharedCounters[{i}]"
-        errors += _counter_name(counter_set.name, f"{path}.name")
-        errors += _counters(counter_set.counters, f"{path}.counters")
-    return errors + _duplicates((c.name for c in sets), "spec.sharedCounters")
+        errors = _counter_name(counter_set.name, f"{path}.name")
+        return errors + _counters(counter_set.counters, f"{path}.counters", rules)
+
+    limit = MAX_COUNTER_SETS if rules.minor >= 35 else -1
+    return _set(sets, limit, "spec.sharedCounters", rules, check, _name, "name")
 
 
 def _counter_name(name: str, path: str) -> list[str]:
     return [required(path)] if not name else _dns_label(name, path)
 
 
-def _counters(counters: dict[str, Any], path: str) -> list[str]:
+def _counters(counters: dict[str, Any], path: str, rules: Rules = _RULES) -> list[str]:
+    """A counter map: not empty, DNS-label names, at most 32 entries (1.35+; 1.34 bounds
+    totals instead)."""
     if not counters:
         return [required(path)]
-    if len(counters) > MAX_COUNTERS:
+    if rules.minor >= 35 and len(counters) > MAX_COUNTERS:
         return [too_many(path, len(counters), MAX_COUNTERS)]
-    return [e for name in counters for e in _dns_label(name, path)]
+    return [e for n in counters for e in _dns_label(n, _key_path(path, n, 63, rules))]
 
 
 def _device(
-    device: Device, path: str, per_device: bool | None = None, rules: Rules | None = None
+    device: Device,
+    path: str,
+    per_device: bool | None = None,
+    rules: Rules | None = None,
+    shared: dict[str, set[str]] | None = None,
 ) -> list[str]:
+    """validateDevice. ``shared``: the slice's counter sets and their counters, which
+    1.34 checks each consumption against."""
     rules = rules or Rules()
     errors = _dns_label(device.name, f"{path}.name")
     attributes = device.attributes or {}
@@ -1093,12 +1271,14 @@ def _device(
             )
     for name, attribute in attributes.items():
         where = f"{path}.attributes[{name}]"
-        errors += _qualified_name(name, f"{path}.attributes")
-        errors += _attribute(attribute, where)
+        errors += _qualified_name(
+            name, _key_path(f"{path}.attributes", name, MAX_KEY, rules), rules
+        )
+        errors += _attribute(attribute, where, rules)
     multi = bool(device.allow_multiple_allocations)
     for name, capacity in (device.capacity or {}).items():
         where = f"{path}.capacity[{name}]"
-        errors += _qualified_name(name, f"{path}.capacity")
+        errors += _qualified_name(name, _key_path(f"{path}.capacity", name, MAX_KEY, rules), rules)
         policy = capacity.request_policy
         if policy is None:
             continue
@@ -1108,42 +1288,75 @@ def _device(
             )
         else:
             errors += _policy(capacity.value, policy, f"{where}.requestPolicy", rules)
-    taints = device.taints or []
-    if len(taints) > MAX_TAINTS:
-        errors.append(too_many(f"{path}.taints", len(taints), MAX_TAINTS))
-    else:
-        for i, taint in enumerate(taints):
-            errors += _taint(taint, f"{path}.taints[{i}]")
+
+    def taint(i: int, taint: DeviceTaint) -> list[str]:
+        return _taint(taint, f"{path}.taints[{i}]", rules)
+
+    taint_limit = MAX_TAINTS if rules.minor >= 35 else MAX_TAINTS_1_34
+    errors += _items(device.taints or [], taint_limit, f"{path}.taints", rules, taint)[0]
     errors += _consumptions(device.consumes_counters or [], f"{path}.consumesCounters", rules)
+    if rules.minor < 35:
+        errors += _consumed_counters_1_34(device, path, shared or {})
     errors += _device_node(device, path, per_device)
-    errors += _binding(device.binding_conditions, device.binding_failure_conditions, path)
+    errors += _binding(device.binding_conditions, device.binding_failure_conditions, path, rules)
     if rules.minor >= 37:
         errors += _node_allocatable(device, f"{path}.nodeAllocatableResources")
     return errors
 
 
-def _taint(taint: DeviceTaint, path: str) -> list[str]:
+def _taint(taint: DeviceTaint, path: str, rules: Rules = _RULES) -> list[str]:
+    """validateDeviceTaint (the effects by release: taint_effects)."""
     errors = _label_key(taint.key, f"{path}.key")
     if taint.value:
         errors += _label_value(taint.value, f"{path}.value")
+    effects = taint_effects(rules.minor)
     if not taint.effect:
         errors.append(required(f"{path}.effect"))
-    elif taint.effect not in _TAINT_EFFECTS:
-        errors.append(not_supported(f"{path}.effect", taint.effect, _TAINT_EFFECTS))
+    elif taint.effect not in effects:
+        errors.append(not_supported(f"{path}.effect", taint.effect, effects))
     return errors
 
 
 def _consumptions(items: list[DeviceCounterConsumption], path: str, rules: Rules) -> list[str]:
-    if len(items) > MAX_CONSUMPTIONS:
-        return [too_many(path, len(items), MAX_CONSUMPTIONS)]
-    errors: list[str] = []
-    for i, item in enumerate(items):
+    """validateDeviceCounterConsumption over a device's entries: at most 2 (1.35+),
+    counter sets unique. 1.34 checks only that a counter set is named (its name is
+    checked where the set is defined)."""
+
+    def check(i: int, item: DeviceCounterConsumption) -> list[str]:
         where = f"{path}[{i}]"
-        errors += _counter_name(item.counter_set, f"{where}.counterSet")
-        errors += _counters(item.counters, f"{where}.counters")
-    errors += _duplicates((c.counter_set for c in items), path)
+        if rules.minor >= 35:
+            errors = _counter_name(item.counter_set, f"{where}.counterSet")
+        else:
+            errors = [] if item.counter_set else [required(f"{where}.counterSet")]
+        return errors + _counters(item.counters, f"{where}.counters", rules)
+
+    limit = MAX_CONSUMPTIONS if rules.minor >= 35 else -1
+    set_name: Callable[[DeviceCounterConsumption], str] = lambda c: c.counter_set  # noqa: E731
     # compatibilityGroups (1.37): at most 2, short names, unique, but only in declarative
     # validation, which 1.37 does not enforce for it (reference-allocator accepts 3).
+    return _set(items, limit, path, rules, check, set_name, "counterSet")
+
+
+def _consumed_counters_1_34(device: Device, path: str, shared: dict[str, set[str]]) -> list[str]:
+    """1.34's validateDevice on consumed counters: at most 32 in all of a device's
+    entries, each counter set and counter one of the slice's own sharedCounters (from
+    1.35 counter sets may live in other slices of the pool)."""
+    consumptions = device.consumes_counters or []
+    errors = []
+    total = sum(len(c.counters) for c in consumptions)
+    if total > MAX_COUNTERS:
+        detail = f"the total number of counters must not exceed {MAX_COUNTERS}"
+        errors.append(invalid(path, total, detail))
+    for i, consumption in enumerate(consumptions):
+        where = f"{path}.consumesCounters[{i}]"
+        names = shared.get(consumption.counter_set)
+        if names is None:
+            detail = "must reference a counterSet defined in the ResourceSlice sharedCounters"
+            errors.append(invalid(f"{where}.counterSet", consumption.counter_set, detail))
+            continue
+        detail = "must reference a counter defined in the ResourceSlice sharedCounters"
+        errors += [invalid(f"{where}.counters", n, detail) for n in consumption.counters
+                   if n not in names]  # fmt: skip
     return errors
 
 
@@ -1193,7 +1406,7 @@ def _device_node(device: Device, path: str, per_device: bool | None) -> list[str
     return errors
 
 
-def _attribute(attribute: DeviceAttribute, where: str) -> list[str]:
+def _attribute(attribute: DeviceAttribute, where: str, rules: Rules = _RULES) -> list[str]:
     """validateDeviceAttribute."""
     errors: list[str] = []
     count = 0
@@ -1221,7 +1434,8 @@ def _attribute(attribute: DeviceAttribute, where: str) -> list[str]:
             for i, item in enumerate(items):
                 errors += _version(str(item), f"{where}.versions[{i}]")
     if count == 0:
-        errors.append(invalid(where, "", "exactly one value must be specified"))
+        detail = "exactly one value must be specified"
+        errors.append(required(where, detail) if rules.minor < 35 else invalid(where, "", detail))
     elif count > 1:
         errors.append(
             f"{where}: Invalid value: {_attribute_json(attribute)}: exactly one value must be "
@@ -1432,7 +1646,8 @@ def _valid_values(
                 )
             )
     found = False
-    if len(parsed) > MAX_VALID_VALUES:
+    over = len(parsed) > MAX_VALID_VALUES
+    if over and rules.minor >= 35:  # validateSet stops there from 1.35
         errors.append(too_many(path, len(parsed), MAX_VALID_VALUES))
     else:
         for i, option in enumerate(parsed):
@@ -1445,6 +1660,8 @@ def _valid_values(
                     )
                 )
             found = found or option.cmp(default) == 0
+        if over:
+            errors.append(too_many(path, len(parsed), MAX_VALID_VALUES))
         exact = rules.minor >= 37 and rules.fractional_range
         keys = [option.nanos() if exact else option.value_ceil() for option in parsed]
         for i, key in enumerate(keys):

@@ -191,7 +191,10 @@ class _Reader:
         self.minor = features.minor if features else DEFAULT_MINOR
         consumable = features.consumable_capacity if features else True
         lists = bool(features and features.list_type_attributes)
-        self.env = CelEnvironment(consumable_capacity=consumable, list_attributes=lists)
+        # Selectors of objects created now: kube-apiserver's NewExpressions environment.
+        self.env = CelEnvironment(
+            consumable_capacity=consumable, list_attributes=lists, new_expressions=self.minor
+        )
 
     def namespace(self, where: str, doc: dict[str, Any]) -> None:
         meta = doc.get("metadata") or {}
@@ -254,7 +257,7 @@ class _Reader:
             rule = msgspec.convert(doc, DeviceTaintRule)
         except (msgspec.ValidationError, StrictError) as exc:
             raise InputError(f"{where}: invalid DeviceTaintRule: {exc}") from exc
-        errors = _taint_rule_errors(rule)
+        errors = _taint_rule_errors(rule, self.minor)
         if errors:
             name = rule.metadata.name
             raise InputError(f"{where}: DeviceTaintRule {name}: {'; '.join(errors)}")
@@ -283,7 +286,7 @@ class _Reader:
             if errors:
                 return errors
         if isinstance(obj, DeviceClass):
-            return apivalidate.validate_class(obj, self.env)
+            return apivalidate.validate_class(obj, self.env, self.rules)
         if isinstance(obj, ResourceSlice):
             return apivalidate.validate_slice(obj, self.rules)
         if isinstance(obj, ResourceClaim):
@@ -315,12 +318,17 @@ def _label(obj: msgspec.Struct) -> str:
     return name
 
 
-def _taint_rule_errors(rule: DeviceTaintRule) -> list[str]:
-    """The checks of validateDeviceTaintRule that matter offline (the effect is checked
-    when decoding)."""
+def _taint_rule_errors(rule: DeviceTaintRule, minor: int) -> list[str]:
+    """The checks of validateDeviceTaintRule that matter offline (an effect no release
+    knows is refused when decoding; ``None`` only from 1.35: apivalidate.taint_effects)."""
     errors = []
     if not rule.metadata.name:
         errors.append("metadata.name: Required value: name or generateName is required")
     if not rule.spec.taint.key:
         errors.append("spec.taint.key: Required value")
+    effects = apivalidate.taint_effects(minor)
+    if rule.spec.taint.effect not in effects:
+        errors.append(
+            apivalidate.not_supported("spec.taint.effect", rule.spec.taint.effect, effects)
+        )
     return errors

@@ -11,14 +11,16 @@ before allocating; objects read back from a cluster are unchanged by this.
   ``perDeviceNodeSelection``, its devices ``consumesCounters`` and per-device
   node fields (so partitions become plain devices: exactly what a cluster with
   the gate off would schedule);
-* DRADeviceTaints off: device ``taints`` and request ``tolerations``;
+* DRADeviceTaints off: device ``taints`` and (1.35+) request ``tolerations``;
 * DRAAdminAccess off: ``adminAccess`` in requests and allocation results;
+* DRAResourceClaimDeviceStatus off: the claim's ``status.devices``;
 * DRAPrioritizedList off: ``firstAvailable``;
 * DRAConsumableCapacity off: ``allowMultipleAllocations``, capacity
-  ``requestPolicy``, request ``capacity``, ``distinctAttribute``, and
+  ``requestPolicy``, request ``capacity``, ``distinctAttribute`` (1.35+: 1.34's
+  strategy clears a copy of each constraint and keeps the field), and
   ``shareID`` / ``consumedCapacity`` in results;
-* DRADeviceBindingConditions (with DRAResourceClaimDeviceStatus, for slices) off:
-  binding conditions of devices and results;
+* DRADeviceBindingConditions or DRAResourceClaimDeviceStatus off: binding
+  conditions of devices and results (from 1.35 the first needs the second);
 * 1.36+: DRAListTypeAttributes off: list attribute values (``ints``, ``bools``,
   ``strings``, ``versions``; the attribute is then left without a value, which
   validation refuses); DRANodeAllocatableResources off:
@@ -91,7 +93,8 @@ def admit_claim(claim: ResourceClaim, features: Features) -> None:
         if request.exactly is not None:
             bodies.append(request.exactly)
         for body in bodies:
-            if not features.device_taints:
+            if not features.device_taints and features.minor >= 35:
+                # 1.34's claim strategy has no dropDisabledDRADeviceTaintsFields.
                 body.tolerations = None
             if not features.consumable_capacity:
                 body.capacity = None
@@ -100,8 +103,10 @@ def admit_claim(claim: ResourceClaim, features: Features) -> None:
         if request.exactly is not None and not features.admin_access:
             request.exactly.admin_access = None
     for constraint in (devices.constraints if devices else None) or []:
-        if not features.consumable_capacity:
+        if not features.consumable_capacity and features.minor >= 35:
             constraint.distinct_attribute = None
+    if claim.status is not None and not features.device_status:
+        claim.status.devices = None  # dropDisabledDRAResourceClaimDeviceStatusFields
     allocation = claim.status.allocation if claim.status else None
     results = allocation.devices.results if allocation and allocation.devices else None
     for result in results or []:
@@ -109,7 +114,7 @@ def admit_claim(claim: ResourceClaim, features: Features) -> None:
             result.admin_access = None
         if not features.consumable_capacity:
             result.share_id = result.consumed_capacity = None
-        if not features.binding_conditions:
+        if not features.binding_and_status:  # 1.34: either gate off drops them
             result.binding_conditions = result.binding_failure_conditions = None
         if not features.optional_node_operations:
             result.skip_node_operations = None

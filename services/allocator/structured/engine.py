@@ -529,7 +529,7 @@ class _Search:
                 self.constraints.append(
                     MatchAttribute(constraint.match_attribute, constraint.requests, sets)
                 )
-            elif constraint.distinct_attribute is not None and self.features.consumable_capacity:
+            elif constraint.distinct_attribute is not None and self.variant.distinct_constraints:
                 self.constraints.append(
                     DistinctAttribute(
                         constraint.distinct_attribute,

@@ -206,7 +206,9 @@ def gather_pools(
             continue
         if (
             variant.binding_slices_last
-            and not slice_.spec.shared_counters
+            # 1.35 adds a slice with sharedCounters at once; 1.34 defers it like any
+            # other (there devices and their counter sets share a slice).
+            and (variant.minor < 35 or not slice_.spec.shared_counters)
             and _has_binding_conditions(slice_)
         ):
             deferred.append(slice_)

@@ -184,6 +184,15 @@ class Variant:
     # ---------------------------------------------------------------- constraints
 
     @property
+    def distinct_constraints(self) -> bool:
+        """Whether this allocator knows ``distinctAttribute`` (those that support
+        ConsumableCapacity); the others fail a claim with one ("empty constraint").
+        Offline that shows only on 1.34, whose API server keeps the field with
+        DRAConsumableCapacity off (admission.py): experimental (DRAResourceClaimDeviceStatus
+        on, the default) applies it, incubating and stable fail the claim."""
+        return "consumable" in dict(_SUPPORTED[self.minor])[self.channel]
+
+    @property
     def distinct_per_request(self) -> bool:
         """distinctAttribute remembers one value per request name (up to 1.36); 1.37
         keeps every device's value."""
