@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from services.cli import main as gpudra
+from tests.helpers.diffminors import minors
 from tests.helpers.scenarios import Scenario, check, gate_sets, generate
 
 pytestmark = pytest.mark.e2e
@@ -43,8 +44,8 @@ pytestmark = pytest.mark.e2e
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
 # minor -> scenarios per gate set: every accepted gate set gets its own batch. 1.36 and
 # 1.34 run on request (GPUDRA_DIFF_MINORS=37,35,36,34), one scenario per gate set.
-PER_BATCH = {37: 2, 35: 4, 36: 1, 34: 1}
-MINORS = tuple(int(m) for m in os.environ.get("GPUDRA_DIFF_MINORS", "37,35").split(","))
+PER_BATCH = {37: 2, 35: 4, 36: 1, 34: 2}
+MINORS = minors()
 
 
 def _count(minor: int) -> int:

@@ -1,8 +1,8 @@
 """Differential test on hand-written cases: ``gpudra allocate --kube-version 1.N``
 against that release's ``reference-allocator`` (kube-apiserver's validation, then
-kube-scheduler's allocator), for 1.37 and 1.35, on every class of input where they
-once disagreed and every allocation feature 1.36/1.37 added
-(tests/helpers/diffcases.py).
+kube-scheduler's allocator), for 1.37 and 1.35 (and 1.34 for the cases and
+deviations that name it), on every class of input where they once disagreed and
+every allocation feature 1.36/1.37 added (tests/helpers/diffcases.py).
 
 For each case and release both tools must exit alike; on exit 2 both must name
 the same field error (the fragment the case is about), on exit 0 give each claim
@@ -40,8 +40,11 @@ from tests.helpers.diffcases import (
 
 pytestmark = pytest.mark.e2e
 
-CASE_PARAMS = [(minor, case) for minor in MINORS for case in CASES if minor in case.minors]
-DEVIATION_PARAMS = [(minor, d) for minor in MINORS for d in DEVIATIONS]
+# MINORS, then the releases only some cases and deviations name (1.34).
+_NAMED = [m for c in CASES for m in c.minors] + [m for d in DEVIATIONS for m in d.minors]
+RUN_MINORS = sorted({*MINORS, *_NAMED}, reverse=True)
+CASE_PARAMS = [(minor, case) for minor in RUN_MINORS for case in CASES if minor in case.minors]
+DEVIATION_PARAMS = [(minor, d) for minor in RUN_MINORS for d in DEVIATIONS if minor in d.minors]
 
 
 @pytest.fixture(scope="module")

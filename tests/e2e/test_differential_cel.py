@@ -25,6 +25,7 @@ from services.allocator.structured.features import DEFAULT_MINOR
 from services.cli import main as gpudra
 from tests.helpers.celfuzz import expression
 from tests.helpers.diffcases import base, claim, exactly
+from tests.helpers.diffminors import minors
 
 pytestmark = pytest.mark.e2e
 
@@ -33,7 +34,7 @@ EXPRESSIONS = int(os.environ.get("GPUDRA_DIFF_CEL", "300"))
 PER_TEST = 25
 
 
-MINORS = (37, 35)
+MINORS = minors()
 
 
 @pytest.fixture(scope="module")

@@ -33,14 +33,21 @@ import pytest
 
 from services.allocator.structured import features as kube
 from services.cli import main as gpudra
-from tests.helpers.mutations import MUTATIONS, NEEDS
+from tests.helpers.diffminors import minors
+from tests.helpers.mutations import NEEDS, for_release
 from tests.helpers.scenarios import generate
 
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
-CASES = int(os.environ.get("GPUDRA_DIFF_REFUSALS", str(4 * len(MUTATIONS))))
-MINORS = (37, 35)
+MINORS = minors()
+
+
+def _cases(minor: int) -> int:
+    return int(os.environ.get("GPUDRA_DIFF_REFUSALS", str(4 * len(for_release(minor)))))
+
+
+PARAMS = [(minor, index) for minor in MINORS for index in range(_cases(minor))]
 _WHERE = re.compile(r"document \d+(, item \d+)?: ")
 _OBJECT = re.compile(r"^(invalid )?(DeviceClass|ResourceSlice|ResourceClaim)( [^ :]+)?: ")
 _TYPE = re.compile(
@@ -97,8 +104,9 @@ def _scenario(index: int, gates: str, minor: int) -> list[dict[str, Any]]:
 
 def _case(minor: int, index: int) -> tuple[str, list[dict[str, Any]], str]:
     rng = random.Random(SEED * 7919 + index)
-    for step in range(len(MUTATIONS)):
-        mutation = MUTATIONS[(index + step) % len(MUTATIONS)]
+    mutations = for_release(minor)
+    for step in range(len(mutations)):
+        mutation = mutations[(index + step) % len(mutations)]
         gates = _gates(minor, index, mutation.__name__)
         objects = _scenario(index, gates, minor)
         if mutation(rng, objects):
@@ -106,8 +114,7 @@ def _case(minor: int, index: int) -> tuple[str, list[dict[str, Any]], str]:
     raise AssertionError(f"no mutation applies to scenario {index}")
 
 
-@pytest.mark.parametrize("minor", MINORS)
-@pytest.mark.parametrize("index", range(CASES))
+@pytest.mark.parametrize(("minor", "index"), PARAMS, ids=[f"{i}-{m}" for m, i in PARAMS])
 def test_both_refuse_alike(
     minor: int, index: int, references: Callable[[int], Path], tmp_path: Path
 ) -> None:

@@ -1100,7 +1100,65 @@ def _releases() -> list[Case]:
     ]
 
 
-RELEASES = _releases()
+def _releases_1_34() -> list[Case]:
+    """What only Kubernetes 1.34 does with a claim or slice it accepts."""
+    kept = claim(exactly(), {"constraints": [{"distinctAttribute": "gpu.example.com/nothere"}]})
+    counters = [{"counterSet": "set", "counters": {"c": {"value": "1"}}}]
+    pool = {"name": "p", "generation": 1, "resourceSliceCount": 2}
+    bound = {
+        "name": "a",
+        "consumesCounters": counters,
+        "bindingConditions": ["example.com/ready"],
+        "bindingFailureConditions": ["example.com/failed"],
+    }
+    binding = {
+        "driver": "x.example.com",
+        "pool": pool,
+        "nodeName": "n1",
+        "devices": [bound],
+        "sharedCounters": [{"name": "set", "counters": {"c": {"value": "1"}}}],
+    }
+    plain = {"driver": "x.example.com", "pool": pool, "nodeName": "n1", "devices": [_x("b")]}
+    return [
+        # 1.34's claim strategy drops distinctAttribute from a copy of each constraint, so
+        # the field stays: the experimental allocator (DRAResourceClaimDeviceStatus on)
+        # applies it, incubating fails the claim ("empty constraint"). (1.35 drops it and
+        # refuses the empty constraint: test_allocator_api_rules.RULES_1_34.)
+        Case(
+            "distinct-attribute-kept-with-consumable-capacity-off",
+            [kept],
+            statuses={"c": "unschedulable"},
+            minors=(34,),
+        ),
+        Case(
+            "distinct-attribute-unknown-to-the-incubating-allocator",
+            [kept],
+            gates="DRAResourceClaimDeviceStatus=false",
+            statuses={"c": "error"},
+            minors=(34,),
+        ),
+        # GatherPools 1.34 puts every slice with binding conditions after the others of
+        # its pool, one that also holds counter sets included (1.35 adds those at once).
+        Case(
+            "binding-slice-with-counter-sets-last",
+            [
+                X_CLASS,
+                {"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": "a"},
+                 "spec": binding},
+                {"apiVersion": V1, "kind": "ResourceSlice", "metadata": {"name": "b"},
+                 "spec": plain},
+                _x_claim("c", _x_request()),
+            ],
+            gates="DRAPartitionableDevices=true,DRADeviceBindingConditions=true",
+            statuses={"c": "allocated"},
+            minors=(34,),
+            base=False,
+            devices={"c": ["x.example.com/p/b"]},
+        ),
+    ]  # fmt: skip
+
+
+RELEASES = _releases() + _releases_1_34()
 CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case(), *RELEASES]
 
 
@@ -1109,15 +1167,20 @@ CASES = [*VALIDATION, *OUTCOMES, *LIBRARIES, _binding_case(), *RELEASES]
 
 @dataclass(frozen=True)
 class Deviation:
-    """Where upstream 1.35 has a bug and gpudra keeps the correct outcome
-    (docs/differences.md, "The allocator against kube-scheduler 1.35")."""
+    """Where upstream has a bug and gpudra keeps the correct outcome
+    (docs/differences.md, "The allocator against kube-scheduler")."""
 
     name: str
     objects: list[dict[str, Any]]
     ours: dict[str, str]  # claim -> status
-    reference: dict[str, str]  # what upstream 1.35 gives
+    reference: dict[str, str]  # what upstream gives before ``fixed_in``
     gates: str = ""
     fixed_in: int = 37  # the first release whose upstream gives our outcome
+    also: tuple[int, ...] = ()  # releases beyond MINORS that show it (it is fixed in those)
+
+    @property
+    def minors(self) -> tuple[int, ...]:
+        return (*MINORS, *self.also)
 
     def reference_for(self, minor: int) -> dict[str, str]:
         return self.ours if minor >= self.fixed_in else self.reference
@@ -1188,6 +1251,15 @@ def _deviations() -> list[Deviation]:
     ]
     pc = "DRAPartitionableDevices=true"
     shared = {"name": "x", "allowMultipleAllocations": True, "consumesCounters": _CONSUMES}
+    memory = {"memory": {"value": "80Gi"}}
+    capacities = [
+        {"name": "x0", "capacity": memory},
+        {"name": "x1", "capacity": {"other": {"value": "1"}}},
+        {"name": "x2", "capacity": memory},
+    ]
+    alike = [{"name": n, "attributes": {"s": {"string": "same"}}} for n in "xy"]
+    twice = _any("c", count=2)
+    twice["spec"]["devices"]["constraints"] = [{"distinctAttribute": "d.example.com/s"}]
     return [
         # structured/internal/experimental allocator_experimental.go allocateOne: after
         # the first device of an "All" subrequest it recurses with subRequestIndex 0.
@@ -1276,6 +1348,32 @@ def _deviations() -> list[Deviation]:
             reference={"c1": "allocated", "c2": "allocated"},
             gates=f"{pc},DRAConsumableCapacity=true",
             fixed_in=36,  # checkAvailableCounters asks IsDeviceAllocated
+        ),
+        # 1.34 allocator_experimental.go allocateDevice: CmpRequestOverCapacity(...,
+        # r.deviceIndex) takes the device's index within the request for its index in
+        # the slice, so the second device's capacity is x1's (no memory): refused.
+        Deviation(
+            "capacity-checked-on-the-device-itself",
+            [
+                *_slice("s", "d.example.com", capacities),
+                _any("c", f"has({_MEMORY})", count=2, capacity={"requests": {"memory": "4Gi"}}),
+            ],
+            ours={"c": "allocated"},
+            reference={"c": "unschedulable"},
+            gates="DRAConsumableCapacity=true",
+            fixed_in=35,  # passes the device itself
+            also=(34,),
+        ),
+        # 1.34 constraint.go distinctAttributeConstraint.matchesAttribute compares the
+        # values' pointers, so two devices with one value are never duplicates.
+        Deviation(
+            "distinct-attribute-compares-values",
+            [*_slice("s", "d.example.com", alike), twice],
+            ours={"c": "unschedulable"},
+            reference={"c": "allocated"},
+            gates="DRAConsumableCapacity=true",
+            fixed_in=35,  # compares *StringValue and the other values
+            also=(34,),
         ),
     ]
 

@@ -5,7 +5,8 @@ and breaks one of them the way a hand-written manifest can be broken: a field
 rule, a CEL selector, an unknown field, an attribute. Both ``gpudra allocate``
 and ``reference-allocator`` must then refuse the input (exit 2) at the same
 document, naming the same field with the same kind of error
-(tests/e2e/test_differential_refusals.py), for Kubernetes 1.37 and 1.35.
+(tests/e2e/test_differential_refusals.py), for each release the test runs
+(:func:`for_release`: a few rules exist only in some releases).
 
 There is one mutation per rule of pkg/apis/resource/validation that a manifest
 can break (services/offline/apivalidate.py lists them), plus CEL selectors the
@@ -487,7 +488,8 @@ def bad_request_policy(rng: random.Random, objects: Objects) -> bool:
     device["capacity"][name]["requestPolicy"] = rng.choice(
         [
             {"default": "0", "validRange": {"min": "1"}},
-            {"default": "1", "validRange": {"min": "1", "step": "-1"}},
+            # (not -1: every value is a multiple of it, which 1.34-1.36 accept)
+            {"default": "2", "validRange": {"min": "1", "step": "-2"}},
             {"default": "1", "validRange": {"min": "-2", "step": "1"}},
             {"default": "1", "validValues": ["1", "1"]},
             {"default": "1", "validValues": [str(i) for i in range(1, 12)]},
@@ -611,6 +613,68 @@ def bad_node_allocatable(rng: random.Random, objects: Objects) -> bool:
     return True
 
 
+# Rules only Kubernetes 1.34 has (services/offline/apivalidate.py, CelEnvironment).
+
+
+def taint_effect_none(rng: random.Random, objects: Objects) -> bool:
+    """The effect ``None`` came in 1.35 (validDeviceTaintEffects)."""
+    if rng.random() < 0.5:
+        return _toleration(rng, objects, {"key": "k", "operator": "Exists", "effect": "None"})
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device["taints"] = [{"key": "example.com/t", "effect": "None"}]
+    return True
+
+
+def lists_extension_selector(rng: random.Random, objects: Objects) -> bool:
+    """cel-go's lists extension is not in kube-apiserver 1.34's NewExpressions environment."""
+    words = "device.driver.split('.')"
+    return _selector(
+        rng,
+        objects,
+        rng.choice(
+            [
+                f"{words}.sort().size() > 0",
+                f"{words}.distinct().size() > 0",
+                f"{words}.reverse()[0] != ''",
+                f"{words}.slice(0, 1).size() == 1",
+                f"[{words}].flatten().size() > 0",
+                "lists.range(2).size() == 2",
+            ]
+        ),
+    )
+
+
+def too_many_shared_counters(rng: random.Random, objects: Objects) -> bool:
+    """1.34: at most 32 counters in all the counter sets of a slice."""
+    slice_ = _pick(rng, _slices_with_devices(objects))
+    if slice_ is None:
+        return False
+    counters = {f"c{i}": {"value": "1"} for i in range(17)}
+    extra = [{"name": f"extra{i}", "counters": counters} for i in range(2)]
+    slice_["spec"].setdefault("sharedCounters", []).extend(extra)
+    return True
+
+
+def counter_set_elsewhere(rng: random.Random, objects: Objects) -> bool:
+    """1.34: a device consumes counters of its own slice's sets only."""
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device["consumesCounters"] = [{"counterSet": "elsewhere", "counters": {"c": {"value": "1"}}}]
+    return True
+
+
+def five_taints(rng: random.Random, objects: Objects) -> bool:
+    """1.34: at most 4 taints a device."""
+    device = _pick(rng, _devices(objects))
+    if device is None:
+        return False
+    device["taints"] = [{"key": f"example.com/t{i}", "effect": "NoSchedule"} for i in range(5)]
+    return True
+
+
 _TAINTS = "DRADeviceTaints=true"
 _PARTITIONS = "DRAPartitionableDevices=true"
 NEEDS: dict[str, str] = {
@@ -622,8 +686,10 @@ NEEDS: dict[str, str] = {
     "too_many_consumptions": _PARTITIONS,
     "per_device_node_without_flag": _PARTITIONS,
     "too_many_counter_sets": _PARTITIONS,
-    "binding_failure_only": "DRADeviceBindingConditions=true",
+    # (1.34 keeps a device's binding conditions only with both gates on)
+    "binding_failure_only": "DRADeviceBindingConditions=true,DRAResourceClaimDeviceStatus=true",
     "result_bad_share_id": "DRAConsumableCapacity=true",
+    "bad_claim_status": "DRAResourceClaimDeviceStatus=true",  # keeps status.devices
     "bad_extended_resource_name": "DRAExtendedResource=true",
     "bad_request_policy": "DRAConsumableCapacity=true",
     "list_attribute_values": "DRAListTypeAttributes=true",
@@ -635,6 +701,26 @@ NEEDS: dict[str, str] = {
         "DRAPartitionableDevices=true,DRAResourcePoolStatus=true,DRAPartitionableDevicesType=true"
     ),
     "bad_node_allocatable": "DRANodeAllocatableResources=true",
+    "taint_effect_none": _TAINTS,
+    "too_many_shared_counters": _PARTITIONS,
+    "counter_set_elsewhere": _PARTITIONS,
+    "five_taints": _TAINTS,
+}
+
+_FROM_1_35 = (35, 36, 37)
+#: Mutations that break an input only in some releases (every other one: in all of
+#: them). Kubernetes 1.34 lets devices and counter sets share a slice, limits counters
+#: per slice instead of counter sets, allows 128 devices with taints, and lacks what
+#: the 1.34-only mutations break on.
+RELEASES: dict[str, tuple[int, ...]] = {
+    "devices_and_counters": _FROM_1_35,
+    "too_many_counter_sets": _FROM_1_35,
+    "too_many_tainted_devices": _FROM_1_35,
+    "taint_effect_none": (34,),
+    "lists_extension_selector": (34,),
+    "too_many_shared_counters": (34,),
+    "counter_set_elsewhere": (34,),
+    "five_taints": (34,),
 }
 
 
@@ -686,4 +772,14 @@ MUTATIONS: tuple[Mutation, ...] = (
     skip_prepare_only,
     partition_type_without_counters,
     bad_node_allocatable,
+    taint_effect_none,
+    lists_extension_selector,
+    too_many_shared_counters,
+    counter_set_elsewhere,
+    five_taints,
 )
+
+
+def for_release(minor: int) -> tuple[Mutation, ...]:
+    """The mutations that break an input in Kubernetes 1.<minor>, in order."""
+    return tuple(m for m in MUTATIONS if minor in RELEASES.get(m.__name__, (minor,)))

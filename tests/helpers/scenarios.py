@@ -109,7 +109,14 @@ def gate_sets(minor: int) -> tuple[str, ...]:
     DRADeviceTaints is on; a hand-written case turns them off)."""
     if minor >= 37:
         return tuple(accepted_sets(minor))
-    return tuple(accepted_sets(minor, (*ALLOCATION_GATES, DEVICE_TAINT_RULES)))
+    sets = accepted_sets(minor, (*ALLOCATION_GATES, DEVICE_TAINT_RULES))
+    if minor < 35:
+        # 1.34's allocator with DRAConsumableCapacity (alpha there) checks a device's
+        # capacity against another device of its slice, panicking past the slice's end,
+        # and compares distinctAttribute values by pointer (docs/differences.md); gpudra
+        # gives the right outcome, so 1.34's seeded scenarios keep the gate off.
+        sets = [s for s in sets if "DRAConsumableCapacity=true" not in s]
+    return tuple(sets)
 
 
 ERR = object()  # a CEL evaluation error
@@ -247,10 +254,16 @@ def _semver(text: str) -> tuple[int, ...]:
 
 
 def atoms(
-    d: str, rng: random.Random, facts: dict[str, list[str]], lists: bool = False
+    d: str,
+    rng: random.Random,
+    facts: dict[str, list[str]],
+    lists: bool = False,
+    minor: int = 35,
 ) -> list[Callable[[], Sel]]:
     """Selector makers over driver domain ``d``; ``facts`` lists values seen in the slices;
-    ``lists``: list attributes may exist (DRAListTypeAttributes), so selectors test them."""
+    ``lists``: list attributes may exist (DRAListTypeAttributes), so selectors test them;
+    ``minor``: the release, whose API server must accept them (1.34 has no lists
+    extension, so no ``sort()``)."""
     attrs = f'device.attributes["{d}"]'
 
     def product() -> Sel:
@@ -387,8 +400,9 @@ def atoms(
         return Sel(f'device.capacity["{d}"].memory.isInteger()', fn)
 
     def name_words() -> Sel:
+        words = f'{attrs}.productName.split(" ")' + (".sort()" if minor >= 35 else "")
         return Sel(
-            f'{attrs}.productName.split(" ").sort().size() > 2',
+            f"{words}.size() > 2",
             lambda dev: _with(_attr(dev, d, "productName"), lambda v: len(v.split(" ")) > 2),
         )
 
@@ -462,8 +476,10 @@ def atoms(
     return common * 4 + rare
 
 
-def selector(d: str, rng: random.Random, facts: dict[str, list[str]], lists: bool = False) -> Sel:
-    makers = atoms(d, rng, facts, lists)
+def selector(
+    d: str, rng: random.Random, facts: dict[str, list[str]], lists: bool = False, minor: int = 35
+) -> Sel:
+    makers = atoms(d, rng, facts, lists, minor)
     first = rng.choice(makers)()
     roll = rng.random()
     if roll < 0.55:
@@ -477,9 +493,12 @@ def selector(d: str, rng: random.Random, facts: dict[str, list[str]], lists: boo
 
 
 @functools.cache
-def rendered(fleet: str, gates: str) -> str:
-    """Our publisher's slices for a node named TEMPLATE_NODE, as JSON text."""
+def rendered(fleet: str, gates: str, minor: int = 37) -> str:
+    """Our publisher's slices for a node named TEMPLATE_NODE, as JSON text: the 1.37
+    layout, which 1.35 and 1.36 take too, or 1.34's (counters beside their devices)."""
     argv = ["slices", "--fleet", fleet, "--node", TEMPLATE_NODE, "-o", "json"]
+    if minor < 35:
+        argv += ["--kube-version", f"1.{minor}"]
     gates, _, shares = gates.partition(";")
     if gates:
         argv += ["--feature-gates", gates]
@@ -587,11 +606,11 @@ def generate(seed: int, index: int, gates: str, minor: int = 35) -> Scenario:
         node = f"{sc.namespace}-n{n}"
         sc.nodes.append(node)
         fleet, driver_gates = rng.choice(FLEETS), rng.choice(DRIVER_GATES)
-        slices = json.loads(rendered(fleet, driver_gates).replace(TEMPLATE_NODE, node))
+        slices = json.loads(rendered(fleet, driver_gates, minor).replace(TEMPLATE_NODE, node))
         for slice_ in slices:
             slice_["spec"]["driver"] = sc.driver
         if rng.random() < 0.3:
-            _taint(rng, slices)
+            _taint(rng, slices, minor)
         if rng.random() < 0.25:
             _binding_conditions(rng, slices)
         _newer_slices(more, sc, node, slices)
@@ -693,7 +712,10 @@ def _newer_cluster(more: random.Random, sc: Scenario) -> None:
             elif roll < 0.8:
                 selector["pool"] = dev.pool
             key, value = more.choice([("gpu.nvidia.com/xid", "79"), ("example.com/maint", "")])
-            taint: dict[str, Any] = {"key": key, "effect": more.choice(["NoSchedule", "None"])}
+            effect = more.choice(["NoSchedule", "None"])
+            if sc.minor < 35:  # no effect None before 1.35
+                effect = "NoSchedule"
+            taint: dict[str, Any] = {"key": key, "effect": effect}
             if value:
                 taint["value"] = value
             sc.taint_rules.append(
@@ -754,7 +776,7 @@ def _is_type(driver: str, kind: str) -> Callable[[Dev], Tri]:
     return lambda dev: dev.driver == driver and _attr(dev, driver, "type") == kind
 
 
-def _taint(rng: random.Random, slices: list[dict[str, Any]]) -> None:
+def _taint(rng: random.Random, slices: list[dict[str, Any]], minor: int) -> None:
     for slice_ in slices:
         devices = slice_["spec"].get("devices") or []
         if len(devices) > 64:  # 1.35: at most 64 devices in a slice with taints
@@ -762,6 +784,8 @@ def _taint(rng: random.Random, slices: list[dict[str, Any]]) -> None:
         for device in devices:
             if rng.random() < 0.3:
                 effect = rng.choice(["NoSchedule", "NoExecute", "None"])
+                if effect == "None" and minor < 35:  # the effect came in 1.35
+                    effect = "NoSchedule"
                 device["taints"] = [{"key": "gpu.nvidia.com/xid", "value": "79", "effect": effect}]
 
 
@@ -787,7 +811,7 @@ def _request_body(
     lists = sc.minor >= 36 and sc.features.list_type_attributes
     count = rng.choice([0, 0, 1, 1, 2])
     selectors = [selector(sc.driver, more or rng, facts, lists) if lists else
-                 selector(sc.driver, rng, facts) for _ in range(count)]  # fmt: skip
+                 selector(sc.driver, rng, facts, minor=sc.minor) for _ in range(count)]  # fmt: skip
     if selectors:
         body["selectors"] = [{"cel": {"expression": s.cel}} for s in selectors]
         sc.request_selectors[key] = selectors

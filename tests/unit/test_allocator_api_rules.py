@@ -49,7 +49,10 @@ def _statuses(stdout: str) -> dict[str, str]:
     return {c["name"]: c["status"] for c in json.loads(stdout)["claims"]}
 
 
-CASE_PARAMS = [(minor, case) for minor in MINORS for case in CASES if minor in case.minors]
+_NAMED = [m for c in CASES for m in c.minors] + [m for d in DEVIATIONS for m in d.minors]
+RUN_MINORS = sorted({*MINORS, *_NAMED}, reverse=True)
+CASE_PARAMS = [(minor, case) for minor in RUN_MINORS for case in CASES if minor in case.minors]
+DEVIATION_PARAMS = [(minor, d) for minor in RUN_MINORS for d in DEVIATIONS if minor in d.minors]
 
 
 @pytest.mark.parametrize(
@@ -65,8 +68,11 @@ def test_case(minor: int, case: Case, tmp_path: Path) -> None:
         assert _statuses(stdout) == case.statuses_for(minor), stdout
 
 
-@pytest.mark.parametrize("minor", MINORS)
-@pytest.mark.parametrize("deviation", DEVIATIONS, ids=[d.name for d in DEVIATIONS])
+@pytest.mark.parametrize(
+    ("minor", "deviation"),
+    DEVIATION_PARAMS,
+    ids=[f"{d.name}-{m}" for m, d in DEVIATION_PARAMS],
+)
 def test_deviation_keeps_the_right_outcome(
     minor: int, deviation: Deviation, tmp_path: Path
 ) -> None:
@@ -341,3 +347,206 @@ def test_every_unknown_field_sorted(tmp_path: Path) -> None:
         'strict decoding error: unknown field "spec.bogus", unknown field '
         '"spec.devices[0].alpha", unknown field "spec.devices[0].zeta"'
     ) in stderr
+
+
+# ---------------------------------------------------------------- Kubernetes 1.34
+#
+# kube-apiserver 1.34's own rules (services/offline/apivalidate.py and the CEL
+# environment key each on the minor): one input each, with what reference-allocator
+# 1.34.4 says of it, the whole first error (``item: field: ...``) or the claim's
+# status, and what 1.35.8 says ("refused" or the status): each rule shows in both.
+
+_TAINTS, _PARTS = "DRADeviceTaints=true", "DRAPartitionableDevices=true"
+_SET = [{"name": "cs", "counters": {"c": {"value": "1"}}}]
+_NONE = 'Unsupported value: "None": supported values: "NoExecute", "NoSchedule"'
+_UNDECLARED = "compilation failed: ERROR: <input>:1:"
+
+
+def _requests(o: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    requests: list[dict[str, Any]] = o[3]["spec"]["devices"]["requests"]
+    return requests
+
+
+def _both_kinds(o: list[dict[str, Any]]) -> None:
+    _requests(o)[0]["firstAvailable"] = [{"name": "a", "deviceClassName": "gpu", "count": -1}]
+    _body(o)["count"] = -2
+
+
+def _nine_subrequests(o: list[dict[str, Any]]) -> None:
+    request = _requests(o)[0]
+    request.pop("exactly")
+    request["firstAvailable"] = [{"name": f"s{i}", "deviceClassName": "gpu"} for i in range(9)]
+    request["firstAvailable"][3]["count"] = -1
+
+
+def _constraints(*constraints: dict[str, Any]) -> Any:
+    return lambda o: o[3]["spec"]["devices"].update(constraints=list(constraints))
+
+
+def _counters(n: int) -> dict[str, Any]:
+    return {f"c{i}": {"value": "1"} for i in range(n)}
+
+
+def _consumes(shared: list[dict[str, Any]] | None, *consumptions: dict[str, Any]) -> Any:
+    def apply(o: list[dict[str, Any]]) -> None:
+        if shared is not None:
+            _slice(o)["sharedCounters"] = shared
+        _slice(o)["devices"][0]["consumesCounters"] = list(consumptions)
+
+    return apply
+
+
+def _reserved_twice(o: list[dict[str, Any]]) -> None:
+    _status()(o)
+    o[3]["status"]["reservedFor"] = [{"resource": "pods", "name": "p", "uid": "u"}] * 2
+
+
+_TWO_SETS = [{"name": f"cs{j}", "counters": _counters(17)} for j in range(2)]
+
+RULES_1_34: list[tuple[str, Any, str, str, str]] = [
+    # name, breakage, gates, what 1.34 says, what 1.35 says
+    ("taint effect None", lambda o: _slice(o)["devices"][0].update(
+        taints=[{"key": "k", "effect": "None"}]), _TAINTS,
+     f"3: spec.devices[0].taints[0].effect: {_NONE}", "allocated"),
+    ("toleration effect None", lambda o: _body(o).update(
+        tolerations=[{"key": "k", "operator": "Exists", "effect": "None"}]), _TAINTS,
+     f"4: {_REQUEST}.tolerations[0].effect: {_NONE}", "allocated"),
+    ("toleration kept with DRADeviceTaints off", lambda o: _body(o).update(
+        tolerations=[{"key": "k", "operator": "Maybe"}]), "",
+     f'4: {_REQUEST}.tolerations[0].operator: Unsupported value: "Maybe": supported values: '
+     '"Equal", "Exists"', "allocated"),
+    ("DeviceTaintRule effect None", lambda o: o.insert(3, {
+        "apiVersion": "resource.k8s.io/v1alpha3", "kind": "DeviceTaintRule",
+        "metadata": {"name": "r"}, "spec": {"taint": {"key": "k", "effect": "None"}}}), _TAINTS,
+     f"4: spec.taint.effect: {_NONE}", "allocated"),
+    ("sort() in a claim", _selector("[2, 1].sort()[0] == 1"), "",
+     f'4: {_SEL}: Invalid value: "[2, 1].sort()[0] == 1": {_UNDECLARED}12: undeclared '
+     "reference to 'sort' (in container '')", "allocated"),
+    ("lists.range() in a class", lambda o: o[0]["spec"].update(
+        selectors=[{"cel": {"expression": "lists.range(2).size() == 2"}}]), "",
+     '1: spec.selectors[0].cel.expression: Invalid value: "lists.range(2).size() == 2": '
+     f"{_UNDECLARED}1: undeclared reference to 'lists' (in container '')", "allocated"),
+    ("5 taints", _many(1, {"taints": [{"key": f"k{i}", "effect": "NoSchedule"}
+                                       for i in range(5)]}), _TAINTS,
+     "3: spec.devices[0].taints: Too many: 5: must have at most 4 items", "unschedulable"),
+    ("65 tainted devices", _many(65, {"taints": [{"key": "k", "effect": "NoSchedule"}]}),
+     _TAINTS, "allocated", "refused"),
+    ("33 shared counters", lambda o: _slice(o).update(
+        sharedCounters=[{"name": "cs", "counters": _counters(33)}]), _PARTS,
+     "3: spec.sharedCounters: Invalid value: 33: the total number of shared counters must not "
+     "exceed 32", "refused"),
+    ("9 counter sets beside devices", lambda o: _slice(o).update(sharedCounters=[
+        {"name": f"cs{i}", "counters": {"c": {"value": "1"}}} for i in range(9)]), _PARTS,
+     "allocated", "refused"),
+    ("counter set of another slice", _consumes(None, *_COUNTERS), _PARTS,
+     '3: spec.devices[0].consumesCounters[0].counterSet: Invalid value: "cs": must reference '
+     "a counterSet defined in the ResourceSlice sharedCounters", "unschedulable"),
+    ("counter its set lacks", _consumes(
+        _SET, {"counterSet": "cs", "counters": {"d": {"value": "1"}}}), _PARTS,
+     '3: spec.devices[0].consumesCounters[0].counters: Invalid value: "d": must reference a '
+     "counter defined in the ResourceSlice sharedCounters", "refused"),
+    ("34 counters consumed by a device", _consumes(
+        _TWO_SETS, *[{"counterSet": f"cs{j}", "counters": _counters(17)} for j in range(2)]),
+     _PARTS, "3: spec.devices[0]: Invalid value: 34: the total number of counters must not "
+     "exceed 32", "refused"),
+    ("duplicate request, at its name", lambda o: _requests(o).append(
+        json.loads(json.dumps(_requests(o)[0]))), "",
+     '4: spec.devices.requests[1].name: Duplicate value: "r"', "refused"),
+    ("duplicate device, at its name", lambda o: _slice(o)["devices"][1].update(name="gpu-0"),
+     "", '3: spec.devices[1].name: Duplicate value: "gpu-0"', "refused"),
+    ("duplicate counter set, at its name", lambda o: _slice(o).update(sharedCounters=_SET * 2),
+     _PARTS, '3: spec.sharedCounters[1].name: Duplicate value: "cs"', "refused"),
+    ("duplicate reservation, at its uid", _reserved_twice, "",
+     '4: status.reservedFor[1].uid: Duplicate value: "u"', "refused"),
+    ("both exactly and firstAvailable", _both_kinds, "",
+     "4: spec.devices.requests[0].firstAvailable[0].count: Invalid value: -1: must be greater "
+     "than zero", "refused"),
+    ("9 subrequests, one broken", _nine_subrequests, "",
+     "4: spec.devices.requests[0].firstAvailable[3].count: Invalid value: -1: must be greater "
+     "than zero", "refused"),
+    ("attribute without a value", _attribute("x", {}), "",
+     "3: spec.devices[0].attributes[x]: Required value: exactly one value must be specified",
+     "refused"),
+    ("empty matchAttribute", _constraints({"matchAttribute": ""}), "",
+     "4: spec.devices.constraints[0].matchAttribute: Required value: name required", "refused"),
+    ("matchAttribute without a domain", _constraints({"matchAttribute": "pcieRoot"}), "",
+     '4: spec.devices.constraints[0].matchAttribute: Invalid value: "pcieRoot": must include '
+     "a domain", "refused"),
+    ("attribute name with an empty domain", _attribute("/x", {"int": 1}), "",
+     "3: spec.devices[0].attributes[/x]: Required value: the domain must not be empty",
+     "refused"),
+    ("distinctAttribute kept with DRAConsumableCapacity off", _constraints(
+        {"distinctAttribute": "index"}), "",
+     '4: spec.devices.constraints[0].distinctAttribute: Invalid value: "index": must include '
+     "a domain", "refused"),
+]  # fmt: skip
+
+_WHOLE = re.compile(r"item (\d+): (?:invalid )?\w+(?: [^ :]+)?: (.*?)(?:; |$)", re.M)
+
+
+def _said(minor: int, breakage: Any, gates: str, tmp_path: Path) -> str:
+    """What ``gpudra allocate --kube-version 1.<minor>`` says: the first error (item and
+    text) when it refuses the input, else the claim's status."""
+    objects = [*base(), claim(exactly())]
+    breakage(objects)
+    code, stdout, stderr = _run(objects, gates, tmp_path, minor)
+    if code == 0:
+        return _statuses(stdout)["c"]
+    found = _WHOLE.search(stderr)
+    assert code == 2 and found, stderr
+    return ": ".join(found.groups())
+
+
+@pytest.mark.parametrize(
+    ("name", "breakage", "gates", "v134", "v135"), RULES_1_34, ids=[r[0] for r in RULES_1_34]
+)
+def test_api_server_rule_1_34(
+    name: str, breakage: Any, gates: str, v134: str, v135: str, tmp_path: Path
+) -> None:
+    assert _said(34, breakage, gates, tmp_path) == v134
+    said = _said(35, breakage, gates, tmp_path)
+    assert ("refused" if ": " in said else said) == v135
+
+
+_DEVICE = {"driver": "gpu.example.com", "pool": "n1", "device": "gpu-0"}
+
+
+def _device_status(o: list[dict[str, Any]]) -> None:
+    _status()(o)
+    o[3]["status"]["devices"] = [_DEVICE, _DEVICE]
+
+
+# Rules found on the way that differ between releases too (measured on each).
+BY_RELEASE: list[tuple[str, Any, str, dict[int, str]]] = [
+    ("a bad attribute name at its key before 1.36", _attribute("a.com/1x", {"int": 1}), "", {
+        35: '3: spec.devices[0].attributes[a.com/1x]: Invalid value: "1x": a valid C identifier',
+        37: '3: spec.devices[0].attributes: Invalid value: "1x": a valid C identifier'}),
+    ("a result's tolerations checked from 1.37", _status(
+        tolerations=[{"key": "k", "operator": "Maybe"}]), "DRADeviceTaints=true", {
+        34: "", 35: "",
+        37: f"4: {_RESULTS}.tolerations[0].operator: Unsupported value: \"Maybe\""}),
+    ("a device status twice", _device_status, "", {
+        34: '4: status.devices[1].deviceID: Duplicate value: {"Driver":{},"Pool":{},"Device":{},'
+            '"ShareID":{}}',
+        35: '4: status.devices[1]: Duplicate value: {"Driver":"gpu.example.com","Pool":"n1",'
+            '"Device":"gpu-0","ShareID":""}'}),
+    ("status.devices dropped with DRAResourceClaimDeviceStatus off", _device_status,
+     "DRAResourceClaimDeviceStatus=false", {34: "", 35: ""}),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("name", "breakage", "gates", "by_minor"), BY_RELEASE, ids=[r[0] for r in BY_RELEASE]
+)
+def test_api_server_rule_by_release(
+    name: str, breakage: Any, gates: str, by_minor: dict[int, str], tmp_path: Path
+) -> None:
+    """Each release's first error starts as given ("": the input is accepted)."""
+    for minor, first in by_minor.items():
+        objects = [*base(), claim(exactly())]
+        breakage(objects)
+        code, _, stderr = _run(objects, gates, tmp_path, minor)
+        assert code == (2 if first else 0), f"1.{minor}: {stderr}"
+        if first:
+            found = _WHOLE.search(stderr)
+            assert found and ": ".join(found.groups()).startswith(first), f"1.{minor}: {stderr}"

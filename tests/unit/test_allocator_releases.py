@@ -66,8 +66,11 @@ def test_each_release_gives_its_own_outcome(minor: int, case: Case, tmp_path: Pa
         assert {n: _devices(c) for n, c in claims.items()} == wanted
 
 
-@pytest.mark.parametrize("deviation", DEVIATIONS, ids=[d.name for d in DEVIATIONS])
-@pytest.mark.parametrize("minor", [35, 37])
+@pytest.mark.parametrize(
+    ("minor", "deviation"),
+    [(m, d) for d in DEVIATIONS for m in d.minors],
+    ids=[f"1.{m}-{d.name}" for d in DEVIATIONS for m in d.minors],
+)
 def test_gpudra_keeps_the_right_outcome_where_upstream_had_a_bug(
     deviation: Any, minor: int, tmp_path: Path
 ) -> None:

@@ -3,6 +3,8 @@ checking environment declares them so; programs run the ``list(dyn)`` ones)."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from services.allocator.cel.env import CelEnvironment, DeviceInput
@@ -51,3 +53,30 @@ def test_typed_results_still_run(env: CelEnvironment, expression: str) -> None:
     selector = env.compile(expression)
     assert selector.error is None, selector.error
     assert env.matches(selector, env.activation(DEVICE))
+
+
+@pytest.mark.parametrize(
+    ("expression", "undeclared"),
+    [
+        ("[2, 1].sort()[0] == 1", ["sort"]),
+        ("[1, 2].slice(0, 1).size() == 1", ["slice"]),
+        ("[[1]].flatten().size() == 1", ["flatten"]),
+        ("[1, 2].reverse()[0] == 2", ["reverse"]),
+        ("[1, 1].distinct().size() == 1", ["distinct"]),
+        ("lists.range(2).size() == 2", ["lists", "range"]),  # as cel-go says it
+    ],
+)
+def test_kube_apiserver_1_34_validates_without_the_lists_extension(
+    expression: str, undeclared: list[str]
+) -> None:
+    """kube-apiserver 1.34's NewExpressions environment (compatibility version 1.33)
+    predates ext.Lists; 1.35's has it, and kube-scheduler's StoredExpressions one
+    always does (reference-allocator 1.34.4 and 1.35.8 measured)."""
+    error = CelEnvironment(new_expressions=34).compile(expression).error
+    assert error is not None, expression
+    found = re.findall(r"undeclared reference to '(\w+)' \(in container ''\)", error)
+    assert found == undeclared, error
+    for other in (CelEnvironment(new_expressions=35), CelEnvironment()):
+        selector = other.compile(expression)
+        assert selector.error is None, selector.error
+        assert other.matches(selector, other.activation(DEVICE))
