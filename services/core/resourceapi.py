@@ -75,6 +75,35 @@ async def discover(api: KubeApi) -> str:
     )
 
 
+class _Resources(msgspec.Struct):
+    resources: list[dict[str, Any]] = []
+
+
+#: Versions that may serve a resource the v1 API does not have yet (DeviceTaintRule:
+#: v1alpha3 to 1.35, v1beta2 in 1.36, v1 from 1.37), newest first.
+RESOURCE_PREFERENCE = (V1, V1BETA2, "v1alpha3")
+
+
+async def served_path(api: KubeApi, resource: str) -> str | None:
+    """``/apis/resource.k8s.io/<version>/<resource>`` of the newest version that serves
+    ``resource`` (GET of each version's resource list), None when none does. The JSON of
+    DeviceTaintRule is the same in all three."""
+    for version in RESOURCE_PREFERENCE:
+        try:
+            body = await api.get(f"/apis/{GROUP}/{version}")
+        except ApiError as exc:
+            if exc.not_found:
+                continue
+            raise
+        try:
+            names = [r.get("name") for r in msgspec.json.decode(body, type=_Resources).resources]
+        except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+            raise ApiError(0, f"undecodable /apis/{GROUP}/{version}: {exc}") from exc
+        if resource in names:
+            return f"/apis/{GROUP}/{version}/{resource}"
+    return None
+
+
 def versioned(api: KubeApi) -> ConvertingApi:
     """``api``, speaking the server's resource.k8s.io version (asked on first use)."""
     return ConvertingApi(api)

@@ -425,3 +425,51 @@ async def test_a_claim_nested_4000_deep_is_reported_on_itself_and_stops_nothing(
         assert recorder.names(deep_uid) == []
     finally:
         watcher.stop()
+
+
+async def test_a_device_taint_rule_is_named_in_the_explanation(
+    controlplane: ControlPlane, nats_server: NatsServer, tmp_path: Path
+) -> None:
+    """1.37 serves DeviceTaintRule as v1 and applies it by default (DRADeviceTaintRules
+    GA): the scheduler leaves the pod pending, and so does the watcher's explanation,
+    which names the rule."""
+    cp = controlplane
+    suffix = secrets.token_hex(3)
+    namespace = _setup(cp, suffix, devices=1)
+    rule = f"watcher-{suffix}-maintenance"
+    cp.apply(
+        {
+            "apiVersion": "resource.k8s.io/v1",
+            "kind": "DeviceTaintRule",
+            "metadata": {"name": rule},
+            "spec": {
+                "deviceSelector": {"driver": DRIVER, "pool": f"{NODE}-{suffix}"},
+                "taint": {"key": "example.com/maintenance", "effect": "NoSchedule"},
+            },
+        }
+    )
+    watcher = Watcher(cp, nats_server, tmp_path / "allocator.log")
+    try:
+        cp.apply(_claim_and_pod(namespace, suffix, count=1))  # its one device is tainted
+        uid = cp.get("resourceclaim", "gpu", namespace)["metadata"]["uid"]
+
+        def explained() -> list[str]:
+            events = cp.kubectl_json("get", "events", "-n", namespace)["items"]
+            return [
+                e["message"]
+                for e in events
+                if e["involvedObject"].get("uid") == uid
+                and e.get("source", {}).get("component") == "gpudra-allocator"
+            ]
+
+        [message] = await eventually(explained, 60, "the explanation Event")
+        assert f"from DeviceTaintRule {rule}" in message, message
+        assert "example.com/maintenance" in message, message
+        assert (
+            not (cp.get("resourceclaim", "gpu", namespace) or {})
+            .get("status", {})
+            .get("allocation")
+        ), "the scheduler allocated a device the rule taints"
+    finally:
+        watcher.stop()
+        cp.kubectl("delete", "devicetaintrule", rule, "--wait=false")

@@ -13,6 +13,7 @@ import msgspec
 import pytest
 
 from services.allocator.structured.features import Features
+from services.allocator.structured.features import parse as parse_gates
 from services.allocator.watcher import lifecycle
 from services.allocator.watcher.events import ClaimEventRecorder, event_name
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
@@ -352,6 +353,22 @@ def test_verdict_for_an_unsatisfiable_claim_names_the_shortfall() -> None:
     )
     assert "no node can allocate the claim (1 node(s) tried)" in result.message
     assert "request gpu: needs 3, 1 candidate device(s) on 1 node(s)" in result.message
+
+
+@pytest.mark.parametrize("declared", [[], ["DRAOptionalNodeOperations"]])
+def test_a_nodes_declared_features_reach_the_1_37_allocator(declared: list[str]) -> None:
+    """A slice whose devices skip node operations serves only nodes that declare
+    DRAOptionalNodeOperations (status.declaredFeatures), with that gate on."""
+    features = parse_gates("DRAOptionalNodeOperations=true", 37)
+    cluster = ClusterAllocator(features)
+    node = msgspec.convert(
+        {"metadata": {"name": "n1"}, "status": {"declaredFeatures": declared}}, NodeObject
+    )
+    skipping = slice_(devices=1)
+    skipping.spec.skip_node_operations = ["*"]
+    cluster.update(1, [device_class()], [skipping], [], [node])
+    outcome = cluster.explain(claim(count=1))
+    assert outcome.status == ("allocated" if declared else "unschedulable"), outcome
 
 
 def test_verdict_for_a_claim_that_fits_says_so() -> None:

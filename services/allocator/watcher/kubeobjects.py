@@ -14,5 +14,17 @@ from services.core.resource import ObjectMeta
 __all__ = ["NodeObject", "Pod"]
 
 
+class NodeStatus(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
+    # What the node's kubelet supports (1.35+, NodeDeclaredFeatures): the 1.37 allocator
+    # gives a device that skips node operations only to a node declaring
+    # DRAOptionalNodeOperations.
+    declared_features: list[str] | None = None
+
+
 class NodeObject(msgspec.Struct, rename="camel", omit_defaults=True, kw_only=True):
     metadata: ObjectMeta
+    status: NodeStatus | None = None
+
+    @property
+    def declared_features(self) -> frozenset[str]:
+        return frozenset((self.status.declared_features if self.status else None) or ())

@@ -8,7 +8,7 @@ considered: a request names a DeviceClass whose selectors mention
 ``gpu.nvidia.com``, or a DeviceClass that does not exist.
 
 To say why, our allocation engine runs over the cluster as the caches see it
-(DeviceClasses, ResourceSlices, Nodes, and the claims already allocated) and
+(DeviceClasses, ResourceSlices, Nodes, DeviceTaintRules, and the claims already allocated) and
 tries every node in name order, exactly as ``gpudra allocate`` does offline.
 """
 
@@ -27,7 +27,7 @@ from services.allocator.structured.snapshot import ClaimOutcome, Inputs, Offline
 from services.allocator.watcher.extended import extended_claim
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import DRIVER
-from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.core.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: core/v1 Event message limit (NoteLengthLimit)
 
@@ -159,6 +159,7 @@ class ClusterAllocator:
         slices: Iterable[ResourceSlice],
         claims: Iterable[ResourceClaim],
         nodes: Iterable[NodeObject],
+        taint_rules: Iterable[DeviceTaintRule] = (),
     ) -> None:
         """Take a snapshot (call from the event loop: the caches change there)."""
         if version == self._version and self._allocator is not None:
@@ -168,8 +169,12 @@ class ClusterAllocator:
             slices=list(slices),
             claims=[c for c in claims if c.status and c.status.allocation],
             nodes={
-                n.metadata.name: Node(n.metadata.name, dict(n.metadata.labels or {})) for n in nodes
+                n.metadata.name: Node(
+                    n.metadata.name, dict(n.metadata.labels or {}), n.declared_features
+                )
+                for n in nodes
             },
+            taint_rules=list(taint_rules),
         )
         self._allocator = OfflineAllocator(inputs, self.features, explain=True)
         self._version = version

@@ -2,7 +2,9 @@
 and explanations for claims stuck pending.
 
 It keeps informers (list + watch) on ResourceClaims, unscheduled Pods,
-DeviceClasses, ResourceSlices and Nodes. For every claim with devices of our
+DeviceClasses, ResourceSlices, Nodes and, when the release applies them
+(DRADeviceTaintRules), DeviceTaintRules in whichever resource.k8s.io version serves
+them. For every claim with devices of our
 driver it publishes ``allocated`` / ``reserved`` / ``released`` / ``deleted``
 ClaimEvents to the CLAIMS stream (``dra.claim.<ns>.<claim>.<uid>.<node>.<event>``) and
 keeps the claim, as the API server returned it (a msgpack
@@ -37,6 +39,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from services.allocator.structured import taintrules
 from services.allocator.structured.features import Features
 from services.allocator.watcher import lifecycle, metrics, spans
 from services.allocator.watcher.events import ClaimEventRecorder
@@ -58,7 +61,8 @@ from services.core.bus import Bus, unavailable
 from services.core.claimtrail import ClaimTrail, instance_name
 from services.core.informer import Informer
 from services.core.kube import KubeApi
-from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.core.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
+from services.core.resourceapi import served_path
 from services.core.schemas import ClaimEvent, ClaimRef, DeviceRef, PodRef, SchemaError
 
 log = logging.getLogger(__name__)
@@ -107,6 +111,7 @@ class ClaimWatcher:
         self.classes = Informer(api, "deviceclasses", CLASSES_PATH, DeviceClass)
         self.slices = Informer(api, "resourceslices", SLICES_PATH, ResourceSlice)
         self.nodes = Informer(api, "nodes", NODES_PATH, NodeObject)
+        self.taint_rules: Informer[DeviceTaintRule] | None = None  # set by run() if applied
         self.tracked: dict[str, Tracked] = {}  # claim uid -> what was reported
         self.recorder = ClaimEventRecorder(api, self.config.event_rate, self.config.event_burst)
         self.cluster = ClusterAllocator(self.config.features)
@@ -125,6 +130,9 @@ class ClaimWatcher:
         informers: list[Informer[Any]] = [
             self.claims, self.pods, self.classes, self.slices, self.nodes,
         ]  # fmt: skip
+        self.taint_rules = await self._taint_rule_informer()
+        if self.taint_rules is not None:
+            informers.append(self.taint_rules)
         log.info("claim watcher starting", extra={"tracked": len(self.tracked)})
         async with asyncio.TaskGroup() as group:
             for informer in informers:
@@ -134,6 +142,20 @@ class ClaimWatcher:
             log.info("claim watcher synced", extra={"claims": len(self.claims.items)})
             group.create_task(self._every(self.config.interval(), self.check_pending))
             group.create_task(self._every(self.config.resync_interval, self.resync))
+
+    async def _taint_rule_informer(self) -> Informer[DeviceTaintRule] | None:
+        """DeviceTaintRules, as the scheduler of the release followed sees them: only
+        when it applies them, from the version that serves them."""
+        if not taintrules.enabled(self.config.features):
+            return None
+        path = await served_path(self.api, "devicetaintrules")
+        if path is None:
+            log.warning(
+                "DRADeviceTaintRules is on, but the API server serves no DeviceTaintRule: "
+                "explanations leave rules out"
+            )
+            return None
+        return Informer(self.api, "devicetaintrules", path, DeviceTaintRule)
 
     async def _every(self, seconds: float, work: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -360,10 +382,12 @@ class ClaimWatcher:
         trail yet, and the Event is on the pod."""
         ref = lifecycle.claim_ref(claim)
         with spans.explain_span(ref, waited) as span:
+            rules = self.taint_rules
             version = (
                 self.classes.version,
                 self.slices.version,
                 self.nodes.version,
+                rules.version if rules else 0,
                 self.allocations_version,
             )
             self.cluster.update(
@@ -372,6 +396,7 @@ class ClaimWatcher:
                 self.slices.items.values(),
                 self.claims.items.values(),
                 self.nodes.items.values(),
+                rules.items.values() if rules else (),
             )
             outcome = await asyncio.to_thread(self.cluster.explain, claim)
             result = verdict(outcome)
