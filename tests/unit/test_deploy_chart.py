@@ -53,7 +53,7 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
     "allocator": {
         *(
             ("resource.k8s.io", r, v)
-            for r in ("resourceclaims", "deviceclasses", "resourceslices")
+            for r in ("resourceclaims", "deviceclasses", "resourceslices", "devicetaintrules")
             for v in ("list", "watch")
         ),
         *(("", r, v) for r in ("pods", "nodes") for v in ("list", "watch")),
