@@ -241,8 +241,8 @@ def device_reports(gpu: Gpu) -> dict[str, Verdict]:
 
     A lost GPU or an NVML error makes all of its devices unhealthy or unknown;
     the latest XID counts only when it is not an application error
-    (:data:`nvidia.NON_FATAL_XIDS`), and only for its MIG device when NVML
-    attributed it to one.
+    (:data:`nvidia.NON_FATAL_XIDS`), and only for the MIG devices NVML attributed
+    it to (:func:`_hit`).
     """
     names = device_names(gpu)
     if gpu.health.lost:
@@ -254,11 +254,23 @@ def device_reports(gpu: Gpu) -> dict[str, Verdict]:
     if gpu.health.xids:
         latest = max(gpu.health.xids, key=lambda x: x.timestamp)
         if latest.xid not in nvidia.NON_FATAL_XIDS:
-            hit = names.get((latest.gi_id, latest.ci_id)) if latest.gi_id is not None else None
             fault = Verdict(Health.UNHEALTHY, nvidia.xid_reason(latest.xid))
-            for name in [hit] if hit else names.values():
+            for name in _hit(names, latest.gi_id, latest.ci_id):
                 result[name] = fault
     return result
+
+
+def _hit(
+    names: dict[tuple[int, int | None] | None, str], gi: int | None, ci: int | None
+) -> list[str]:
+    """The devices an XID lands on: NVML's GI and CI when it gave them (a GI without a CI:
+    every MIG device of that GPU instance; a GI we do not publish: none), else every
+    device of the GPU."""
+    if gi is None:
+        return list(names.values())
+    if ci is not None:
+        return [names[(gi, ci)]] if (gi, ci) in names else []
+    return [name for key, name in names.items() if key is not None and key[0] == gi]
 
 
 def device_health(gpu: Gpu) -> dict[str, Health]:

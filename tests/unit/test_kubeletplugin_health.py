@@ -82,6 +82,13 @@ def test_xid_attributed_to_a_mig_device_marks_only_that_device() -> None:
     assert device_health(gpu(health=xids, **MIG_GPU)) == {MIG_NAMES[0]: H, MIG_NAMES[1]: U}
 
 
+def test_xid_for_a_whole_gpu_instance_marks_its_mig_devices_only() -> None:
+    whole_gi = GpuHealth(xids=[Xid(94, 1.0, gi_id=2)])  # CI 0xFFFFFFFF: no CI
+    assert device_health(gpu(health=whole_gi, **MIG_GPU)) == {MIG_NAMES[0]: H, MIG_NAMES[1]: U}
+    unpublished = GpuHealth(xids=[Xid(94, 1.0, gi_id=7, ci_id=0)])
+    assert device_health(gpu(health=unpublished, **MIG_GPU)) == dict.fromkeys(MIG_NAMES, H)
+
+
 def test_lost_gpu_and_nvml_error() -> None:
     assert device_health(gpu(health=GpuHealth(lost=True), **MIG_GPU)) == dict.fromkeys(MIG_NAMES, U)
     assert device_health(gpu(error="NVML_ERROR_UNKNOWN")) == {"gpu-0": X}
