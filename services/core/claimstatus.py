@@ -22,16 +22,19 @@ A condition keeps its ``lastTransitionTime`` while its status stays the same
 
 from __future__ import annotations
 
-import re
+import logging
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from services.core.kube import ApiError, KubeApi, server_version
+from services.core.backoff import Backoff
+from services.core.kube import ApiError, KubeApi, server_minor
 
 #: The first Kubernetes minor that authorizes status.devices per driver and node.
 GRANULAR_MINOR = 36
 CLAIMS = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"
+
+log = logging.getLogger(__name__)
 
 Entry = dict[str, Any]
 Key = tuple[str, str, str, str]
@@ -44,13 +47,24 @@ def wanted(mode: str, minor: int) -> bool:
     return mode == "on" or (mode == "auto" and minor >= GRANULAR_MINOR)
 
 
-async def server_minor(api: KubeApi) -> int:
-    """The API server's minor version (``GET /version``); ApiError when unreadable."""
-    version = await server_version(api)
-    match = re.match(r"v?\d+\.(\d+)", version)
-    if match is None:
-        raise ApiError(0, f"unreadable server version {version!r}")
-    return int(match.group(1))
+async def decide(api: KubeApi, mode: str) -> bool:
+    """:func:`wanted` for this API server: ``auto`` asks its version, again with backoff
+    while it does not answer (a component starts and serves while the API server is
+    away); a server without /version is taken for an old one."""
+    if mode != "auto":
+        return mode == "on"
+    backoff = Backoff()
+    while True:
+        try:
+            minor = await server_minor(api)
+            break
+        except ApiError as exc:
+            if exc.not_found or not exc.retryable:  # no /version at all: not a Kubernetes one
+                log.warning("API server version unreadable", extra={"error": str(exc)})
+                return False
+            log.warning("API server version unknown; retrying", extra={"error": str(exc)})
+            await backoff.sleep()
+    return wanted(mode, minor)
 
 
 def status_path(namespace: str, name: str) -> str:

@@ -12,6 +12,7 @@ top of :meth:`HttpKubeApi.watch`.
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -305,11 +306,26 @@ def status_error(code: int, body: bytes) -> ApiError:
 
 class _Version(msgspec.Struct):
     git_version: str = msgspec.field(default="", name="gitVersion")
+    minor: str = ""
+
+
+async def _version(api: KubeApi) -> _Version:
+    try:
+        return msgspec.json.decode(await api.get("/version"), type=_Version)
+    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
+        raise ApiError(0, f"GET /version: not a version document: {exc}") from exc
 
 
 async def server_version(api: KubeApi) -> str:
     """The API server's release (``GET /version``: its ``gitVersion``, e.g. ``v1.37.2``)."""
-    try:
-        return msgspec.json.decode(await api.get("/version"), type=_Version).git_version
-    except (msgspec.DecodeError, msgspec.ValidationError) as exc:
-        raise ApiError(0, f"GET /version: not a version document: {exc}") from exc
+    return (await _version(api)).git_version
+
+
+async def server_minor(api: KubeApi) -> int:
+    """The API server's minor version (``GET /version``: ``minor``, e.g. ``37`` or ``37+``);
+    ApiError when unreadable."""
+    minor = (await _version(api)).minor
+    digits = re.match(r"\d+", minor)
+    if digits is None:
+        raise ApiError(0, f"unreadable server minor version {minor!r}")
+    return int(digits.group())

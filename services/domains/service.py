@@ -22,7 +22,6 @@ import msgspec
 
 from services.core import claimstatus, subjects
 from services.core import computedomain as cd
-from services.core.backoff import Backoff
 from services.core.bus import Bus, KvUpdate
 from services.core.informer import Informer
 from services.core.kube import ApiError, KubeApi
@@ -299,21 +298,7 @@ class Controller:
 
     async def decide_binding(self) -> bool:
         """Whether to follow claims: ``binding_conditions`` on, or auto on a 1.36+ server."""
-        mode = self.config.binding_conditions
-        if mode != "auto":
-            return mode == "on"
-        backoff = Backoff()
-        while True:
-            try:
-                minor = await claimstatus.server_minor(self.api)
-                break
-            except ApiError as exc:
-                if exc.not_found or not exc.retryable:  # no /version at all: not a Kubernetes one
-                    log.warning("API server version unreadable", extra={"error": str(exc)})
-                    return False
-                log.warning("API server version unknown; retrying", extra={"error": str(exc)})
-                await backoff.sleep()
-        return claimstatus.wanted(mode, minor)
+        return await claimstatus.decide(self.api, self.config.binding_conditions)
 
     async def follow_claims(self) -> None:
         """Claims, once the domains are known (a claim of a domain not seen yet would

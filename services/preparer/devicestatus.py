@@ -48,7 +48,6 @@ import msgspec
 from prometheus_client import Counter
 
 from services.core import claimstatus, nvidia, supervisor
-from services.core.backoff import Backoff
 from services.core.kube import ApiError, KubeApi
 from services.core.resource import ResourceClaim, ResourceClaimStatus
 from services.preparer.checkpoint import (
@@ -189,20 +188,7 @@ class DeviceStatusWriter:
     async def decide(self) -> bool:
         """Whether to write at all: asked of the API server's version once, in the
         background (a preparer starts and serves while the API server is away)."""
-        if self.mode != "auto":
-            return self.mode == "on"
-        backoff = Backoff()
-        while True:
-            try:
-                minor = await claimstatus.server_minor(self.api)
-                break
-            except ApiError as exc:
-                if exc.not_found or not exc.retryable:  # no /version at all: not a Kubernetes one
-                    log.warning("API server version unreadable", extra={"error": str(exc)})
-                    return False
-                log.warning("API server version unknown; retrying", extra={"error": str(exc)})
-                await backoff.sleep()
-        return claimstatus.wanted(self.mode, minor)
+        return await claimstatus.decide(self.api, self.mode)
 
     async def _run(self) -> None:
         on = await self.decide()

@@ -8,14 +8,13 @@ a whole fleet.
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncGenerator
 from typing import TypeVar
 
 import msgspec
 
 from services.core import nvidia
-from services.core.kube import ApiError, KubeApi
+from services.core.kube import ApiError, KubeApi, server_minor
 from services.core.resource import ResourceSlice, to_builtins
 from services.publisher.sliceapi import SliceList, SliceNodes, WatchEvent
 
@@ -42,10 +41,6 @@ class _LiteSlice(msgspec.Struct):
 
 class _Named(msgspec.Struct):
     metadata: _Meta
-
-
-class _Version(msgspec.Struct):
-    minor: str
 
 
 def _selector(node: str | None, driver: str) -> dict[str, str]:
@@ -78,11 +73,7 @@ class KubeSliceApi:
         await self.api.close()
 
     async def server_minor(self) -> int:
-        minor = _decode(await self.api.get("/version"), _Version, "/version").minor
-        digits = re.match(r"\d+", minor)
-        if digits is None:
-            raise ApiError(0, f"unreadable server minor version {minor!r}")
-        return int(digits.group())
+        return await server_minor(self.api)
 
     async def node_uid(self, node: str) -> str | None:
         try:
