@@ -1,9 +1,13 @@
 package main
 
-// What differs between the Kubernetes minor versions this binary is built
-// for: the default build follows go.mod (the newest); build.sh --version
-// selects versions/<minor>/go.mod and the build tag of that minor
-// (k8s134, k8s135, k8s136), whose compat_*.go file replaces compat_137.go.
+// What differs between the Kubernetes releases this binary is built for. The
+// default build follows go.mod (the newest, 1.37); build.sh --version 1.N
+// selects versions/v1.N/go.mod and the build tag k8s1N. Each compat_*.go file
+// holds one side of a change of the Go API, named by the releases it serves:
+//
+//	compat_134.go     1.34 only               compat_from135.go  1.35 and later
+//	compat_upto135.go 1.34 and 1.35           compat_from136.go  1.36 and later
+//	compat_136.go     1.36 only               compat_137.go      1.37 (the default)
 
 import (
 	"context"

@@ -17,7 +17,8 @@ func claimStrategies(ns typedcorev1.NamespaceInterface) (createStrategy, updateS
 	return strategy, resourceclaimregistry.NewStatusStrategy(strategy)
 }
 
-// celFeatures is the CEL environment kube-scheduler builds for these allocator features.
+// celFeatures is the CEL environment kube-scheduler builds for these allocator
+// features (no list-type attributes before 1.36).
 func celFeatures(f structured.Features) cel.Features {
 	return cel.Features{EnableConsumableCapacity: f.ConsumableCapacity}
 }

@@ -1,10 +1,14 @@
-//go:build k8s135
+//go:build !k8s134
 
 package main
 
 import (
+	"context"
+
 	utilfeature "k8s.io/apiserver/pkg/util/feature"
 	"k8s.io/dynamic-resource-allocation/structured"
+	kubeletconfig "k8s.io/kubernetes/pkg/kubelet/config"
+	"k8s.io/kubernetes/pkg/kubelet/pluginmanager"
 	"k8s.io/kubernetes/pkg/scheduler/framework/plugins/dynamicresources"
 	schedulerfeature "k8s.io/kubernetes/pkg/scheduler/framework/plugins/feature"
 )
@@ -23,4 +27,13 @@ func gateDependencies() map[string][]string {
 		}
 	}
 	return out
+}
+
+// errFailedAllocationOnNode: an allocation error that concerns one node only
+// (the scheduler tries the next node).
+var errFailedAllocationOnNode = structured.ErrFailedAllocationOnNode
+
+// runPluginManager: PluginManager.Run takes a context.
+func runPluginManager(ctx context.Context, pm pluginmanager.PluginManager, ready kubeletconfig.SourcesReady) {
+	pm.Run(ctx, ready, ctx.Done())
 }
