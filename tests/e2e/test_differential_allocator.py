@@ -1,12 +1,13 @@
 """Differential test: ``gpudra allocate --kube-version 1.N`` against that release's
 ``reference-allocator`` (upstream k8s.io/dynamic-resource-allocation/structured of
-1.37 and of 1.35) on seeded generated scenarios.
+1.37, 1.35 and 1.34) on seeded generated scenarios.
 
 Scenarios (test_differential_scenarios.py) are grouped into batches, one set of
 Kubernetes feature gates per batch: every set the release accepts over the gates
 that change allocation (tests/helpers/scenarios.py ``gate_sets``: 288 for 1.37,
-144 for 1.35 with DRADeviceTaintRules; locked gates fixed, dependent gates
-together), each in turn, 576 scenarios for each release, and
+144 for 1.35 with DRADeviceTaintRules, 64 for 1.34, whose seeded runs keep
+DRAConsumableCapacity off; locked gates fixed, dependent gates together), each
+in turn, 576 scenarios for 1.37 and 1.35, 128 for 1.34, and
 written into one input file per batch; each allocator runs once per batch (ours
 in process through the CLI's entry point, the reference as its binary, at the
 same time). For every claim both must give the same status; every allocation of
@@ -16,7 +17,7 @@ must choose the same node, devices and whole allocation (share IDs, random in
 both, by presence).
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_allocator.py``;
-``GPUDRA_DIFF_SCENARIOS_1_37=<n>`` (and ``_1_35``) change how many scenarios run,
+``GPUDRA_DIFF_SCENARIOS_1_37=<n>`` (and ``_1_35``, ...) change how many scenarios run,
 ``GPUDRA_DIFF_MINORS=37,35,36,34`` which releases.
 A failure prints the seed, the scenario, and the file with its objects.
 """
@@ -42,8 +43,8 @@ from tests.helpers.scenarios import Scenario, check, gate_sets, generate
 pytestmark = pytest.mark.e2e
 
 SEED = int(os.environ.get("GPUDRA_DIFF_SEED", "20261122"))
-# minor -> scenarios per gate set: every accepted gate set gets its own batch. 1.36 and
-# 1.34 run on request (GPUDRA_DIFF_MINORS=37,35,36,34), one scenario per gate set.
+# minor -> scenarios per gate set: every accepted gate set gets its own batch. 1.36 runs
+# on request (GPUDRA_DIFF_MINORS=37,35,34,36), one scenario per gate set.
 PER_BATCH = {37: 2, 35: 4, 36: 1, 34: 2}
 MINORS = minors()
 

@@ -1,7 +1,8 @@
 """Differential test on seeded random CEL selectors (tests/helpers/celfuzz.py):
 ``gpudra allocate --kube-version 1.N`` and ``reference-allocator`` of 1.N must
 give the same outcome for each (refused with exit 2, or the claim allocated,
-unschedulable or in error), for 1.37 and 1.35.
+unschedulable or in error), for 1.37, 1.35 and 1.34 (tests/helpers/diffminors.py):
+1.34 validates new selectors without cel-go's lists extension, which the fuzz uses.
 
 Reproduce: ``GPUDRA_DIFF_SEED=<seed> pytest tests/e2e/test_differential_cel.py``.
 """

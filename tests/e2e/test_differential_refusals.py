@@ -1,7 +1,8 @@
 """Differential test on seeded broken inputs: ``gpudra allocate --kube-version 1.N``
 must refuse what kube-apiserver 1.N refuses, where and as ``reference-allocator``
 of that release (which runs the API server's own decoding, defaulting, registry
-strategies and validation) refuses it, for 1.37 and 1.35.
+strategies and validation) refuses it, for 1.37, 1.35 and 1.34
+(tests/helpers/diffminors.py).
 
 Each case is a generated scenario (tests/helpers/scenarios.py) under one of the
 gate sets the release accepts (structured/features.py's accepted_sets, taken in
