@@ -36,12 +36,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from services.core import computedomain as cd
-from services.core.access import Role
-from services.core.kube import ApiError, KubeApi, http_api
-from services.core.natsserver import NatsServer
-from services.core.ports import free_port
+from services.core.bus.access import Role
+from services.core.kube.client import ApiError, KubeApi, http_api
+from services.core.model import computedomain as cd
 from services.local.cluster import ControlPlane, build_controlplane, install_crd
+from services.local.natsserver import NatsServer
+from services.local.ports import free_port
 from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD, NodeSpec, Stack
 
 TICK = os.sysconf("SC_CLK_TCK")

@@ -36,7 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from services.core.natsserver import server_binary  # noqa: E402
+from services.local.natsserver import server_binary  # noqa: E402
 
 FLAVOURS = ("aio", "aio+uvloop", "sync")
 SUBJECT = "bench.prepare"
@@ -45,6 +45,7 @@ SUBJECT = "bench.prepare"
 def serve(flavour: str, socket: str, nats_url: str) -> None:
     """The server process: one flavour until killed."""
     import nats
+    import nats.aio.msg
 
     from services.proto_gen.kubelet.dra.v1 import api_pb2 as pb
     from services.proto_gen.kubelet.dra.v1 import api_pb2_grpc as pb_grpc
@@ -150,6 +151,7 @@ def pct(values: list[float], p: int) -> float:
 
 async def main(args: argparse.Namespace) -> None:
     import nats
+    import nats.aio.msg
 
     work = Path(tempfile.mkdtemp(prefix="gpudra-bench-grpc-", dir="/tmp"))
     port = 14222 + os.getpid() % 1000

@@ -85,12 +85,10 @@ from typing import Any, Protocol
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # the fake kubelet lives in tests/helpers
 
-from services.core import subjects  # noqa: E402
-from services.core.access import Identity, Role  # noqa: E402
-from services.core.bus import Bus  # noqa: E402
-from services.core.natsserver import NatsServer  # noqa: E402
-from services.core.nvidia import DRIVER_NAME, gpu_device_name  # noqa: E402
-from services.core.resource import (  # noqa: E402
+from services.core.bus import subjects  # noqa: E402
+from services.core.bus.access import Identity, Role  # noqa: E402
+from services.core.bus.client import Bus  # noqa: E402
+from services.core.kube.resource import (  # noqa: E402
     AllocationResult,
     DeviceAllocationResult,
     DeviceRequestAllocationResult,
@@ -100,10 +98,12 @@ from services.core.resource import (  # noqa: E402
     ResourceClaimSpec,
     ResourceClaimStatus,
 )
-from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest  # noqa: E402
+from services.core.model.nvidia import DRIVER_NAME, gpu_device_name  # noqa: E402
+from services.core.model.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest  # noqa: E402
 from services.local.apiserver import MemoryApiServer, Obj, pod_object  # noqa: E402
 from services.local.jaeger import Jaeger  # noqa: E402
 from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
+from services.local.natsserver import NatsServer  # noqa: E402
 
 NODE = "bench-node"
 STATUS_VERSION = "v1.37.2"  # --status-pairs: a release whose claims take status.devices

@@ -44,12 +44,14 @@ from typing import TYPE_CHECKING, Protocol
 
 import msgspec
 
-from services.core import featuregates, kube, subjects
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceSlice
-from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.core.kube import client as kube
+from services.core.kube.resource import ResourceSlice
+from services.core.model import featuregates
+from services.core.model.schemas import GpuHealth, NodeInventory, Xid
+from services.local.natsserver import NatsServer
 from services.offline.slices import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.memoryapi import MemorySliceApi, Write

@@ -1,4 +1,4 @@
-"""Benchmark: what numbering claim events per claim costs (services/core/claimtrail.py).
+"""Benchmark: what numbering claim events per claim costs (services/core/bus/claimtrail.py).
 
 Against a real nats-server (TLS, the production permissions) on 127.0.0.1, prints
 without asserting anything:
@@ -25,12 +25,12 @@ import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-from services.core import subjects
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.claimtrail import ClaimTrail
-from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, ClaimRef
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.claimtrail import ClaimTrail
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent, ClaimRef
+from services.local.natsserver import NatsServer
 
 NAMES = ("allocated", "reserved", "prepare.requested", "prepared", "unprepare.requested",
          "unprepared", "released", "deleted")  # fmt: skip

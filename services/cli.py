@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from services.core import config
+from services.core.process import config
 
 # Which module registers each sub-command, so that a process imports only its own
 # (a node's kubelet plugin needs neither the allocator nor discovery's simulator).
@@ -47,8 +47,8 @@ def _service_clis() -> list[str]:
 
 
 def _nats(args: argparse.Namespace) -> int:
-    from services.core.access import NODE_ROLES, Role
-    from services.core.natsserver import NatsServer
+    from services.core.bus.access import NODE_ROLES, Role
+    from services.local.natsserver import NatsServer
 
     access = Path(args.access_dir) if args.access_dir else None
     server = NatsServer(Path(args.store_dir), port=args.port, access_dir=access)
@@ -76,8 +76,8 @@ def _nats(args: argparse.Namespace) -> int:
 def _provision(args: argparse.Namespace) -> int:
     import asyncio
 
-    from services.core.access import Identity, Role
-    from services.core.bus import Bus
+    from services.core.bus.access import Identity, Role
+    from services.core.bus.client import Bus
 
     async def run() -> None:
         creds = config.nats_credentials(args)

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from services.core import logs
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
+from services.core.bus.client import Bus
+from services.core.telemetry import logs
 from services.local.cluster import ControlPlaneError, build_controlplane
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 
 logs.quiet_tls_eof_warnings()

@@ -17,7 +17,8 @@ import re
 from typing import Any
 
 from services.allocator.structured import features as kube_features
-from services.core import config, runner, supervisor
+from services.core.kit import supervisor
+from services.core.process import config, runner
 
 log = logging.getLogger(__name__)
 
@@ -67,10 +68,10 @@ def _serve(args: argparse.Namespace) -> int:
 
 async def _watch(args: argparse.Namespace) -> int | None:
     from services.allocator.watcher.watcher import ClaimWatcher, WatcherConfig
-    from services.core.access import Identity, Role
-    from services.core.bus import Bus
-    from services.core.kube import http_api, server_version
-    from services.core.resourceapi import versioned
+    from services.core.bus.access import Identity, Role
+    from services.core.bus.client import Bus
+    from services.core.kube.client import http_api, server_version
+    from services.core.kube.resourceapi import versioned
 
     stop = runner.stop_event()
     raw_api = await http_api(args.kubeconfig or None)

@@ -24,12 +24,12 @@ import re
 import sys
 from typing import TYPE_CHECKING
 
-from services.core import config
+from services.core.process import config
 
 if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
     from services.audit.replay import Filters
-    from services.core.bus import Bus
-    from services.core.schemas import ClaimEvent
+    from services.core.bus.client import Bus
+    from services.core.model.schemas import ClaimEvent
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 
@@ -89,7 +89,7 @@ def since_arg(value: str) -> datetime.datetime | None:
 def event_arg(value: str) -> str:
     from typing import get_args
 
-    from services.core.schemas import ClaimEventName
+    from services.core.model.schemas import ClaimEventName
 
     names = get_args(ClaimEventName)
     if value not in names:
@@ -133,8 +133,8 @@ def _run_checked(args: argparse.Namespace) -> str:
 async def _audit(args: argparse.Namespace) -> int:
     from services.audit import render
     from services.audit.replay import Filters, replay
-    from services.core.access import Identity, Role
-    from services.core.bus import Bus
+    from services.core.bus.access import Identity, Role
+    from services.core.bus.client import Bus
 
     bus = await Bus.connect(
         args.nats_url,

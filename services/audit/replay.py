@@ -1,7 +1,7 @@
 """Reading the CLAIMS stream as an auditor: a durable pull consumer, filtered by the server.
 
 The filters (namespace, claim, node, event) become subject filters on the
-consumer (services/core/subjects.py puts each in its own escaped token), so
+consumer (services/core/bus/subjects.py puts each in its own escaped token), so
 the server sends only the matching events. The consumer is durable: named,
 it can be resumed where it stopped (``--durable``); unnamed, it gets a
 random name and the server forgets it after ``INACTIVE_S`` without a reader.
@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import api
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import ClaimEvent, SchemaError, decode
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent, SchemaError, decode
 
 INACTIVE_S = 3600.0
 BATCH = 256

@@ -1,7 +1,7 @@
 """Is every claim's trail complete? The checks behind ``gpudra audit --verify``.
 
 A claim's events are numbered 1, 2, 3, ... by the stream
-(services/core/claimtrail.py), so a lost event is a missing number. Beyond the
+(services/core/bus/claimtrail.py), so a lost event is a missing number. Beyond the
 numbers, a trail must make sense as a life:
 
 * it is closed: the claim's ``deleted`` event is there;
@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
-from services.core.schemas import ClaimEvent
+from services.core.model.schemas import ClaimEvent
 
 ANSWERS = {
     "prepare.requested": ("prepared", "prepare.failed"),

@@ -1,4 +1,12 @@
-"""Shared code of every gpudra process.
+"""Shared code of every gpudra process, in layers: each imports only those below it
+(pyproject.toml's import contract; tests/unit/test_import_contracts.py shows it breaks)::
+
+    process     flags, the runner
+    bus         subjects, identities, the NATS client, the claim trail
+    telemetry   logs, metrics, traces
+    model       NVIDIA devices, gates, shares, configs, ComputeDomains, bus schemas
+    kube        the Kubernetes client, resource.k8s.io objects, quantities, names
+    kit         backoff, limits, supervised tasks, environment
 
 Importing this package imports nats-py's transports without aiohttp: nats-py
 imports aiohttp (about 13 MB resident) only for ``ws://`` servers, which gpudra

@@ -13,7 +13,7 @@ from typing import ClassVar, Protocol
 
 import msgspec
 
-from services.core.schemas import VfioInfo
+from services.core.model.schemas import VfioInfo
 
 # ---------------------------------------------------------------- errors
 

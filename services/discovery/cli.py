@@ -28,10 +28,11 @@ from typing import Any
 
 import msgspec
 
-from services.core import config, logs, runner
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.schemas import SchemaError
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.core.model.schemas import SchemaError
+from services.core.process import config, runner
+from services.core.telemetry import logs
 from services.discovery import backend as nv
 from services.discovery import fleet as fleets
 from services.discovery import pciids, simcontrol

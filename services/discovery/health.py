@@ -13,8 +13,8 @@ import logging
 
 import msgspec
 
-from services.core import nvidia
-from services.core.schemas import Gpu, GpuHealth, HealthEvent, HealthKind, NodeInventory, Xid
+from services.core.model import nvidia
+from services.core.model.schemas import Gpu, GpuHealth, HealthEvent, HealthKind, NodeInventory, Xid
 from services.discovery.backend import NvmlEvent
 from services.discovery.inventory import Scan, gpu_label
 

@@ -15,7 +15,14 @@ from typing import TypeVar
 
 import msgspec
 
-from services.core.schemas import Gpu, GpuFabric, MigDevice, MigPlacement, MigProfile, NodeInventory
+from services.core.model.schemas import (
+    Gpu,
+    GpuFabric,
+    MigDevice,
+    MigPlacement,
+    MigProfile,
+    NodeInventory,
+)
 from services.discovery import backend as nv
 from services.discovery.backend import Backend
 from services.discovery.models import MIB

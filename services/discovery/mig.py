@@ -11,7 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 
-from services.core.schemas import MigDevice, MigPlacement
+from services.core.model.schemas import MigDevice, MigPlacement
 from services.discovery import backend as nv
 from services.discovery.backend import Backend
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, TypeVar
 
-from services.core.schemas import VfioInfo
+from services.core.model.schemas import VfioInfo
 from services.discovery import backend as nv
 from services.discovery import nvmlabi, pciids, sysfs
 from services.discovery.pciids import PciIds

@@ -21,9 +21,11 @@ import time
 
 from opentelemetry import trace
 
-from services.core import subjects, supervisor, tracing
-from services.core.bus import Bus
-from services.core.schemas import HealthEvent, InventoryChanged, NodeInventory, SchemaError
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kit import supervisor
+from services.core.model.schemas import HealthEvent, InventoryChanged, NodeInventory, SchemaError
+from services.core.telemetry import tracing
 from services.discovery import inventory, metrics
 from services.discovery.backend import Backend, GpuLost, NvmlError, NvmlEvent
 from services.discovery.health import HealthTracker

@@ -21,7 +21,7 @@ import queue
 import time
 import uuid
 
-from services.core.schemas import VfioInfo
+from services.core.model.schemas import VfioInfo
 from services.discovery import backend as nv
 from services.discovery import pciids
 from services.discovery.fleet import Fleet, parse_mig_layout

@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import TypeVar
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import SimMigReply, SimMigRequest
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import SimMigReply, SimMigRequest
 from services.discovery import backend as nv
 from services.discovery import mig
 from services.discovery.sim import SimNvml

@@ -19,7 +19,7 @@ import time
 
 import msgspec
 
-from services.core.schemas import SchemaError, decode, encode
+from services.core.model.schemas import SchemaError, decode, encode
 from services.discovery.fleet import Fleet
 
 SIM_SCHEMA_VERSION = 1

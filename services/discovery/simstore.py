@@ -19,9 +19,9 @@ from typing import TypeVar
 
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import MigDevice, SchemaError
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import MigDevice, SchemaError
 from services.discovery import metrics, mig
 from services.discovery.fleet import Fleet
 from services.discovery.sim import SimNvml, SimStateError

@@ -14,7 +14,7 @@ import logging
 import os
 from pathlib import Path
 
-from services.core.schemas import VfioInfo
+from services.core.model.schemas import VfioInfo
 from services.discovery import pciids
 from services.discovery.pciids import PciIds
 

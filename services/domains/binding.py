@@ -44,12 +44,12 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.core import claimstatus
-from services.core import computedomain as cd
-from services.core.kube import ApiError, KubeApi
-from services.core.opaque import ConfigError
-from services.core.resource import ResourceClaimStatus
-from services.core.schemas import DomainMember
+from services.core.kube import claimstatus
+from services.core.kube.client import ApiError, KubeApi
+from services.core.kube.resource import ResourceClaimStatus
+from services.core.model import computedomain as cd
+from services.core.model.opaque import ConfigError
+from services.core.model.schemas import DomainMember
 from services.domains import metrics
 from services.domains.events import DomainEvents
 from services.domains.model import ComputeDomain

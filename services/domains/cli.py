@@ -14,8 +14,10 @@ import logging
 import sys
 from typing import Any
 
-from services.core import computedomain as cd
-from services.core import config, featuregates, runner, supervisor
+from services.core.kit import supervisor
+from services.core.model import computedomain as cd
+from services.core.model import featuregates
+from services.core.process import config, runner
 
 log = logging.getLogger(__name__)
 
@@ -146,10 +148,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from services.core.access import Identity, Role
-    from services.core.bus import Bus
-    from services.core.kube import http_api
-    from services.core.resourceapi import versioned
+    from services.core.bus.access import Identity, Role
+    from services.core.bus.client import Bus
+    from services.core.kube.client import http_api
+    from services.core.kube.resourceapi import versioned
     from services.domains.objects import DaemonSettings
     from services.domains.service import Controller, ControllerConfig
 

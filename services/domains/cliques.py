@@ -20,8 +20,8 @@ from typing import Any
 
 import msgspec
 
-from services.core import computedomain as cd
-from services.core.kube import ApiError, KubeApi
+from services.core.kube.client import ApiError, KubeApi
+from services.core.model import computedomain as cd
 from services.domains.membership import Membership
 from services.domains.model import Meta
 

@@ -12,8 +12,8 @@ import hashlib
 import logging
 import time
 
-from services.core import computedomain as cd
-from services.core.kube import ApiError, KubeApi
+from services.core.kube.client import ApiError, KubeApi
+from services.core.model import computedomain as cd
 from services.domains.model import ComputeDomain
 
 log = logging.getLogger(__name__)

@@ -14,8 +14,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from services.core import computedomain as cd
-from services.core.schemas import DomainIndex, DomainMember
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainIndex, DomainMember
 from services.domains.model import DomainNode, DomainStatus
 
 NO_INDEX = -1

@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.core import computedomain as cd
-from services.core.opaque import API_VERSION
+from services.core.model import computedomain as cd
+from services.core.model.opaque import API_VERSION
 from services.domains.model import ComputeDomain
 
 APP_LABEL = "app.kubernetes.io/name"

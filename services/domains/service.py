@@ -20,12 +20,13 @@ from dataclasses import dataclass
 
 import msgspec
 
-from services.core import claimstatus, subjects
-from services.core import computedomain as cd
-from services.core.bus import Bus, KvUpdate
-from services.core.informer import Informer
-from services.core.kube import ApiError, KubeApi
-from services.core.schemas import DomainIndex, DomainMember, DomainStatusEvent
+from services.core.bus import subjects
+from services.core.bus.client import Bus, KvUpdate
+from services.core.kube import claimstatus
+from services.core.kube.client import ApiError, KubeApi
+from services.core.kube.informer import Informer
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainIndex, DomainMember, DomainStatusEvent
 from services.domains import metrics
 from services.domains.binding import CLAIMS_PATH, Binder, BoundClaim
 from services.domains.cliques import CliqueObjects

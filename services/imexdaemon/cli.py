@@ -14,7 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from services.core import config, runner, supervisor
+from services.core.kit import supervisor
+from services.core.process import config, runner
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ def register(subparsers: Any) -> None:
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from services.core import featuregates
+    from services.core.model import featuregates
     from services.imexdaemon.daemon import DaemonSettings
 
     gates = getattr(args, "feature_gates", None) or featuregates.FeatureGates()
@@ -102,8 +103,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(settings: Any, args: argparse.Namespace) -> None:
-    from services.core.access import Identity, Role
-    from services.core.bus import Bus
+    from services.core.bus.access import Identity, Role
+    from services.core.bus.client import Bus
     from services.imexdaemon.daemon import Daemon
 
     stop = runner.stop_event()

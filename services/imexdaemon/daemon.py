@@ -31,10 +31,10 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.core import computedomain as cd
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import DomainIndex, DomainMember
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainIndex, DomainMember
 from services.imexdaemon import dnsnames, imexcfg
 from services.imexdaemon.member import MemberKey
 from services.imexdaemon.peers import Peers

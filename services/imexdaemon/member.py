@@ -12,9 +12,9 @@ import logging
 import msgspec
 from nats.js.errors import KeyWrongLastSequenceError
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import DomainMember, DomainNodeState, encode, now
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import DomainMember, DomainNodeState, encode, now
 
 log = logging.getLogger(__name__)
 BUCKET = subjects.DOMAINS_BUCKET

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from services.core.schemas import DomainIndex, DomainMember
+from services.core.model.schemas import DomainIndex, DomainMember
 
 
 @dataclass

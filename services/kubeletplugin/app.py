@@ -23,10 +23,12 @@ import grpc
 from grpc_health.v1 import health as grpc_health
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.core import computedomain as cd
-from services.core import nvidia, runner, supervisor
-from services.core.access import Identity, Role
-from services.core.bus import Bus
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.core.kit import supervisor
+from services.core.model import computedomain as cd
+from services.core.model import nvidia
+from services.core.process import runner
 from services.kubeletplugin import draservice, health, registration, sockets
 from services.kubeletplugin.forwarder import Forwarder, Timing
 from services.kubeletplugin.presence import Presence

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from services.core import config, runner
+from services.core.process import config, runner
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -16,8 +16,8 @@ from typing import Any
 import grpc
 from opentelemetry.context import Context
 
-from services.core import tracing
-from services.core.schemas import ClaimRef, ClaimResult, PreparedDevice
+from services.core.model.schemas import ClaimRef, ClaimResult, PreparedDevice
+from services.core.telemetry import tracing
 from services.kubeletplugin.forwarder import Forwarder
 from services.proto_gen.kubelet.dra.v1 import api_pb2 as v1
 from services.proto_gen.kubelet.dra.v1 import api_pb2_grpc as v1_grpc

@@ -19,10 +19,12 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
-from services.core import nvidia, subjects, tracing
-from services.core.backoff import Backoff
-from services.core.bus import Bus, RequestFailed, RequestTimeout
-from services.core.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError
+from services.core.bus import subjects
+from services.core.bus.client import Bus, RequestFailed, RequestTimeout
+from services.core.kit.backoff import Backoff
+from services.core.model import nvidia
+from services.core.model.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError
+from services.core.telemetry import tracing
 from services.kubeletplugin import metrics
 
 log = logging.getLogger(__name__)

@@ -28,10 +28,11 @@ from typing import Any
 
 import grpc
 
-from services.core import nvidia, subjects
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.schemas import Gpu, HealthEvent, NodeInventory
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.core.model import nvidia
+from services.core.model.schemas import Gpu, HealthEvent, NodeInventory
 from services.proto_gen.kubelet.drahealth.v1 import api_pb2 as pb_v1
 from services.proto_gen.kubelet.drahealth.v1 import api_pb2_grpc as pb_v1_grpc
 from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as pb_v1alpha1

@@ -12,9 +12,9 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import PluginPresence
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import PluginPresence
 
 log = logging.getLogger(__name__)
 

@@ -32,9 +32,9 @@ from typing import Any
 
 from aiohttp import web
 
-from services.core import resourceapi
-from services.core.ports import free_port
-from services.core.resource import ResourceClaim, to_builtins
+from services.core.kube import resourceapi
+from services.core.kube.resource import ResourceClaim, to_builtins
+from services.local.ports import free_port
 
 GROUP = "/apis/resource.k8s.io"  # API discovery: which versions are served (v1 here)
 CLAIM = "/apis/resource.k8s.io/v1/namespaces/{ns}/resourceclaims/{name}"

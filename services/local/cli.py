@@ -48,7 +48,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from services.core import config
+from services.core.process import config
 
 if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
     from services.local import demo

@@ -47,7 +47,7 @@ from typing import Any, TypeVar
 
 import yaml
 
-from services.core.ports import free_ports
+from services.local.ports import free_ports
 
 CONTROLPLANE_DIR = Path(__file__).resolve().parent / "controlplane"
 BUILD_SCRIPT = CONTROLPLANE_DIR / "build.sh"

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.preparer.computedomain.edits import IMEXD_IN_CONTAINER, VENDOR
 from services.preparer.computedomain.engine import spec_path
 

@@ -43,9 +43,10 @@ from typing import Any
 import yaml
 
 from services.allocator.watcher.events import COMPONENT as ALLOCATOR_COMPONENT
-from services.core import computedomain as cd
-from services.core import nvidia, tracing
-from services.core.access import Role
+from services.core.bus.access import Role
+from services.core.model import computedomain as cd
+from services.core.model import nvidia
+from services.core.telemetry import tracing
 from services.local import REPO, images
 from services.local.stack import DRIVER_NAMESPACE, Stack
 from services.preparer import cdi

@@ -39,7 +39,7 @@ from pathlib import Path
 
 import msgspec
 
-from services.core.nvidia import mig_device_name
+from services.core.model.nvidia import mig_device_name
 from services.discovery.fleet import Fleet, get_fleet
 from services.discovery.models import get_model
 from services.discovery.sim import SimNvml

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from services.core.ports import free_port
 from services.local import REPO
 from services.local.cluster import wait_until
+from services.local.ports import free_port
 
 BUILD_SCRIPT = REPO / "services" / "local" / "jaeger" / "build.sh"
 

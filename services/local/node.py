@@ -55,9 +55,9 @@ from typing import Any
 
 import msgspec
 
-from services.core.ports import free_port
 from services.local import REPO, hostspec, images, nodeconfig
 from services.local.cluster import ControlPlane, ControlPlaneError, Process, wait_until
+from services.local.ports import free_port
 
 CONTAINERD_BUILD = Path(__file__).resolve().parent / "containerd" / "build.sh"
 #: The one namespace containerd keeps Kubernetes' images and containers in.

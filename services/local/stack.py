@@ -61,11 +61,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from services.core import computedomain as cd
-from services.core import featuregates, nvidia
-from services.core.access import Role
-from services.core.natsserver import NatsServer
-from services.core.ports import free_port
+from services.core.bus.access import Role
+from services.core.model import computedomain as cd
+from services.core.model import featuregates, nvidia
 from services.local import REPO, admission, images
 from services.local.cluster import (
     DEFAULT_CONTROLLERS,
@@ -78,7 +76,9 @@ from services.local.cluster import (
 )
 from services.local.daemonpods import DaemonNode, DaemonPods
 from services.local.jaeger import Jaeger
+from services.local.natsserver import NatsServer
 from services.local.node import NodeTools, RealNode
+from services.local.ports import free_port
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
 COMPUTE_DOMAIN_CRD = REPO / "deploy" / "computedomains.yaml"

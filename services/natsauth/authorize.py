@@ -12,8 +12,8 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from services.core.access import NODE_ROLES, AccessError, Identity, Role
-from services.core.natsjwt import unverified_claims
+from services.core.bus.access import NODE_ROLES, AccessError, Identity, Role
+from services.core.bus.natsjwt import unverified_claims
 from services.natsauth import grants as g
 from services.natsauth.tokenreview import Reviewer
 

@@ -18,9 +18,9 @@ import logging
 import os
 from pathlib import Path
 
-from services.core import config, runner
-from services.core.access import Role
-from services.core.natsjwt import Signer
+from services.core.bus.access import Role
+from services.core.bus.natsjwt import Signer
+from services.core.process import config, runner
 from services.natsauth import grants as g
 
 log = logging.getLogger(__name__)
@@ -98,7 +98,7 @@ async def _serve(
 ) -> None:
     import nats
 
-    from services.core.kube import http_api
+    from services.core.kube.client import http_api
     from services.natsauth.authorize import Authorizer
     from services.natsauth.service import Callout
     from services.natsauth.tokenreview import TokenReviewer
@@ -144,7 +144,7 @@ def _register_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
 def _run_keygen(args: argparse.Namespace) -> int:
     import asyncio
 
-    from services.core.kube import http_api
+    from services.core.kube.client import http_api
     from services.natsauth import keys
 
     namespace = args.namespace or _own_namespace()

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from services.core.access import Role
+from services.core.bus.access import Role
 
 SA_PREFIX = "system:serviceaccount:"
 

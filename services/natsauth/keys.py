@@ -18,9 +18,9 @@ from typing import Any
 
 import msgspec
 
-from services.core import natsjwt
-from services.core.kube import ApiError, KubeApi
-from services.core.natsauth import new_seed, public_key
+from services.core.bus import natsjwt
+from services.core.bus.natsauth import new_seed, public_key
+from services.core.kube.client import ApiError, KubeApi
 
 ISSUER_KEY = "issuer.nk"
 USER_KEY = "user.nk"

@@ -17,7 +17,8 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter
 
-from services.core import natsjwt, supervisor
+from services.core.bus import natsjwt
+from services.core.kit import supervisor
 from services.natsauth.authorize import Authorizer, Decision
 
 log = logging.getLogger(__name__)

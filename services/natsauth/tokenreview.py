@@ -11,7 +11,7 @@ from typing import Protocol
 
 import msgspec
 
-from services.core.kube import ApiError, KubeApi
+from services.core.kube.client import ApiError, KubeApi
 
 PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 NODE_NAME = "authentication.kubernetes.io/node-name"  # ServiceAccountTokenPodNodeInfo

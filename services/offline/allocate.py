@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from services.core import config
+from services.core.process import config
 
 if TYPE_CHECKING:
     from services.allocator.structured.snapshot import ClaimOutcome

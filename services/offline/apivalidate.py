@@ -64,9 +64,9 @@ import msgspec
 
 from services.allocator.cel.env import CelEnvironment
 from services.allocator.structured.features import Features
-from services.core import names
-from services.core.quantity import Quantity, QuantityError
-from services.core.resource import (
+from services.core.kube import names
+from services.core.kube.quantity import Quantity, QuantityError
+from services.core.kube.resource import (
     CapacityRequestPolicy,
     CounterSet,
     Device,

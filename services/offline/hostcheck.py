@@ -24,8 +24,9 @@ from typing import Any
 
 import msgspec
 
-from services.core import featuregates, resource
-from services.core.schemas import NodeInventory
+from services.core.kube import resource
+from services.core.model import featuregates
+from services.core.model.schemas import NodeInventory
 from services.discovery import backend as nv
 from services.discovery.fleet import Fleet, FleetGpu
 from services.discovery.inventory import scan

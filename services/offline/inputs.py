@@ -26,8 +26,8 @@ from services.allocator.structured.admission import admit_claim, admit_slice
 from services.allocator.structured.features import DEFAULT_MINOR, Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.snapshot import Inputs
-from services.core.quantity import Quantity, QuantityError
-from services.core.resource import (
+from services.core.kube.quantity import Quantity, QuantityError
+from services.core.kube.resource import (
     API_VERSION,
     DeviceClass,
     DeviceTaintRule,

@@ -38,8 +38,8 @@ from typing import Any
 
 import msgspec
 
-from services.core import nvidia, quantity
-from services.core.resource import (
+from services.core.kube import quantity
+from services.core.kube.resource import (
     CounterSet,
     Device,
     DeviceAttribute,
@@ -48,6 +48,7 @@ from services.core.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
+from services.core.model import nvidia
 
 DEFAULT_KUBE_MINOR = 35
 

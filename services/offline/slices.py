@@ -23,9 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from services.core import config, featuregates, nvidia, resource
-from services.core.resource import ResourceSlice
-from services.core.schemas import NodeInventory
+from services.core.kube import resource
+from services.core.kube.resource import ResourceSlice
+from services.core.model import featuregates, nvidia
+from services.core.model.schemas import NodeInventory
+from services.core.process import config
 from services.offline import slicecheck
 
 if TYPE_CHECKING:

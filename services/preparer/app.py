@@ -11,12 +11,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.core import featuregates as fg
-from services.core import nvidia, runner, subjects
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.resource import ResourceClaim
-from services.core.shares import DISABLED, SharesMode
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
+from services.core.model import featuregates as fg
+from services.core.model import nvidia
+from services.core.model.shares import DISABLED, SharesMode
+from services.core.process import runner
 from services.preparer import cdi, faults, rebuild, refcheckpoint
 from services.preparer.checkpoint import (
     DEFAULT_RECOVERY,
@@ -37,7 +39,7 @@ from services.preparer.pods import NodePods
 from services.preparer.service import PreparerService
 
 if TYPE_CHECKING:
-    from services.core.kube import KubeApi
+    from services.core.kube.client import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -136,7 +138,8 @@ async def _claim_source(
             "be refused, since no claim and no pod can be checked; unprepares still work"
         )
         return ClaimSource(bus, settings.node), None, None
-    from services.core import kube, resourceapi
+    from services.core.kube import client as kube
+    from services.core.kube import resourceapi
 
     api = resourceapi.versioned(await kube.http_api(settings.kubeconfig))
     pods = NodePods(api, settings.node)
@@ -287,7 +290,7 @@ async def _domain_service(
     """The compute-domain.nvidia.com driver's engine and service: its own checkpoint
     and subjects, the GPU service's claim events. Its claims are checked as the GPU
     driver's are; its gate needs the API server even with a trusted claims bucket."""
-    from services.core import computedomain as cd
+    from services.core.model import computedomain as cd
     from services.preparer.computedomain.engine import DomainEngine
     from services.preparer.computedomain.gate import DomainGate
     from services.preparer.computedomain.nodefacts import NodeFacts
@@ -300,7 +303,7 @@ async def _domain_service(
         claims = ClaimSource(bus, settings.node, driver=cd.CD_DRIVER)
     gate_api = api
     if gate_api is None and _has_api(settings):
-        from services.core import kube
+        from services.core.kube import client as kube
 
         gate_api = await kube.http_api(settings.kubeconfig)
     store = CheckpointStore(

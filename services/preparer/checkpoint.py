@@ -37,8 +37,8 @@ from typing import Any, Literal
 
 import msgspec
 
-from services.core.resource import AllocationResult
-from services.core.schemas import Gpu, MigDevice
+from services.core.kube.resource import AllocationResult
+from services.core.model.schemas import Gpu, MigDevice
 from services.preparer.fsutil import atomic_write
 
 log = logging.getLogger(__name__)

@@ -33,17 +33,18 @@ from typing import TYPE_CHECKING, Protocol
 import msgspec
 from prometheus_client import Counter
 
-from services.core import limits, subjects, supervisor
-from services.core.backoff import Backoff
-from services.core.bus import Bus, unavailable
-from services.core.pods import Pod
-from services.core.resource import ResourceClaim, ResourceClaimConsumerReference
-from services.core.schemas import ClaimRef, SchemaError
+from services.core.bus import subjects
+from services.core.bus.client import Bus, unavailable
+from services.core.kit import limits, supervisor
+from services.core.kit.backoff import Backoff
+from services.core.kube.pods import Pod
+from services.core.kube.resource import ResourceClaim, ResourceClaimConsumerReference
+from services.core.model.schemas import ClaimRef, SchemaError
 from services.preparer import verify
 from services.preparer.pods import PodLookupError
 
 if TYPE_CHECKING:
-    from services.core.kube import KubeApi
+    from services.core.kube.client import KubeApi
     from services.preparer.pods import NodePods
 
 log = logging.getLogger(__name__)
@@ -99,13 +100,13 @@ class ApiReader(Protocol):
 
 
 class KubernetesReader:
-    """GET resource.k8s.io/v1 resourceclaims through the one client in services.core.kube."""
+    """GET resource.k8s.io/v1 resourceclaims through the one client in services.core.kube.client."""
 
     def __init__(self, api: KubeApi) -> None:
         self.api = api
 
     async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
-        from services.core import kube
+        from services.core.kube import client as kube
 
         path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
         try:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from services.core import config, runner
+from services.core.process import config, runner
 from services.preparer import cdi, faults
 from services.preparer.cdigen import hooks
 from services.preparer.checkpoint import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES

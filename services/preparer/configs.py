@@ -23,14 +23,14 @@ from typing import Any, Literal
 
 import msgspec
 
-from services.core import featuregates as fg
-from services.core import quantity
-from services.core.computedomain import CD_DRIVER as CD_DRIVER
-from services.core.computedomain import decode_compute_domain, validate_compute_domain
-from services.core.opaque import API_VERSION as API_VERSION
-from services.core.opaque import ConfigError as ConfigError
-from services.core.opaque import Strict, decode_strict
-from services.core.resource import DeviceAllocationConfiguration, DeviceRequestAllocationResult
+from services.core.kube import quantity
+from services.core.kube.resource import DeviceAllocationConfiguration, DeviceRequestAllocationResult
+from services.core.model import featuregates as fg
+from services.core.model.computedomain import CD_DRIVER as CD_DRIVER
+from services.core.model.computedomain import decode_compute_domain, validate_compute_domain
+from services.core.model.opaque import API_VERSION as API_VERSION
+from services.core.model.opaque import ConfigError as ConfigError
+from services.core.model.opaque import Strict, decode_strict
 
 DRIVER = "gpu.nvidia.com"
 GPU_CONFIG = "GpuConfig"

@@ -47,9 +47,11 @@ from typing import Any
 import msgspec
 from prometheus_client import Counter
 
-from services.core import claimstatus, nvidia, supervisor
-from services.core.kube import ApiError, KubeApi
-from services.core.resource import ResourceClaim, ResourceClaimStatus
+from services.core.kit import supervisor
+from services.core.kube import claimstatus
+from services.core.kube.client import ApiError, KubeApi
+from services.core.kube.resource import ResourceClaim, ResourceClaimStatus
+from services.core.model import nvidia
 from services.preparer.checkpoint import (
     GPU_KINDS,
     PREPARE_COMPLETED,
@@ -160,7 +162,7 @@ class DeviceStatusWriter:
         settle_s: float = SETTLE_S,
         copy_of: CopyOf | None = None,
     ) -> None:
-        """``mode``: on, off, or auto (Kubernetes 1.36+: see services.core.claimstatus);
+        """``mode``: on, off, or auto (Kubernetes 1.36+: see services.core.kube.claimstatus);
         ``idle``: set while the preparer answers no kubelet call (the service's)."""
         self.api = api
         self.store = store

@@ -38,10 +38,11 @@ from opentelemetry import context as otel_context
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from services.core import featuregates as fg
-from services.core import nvidia, shares, tracing
-from services.core.resource import DeviceRequestAllocationResult, ResourceClaim
-from services.core.schemas import ClaimRef, DeviceRef, PreparedDevice
+from services.core.kube.resource import DeviceRequestAllocationResult, ResourceClaim
+from services.core.model import featuregates as fg
+from services.core.model import nvidia, shares
+from services.core.model.schemas import ClaimRef, DeviceRef, PreparedDevice
+from services.core.telemetry import tracing
 from services.preparer import cdi, configs, metadata, shareplan, verify
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import (

@@ -11,9 +11,10 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.core import subjects, supervisor
-from services.core.bus import Bus
-from services.core.schemas import HeldDevice, NodePreparedDevices
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kit import supervisor
+from services.core.model.schemas import HeldDevice, NodePreparedDevices
 from services.preparer.checkpoint import GPU_KINDS, PREPARE_COMPLETED, CheckpointStore
 
 log = logging.getLogger(__name__)

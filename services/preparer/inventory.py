@@ -11,9 +11,11 @@ import asyncio
 import logging
 from dataclasses import dataclass
 
-from services.core import nvidia, subjects, supervisor
-from services.core.bus import Bus
-from services.core.schemas import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kit import supervisor
+from services.core.model import nvidia
+from services.core.model.schemas import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import msgspec
 
-from services.core.resource import DeviceAttribute
+from services.core.kube.resource import DeviceAttribute
 from services.preparer.cdi import MetadataMount, metadata_container_path
 from services.preparer.fsutil import atomic_write
 

@@ -16,11 +16,11 @@ from typing import TYPE_CHECKING
 
 import msgspec
 
-from services.core import limits, supervisor
-from services.core.pods import Pod
+from services.core.kit import limits, supervisor
+from services.core.kube.pods import Pod
 
 if TYPE_CHECKING:
-    from services.core.kube import KubeApi
+    from services.core.kube.client import KubeApi
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +39,7 @@ class NodePods:
     """This node's pods, kept by a supervised watch; one pod from the API when not seen yet."""
 
     def __init__(self, api: KubeApi, node: str, on_change: PodChange | None = None) -> None:
-        from services.core.informer import Informer  # the client stays unloaded without an API
+        from services.core.kube.informer import Informer  # the client stays unloaded without an API
 
         self.api = api
         self.node = node
@@ -73,7 +73,7 @@ class NodePods:
 
     async def get(self, namespace: str, name: str) -> Pod | None:
         """The pod from the API server (None: it does not exist)."""
-        from services.core.kube import ApiError
+        from services.core.kube.client import ApiError
 
         try:
             body = await self.api.get(f"/api/v1/namespaces/{namespace}/pods/{name}")

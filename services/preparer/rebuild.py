@@ -25,9 +25,10 @@ from pathlib import Path
 import msgspec
 import yaml
 
-from services.core import nvidia, quantity, shares
-from services.core.resource import DeviceRequestAllocationResult, ResourceClaim
-from services.core.schemas import NodeInventory
+from services.core.kube import quantity
+from services.core.kube.resource import DeviceRequestAllocationResult, ResourceClaim
+from services.core.model import nvidia, shares
+from services.core.model.schemas import NodeInventory
 from services.preparer import cdi, shareplan
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,

@@ -36,9 +36,9 @@ from typing import Any, cast
 
 import msgspec
 
-from services.core import nvidia
-from services.core.resource import AllocationResult
-from services.core.schemas import NodeInventory
+from services.core.kube.resource import AllocationResult
+from services.core.model import nvidia
+from services.core.model.schemas import NodeInventory
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,

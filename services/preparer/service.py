@@ -24,12 +24,14 @@ from opentelemetry.trace import SpanKind
 from opentelemetry.util.types import AttributeValue
 from prometheus_client import Counter, Histogram
 
-from services.core import limits, metrics, nvidia, subjects, tracing
-from services.core.access import Identity, Role
-from services.core.backoff import Backoff
-from services.core.bus import Bus, unavailable
-from services.core.claimtrail import ClaimTrail, instance_name
-from services.core.schemas import (
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.claimtrail import ClaimTrail, instance_name
+from services.core.bus.client import Bus, unavailable
+from services.core.kit import limits
+from services.core.kit.backoff import Backoff
+from services.core.model import nvidia
+from services.core.model.schemas import (
     ClaimEvent,
     ClaimEventName,
     ClaimRef,
@@ -38,6 +40,7 @@ from services.core.schemas import (
     NodeReply,
     NodeRequest,
 )
+from services.core.telemetry import metrics, tracing
 from services.preparer.checkpoint import CheckpointStore, ClaimEntry
 from services.preparer.devicestatus import DeviceStatusWriter
 from services.preparer.engine import Outcome
@@ -76,7 +79,7 @@ class EventSink:
     Events wait ``linger`` seconds, then go out together: the events of
     different claims concurrently, those of one claim one after the other,
     because each is numbered after the claim's previous one
-    (:class:`~services.core.claimtrail.ClaimTrail`). The order of :meth:`emit`
+    (:class:`~services.core.bus.claimtrail.ClaimTrail`). The order of :meth:`emit`
     is kept per claim.
 
     A publish that JetStream does not acknowledge (the stream's leader died

@@ -3,7 +3,7 @@
 The scheduler's allocation says which share (``shareID``) of which device a
 claim got and how much of each capacity it consumed. The preparer trusts none
 of it blindly: it rebuilds the device exactly as this node publishes it
-(services/core/shares.py renders the same policies for the publisher), checks
+(services/core/model/shares.py renders the same policies for the publisher), checks
 the consumed amounts against those policies, and checks that the shares
 prepared (or being prepared) on the device plus this one fit its capacity.
 Every refusal here is permanent: retrying cannot make a share fit.
@@ -16,10 +16,11 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from fractions import Fraction
 
-from services.core import featuregates as fg
-from services.core import nvidia, quantity, shares
-from services.core.resource import Device, DeviceRequestAllocationResult
-from services.core.schemas import NodeInventory
+from services.core.kube import quantity
+from services.core.kube.resource import Device, DeviceRequestAllocationResult
+from services.core.model import featuregates as fg
+from services.core.model import nvidia, shares
+from services.core.model.schemas import NodeInventory
 from services.preparer import configs
 from services.preparer.checkpoint import ShareState
 from services.preparer.inventory import Target

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from opentelemetry.util.types import AttributeValue
 
-from services.core import tracing
+from services.core.telemetry import tracing
 from services.preparer.checkpoint import ClaimEntry, GroupState
 
 EXCLUSIVE = "Exclusive"

@@ -18,16 +18,16 @@ reason names what was expected and what was found.
 
 from __future__ import annotations
 
-from services.core import nvidia
-from services.core.pods import Pod
-from services.core.resource import (
+from services.core.kube.pods import Pod
+from services.core.kube.resource import (
     DeviceRequestAllocationResult,
     NodeSelector,
     NodeSelectorRequirement,
     ResourceClaim,
     ResourceClaimConsumerReference,
 )
-from services.core.schemas import ClaimRef
+from services.core.model import nvidia
+from services.core.model.schemas import ClaimRef
 
 DRIVER = nvidia.DRIVER_NAME
 # DeviceRequestAllocationResult.skipNodeOperations (Kubernetes 1.37, DRAOptionalNodeOperations).

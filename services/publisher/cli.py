@@ -13,7 +13,9 @@ import functools
 import logging
 import re
 
-from services.core import config, featuregates, runner, supervisor
+from services.core.kit import supervisor
+from services.core.model import featuregates
+from services.core.process import config, runner
 from services.publisher.tuning import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_SHARDS, DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
@@ -127,10 +129,10 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    from services.core.access import Identity, Role
-    from services.core.bus import Bus
-    from services.core.kube import http_api
-    from services.core.resourceapi import versioned
+    from services.core.bus.access import Identity, Role
+    from services.core.bus.client import Bus
+    from services.core.kube.client import http_api
+    from services.core.kube.resourceapi import versioned
     from services.publisher.kubeapi import KubeSliceApi
     from services.publisher.render import RenderOptions
     from services.publisher.service import Publisher, PublisherConfig
@@ -168,7 +170,7 @@ async def _serve(args: argparse.Namespace) -> None:
         tasks.spawn("clique labels", labeler.run, fatal=True)
     publishers = [publisher]
     if args.compute_domains:
-        from services.core.computedomain import CD_DRIVER
+        from services.core.model.computedomain import CD_DRIVER
 
         domain_api = KubeSliceApi(api.api, field_manager=api.field_manager, driver=CD_DRIVER)
         publishers.append(Publisher(domain_api, dataclasses.replace(settings, driver=CD_DRIVER)))

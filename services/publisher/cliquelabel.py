@@ -13,9 +13,9 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from services.core import nvidia
-from services.core.kube import ApiError, KubeApi
-from services.core.schemas import NodeInventory
+from services.core.kube.client import ApiError, KubeApi
+from services.core.model import nvidia
+from services.core.model.schemas import NodeInventory
 
 log = logging.getLogger(__name__)
 

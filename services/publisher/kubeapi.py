@@ -1,6 +1,6 @@
-""":class:`SliceApi` against a real API server, through the one client in services.core.kube.
+""":class:`SliceApi` against a real API server, through the one client in services.core.kube.client.
 
-Slices are decoded straight into :mod:`services.core.resource` models, the
+Slices are decoded straight into :mod:`services.core.kube.resource` models, the
 exact wire shape we render; a watch event is decoded only as far as the
 publisher needs (name, node, version), since the watch carries every write of
 a whole fleet.
@@ -13,9 +13,9 @@ from typing import TypeVar
 
 import msgspec
 
-from services.core import nvidia
-from services.core.kube import ApiError, KubeApi, server_minor
-from services.core.resource import ResourceSlice, to_builtins
+from services.core.kube.client import ApiError, KubeApi, server_minor
+from services.core.kube.resource import ResourceSlice, to_builtins
+from services.core.model import nvidia
 from services.publisher.sliceapi import SliceList, SliceNodes, WatchEvent
 
 SLICES_PATH = "/apis/resource.k8s.io/v1/resourceslices"

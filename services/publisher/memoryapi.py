@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from services.core.kube import ApiError
-from services.core.resource import ResourceSlice
+from services.core.kube.client import ApiError
+from services.core.kube.resource import ResourceSlice
 from services.publisher.sliceapi import EventType, SliceList, SliceNodes, WatchEvent
 
 

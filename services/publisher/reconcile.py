@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from services.core import nvidia, quantity
-from services.core.kube import ApiError
-from services.core.resource import (
+from services.core.kube import quantity
+from services.core.kube.client import ApiError
+from services.core.kube.resource import (
     Counter,
     CounterSet,
     Device,
@@ -47,6 +47,7 @@ from services.core.resource import (
     OwnerReference,
     ResourceSlice,
 )
+from services.core.model import nvidia
 from services.publisher import metrics
 from services.publisher.render import SliceContent, build_slices, node_owner, slice_name
 from services.publisher.sliceapi import SliceApi
@@ -106,7 +107,7 @@ class PoolPlan:
 
 DropKind = str  # "sharedCounters" | "consumesCounters" | "taints" | "allowMultipleAllocations"
 # allowMultipleAllocations stands for it and the capacities' requestPolicy: an API server
-# without DRAConsumableCapacity drops both (consumable shares, services/core/shares.py).
+# without DRAConsumableCapacity drops both (consumable shares, services/core/model/shares.py).
 # listTypeAttributes: attributes written as lists (ints, bools, strings, versions); an
 # API server without DRAListTypeAttributes (or older than 1.36) keeps none of them, and
 # they are then written as the scalar they stand for (nvidia.scalar_attributes).

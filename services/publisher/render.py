@@ -17,7 +17,7 @@ counters (the 1.35 rule, also valid on 1.34) or has a list-type attribute (1.36+
 ``ResourceSliceMaxDevicesWithAdvancedFeatures``), else 128.
 
 With DRAListTypeAttributes the standard ``numaNode`` is a one-element list, as the
-reference publishes it (:func:`services.core.nvidia.list_type_attributes`), on an API
+reference publishes it (:func:`services.core.model.nvidia.list_type_attributes`), on an API
 server that can store lists (1.36 and later); an older one gets the int.
 """
 
@@ -28,10 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from services.core import computedomain as cd
-from services.core import domainnode, featuregates, nvidia, shares
-from services.core.featuregates import FeatureGates
-from services.core.resource import (
+from services.core.kube.resource import (
     CounterSet,
     Device,
     ObjectMeta,
@@ -40,8 +37,11 @@ from services.core.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
-from services.core.schemas import Gpu, NodeInventory, NodePreparedDevices
-from services.core.shares import DISABLED, SharesMode
+from services.core.model import computedomain as cd
+from services.core.model import domainnode, featuregates, nvidia, shares
+from services.core.model.featuregates import FeatureGates
+from services.core.model.schemas import Gpu, NodeInventory, NodePreparedDevices
+from services.core.model.shares import DISABLED, SharesMode
 
 MAX_DEVICES = 128
 MAX_DEVICES_ADVANCED = 64  # any device with taints, consumesCounters or a list attribute
@@ -305,7 +305,7 @@ def render_domain_contents(
     the same on every node (no clique attribute, as the reference; a node outside a
     fabric publishes them too, and its daemon idles).
 
-    None (no pool) while the node cannot serve the driver (services.core.domainnode:
+    None (no pool) while the node cannot serve the driver (services.core.model.domainnode:
     its NVLink fabric names no one clique, or its driver is too old for the IMEX
     daemons' DNS names), where the reference's plugin refuses to start, so it publishes
     nothing and no claim is scheduled there. The pool comes back once the node can.

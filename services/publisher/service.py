@@ -27,19 +27,22 @@ from typing import TypeVar
 import msgspec
 from opentelemetry import trace
 
-from services.core import claimstatus, domainnode, featuregates, nvidia, subjects, tracing
-from services.core import computedomain as cd
-from services.core.backoff import Backoff
-from services.core.bus import Bus, KvUpdate
-from services.core.informer import watch_forever
-from services.core.kube import ApiError
-from services.core.metrics import MALFORMED_MESSAGES
-from services.core.schemas import (
+from services.core.bus import subjects
+from services.core.bus.client import Bus, KvUpdate
+from services.core.kit.backoff import Backoff
+from services.core.kube import claimstatus
+from services.core.kube.client import ApiError
+from services.core.kube.informer import watch_forever
+from services.core.model import computedomain as cd
+from services.core.model import domainnode, featuregates, nvidia
+from services.core.model.schemas import (
     NodeInventory,
     NodePreparedDevices,
     PluginPresence,
     SchemaError,
 )
+from services.core.telemetry import tracing
+from services.core.telemetry.metrics import MALFORMED_MESSAGES
 from services.publisher import metrics
 from services.publisher.reconcile import NodeNotFound, Reconciler, SyncFailed
 from services.publisher.render import (

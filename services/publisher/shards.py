@@ -34,8 +34,9 @@ from collections.abc import Callable
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from services.core import retention, subjects, supervisor
-from services.core.bus import Bus, open_watcher
+from services.core.bus import retention, subjects
+from services.core.bus.client import Bus, open_watcher
+from services.core.kit import supervisor
 from services.publisher.tuning import DEFAULT_SHARDS
 
 log = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class Shards:
         ttl: float | None = None,
         on_gain: Callable[[set[int]], None] | None = None,
     ) -> None:
-        # The TTL is the bucket's max age (one place: services.core.retention).
+        # The TTL is the bucket's max age (one place: services.core.bus.retention).
         ttl = ttl or retention.limits(subjects.PUBLISHERS_BUCKET).max_age_s
         if count < 1 or ttl <= 0:
             raise ValueError("shards need count >= 1 and a positive TTL (KV_PUBLISHERS max age)")

@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from services.core.resource import ResourceSlice
+from services.core.kube.resource import ResourceSlice
 
 
 @dataclass(frozen=True)
@@ -81,5 +81,5 @@ class SliceApi(Protocol):
     def watch(self, resource_version: str) -> AsyncIterator[WatchEvent]:
         """Our driver's slice changes after ``resource_version``; ApiError(410) when expired.
 
-        Failures raise :class:`services.core.kube.ApiError`, as every call here does."""
+        Failures raise :class:`services.core.kube.client.ApiError`, as every call here does."""
         ...

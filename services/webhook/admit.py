@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from services.core import featuregates as fg
+from services.core.model import featuregates as fg
 from services.preparer import configs
 from services.webhook.review import AdmissionRequest
 

@@ -13,7 +13,7 @@ import argparse
 import logging
 from pathlib import Path
 
-from services.core import config, runner
+from services.core.process import config, runner
 
 log = logging.getLogger(__name__)
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.core import featuregates as fg
-from services.core import supervisor
+from services.core.kit import supervisor
+from services.core.model import featuregates as fg
 from services.webhook import admit, certs, review
 from services.webhook.metrics import REVIEWS
 

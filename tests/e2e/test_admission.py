@@ -30,9 +30,10 @@ from typing import Any
 import nats.errors
 import pytest
 
-from services.core import subjects, tracing
-from services.core.access import Role
-from services.core.schemas import ClaimEvent, decode
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.model.schemas import ClaimEvent, decode
+from services.core.telemetry import tracing
 from services.local import admission
 from services.local.jaeger import JaegerError, build_jaeger, wait_for_trace
 from services.local.stack import DEMO_KUBE_GATES, Stack

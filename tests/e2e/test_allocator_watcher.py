@@ -25,13 +25,13 @@ from typing import Any
 
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
-from services.core.schemas import ClaimEvent
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
+from services.core.model.schemas import ClaimEvent
 from services.local.cluster import ControlPlane
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
 

@@ -24,13 +24,13 @@ from typing import Any
 
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
-from services.core.schemas import ClaimRef
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
+from services.core.model.schemas import ClaimRef
 from services.local.cluster import ControlPlane
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import Node
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]

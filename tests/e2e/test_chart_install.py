@@ -39,7 +39,6 @@ from typing import Any
 import pytest
 import yaml
 
-from services.core.ports import free_port
 from services.local import REPO, image, images, node
 from services.local.cluster import (
     WORKLOAD_CONTROLLERS,
@@ -48,6 +47,7 @@ from services.local.cluster import (
     wait_until,
 )
 from services.local.helm import CHART, Helm, build_helm, set_args
+from services.local.ports import free_port
 from services.preparer import cdi
 
 pytestmark = [pytest.mark.e2e, pytest.mark.realnode]

@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.local.stack import NodeSpec, Stack
 from tests.helpers.domainstack import current_revision, history, node_label
 from tests.helpers.stackrun import started_stack

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.core.kube import ApiError, KubeApi, http_api
+from services.core.kube.client import ApiError, KubeApi, http_api
 from services.local.cluster import ControlPlane, install_crd
 from services.local.stack import COMPUTE_DOMAIN_CRD
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.local.stack import DRIVER_NAMESPACE, NodeSpec, Stack, StackError
 from services.preparer.computedomain.engine import spec_path
 from tests.helpers import domainstack

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.imexdaemon import dnsnames
 from services.local.stack import DAEMON_ADDRESS_BASE, DRIVER_NAMESPACE, NodeSpec, Stack
 from services.preparer.computedomain.engine import spec_path

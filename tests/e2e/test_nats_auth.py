@@ -27,11 +27,12 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 from nats.aio.client import Client as NatsClient
 
-from services.core import computedomain as cd
-from services.core import subjects, supervisor
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.natsauth import public_key
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.core.bus.natsauth import public_key
+from services.core.kit import supervisor
+from services.core.model import computedomain as cd
 from services.domains.objects import DaemonBus, DaemonSettings, daemon_set
 from services.local.cluster import ControlPlane
 from tests.helpers.imex import a_domain

@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import yaml
 
-from services.core import featuregates
-from services.core.kube import ApiError, http_api
-from services.core.resource import ResourceSlice
+from services.core.kube.client import ApiError, http_api
+from services.core.kube.resource import ResourceSlice
+from services.core.model import featuregates
 from services.local.cluster import ControlPlane
 from services.offline import slicecheck
 from services.offline.slices import fleet_inventory

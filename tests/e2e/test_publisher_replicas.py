@@ -23,11 +23,11 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import GpuHealth, NodeInventory, Xid
 from services.local.cluster import ControlPlane
+from services.local.natsserver import NatsServer
 from services.offline.slices import fleet_inventory
 from tests.helpers.publisher import PublisherProcess
 

@@ -29,9 +29,9 @@ import msgspec
 import nats.errors
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.schemas import ClaimEvent, PluginPresence, decode
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.model.schemas import ClaimEvent, PluginPresence, decode
 from services.local import demo
 from services.local.stack import Stack, StackError, complete_pool
 from services.preparer import checkpoint, faults

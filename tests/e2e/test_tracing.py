@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from services.core import tracing
+from services.core.telemetry import tracing
 from services.local import REPO, demo
 from services.local.cluster import make_pki
 from services.local.jaeger import Jaeger, JaegerError, build_jaeger, wait_for_trace
@@ -255,7 +255,7 @@ def test_one_trace_per_claim_life_in_jaeger(stack: Stack) -> None:
 
 
 SEND_ONE_SPAN = """
-from services.core import tracing
+from services.core.telemetry import tracing
 assert tracing.setup("envcheck")
 with tracing.claim_span(tracing.tracer("t"), "envcheck", "uid-of-{case}"):
     pass

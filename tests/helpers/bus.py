@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from services.core.access import Identity, Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsCluster, NatsServer
+from services.core.bus.access import Identity, Role
+from services.core.bus.client import Bus
+from services.local.natsserver import NatsCluster, NatsServer
 
 
 async def connect(

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from services.core.nvidia import gpu_device_name, vfio_device_name
+from services.core.model.nvidia import gpu_device_name, vfio_device_name
 from services.local.driverroot import DriverRoot
 
 

@@ -12,9 +12,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from services.core import subjects
-from services.core.bus import Bus, RequestFailed
-from services.core.schemas import (
+from services.core.bus import subjects
+from services.core.bus.client import Bus, RequestFailed
+from services.core.model.schemas import (
     NodeInventory,
     SimMigReply,
     SimMigRequest,

@@ -14,7 +14,7 @@ import urllib.parse
 import urllib.request
 from typing import Any
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.local.stack import Stack, StackNode
 from services.preparer import checkpoint
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import ClaimEvent, decode
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent, decode
 
 
 async def stored_claim_events(bus: Bus) -> list[ClaimEvent]:

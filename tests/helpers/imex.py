@@ -17,10 +17,10 @@ from pathlib import Path
 
 import msgspec
 
-from services.core.access import Role
-from services.core.natsserver import NatsServer
-from services.core.ports import free_port
+from services.core.bus.access import Role
 from services.domains.model import ComputeDomain
+from services.local.natsserver import NatsServer
+from services.local.ports import free_port
 
 CLIQUE = "c0ffee00-0000-4000-8000-000000000001.1"
 

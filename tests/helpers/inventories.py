@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from services.core.schemas import (
+from services.core.model.schemas import (
     Gpu,
     MigDevice,
     MigPlacement,

@@ -17,9 +17,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.core.natsauth import AccessDir, Credentials
-from services.core.natsserver import server_binary
-from services.core.ports import free_port
+from services.core.bus.natsauth import AccessDir, Credentials
+from services.local.natsserver import server_binary
+from services.local.ports import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 CHART_AUTH_CONF = REPO / "deploy" / "chart" / "gpudra" / "files" / "nats-auth.conf"

@@ -27,11 +27,10 @@ from typing import Any
 import msgspec
 import yaml
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus, RequestFailed
-from services.core.natsserver import NatsCluster, NatsServer
-from services.core.resource import (
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus, RequestFailed
+from services.core.kube.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,
     DeviceAllocationResult,
@@ -43,8 +42,9 @@ from services.core.resource import (
     ResourceClaimSpec,
     ResourceClaimStatus,
 )
-from services.core.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
+from services.core.model.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
 from services.local.apiserver import MemoryApiServer, Obj, pod_object
+from services.local.natsserver import NatsCluster, NatsServer
 from services.preparer import cdicheck, checkpoint
 from tests.helpers.bus import connect
 

@@ -19,14 +19,15 @@ import msgspec
 import pytest
 from aiohttp import web
 
-from services.core import resourceapi, subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.kube import ApiError
-from services.core.natsserver import NatsServer
-from services.core.ports import free_port
-from services.core.resource import ResourceSlice, to_builtins
-from services.core.schemas import NodeInventory
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.kube import resourceapi
+from services.core.kube.client import ApiError
+from services.core.kube.resource import ResourceSlice, to_builtins
+from services.core.model.schemas import NodeInventory
+from services.local.natsserver import NatsServer
+from services.local.ports import free_port
 from services.publisher.memoryapi import MemorySliceApi
 
 REPO = Path(__file__).resolve().parents[2]

@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.core.access import Role
+from services.core.bus.access import Role
 from services.local.hostspec import KUBELET_SYSCTLS
 from services.local.node import RealNode, cgroup_mounts
 from services.local.stack import Stack

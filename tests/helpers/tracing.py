@@ -9,7 +9,7 @@ from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.core import tracing
+from services.core.telemetry import tracing
 
 
 def recording() -> tuple[trace.Tracer, InMemorySpanExporter]:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
+from services.core.bus.client import Bus
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import Node
 
 

@@ -11,12 +11,13 @@ import msgspec
 import nats.js.errors
 import pytest
 
-from services.core import retention, subjects, supervisor
-from services.core.access import Role
-from services.core.bus import Bus, KvUpdate, RequestFailed, RequestTimeout
-from services.core.metrics import MALFORMED_MESSAGES
-from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaError
+from services.core.bus import retention, subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus, KvUpdate, RequestFailed, RequestTimeout
+from services.core.kit import supervisor
+from services.core.model.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaError
+from services.core.telemetry.metrics import MALFORMED_MESSAGES
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration

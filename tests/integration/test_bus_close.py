@@ -7,10 +7,10 @@ import asyncio
 
 import pytest
 
-from services.core import subjects
-from services.core.bus import Bus, settle_watchers
-from services.core.natsserver import NatsServer
-from services.core.schemas import PluginPresence
+from services.core.bus import subjects
+from services.core.bus.client import Bus, settle_watchers
+from services.core.model.schemas import PluginPresence
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration

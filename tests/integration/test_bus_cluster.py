@@ -36,14 +36,14 @@ from pathlib import Path
 import grpc
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus, unavailable
-from services.core.natsserver import NatsCluster, NatsServer
-from services.core.ports import free_port
-from services.core.resource import ResourceClaim
-from services.core.schemas import ClaimEvent, SimMigReply, SimMigRequest
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus, unavailable
+from services.core.kube.resource import ResourceClaim
+from services.core.model.schemas import ClaimEvent, SimMigReply, SimMigRequest
 from services.local.kubelet import Claim, FakeKubelet
+from services.local.natsserver import NatsCluster, NatsServer
+from services.local.ports import free_port
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_messages
 from tests.helpers.preparer import Dev, Node, make_claim, ref

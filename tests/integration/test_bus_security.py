@@ -23,14 +23,14 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from services.core import computedomain as cd
-from services.core import nvidia, subjects
-from services.core.access import Identity, Role
-from services.core.bus import Bus, RequestTimeout
-from services.core.claimtrail import ClaimTrail
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
-from services.core.schemas import (
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.claimtrail import ClaimTrail
+from services.core.bus.client import Bus, RequestTimeout
+from services.core.kube.resource import ResourceClaim
+from services.core.model import computedomain as cd
+from services.core.model import nvidia
+from services.core.model.schemas import (
     ClaimEvent,
     ClaimRef,
     HealthEvent,
@@ -38,6 +38,7 @@ from services.core.schemas import (
     NodeRequest,
     encode,
 )
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, ref

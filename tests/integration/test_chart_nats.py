@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 from cryptography import x509
 
-from services.core import natsjwt
-from services.core.natsauth import new_seed, public_key
-from services.core.natsserver import server_binary
-from services.core.ports import free_port
+from services.core.bus import natsjwt
+from services.core.bus.natsauth import new_seed, public_key
+from services.local.natsserver import server_binary
+from services.local.ports import free_port
 from tests.helpers.helm import helm, one
 from tests.helpers.natsauth import wait_for
 

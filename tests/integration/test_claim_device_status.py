@@ -21,13 +21,14 @@ from typing import Any
 
 import pytest
 
-from services.core import claimstatus, nvidia
-from services.core.bus import Bus
-from services.core.kube import ApiError, KubeApi, http_api
-from services.core.natsserver import NatsServer
-from services.core.resourceapi import versioned
-from services.core.schemas import ClaimRef
+from services.core.bus.client import Bus
+from services.core.kube import claimstatus
+from services.core.kube.client import ApiError, KubeApi, http_api
+from services.core.kube.resourceapi import versioned
+from services.core.model import nvidia
+from services.core.model.schemas import ClaimRef
 from services.local.cluster import ControlPlane
+from services.local.natsserver import NatsServer
 from tests.helpers.chartrbac import Account, chart_rules
 from tests.helpers.preparer import API, Node
 

@@ -14,12 +14,12 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.claimtrail import SEQ_HEADER, ClaimTrail
-from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, ClaimRef, DeviceRef, encode
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.claimtrail import SEQ_HEADER, ClaimTrail
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent, ClaimRef, DeviceRef, encode
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_messages
 

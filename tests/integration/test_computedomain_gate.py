@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
-from services.core import computedomain as cd
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.kube import KubeApi, http_api
-from services.core.natsserver import NatsServer
-from services.core.schemas import DomainMember
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.kube.client import KubeApi, http_api
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainMember
 from services.local.cluster import ControlPlane, install_crd
+from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from services.preparer.computedomain.gate import DomainGate, GateError
 from tests.helpers.bus import connect

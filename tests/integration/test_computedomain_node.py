@@ -24,14 +24,15 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core import computedomain as cd
-from services.core import subjects, tracing
-from services.core.bus import Bus
-from services.core.kube import KubeApi, http_api
-from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, DomainMember, DomainNodeState, NodeInventory
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kube.client import KubeApi, http_api
+from services.core.model import computedomain as cd
+from services.core.model.schemas import ClaimEvent, DomainMember, DomainNodeState, NodeInventory
+from services.core.telemetry import tracing
 from services.local.cluster import ControlPlane, install_crd
 from services.local.kubelet import Claim, FakeKubelet
+from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from services.offline.slices import fleet_inventory
 from services.preparer import checkpoint

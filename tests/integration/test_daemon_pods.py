@@ -19,14 +19,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import computedomain as cd
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import DomainMember
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainMember
 from services.local.cluster import ControlPlane
 from services.local.daemonpods import CDI_ANNOTATION, DaemonNode, DaemonPods
+from services.local.natsserver import NatsServer
 from services.preparer.computedomain import edits
 from services.preparer.computedomain.engine import CDI_VERSION, KIND, spec_path
 

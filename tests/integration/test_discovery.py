@@ -11,11 +11,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import (
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.model.schemas import (
     HealthEvent,
     InventoryChanged,
     MigDevice,
@@ -27,6 +26,7 @@ from services.discovery.fleet import get_fleet
 from services.discovery.metrics import SIM_CONFLICTS
 from services.discovery.simstate import encode_state
 from services.discovery.simstore import SimStore, sim_key
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.discovery import (
     NODE,

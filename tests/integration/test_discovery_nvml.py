@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.schemas import HealthEvent, InventoryChanged
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import HealthEvent, InventoryChanged
 from services.discovery import mig
 from services.discovery.fleet import get_fleet
 from services.discovery.nvml import NvmlBackend

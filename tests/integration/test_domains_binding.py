@@ -18,17 +18,18 @@ from typing import Any
 
 import pytest
 
-from services.core import claimstatus, subjects
-from services.core import computedomain as cd
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.kube import ApiError, KubeApi, http_api
-from services.core.natsserver import NatsServer
-from services.core.resourceapi import versioned
-from services.core.schemas import DomainMember, DomainNodeState
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.kube import claimstatus
+from services.core.kube.client import ApiError, KubeApi, http_api
+from services.core.kube.resourceapi import versioned
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainMember, DomainNodeState
 from services.domains.objects import DaemonSettings
 from services.domains.service import Controller, ControllerConfig
 from services.local.cluster import ControlPlane, install_crd
+from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from tests.helpers.bus import connect
 from tests.helpers.chartrbac import Account, chart_rules

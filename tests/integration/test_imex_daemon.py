@@ -20,11 +20,11 @@ from typing import Any
 
 import pytest
 
-from services.core import subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import DomainIndex, DomainMember
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.model.schemas import DomainIndex, DomainMember
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.imex import CLIQUE, Daemons, fake_imex
 

@@ -29,11 +29,10 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, un
 from google.protobuf.message import Message
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from services.core import subjects, tracing
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import (
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.model.schemas import (
     ClaimResult,
     Gpu,
     GpuHealth,
@@ -44,7 +43,9 @@ from services.core.schemas import (
     PluginPresence,
     PreparedDevice,
 )
+from services.core.telemetry import tracing
 from services.local.kubelet import Claim, DeviceHealth, FakeKubelet
+from services.local.natsserver import NatsServer
 from services.proto_gen.kubelet.drahealth.v1alpha1 import api_pb2 as health_v1alpha1
 from tests.helpers.bus import connect
 from tests.helpers.discovery import gpudra

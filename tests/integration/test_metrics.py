@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.ports import free_port
-from services.core.schemas import ClaimEvent
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent
+from services.local.natsserver import NatsServer
+from services.local.ports import free_port
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim
 

@@ -18,13 +18,14 @@ from typing import get_args
 import pytest
 from nats.aio.msg import Msg
 
-from services.core import nvidia, subjects
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
-from services.core.schemas import ClaimEventName
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
+from services.core.model import nvidia
+from services.core.model.schemas import ClaimEventName
 from services.local.apiserver import MemoryApiServer
 from services.local.kubelet import Claim, FakeKubelet
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import (
     API,
     Dev,
@@ -314,7 +315,7 @@ async def test_hostile_claim_identities_never_reach_a_path_or_subject(
 
 async def test_the_preparer_itself_refuses_an_empty_claim_reference(setup: Setup) -> None:
     """Past the front (e.g. another client on the bus), the preparer checks identities too."""
-    from services.core.schemas import ClaimRef
+    from services.core.model.schemas import ClaimRef
 
     reply = await setup.node.request("prepare", [ClaimRef(uid="", namespace="", name="")])
     assert reply.claims[""].error == "claim ''/'': uid is empty"

@@ -18,17 +18,17 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import nvidia
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import (
+from services.core.bus.client import Bus
+from services.core.kube.resource import (
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,
     ResourceClaim,
 )
+from services.core.model import nvidia
 from services.local.apiserver import Obj
 from services.local.kubelet import Claim, FakeKubelet
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import Dev, Node, make_claim, pod_for, reserved
 
 pytestmark = pytest.mark.integration

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia, subjects
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, HeldDevice, NodePreparedDevices
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.model import nvidia
+from services.core.model.schemas import ClaimEvent, HeldDevice, NodePreparedDevices
+from services.local.natsserver import NatsServer
 from services.preparer import cdi
 from tests.helpers.preparer import (
     API,

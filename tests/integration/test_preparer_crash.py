@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.core import nvidia
-from services.core.bus import RequestFailed
+from services.core.bus.client import RequestFailed
+from services.core.model import nvidia
 from services.local.kubelet import Claim, FakeKubelet
 from services.preparer import cdi
 from services.preparer.faults import ENV, EXIT_STATUS, STEPS

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
+from services.core.bus.client import Bus
 from services.discovery.fleet import get_fleet
 from services.local import driverroot
 from services.local.driverroot import DriverRoot
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import Dev, Node, make_claim, validate_cdi_file
 
 FLEET = "dgx-a100"

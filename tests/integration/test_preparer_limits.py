@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.limits import MAX_CLAIMS_PER_REQUEST
-from services.core.schemas import ClaimRef
+from services.core.kit.limits import MAX_CLAIMS_PER_REQUEST
+from services.core.model.schemas import ClaimRef
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, new_uid, ref
 

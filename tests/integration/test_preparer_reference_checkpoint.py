@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import NodeInventory
+from services.core.bus.client import Bus
+from services.core.model import nvidia
+from services.core.model.schemas import NodeInventory
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import Dev, Node, make_claim, new_uid
 from tests.helpers.refcheckpoint import RefClaim, RefDevice, RefGroup, cdi_spec, checkpoint_bytes
 

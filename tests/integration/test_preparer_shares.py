@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
+from services.core.model import nvidia
+from services.local.natsserver import NatsServer
 from services.preparer import cdi
 from services.preparer.devices.simclient import SimCudaError, SimMpsClient
 from tests.helpers.preparer import Dev, Node, gpu_config, make_claim, opaque, validate_cdi_file

@@ -14,9 +14,9 @@ import signal
 
 import pytest
 
-from services.core import nvidia
-from services.core.bus import RequestFailed
-from services.core.schemas import NodeReply
+from services.core.bus.client import RequestFailed
+from services.core.model import nvidia
+from services.core.model.schemas import NodeReply
 from tests.helpers.discovery import wait_logged
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, ref

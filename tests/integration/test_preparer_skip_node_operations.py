@@ -26,10 +26,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
 from services.local.kubelet import Claim, FakeKubelet
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import API, Dev, Node, make_claim, opaque, ref, validate_cdi_file
 
 pytestmark = pytest.mark.integration

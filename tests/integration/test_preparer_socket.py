@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import ResourceClaim
+from services.core.bus.client import Bus
+from services.core.kube.resource import ResourceClaim
+from services.core.model import nvidia
 from services.local.kubelet import Claim, FakeKubelet
+from services.local.natsserver import NatsServer
 from tests.helpers.preparer import (
     API,
     Dev,

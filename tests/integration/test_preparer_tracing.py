@@ -19,13 +19,15 @@ from opentelemetry.sdk.trace import Event
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
-from services.core import featuregates, subjects, tracing
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import ClaimEvent, NodeReply, NodeRequest
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.model import featuregates
+from services.core.model.schemas import ClaimEvent, NodeReply, NodeRequest
+from services.core.telemetry import tracing
 from services.discovery import fleet, inventory
 from services.discovery.sim import SimNvml
+from services.local.natsserver import NatsServer
 from services.preparer.checkpoint import CheckpointStore
 from services.preparer.claims import ClaimSource
 from services.preparer.devices.simulated import SimulatedOps

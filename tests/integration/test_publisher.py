@@ -16,11 +16,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.kube import ApiError, http_api
-from services.core.natsserver import NatsServer
-from services.core.schemas import PluginPresence
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kube.client import ApiError, http_api
+from services.core.model.schemas import PluginPresence
+from services.local.natsserver import NatsServer
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.memoryapi import MemorySliceApi
 from tests.helpers.inventories import h100, node

@@ -21,9 +21,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import featuregates
-from services.core.kube import http_api
-from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.core.kube.client import http_api
+from services.core.model import featuregates
+from services.core.model.schemas import GpuHealth, NodeInventory, Xid
 from services.discovery.fleet import fleet_names
 from services.local.cluster import ControlPlane
 from services.offline import slicecheck

@@ -17,14 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from services.core import computedomain as cd
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.kube import http_api
-from services.core.natsserver import NatsServer
-from services.core.resource import Device
-from services.core.schemas import PluginPresence
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kube.client import http_api
+from services.core.kube.resource import Device
+from services.core.model import computedomain as cd
+from services.core.model.schemas import PluginPresence
 from services.local.cluster import ControlPlane
+from services.local.natsserver import NatsServer
 from services.offline.slices import fleet_inventory
 from services.publisher.kubeapi import KubeSliceApi
 from tests.helpers.publisher import PublisherProcess, put_inventory

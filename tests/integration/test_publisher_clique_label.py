@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia
-from services.core.kube import KubeApi, http_api
+from services.core.kube.client import KubeApi, http_api
+from services.core.model import nvidia
 from services.local.cluster import ControlPlane
 from services.offline.slices import fleet_inventory
 from services.publisher.cliquelabel import CliqueLabeler

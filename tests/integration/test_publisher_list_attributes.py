@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
+from services.core.bus.client import Bus
+from services.local.natsserver import NatsServer
 from services.publisher.memoryapi import MemorySliceApi
 from tests.helpers.inventories import node
 from tests.helpers.publisher import FakeKube, nodes_of, publisher, put_inventory, until

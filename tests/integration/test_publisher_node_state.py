@@ -19,12 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia, subjects
-from services.core.access import Role
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.resource import Device
-from services.core.schemas import HeldDevice, NodePreparedDevices, PluginPresence
+from services.core.bus import subjects
+from services.core.bus.access import Role
+from services.core.bus.client import Bus
+from services.core.kube.resource import Device
+from services.core.model import nvidia
+from services.core.model.schemas import HeldDevice, NodePreparedDevices, PluginPresence
+from services.local.natsserver import NatsServer
 from services.publisher.memoryapi import MemorySliceApi
 from tests.helpers.discovery import gpudra, stop, wait_inventory
 from tests.helpers.inventories import h100, node

@@ -13,10 +13,10 @@ import time
 
 import pytest
 
-from services.core import retention, subjects
-from services.core.bus import Bus
-from services.core.natsserver import NatsServer
-from services.core.schemas import PluginPresence
+from services.core.bus import retention, subjects
+from services.core.bus.client import Bus
+from services.core.model.schemas import PluginPresence
+from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration

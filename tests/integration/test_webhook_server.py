@@ -20,8 +20,8 @@ from typing import Any
 
 import pytest
 
-from services.core.ports import free_port
 from services.local import admission
+from services.local.ports import free_port
 from tests.helpers import badconfigs
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from services.allocator.structured.features import Features, defaults
 from services.allocator.structured.pools import Node, gather_pools
 from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.allocator.structured.state import AllocatedState
-from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
 
 DRIVER = "gpu.nvidia.com"
 

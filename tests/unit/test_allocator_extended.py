@@ -8,9 +8,9 @@ import msgspec
 
 from services.allocator.watcher.extended import extended_claim
 from services.allocator.watcher.pending import PodClock, waiting_extended
-from services.core import nvidia
-from services.core.pods import Pod
-from services.core.resource import to_builtins
+from services.core.kube.pods import Pod
+from services.core.kube.resource import to_builtins
+from services.core.model import nvidia
 
 CLASSES = {c.metadata.name: c for c in nvidia.device_classes()}
 

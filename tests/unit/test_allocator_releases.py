@@ -23,7 +23,7 @@ from services.allocator.structured.features import MINORS, accepted_sets, defaul
 from services.allocator.structured.pools import ANONYMOUS, Node, node_matches
 from services.allocator.structured.variant import Variant, channel
 from services.cli import main as gpudra
-from services.core.resource import (
+from services.core.kube.resource import (
     DeviceTaintRule,
     NodeSelector,
     ResourceSlice,

@@ -25,10 +25,10 @@ from services.allocator.watcher.pending import (
     verdict,
     waiting_claims,
 )
-from services.core import nvidia
-from services.core.informer import Informer
-from services.core.kube import ApiError, Listing, RawEvent
-from services.core.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.core.kube.client import ApiError, Listing, RawEvent
+from services.core.kube.informer import Informer
+from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.core.model import nvidia
 
 DRIVER = "gpu.nvidia.com"
 
@@ -532,7 +532,7 @@ async def test_a_claim_nested_4000_deep_is_reported_and_the_watch_goes_on() -> N
 
 
 def test_cap_depth_keeps_the_shallow_part_and_strings_intact() -> None:
-    from services.core.limits import cap_depth
+    from services.core.kit.limits import cap_depth
 
     text = b'{"a":{"b":{"c":[1,{"d":"}]{["}]}},"s":"x\\"{"}'
     assert json.loads(cap_depth(text, 2)) == {"a": {"b": None}, "s": 'x"{'}

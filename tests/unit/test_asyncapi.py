@@ -17,8 +17,9 @@ import msgspec
 import pytest
 import yaml
 
-from services.core import asyncapi, subjects
-from services.core.schemas import ClaimEvent
+from services.core.bus import subjects
+from services.core.model.schemas import ClaimEvent
+from services.local import asyncapi
 
 REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "asyncapi.yaml"
@@ -27,7 +28,7 @@ CHECK = REPO / "tests" / "asyncapi"
 
 def test_the_document_is_what_the_schemas_generate() -> None:
     assert DOC.read_text() == asyncapi.render(), (
-        "docs/asyncapi.yaml is stale: python -m services.core.asyncapi > docs/asyncapi.yaml"
+        "docs/asyncapi.yaml is stale: python -m services.local.asyncapi > docs/asyncapi.yaml"
     )
 
 

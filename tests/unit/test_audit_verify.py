@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from services.audit.verify import ClaimTrail, check
-from services.core.schemas import ClaimEvent, ClaimEventName, ClaimRef
+from services.core.model.schemas import ClaimEvent, ClaimEventName, ClaimRef
 
 CLAIM = ClaimRef(uid="u-1", namespace="ns", name="shared")
 

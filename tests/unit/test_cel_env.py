@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
-from services.core.resource import Device, DeviceAttribute, DeviceCapacity
+from services.core.kube.resource import Device, DeviceAttribute, DeviceCapacity
 
 DRIVER = "gpu.nvidia.com"
 GPU = DeviceInput(

@@ -12,7 +12,7 @@ import pytest
 
 from services.allocator.cel import equality
 from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
-from services.core.resource import Device, DeviceAttribute, DeviceCapacity
+from services.core.kube.resource import Device, DeviceAttribute, DeviceCapacity
 
 DRIVER = "gpu.example.com"
 GPU = DeviceInput(

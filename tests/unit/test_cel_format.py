@@ -13,8 +13,8 @@ import pytest
 
 from services.allocator.cel import cost as celcost
 from services.allocator.cel.env import CelEnvironment, DeviceInput
-from services.core import names
-from services.core.resource import Device
+from services.core.kube import names
+from services.core.kube.resource import Device
 
 DEVICE = DeviceInput("gpu.example.com", Device(name="gpu-0"))
 

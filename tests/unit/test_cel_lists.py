@@ -8,7 +8,7 @@ import re
 import pytest
 
 from services.allocator.cel.env import CelEnvironment, DeviceInput
-from services.core.resource import Device, DeviceAttribute
+from services.core.kube.resource import Device, DeviceAttribute
 
 DEVICE = DeviceInput(
     "gpu.example.com", Device(name="gpu-0", attributes={"index": DeviceAttribute(int_=0)})

@@ -6,8 +6,8 @@ import pytest
 
 from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
 from services.allocator.cel.semver import Semver, SemverError
-from services.core.quantity import ERR_FORMAT, ERR_SUFFIX, Quantity, QuantityError
-from services.core.resource import Device
+from services.core.kube.quantity import ERR_FORMAT, ERR_SUFFIX, Quantity, QuantityError
+from services.core.kube.resource import Device
 
 CANONICAL = [
     ("0", "0"),

@@ -14,7 +14,7 @@ import pytest
 
 from services.allocator.cel import goregexp
 from services.allocator.cel.env import CelEnvironment, DeviceInput
-from services.core.resource import Device, DeviceAttribute
+from services.core.kube.resource import Device, DeviceAttribute
 
 GO_CASES = [
     ("^(?i)h100$", "H100", (True, "H100", ["H100"])),

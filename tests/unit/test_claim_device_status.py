@@ -13,9 +13,9 @@ from typing import Any
 
 import msgspec
 
-from services.core import claimstatus
-from services.core import computedomain as cd
-from services.core.schemas import DomainMember
+from services.core.kube import claimstatus
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainMember
 from services.domains import binding
 from services.preparer import devicestatus
 from services.preparer.checkpoint import (

@@ -1,4 +1,4 @@
-"""services/core/claimspan.py: a ClaimSpan behaves as the SDK's span where it shows.
+"""services/core/telemetry/claimspan.py: a ClaimSpan behaves as the SDK's span where it shows.
 
 Each test runs the same operations on an SDK span and on a ClaimSpan of the
 same tracer settings and compares what a processor receives.
@@ -18,7 +18,7 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased, TraceIdRat
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
-from services.core import claimspan, tracing
+from services.core.telemetry import claimspan, tracing
 
 Operations = Callable[[trace.Span], None]
 

@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
-from services.core import computedomain as cd
-from services.core.opaque import ConfigError
-from services.core.resource import (
+from services.core.kube.resource import (
     DeviceAllocationConfiguration,
     OpaqueDeviceConfiguration,
     to_builtins,
 )
+from services.core.model import computedomain as cd
+from services.core.model.opaque import ConfigError
 
 API = "resource.nvidia.com/v1beta1"
 

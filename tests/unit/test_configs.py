@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from services.core import featuregates as fg
-from services.core.resource import DeviceRequestAllocationResult
+from services.core.kube.resource import DeviceRequestAllocationResult
+from services.core.model import featuregates as fg
 from services.preparer import configs
 from services.preparer.configs import ConfigError
 from tests.helpers.preparer import opaque

@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.local.daemonpods import CDI_ANNOTATION, DaemonNode, LaunchError, launch_of
 from services.preparer.computedomain import edits
 from services.preparer.computedomain.engine import CDI_VERSION, KIND, spec_path

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 from services.local import demo
 from services.preparer import cdi
 from services.preparer.computedomain import engine

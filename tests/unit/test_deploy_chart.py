@@ -28,8 +28,10 @@ import pytest
 import yaml
 
 from services.cli import build_parser
-from services.core import computedomain, nvidia, resource, retention
-from services.core.access import Role
+from services.core.bus import retention
+from services.core.bus.access import Role
+from services.core.kube import resource
+from services.core.model import computedomain, nvidia
 from services.domains import cli as domains_cli
 from services.domains import objects as daemon_objects
 from services.domains.objects import DaemonBus
@@ -470,7 +472,7 @@ VARIANTS: dict[str, dict[str, object]] = {
 NAMESPACE = "gpu-system"
 ADMISSION_KINDS = {"ValidatingWebhookConfiguration", "ValidatingAdmissionPolicy",
                    "ValidatingAdmissionPolicyBinding"}  # cluster-scoped  # fmt: skip
-# Read from the environment by services/core/retention.py, not flags.
+# Read from the environment by services/core/bus/retention.py, not flags.
 RETENTION_VARIABLES = {f"GPUDRA_{retention.setting_name(name)}_{limit}"
                        for name in retention.DEFAULTS
                        for limit in ("MAX_AGE", "MAX_BYTES", "MAX_MSG_SIZE")}  # fmt: skip

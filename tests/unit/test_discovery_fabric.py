@@ -7,9 +7,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core import domainnode, featuregates, nvidia
-from services.core.nvidia import CliqueError, node_clique_id
-from services.core.schemas import Gpu, NodeInventory
+from services.core.model import domainnode, featuregates, nvidia
+from services.core.model.nvidia import CliqueError, node_clique_id
+from services.core.model.schemas import Gpu, NodeInventory
 from services.discovery import pciids
 from services.discovery.backend import NotSupported
 from services.discovery.fleet import FleetError, get_fleet, parse_fleet

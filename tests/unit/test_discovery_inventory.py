@@ -7,7 +7,7 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core.schemas import VfioInfo
+from services.core.model.schemas import VfioInfo
 from services.discovery import backend as nv
 from services.discovery import mig
 from services.discovery.fleet import get_fleet

@@ -20,7 +20,7 @@ import msgspec
 import pynvml
 import pytest
 
-from services.core.schemas import NodeInventory
+from services.core.model.schemas import NodeInventory
 from services.discovery import backend as nv
 from services.discovery import mig, nvmlabi, pciids
 from services.discovery.fleet import get_fleet

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import msgspec
 
-from services.core import schemas, subjects
+from services.core.bus import subjects
+from services.core.model import schemas
 
 REPO = Path(__file__).resolve().parents[2]
 BUS_DOC = (REPO / "docs" / "bus.md").read_text()
@@ -21,7 +22,7 @@ def test_every_stream_bucket_and_subject_root_is_documented() -> None:
         for name, value in vars(subjects).items()
         if name.endswith(("_STREAM", "_BUCKET", "_ROOT")) and isinstance(value, str)
     }
-    assert names, "no names found in services.core.subjects"
+    assert names, "no names found in services.core.bus.subjects"
     missing = sorted(n for n in names if f"`{n}" not in BUS_DOC)
     assert not missing, f"docs/bus.md does not mention {missing}"
 

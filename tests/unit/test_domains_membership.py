@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.core import subjects
-from services.core.schemas import DomainMember, DomainNodeState
+from services.core.bus import subjects
+from services.core.model.schemas import DomainMember, DomainNodeState
 from services.domains.membership import Membership, domain_status
 from services.domains.model import DomainNode
 

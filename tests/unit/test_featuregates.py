@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.core import featuregates as fg
+from services.core.model import featuregates as fg
 
 # The reference's defaults (pkg/featuregates/featuregates.go, defaultFeatureGates).
 REFERENCE_ON = {

@@ -1,4 +1,4 @@
-"""The one Kubernetes client (services.core.kube) against a small in-process HTTP server.
+"""The one Kubernetes client (services.core.kube.client) against a small in-process HTTP server.
 
 Narrow wire checks only; the services' use of it is tested against the real
 kube-apiserver in tests/integration and tests/e2e.
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from aiohttp import web
 
-from services.core.informer import WATCH_RESTARTS, watch_forever
-from services.core.kube import ApiError, HttpKubeApi, RawEvent
-from services.core.kubeconfig import Endpoint
+from services.core.kube.client import ApiError, HttpKubeApi, RawEvent
+from services.core.kube.informer import WATCH_RESTARTS, watch_forever
+from services.core.kube.kubeconfig import Endpoint
 
 PATH = "/apis/resource.k8s.io/v1/resourceclaims"
 
@@ -145,7 +145,7 @@ class _Done(Exception):
 
 def test_a_list_or_event_with_an_item_too_deep_to_decode_is_split_not_lost() -> None:
     """The envelope is split without recursion; only the deep item fails, on its own."""
-    from services.core import kube
+    from services.core.kube import client as kube
 
     deep = b'{"metadata":{"name":"deep"},"x":' + b"[" * 5000 + b"1" + b"]" * 5000 + b"}"
     body = (

@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from services.core import kubeconfig
-from services.core.kubeconfig import KubeconfigError
+from services.core.kube import kubeconfig
+from services.core.kube.kubeconfig import KubeconfigError
 
 
 def write(tmp_path: Path, cluster: dict[str, Any], user: dict[str, Any]) -> str:
@@ -111,7 +111,7 @@ def test_no_process_imports_the_kubernetes_client_for_a_plain_kubeconfig(tmp_pat
     path = write(tmp_path, {"server": "http://127.0.0.1:1"}, {"token": "t"})
     code = (
         "import asyncio, sys\n"
-        "from services.core import kube\n"
+        "from services.core.kube import client as kube\n"
         f"api = asyncio.run(kube.http_api({path!r}))\n"
         "print(sorted(m for m in sys.modules if m.startswith('kubernetes')))\n"
     )

@@ -11,9 +11,15 @@ from typing import Any, cast
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from services.core import tracing
-from services.core.bus import Bus, RequestFailed, RequestTimeout
-from services.core.schemas import ClaimRef, ClaimResult, NodeReply, PreparedDevice, SchemaError
+from services.core.bus.client import Bus, RequestFailed, RequestTimeout
+from services.core.model.schemas import (
+    ClaimRef,
+    ClaimResult,
+    NodeReply,
+    PreparedDevice,
+    SchemaError,
+)
+from services.core.telemetry import tracing
 from services.kubeletplugin.forwarder import Forwarder, Timing, screen_claims
 from tests.helpers.tracing import attr, named, recording
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from services.core.schemas import (
+from services.core.model.schemas import (
     Gpu,
     GpuHealth,
     HealthEvent,

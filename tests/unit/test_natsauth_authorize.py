@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from services.core.access import Identity, Role
+from services.core.bus.access import Identity, Role
 from services.natsauth import grants as g
 from services.natsauth.authorize import Authorizer
 from services.natsauth.tokenreview import Review

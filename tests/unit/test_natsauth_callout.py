@@ -8,9 +8,9 @@ import time
 
 import nkeys
 
-from services.core import natsjwt
-from services.core.access import Identity, Role
-from services.core.natsauth import new_seed, public_key
+from services.core.bus import natsjwt
+from services.core.bus.access import Identity, Role
+from services.core.bus.natsauth import new_seed, public_key
 from services.natsauth.authorize import Decision
 from services.natsauth.service import Callout
 

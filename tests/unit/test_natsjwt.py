@@ -1,4 +1,4 @@
-"""NATS JWT v2 encoding and checking (services/core/natsjwt.py); the real nats-server
+"""NATS JWT v2 encoding and checking (services/core/bus/natsjwt.py); the real nats-server
 takes these JWTs in tests/e2e/test_nats_auth.py."""
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from typing import Any
 
 import pytest
 
-from services.core import natsjwt
-from services.core.access import NODE_ROLES, Identity, Role
-from services.core.natsauth import authorization, new_seed, public_key
+from services.core.bus import natsjwt
+from services.core.bus.access import NODE_ROLES, Identity, Role
+from services.core.bus.natsauth import authorization, new_seed, public_key
 
 NOW = 1_800_000_000
 FORGED = b'{"nats":{"type":"user"},"iss":"AAAA"}'

@@ -1,4 +1,4 @@
-"""services/core/otlp.py: the hand-written OTLP encoding equals the SDK's, on the wire.
+"""services/core/telemetry/otlp.py: the hand-written OTLP encoding equals the SDK's, on the wire.
 
 The encoder is checked message by message against the SDK's ``encode_spans``
 (both parsed by the official protobuf classes); the exporters are checked
@@ -26,8 +26,8 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
 
-from services.core import otlp, tracing
-from services.core.schemas import ClaimRef
+from services.core.model.schemas import ClaimRef
+from services.core.telemetry import otlp, tracing
 
 Request = trace_service_pb2.ExportTraceServiceRequest
 

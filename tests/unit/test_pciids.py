@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core import nvidia
+from services.core.model import nvidia
 from services.discovery import pciids
 from services.discovery.models import get_model, model_names
 from services.discovery.sim import NVIDIA_VENDOR_ID

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core import ports
+from services.local import ports
 
 
 def test_ports_are_distinct_free_and_below_the_ephemeral_range() -> None:

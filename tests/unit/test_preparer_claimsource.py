@@ -12,8 +12,8 @@ import pytest
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import BadRequestError, ServiceUnavailableError
 
-from services.core.bus import Bus
-from services.core.schemas import ClaimRef
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimRef
 from services.preparer.claims import ClaimError, ClaimSource, patience
 from tests.helpers.preparer import Dev, make_claim
 

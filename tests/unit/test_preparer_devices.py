@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.schemas import Gpu
+from services.core.model.schemas import Gpu
 from services.local import driverroot
 from services.preparer.cdigen import caps
 from services.preparer.checkpoint import VfioState

@@ -12,9 +12,9 @@ from typing import cast
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavailableError
 
-from services.core.bus import Bus
-from services.core.claimtrail import ClaimTrail
-from services.core.schemas import ClaimEvent, ClaimRef
+from services.core.bus.claimtrail import ClaimTrail
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent, ClaimRef
 from services.preparer.service import EventSink
 
 

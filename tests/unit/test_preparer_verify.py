@@ -13,9 +13,9 @@ from typing import cast
 import msgspec
 import pytest
 
-from services.core.bus import Bus
-from services.core.pods import Pod
-from services.core.resource import (
+from services.core.bus.client import Bus
+from services.core.kube.pods import Pod
+from services.core.kube.resource import (
     NodeSelector,
     NodeSelectorRequirement,
     NodeSelectorTerm,

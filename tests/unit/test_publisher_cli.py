@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from services.cli import main
-from services.core import featuregates, nvidia
+from services.core.model import featuregates, nvidia
 from services.offline import slicecheck
 from tests.helpers.cli import gpudra
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from services.core import featuregates, shares
-from services.core.resource import DeviceTaint, ResourceSlice
-from services.core.schemas import GpuHealth, NodeInventory, Xid
+from services.core.kube.resource import DeviceTaint, ResourceSlice
+from services.core.model import featuregates, shares
+from services.core.model.schemas import GpuHealth, NodeInventory, Xid
 from services.publisher import metrics
 from services.publisher.memoryapi import MemorySliceApi
 from services.publisher.reconcile import (

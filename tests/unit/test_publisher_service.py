@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator, Callable
 import msgspec
 import pytest
 
-from services.core import featuregates
-from services.core.bus import KvUpdate
-from services.core.informer import WATCH_RESTARTS
-from services.core.schemas import PluginPresence
+from services.core.bus.client import KvUpdate
+from services.core.kube.informer import WATCH_RESTARTS
+from services.core.model import featuregates
+from services.core.model.schemas import PluginPresence
 from services.publisher import metrics
 from services.publisher.memoryapi import MemorySliceApi
 from services.publisher.reconcile import Reconciler, RetryPolicy

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.ratelimit import TokenBucket
+from services.core.kit.ratelimit import TokenBucket
 
 
 class Clock:

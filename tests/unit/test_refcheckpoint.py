@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from services.core import nvidia
+from services.core.model import nvidia
 from services.offline.slices import fleet_inventory
 from services.preparer import refcheckpoint
 from services.preparer.checkpoint import CheckpointError

@@ -15,9 +15,10 @@ import msgspec
 import pytest
 import yaml
 
-from services.core import computedomain, featuregates, nvidia, quantity, resource, shares
-from services.core.resource import Device, ResourceSlice
-from services.core.schemas import (
+from services.core.kube import quantity, resource
+from services.core.kube.resource import Device, ResourceSlice
+from services.core.model import computedomain, featuregates, nvidia, shares
+from services.core.model.schemas import (
     Gpu,
     GpuHealth,
     VfioInfo,
@@ -403,7 +404,7 @@ def test_vfio_twins_are_numbered_by_pci_address_as_the_preparer_finds_them() -> 
 
 
 def test_a_prepared_device_withdraws_its_twin_and_a_held_device_always_stays() -> None:
-    from services.core.schemas import HeldDevice, NodePreparedDevices
+    from services.core.model.schemas import HeldDevice, NodePreparedDevices
     from services.publisher.render import Holdings
 
     def held(*items: tuple[str, nvidia.DeviceType, int]) -> Holdings:
@@ -431,7 +432,7 @@ def test_a_prepared_device_withdraws_its_twin_and_a_held_device_always_stays() -
 def test_a_gpu_in_mig_mode_and_its_twin_withdraw_each_other() -> None:
     """A MIG device in use withdraws its GPU's twin; the twin in use, every MIG device
     of its GPU (the reference withdraws neither: RemoveSiblingDevices is a TODO there)."""
-    from services.core.schemas import HeldDevice, NodePreparedDevices
+    from services.core.model.schemas import HeldDevice, NodePreparedDevices
     from services.publisher.render import Holdings
 
     mig = a100(0, [("3g.20gb", 0, 2), ("3g.20gb", 4, 1)])

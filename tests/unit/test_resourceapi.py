@@ -10,9 +10,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core import resourceapi
-from services.core.kube import ApiError, Listing, RawEvent
-from services.core.resource import ResourceClaim, ResourceSlice
+from services.core.kube import resourceapi
+from services.core.kube.client import ApiError, Listing, RawEvent
+from services.core.kube.resource import ResourceClaim, ResourceSlice
 
 SLICE_V1: dict[str, Any] = {
     "apiVersion": "resource.k8s.io/v1",

@@ -7,7 +7,7 @@ import gc
 
 import pytest
 
-from services.core import runner
+from services.core.process import runner
 
 
 async def test_startup_objects_are_frozen_once_the_service_runs(

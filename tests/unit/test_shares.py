@@ -7,9 +7,10 @@ from fractions import Fraction
 
 import pytest
 
-from services.core import featuregates as fg
-from services.core import resource, shares
-from services.core.resource import Device, DeviceCapacity
+from services.core.kube import resource
+from services.core.kube.resource import Device, DeviceCapacity
+from services.core.model import featuregates as fg
+from services.core.model import shares
 from services.offline import slicecheck
 from services.offline.slices import fleet_inventory
 from services.publisher.render import RenderOptions, render_slices

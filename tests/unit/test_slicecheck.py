@@ -8,8 +8,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.core import featuregates, resource
-from services.core.resource import ResourceSlice
+from services.core.kube import resource
+from services.core.kube.resource import ResourceSlice
+from services.core.model import featuregates
 from services.offline import slicecheck
 from services.offline.slices import fleet_inventory
 from services.publisher.render import RenderOptions, render_slices
@@ -67,7 +68,7 @@ def test_every_health_taint_at_once_fits_both_api_versions() -> None:
     """unmonitored + xid + gpu-lost on one device: 3 taints, within 1.34's limit of 4."""
     import msgspec
 
-    from services.core.schemas import GpuHealth, Xid
+    from services.core.model.schemas import GpuHealth, Xid
 
     sick = GpuHealth(xids=[Xid(79, 1.0)], lost=True, unmonitored=True)
     for inv in (node(), dgx_a100()):

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.core import subjects
+from services.core.bus import subjects
 
 
 @pytest.mark.parametrize(

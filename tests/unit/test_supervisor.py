@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
-from services.core import supervisor
-from services.core.supervisor import TASK_RESTARTS, Supervisor
+from services.core.kit import supervisor
+from services.core.kit.supervisor import TASK_RESTARTS, Supervisor
 
 
 async def test_a_failing_task_is_counted_and_restarted_with_growing_pauses() -> None:

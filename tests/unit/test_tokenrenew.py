@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from services.core import tokenrenew
-from services.core.natsauth import Credentials
+from services.core.bus import tokenrenew
+from services.core.bus.natsauth import Credentials
 
 
 def _jwt(claims: dict[str, object]) -> str:

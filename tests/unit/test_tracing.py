@@ -1,4 +1,4 @@
-"""services/core/tracing.py: claim trace ids, the SDK's sampler settings, log lines."""
+"""services/core/telemetry/tracing.py: claim trace ids, the SDK's sampler settings, log lines."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
-from services.core import logs, tracing
+from services.core.telemetry import logs, tracing
 from tests.helpers.tracing import recording
 
 

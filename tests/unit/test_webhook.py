@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from services.core import featuregates as fg
+from services.core.model import featuregates as fg
 from services.local import admission
 from services.preparer import configs
 from services.webhook import admit, certs, review

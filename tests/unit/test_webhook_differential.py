@@ -15,8 +15,8 @@ import json
 import random
 from typing import Any
 
-from services.core import featuregates as fg
-from services.core.resource import DeviceRequestAllocationResult
+from services.core.kube.resource import DeviceRequestAllocationResult
+from services.core.model import featuregates as fg
 from services.preparer import configs
 from services.webhook import admit, review
 from tests.helpers import badconfigs

@@ -54,8 +54,8 @@ from services.allocator.cel import macros as celmacros
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.parse import Node, ParseError, device_path, parse
 from services.allocator.cel.semver import Semver
-from services.core.quantity import Quantity
-from services.core.resource import Device, DeviceAttribute
+from services.core.kube.quantity import Quantity
+from services.core.kube.resource import Device, DeviceAttribute
 
 DEVICE_FIELDS = ("driver", "attributes", "capacity")
 MULTI_ALLOC_FIELD = "allowMultipleAllocations"

@@ -4,7 +4,7 @@ The 1.35 environment declares it from compatibility version 1.31
 (k8s.io/apiserver/pkg/cel/environment/base.go), so DRA selectors have it:
 ``format.named(name)`` (an ``optional`` Format), ``format.dns1123Label()`` and
 the other named formats, and ``<Format>.validate(s)``: ``optional.none()`` when
-``s`` is valid, else the validator's messages (services/core/names.py, the
+``s`` is valid, else the validator's messages (services/core/kube/names.py, the
 strfmt checks and Go's ``url.ParseRequestURI`` below, word for word).
 
 cel-expr-python cannot declare or return an optional value from Python, so
@@ -29,7 +29,7 @@ from typing import Any
 from cel_expr_python import cel
 
 from services.allocator.cel import types as celtypes
-from services.core import names
+from services.core.kube import names
 
 FORMAT = cel.Type(celtypes.FORMAT_TYPE)
 NAMED = "__k8s_format_named"

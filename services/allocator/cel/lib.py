@@ -25,7 +25,7 @@ from services.allocator.cel import check as celcheck
 from services.allocator.cel import equality, formatlib, goregexp, listslib, netlib, strformat
 from services.allocator.cel import types as celtypes
 from services.allocator.cel.semver import Semver, SemverError
-from services.core.quantity import Quantity
+from services.core.kube.quantity import Quantity
 
 Q = cel.Type(celtypes.QUANTITY_TYPE)
 S = cel.Type(celtypes.SEMVER_TYPE)

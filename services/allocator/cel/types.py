@@ -16,7 +16,7 @@ from typing import Any
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from services.allocator.cel.semver import Semver
-from services.core.quantity import Quantity
+from services.core.kube.quantity import Quantity
 
 PACKAGE = "gpudra.cel"
 QUANTITY_TYPE = f"{PACKAGE}.Quantity"

@@ -42,7 +42,7 @@ PrepareForCreate.
 from __future__ import annotations
 
 from services.allocator.structured.features import Features
-from services.core.resource import (
+from services.core.kube.resource import (
     DeviceSubRequest,
     ExactDeviceRequest,
     ResourceClaim,

@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.core.quantity import Quantity
-from services.core.resource import CapacityRequestPolicy, CapacityRequestPolicyRange, DeviceCapacity
+from services.core.kube.quantity import Quantity
+from services.core.kube.resource import (
+    CapacityRequestPolicy,
+    CapacityRequestPolicyRange,
+    DeviceCapacity,
+)
 
 Consumed = dict[str, Quantity]
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from services.core.resource import Device, DeviceAttribute
+from services.core.kube.resource import Device, DeviceAttribute
 
 Lookup = Callable[[str, Device], DeviceAttribute | None]  # (attribute, device) -> value
 Typed = tuple[str, object]

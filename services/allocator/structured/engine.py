@@ -60,7 +60,7 @@ from services.allocator.structured.requests import ALL, EXACT_COUNT, RequestSpec
 from services.allocator.structured.rules import DeviceRules, Rejection
 from services.allocator.structured.state import AllocatedState, DeviceID
 from services.allocator.structured.variant import Variant
-from services.core.resource import (
+from services.core.kube.resource import (
     AllocationResult,
     Device,
     DeviceAllocationConfiguration,
@@ -116,7 +116,7 @@ class NodeView:
 
 
 def _consumption(device: Device) -> list[tuple[str, str, int]]:
-    from services.core.quantity import Quantity
+    from services.core.kube.quantity import Quantity
 
     return [
         (c.counter_set, name, Quantity.parse(counter.value).nanos())
@@ -339,7 +339,7 @@ class Engine:
             # 1.34 checkAvailableCounters: the slice's counter sets less what its
             # allocated devices consume (upstream: exclusive use only; a share counts
             # here too, the documented deviation).
-            from services.core.quantity import Quantity
+            from services.core.kube.quantity import Quantity
 
             slice_ = candidate.slice
             cached = {

@@ -32,7 +32,7 @@ from services.allocator.structured.engine import (
 from services.allocator.structured.pools import Node, NodeSelectorError
 from services.allocator.structured.requests import ALL, RequestSpec, alternatives
 from services.allocator.structured.rules import DeviceRules
-from services.core.resource import ResourceClaim
+from services.core.kube.resource import ResourceClaim
 
 
 @dataclass(slots=True)

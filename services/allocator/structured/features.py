@@ -1,7 +1,7 @@
 """Kubernetes feature gates that change structured allocation, per Kubernetes minor.
 
 These are the API server / scheduler gates (not the driver's own gates in
-services.core.featuregates): they decide which fields of the inputs count and
+services.core.model.featuregates): they decide which fields of the inputs count and
 which of the upstream allocators runs. Each minor's DRA gates are written as
 that release's pkg/features/kube_features.go has them (default, locked to its
 default, what it depends on); tests/e2e/test_kube_versions.py reads the same

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field
 
 from services.allocator.structured.features import Features
 from services.allocator.structured.variant import Variant
-from services.core.quantity import Quantity
-from services.core.resource import NodeSelector, NodeSelectorRequirement, ResourceSlice
+from services.core.kube.quantity import Quantity
+from services.core.kube.resource import NodeSelector, NodeSelectorRequirement, ResourceSlice
 
 
 class NodeSelectorError(ValueError):

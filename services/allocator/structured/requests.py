@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from services.core.quantity import Quantity
-from services.core.resource import (
+from services.core.kube.quantity import Quantity
+from services.core.kube.resource import (
     DeviceDerivedAttribute,
     DeviceRequest,
     DeviceSelector,

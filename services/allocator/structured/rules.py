@@ -20,7 +20,7 @@ from services.allocator.structured import capacity as cap
 from services.allocator.structured.pools import Node, NodeSelectorError, node_matches
 from services.allocator.structured.requests import RequestSpec
 from services.allocator.structured.state import DeviceID
-from services.core.resource import Device, DeviceClass, DeviceTaint, Toleration
+from services.core.kube.resource import Device, DeviceClass, DeviceTaint, Toleration
 
 OPTIONAL_NODE_OPERATIONS = "DRAOptionalNodeOperations"
 

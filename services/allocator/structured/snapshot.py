@@ -27,7 +27,7 @@ from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.requests import alternatives
 from services.allocator.structured.state import AllocatedState
-from services.core.resource import (
+from services.core.kube.resource import (
     AllocationResult,
     DeviceClass,
     DeviceTaintRule,

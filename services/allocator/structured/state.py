@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from services.allocator.structured import capacity
-from services.core.quantity import Quantity
-from services.core.resource import AllocationResult
+from services.core.kube.quantity import Quantity
+from services.core.kube.resource import AllocationResult
 
 DeviceID = tuple[str, str, str]  # driver, pool, device
 

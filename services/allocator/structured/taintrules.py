@@ -15,7 +15,7 @@ from __future__ import annotations
 import msgspec
 
 from services.allocator.structured.features import Features
-from services.core.resource import DeviceTaintRule, ResourceSlice
+from services.core.kube.resource import DeviceTaintRule, ResourceSlice
 
 
 def enabled(features: Features) -> bool:

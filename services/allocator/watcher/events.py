@@ -19,8 +19,8 @@ from typing import Any
 import msgspec
 
 from services.allocator.watcher import metrics
-from services.core.kube import ApiError, KubeApi
-from services.core.resource import ResourceClaim
+from services.core.kube.client import ApiError, KubeApi
+from services.core.kube.resource import ResourceClaim
 
 log = logging.getLogger(__name__)
 

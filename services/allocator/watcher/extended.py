@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from services.core import quantity
-from services.core.pods import Container, Pod
-from services.core.resource import (
+from services.core.kube import quantity
+from services.core.kube.pods import Container, Pod
+from services.core.kube.resource import (
     DeviceClaim,
     DeviceClass,
     DeviceRequest,

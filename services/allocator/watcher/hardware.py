@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from services.core import nvidia
-from services.core.resource import Device, ResourceSlice
-from services.core.schemas import DeviceRef
+from services.core.kube.resource import Device, ResourceSlice
+from services.core.model import nvidia
+from services.core.model.schemas import DeviceRef
 
 _Hardware = tuple[str, str, str]  # gpu uuid, pci bus id, the device's own uuid
 

@@ -1,15 +1,15 @@
-"""The core/v1 objects the claim watcher reads: Pods (services.core.pods) and Nodes.
+"""The core/v1 objects the claim watcher reads: Pods (services.core.kube.pods) and Nodes.
 
 Only the fields the watcher uses; unknown fields are ignored when reading.
-ResourceClaims, ResourceSlices and DeviceClasses come from services.core.resource.
+ResourceClaims, ResourceSlices and DeviceClasses come from services.core.kube.resource.
 """
 
 from __future__ import annotations
 
 import msgspec
 
-from services.core.pods import Pod
-from services.core.resource import ObjectMeta
+from services.core.kube.pods import Pod
+from services.core.kube.resource import ObjectMeta
 
 __all__ = ["NodeObject", "Pod"]
 

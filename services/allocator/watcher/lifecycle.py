@@ -18,14 +18,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from services.core import nvidia
-from services.core.computedomain import CD_DRIVER
-from services.core.resource import (
+from services.core.kube.resource import (
     DeviceRequestAllocationResult,
     NodeSelector,
     ResourceClaim,
 )
-from services.core.schemas import ClaimRef, DeviceRef
+from services.core.model import nvidia
+from services.core.model.computedomain import CD_DRIVER
+from services.core.model.schemas import ClaimRef, DeviceRef
 
 DRIVER = nvidia.DRIVER_NAME
 #: Both kubelet plugin drivers' claims have a lifecycle on the bus: a ComputeDomain

@@ -27,7 +27,7 @@ from services.allocator.structured.snapshot import ClaimOutcome, Inputs, Offline
 from services.allocator.watcher.extended import extended_claim
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import DRIVER
-from services.core.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
+from services.core.kube.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: core/v1 Event message limit (NoteLengthLimit)
 

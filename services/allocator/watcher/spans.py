@@ -17,8 +17,8 @@ from opentelemetry import context
 from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
-from services.core import tracing
-from services.core.schemas import ClaimRef, DeviceRef
+from services.core.model.schemas import ClaimRef, DeviceRef
+from services.core.telemetry import tracing
 
 _tracer = tracing.tracer("gpudra.allocator")
 

@@ -8,7 +8,7 @@ them. For every claim with devices of our
 driver it publishes ``allocated`` / ``reserved`` / ``released`` / ``deleted``
 ClaimEvents to the CLAIMS stream (``dra.claim.<ns>.<claim>.<uid>.<node>.<event>``) and
 keeps the claim, as the API server returned it (a msgpack
-``services.core.resource.ResourceClaim``, what the preparer reads), under
+``services.core.kube.resource.ResourceClaim``, what the preparer reads), under
 ``<node>.<uid>`` in the ``claims`` bucket until it is deallocated or deleted.
 
 The bucket doubles as the watcher's memory: on start the stored claims are
@@ -23,7 +23,7 @@ claim). It publishes a ``pending`` event only when the explanation differs
 from the claim's last one (so a claim pending for a week adds one event, not
 one per check), and a ``deleted`` event when a claim it explained goes.
 
-Events go through :class:`~services.core.claimtrail.ClaimTrail` (numbered per
+Events go through :class:`~services.core.bus.claimtrail.ClaimTrail` (numbered per
 claim). A bus that does not answer (a server restarting, a cluster electing a
 leader) is waited for: every write is tried again, with backoff, until it is
 taken, and the claims' changes wait meanwhile, so none is lost or reordered.
@@ -54,16 +54,17 @@ from services.allocator.watcher.pending import (
     waiting_claims,
     waiting_extended,
 )
-from services.core import metrics as core_metrics
-from services.core import subjects, tracing
-from services.core.backoff import Backoff
-from services.core.bus import Bus, unavailable
-from services.core.claimtrail import ClaimTrail, instance_name
-from services.core.informer import Informer
-from services.core.kube import KubeApi
-from services.core.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
-from services.core.resourceapi import served_path
-from services.core.schemas import ClaimEvent, ClaimRef, DeviceRef, PodRef, SchemaError
+from services.core.bus import subjects
+from services.core.bus.claimtrail import ClaimTrail, instance_name
+from services.core.bus.client import Bus, unavailable
+from services.core.kit.backoff import Backoff
+from services.core.kube.client import KubeApi
+from services.core.kube.informer import Informer
+from services.core.kube.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
+from services.core.kube.resourceapi import served_path
+from services.core.model.schemas import ClaimEvent, ClaimRef, DeviceRef, PodRef, SchemaError
+from services.core.telemetry import metrics as core_metrics
+from services.core.telemetry import tracing
 
 log = logging.getLogger(__name__)
 

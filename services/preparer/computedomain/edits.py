@@ -17,7 +17,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from services.core import computedomain as cd
+from services.core.model import computedomain as cd
 
 IMEX_CHANNELS_DEVICE = "nvidia-caps-imex-channels"
 CAPS_DEVICE = "nvidia-caps"

@@ -5,7 +5,7 @@ A channel claim, in order:
 1. the claim checked against the API server like every claim (identity,
    allocated here to this driver, reserved for a pod on this node), each device
    of ours a ``channel-N`` or ``daemon-0``, its config strictly decoded
-   (services.core.computedomain.config_for): no side effect yet, and any error
+   (services.core.model.computedomain.config_for): no side effect yet, and any error
    here fails only this claim;
 2. the domain exists in the claim's namespace (gate.py, permanent errors);
 3. checkpoint ``PrepareStarted`` with the domain's UID, then the node label
@@ -38,13 +38,13 @@ from typing import Any
 
 import msgspec
 
-from services.core import computedomain as cd
-from services.core import domainnode, nvidia
-from services.core import featuregates as fg
-from services.core.kube import ApiError
-from services.core.opaque import ConfigError
-from services.core.resource import DeviceRequestAllocationResult
-from services.core.schemas import ClaimRef, PreparedDevice
+from services.core.kube.client import ApiError
+from services.core.kube.resource import DeviceRequestAllocationResult
+from services.core.model import computedomain as cd
+from services.core.model import domainnode, nvidia
+from services.core.model import featuregates as fg
+from services.core.model.opaque import ConfigError
+from services.core.model.schemas import ClaimRef, PreparedDevice
 from services.preparer import verify
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
@@ -225,7 +225,7 @@ class DomainEngine:
 
     def _clique_id(self) -> str:
         """The node's clique from its inventory, once the node may serve the driver at all
-        (services.core.domainnode: a fabric in error with CrashOnNVLinkFabricErrors, a
+        (services.core.model.domainnode: a fabric in error with CrashOnNVLinkFabricErrors, a
         driver too old for IMEXDaemonsWithDNSNames refuse every claim here, as the
         reference's plugin refuses to start)."""
         inv = self.inventory.current

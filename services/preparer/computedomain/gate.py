@@ -23,11 +23,11 @@ import json
 import logging
 from dataclasses import dataclass
 
-from services.core import computedomain as cd
-from services.core import subjects
-from services.core.bus import Bus
-from services.core.kube import ApiError, KubeApi
-from services.core.schemas import DomainMember
+from services.core.bus import subjects
+from services.core.bus.client import Bus
+from services.core.kube.client import ApiError, KubeApi
+from services.core.model import computedomain as cd
+from services.core.model.schemas import DomainMember
 
 log = logging.getLogger(__name__)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
-from services.core.schemas import Gpu, MigPlacement, MigProfile
+from services.core.model.schemas import Gpu, MigPlacement, MigProfile
 from services.preparer.cdigen.generator import Generator
 from services.preparer.checkpoint import MigState, MpsState, VfioState
 

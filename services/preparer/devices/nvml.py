@@ -12,7 +12,7 @@ import contextlib
 import threading
 from typing import Any
 
-from services.core.schemas import Gpu, MigPlacement, MigProfile
+from services.core.model.schemas import Gpu, MigPlacement, MigProfile
 from services.preparer.checkpoint import MigState
 from services.preparer.devices.base import DeviceOpError
 

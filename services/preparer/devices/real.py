@@ -7,7 +7,7 @@ import logging
 import os
 from pathlib import Path
 
-from services.core.schemas import Gpu, MigPlacement, MigProfile
+from services.core.model.schemas import Gpu, MigPlacement, MigProfile
 from services.preparer.cdigen import hooks
 from services.preparer.cdigen.caps import ProcCaps
 from services.preparer.cdigen.devfs import HostDevFs, dev_root_of

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import msgspec
 
-from services.core import subjects
-from services.core.bus import Bus, RequestFailed
-from services.core.schemas import Gpu, MigPlacement, MigProfile, SimMigReply, SimMigRequest
+from services.core.bus import subjects
+from services.core.bus.client import Bus, RequestFailed
+from services.core.model.schemas import Gpu, MigPlacement, MigProfile, SimMigReply, SimMigRequest
 from services.preparer.cdigen.caps import TableCaps
 from services.preparer.cdigen.devfs import DevFs, HostDevFs, dev_root_of
 from services.preparer.cdigen.generator import Generator, Options

@@ -68,8 +68,8 @@ Service the kubelet names (KUBERNETES_SERVICE_HOST/PORT): apiServer.host and .po
 {{- end -}}
 
 {{/* Where the bus is and what its streams keep: every bus client, the provision Job
-included (services/core/config.py add_nats_flags, --nats-replicas; the retention
-variables of services/core/retention.py). The bus token and CA are files of the
+included (services/core/process/config.py add_nats_flags, --nats-replicas; the retention
+variables of services/core/bus/retention.py). The bus token and CA are files of the
 container's own volume (gpudra.natsVolume). */}}
 {{- define "gpudra.busEnv" -}}
 - name: GPUDRA_NATS_URL
@@ -88,7 +88,7 @@ container's own volume (gpudra.natsVolume). */}}
 {{- end }}
 {{- end -}}
 
-{{/* The common flags every service takes (services/core/config.py add_common_flags). */}}
+{{/* The common flags every service takes (services/core/process/config.py add_common_flags). */}}
 {{- define "gpudra.commonEnv" -}}
 {{ include "gpudra.busEnv" . }}
 - name: GPUDRA_LOG_LEVEL
