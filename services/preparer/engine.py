@@ -39,11 +39,11 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.core.kube.resource import DeviceRequestAllocationResult, ResourceClaim
+from services.core.model import configs, nvidia, shares
 from services.core.model import featuregates as fg
-from services.core.model import nvidia, shares
 from services.core.model.schemas import ClaimRef, DeviceRef, PreparedDevice
 from services.core.telemetry import tracing
-from services.preparer import cdi, configs, metadata, shareplan, verify
+from services.preparer import cdi, metadata, shareplan, verify
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,

@@ -18,10 +18,9 @@ from fractions import Fraction
 
 from services.core.kube import quantity
 from services.core.kube.resource import Device, DeviceRequestAllocationResult
+from services.core.model import configs, nvidia, shares
 from services.core.model import featuregates as fg
-from services.core.model import nvidia, shares
 from services.core.model.schemas import NodeInventory
-from services.preparer import configs
 from services.preparer.checkpoint import ShareState
 from services.preparer.inventory import Target
 

@@ -3,7 +3,7 @@
 ResourceClaims carry their configs at ``spec.devices.config``, templates at
 ``spec.spec.devices.config``; the layout is the same in resource.k8s.io v1,
 v1beta2 and v1beta1, so no conversion is needed to read them. Each entry is
-judged by :func:`services.preparer.configs.check_opaque` under the name prepare
+judged by :func:`services.core.model.configs.check_opaque` under the name prepare
 gives it (``config[i] (FromClaim)``: a claim's configs follow its classes'
 in the allocation, and our DeviceClasses carry none), so the denial and
 prepare's error say the same words.
@@ -15,8 +15,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from services.core.model import configs
 from services.core.model import featuregates as fg
-from services.preparer import configs
 from services.webhook.review import AdmissionRequest
 
 GROUP = "resource.k8s.io"

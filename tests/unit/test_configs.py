@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 
 from services.core.kube.resource import DeviceRequestAllocationResult
+from services.core.model import configs
 from services.core.model import featuregates as fg
-from services.preparer import configs
-from services.preparer.configs import ConfigError
+from services.core.model.configs import ConfigError
 from tests.helpers.preparer import opaque
 
 API = "resource.nvidia.com/v1beta1"

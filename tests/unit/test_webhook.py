@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
+from services.core.model import configs
 from services.core.model import featuregates as fg
 from services.local import admission
-from services.preparer import configs
 from services.webhook import admit, certs, review
 from tests.helpers import badconfigs
 

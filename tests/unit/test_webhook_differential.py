@@ -16,8 +16,8 @@ import random
 from typing import Any
 
 from services.core.kube.resource import DeviceRequestAllocationResult
+from services.core.model import configs
 from services.core.model import featuregates as fg
-from services.preparer import configs
 from services.webhook import admit, review
 from tests.helpers import badconfigs
 from tests.helpers.preparer import opaque

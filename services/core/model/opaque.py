@@ -1,6 +1,6 @@
 """What every opaque config of ours shares: the API version, strict decoding, errors.
 
-Both NVIDIA drivers (``gpu.nvidia.com`` in services/preparer/configs.py and
+Both NVIDIA drivers (``gpu.nvidia.com`` in services/core/model/configs.py and
 ``compute-domain.nvidia.com`` in services/core/model/computedomain.py) decode their
 ``resource.nvidia.com/v1beta1`` parameters strictly, and name the field in every
 error, e.g. ``config[0] (FromClaim) ComputeDomainChannelConfig.domainID: ...``.
