@@ -11,16 +11,12 @@ explain``) are in services/offline.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import logging
+import functools
 import re
 from typing import Any
 
 from services.allocator.structured import features as kube_features
-from services.core.kit import supervisor
-from services.core.process import config, runner
-
-log = logging.getLogger(__name__)
+from services.core.process import config, serve
 
 
 def duration(value: str) -> float:
@@ -44,57 +40,10 @@ def kube_version(value: str) -> int | None:
         raise argparse.ArgumentTypeError(str(exc)) from exc
 
 
-def followed_minor(server: str) -> int:
-    """The minor to follow for an API server of release ``server``: its own, else the
-    nearest gpudra follows (said in the log: explanations may then differ)."""
-    try:
-        return kube_features.minor_of(server)
-    except kube_features.FeatureGateError:
-        pass
-    digits = re.match(r"v?1\.(\d+)", server)
-    newest, oldest = kube_features.MINORS[-1], kube_features.MINORS[0]
-    minor = newest if digits is None or int(digits.group(1)) > newest else oldest
-    log.warning(
-        "API server %s is not a Kubernetes version gpudra follows; explaining as 1.%d",
-        server or "(no version)",
-        minor,
-    )
-    return minor
-
-
 def _serve(args: argparse.Namespace) -> int:
-    return runner.run("allocator", args, _watch(args))
+    from services.allocator import app
 
-
-async def _watch(args: argparse.Namespace) -> int | None:
-    from services.allocator.watcher.watcher import ClaimWatcher, WatcherConfig
-    from services.core.bus.access import Identity, Role
-    from services.core.bus.client import Bus
-    from services.core.kube.client import http_api, server_version
-    from services.core.kube.resourceapi import versioned
-
-    stop = runner.stop_event()
-    raw_api = await http_api(args.kubeconfig or None)
-    minor = args.kube_version or followed_minor(await server_version(raw_api))
-    try:
-        features = kube_features.parse(args.kube_feature_gates, minor)
-    except kube_features.FeatureGateError as exc:
-        log.error("bad --kube-feature-gates", extra={"error": str(exc)})
-        await raw_api.close()
-        return 2
-    log.info("explaining as kube-scheduler %s (gates: %s)", features.version, features.spec())
-    settings = WatcherConfig(pending_threshold=args.pending_threshold, features=features)
-    bus = await Bus.connect(args.nats_url, name="allocator", identity=Identity(Role.ALLOCATOR))
-    api = versioned(raw_api)
-    tasks = supervisor.current()
-    tasks.spawn("claim-watcher", ClaimWatcher(api, bus, settings).run, fatal=True)
-    await stop.wait()
-    log.info("claim watcher stopping")
-    await tasks.cancel("claim-watcher")
-    with contextlib.suppress(Exception):
-        await api.close()
-    await bus.close()
-    return None
+    return serve.main("allocator", args, functools.partial(app.start, args))
 
 
 def register(subparsers: Any) -> None:
@@ -103,11 +52,7 @@ def register(subparsers: Any) -> None:
         help="watch ResourceClaims: lifecycle events, the claims bucket, why-pending Events",
     )
     config.add_common_flags(watcher)
-    watcher.add_argument(
-        "--kubeconfig",
-        default=config.env("kubeconfig", ""),
-        help="kubeconfig file (empty: the pod's service account)",
-    )
+    config.add_kubeconfig_flag(watcher)
     watcher.add_argument(
         "--pending-threshold",
         type=duration,

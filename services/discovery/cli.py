@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import sys
@@ -31,13 +32,12 @@ import msgspec
 from services.core.bus.access import Identity, Role
 from services.core.bus.client import Bus
 from services.core.model.schemas import SchemaError
-from services.core.process import config, runner
+from services.core.process import config, serve
 from services.core.telemetry import logs
 from services.discovery import backend as nv
 from services.discovery import fleet as fleets
-from services.discovery import pciids, simcontrol
-from services.discovery.service import Discovery
-from services.discovery.sim import SimNvml, SimStateError
+from services.discovery import pciids
+from services.discovery.sim import SimStateError
 from services.discovery.simstore import SimConflict, SimNodeMissing, SimStore
 
 log = logging.getLogger(__name__)
@@ -88,46 +88,14 @@ def _register_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]
 
 
 def run_discovery(args: argparse.Namespace) -> int:
-    return runner.run("discovery", args, _discovery(args))
-
-
-async def _discovery(args: argparse.Namespace) -> int:
     try:
         pci_ids = None if args.fleet is not None else pciids.load(args.pci_ids)
     except pciids.PciIdsError as exc:
         print(f"gpudra discovery: {exc}", file=sys.stderr)
         return 2
-    if pci_ids is not None:
-        log.info("PCI ID database", extra={"source": pci_ids.source, "version": pci_ids.version})
-    stop = runner.stop_event()
-    bus = await Bus.connect(
-        args.nats_url,
-        name=f"discovery-{args.node_name}",
-        identity=Identity(Role.DISCOVERY, args.node_name),
-    )
-    try:
-        if args.fleet is not None:
-            store = SimStore(bus)
-            state, _ = await store.boot(args.node_name, args.fleet, args.seed)
-            backend: Any = SimNvml(state)
-            await simcontrol.serve(bus, store, args.node_name)
-        else:
-            from services.discovery.nvml import NvmlBackend
+    from services.discovery import app
 
-            backend = NvmlBackend(args.sysfs_root, args.dev_root, pci_ids)
-        service = Discovery(bus, args.node_name, backend, rescan_interval=args.rescan_interval)
-        log.info(
-            "discovery starting",
-            extra={"node": args.node_name, "backend": backend.name, "nats": args.nats_url},
-        )
-        await service.run(stop)
-    except nv.NvmlError as exc:
-        hint = "" if args.fleet else " (no GPU here? use --fleet to simulate one)"
-        print(f"gpudra discovery: NVML: {exc}{hint}", file=sys.stderr)
-        return 1
-    finally:
-        await bus.close()
-    return 0
+    return serve.main("discovery", args, functools.partial(app.start, args, pci_ids))
 
 
 # ---------------------------------------------------------------- gpudra sim

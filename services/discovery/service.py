@@ -54,6 +54,8 @@ class Discovery:
         self._events: asyncio.Queue[NvmlEvent] = asyncio.Queue()
         self._pending_state: SimNodeState | None = None
         self._stop_thread = threading.Event()
+        self._pump: threading.Thread | None = None
+        self._tasks: list[str] = []
         self._span_attributes = {tracing.ATTR_NODE: node}
 
     @property
@@ -64,32 +66,49 @@ class Discovery:
         """Ask for a re-scan as soon as the current one (if any) is done."""
         self._wake.set()
 
-    async def run(self, stop: asyncio.Event) -> None:
+    async def start(self) -> None:
+        """NVML up, the first inventory written, then events, guards and rescans running."""
         await asyncio.to_thread(self.backend.init)
         self.stored = await self._load_stored()
         await self._rescan()  # the first inventory before anything else
-        loop = asyncio.get_running_loop()
-        pump = threading.Thread(target=self._pump_events, args=(loop,), daemon=True)
-        pump.start()
+        self._pump = threading.Thread(
+            target=self._pump_events, args=(asyncio.get_running_loop(),), daemon=True
+        )
+        self._pump.start()
         tasks = supervisor.current()
-        names = ["nvml-events", "inventory-guard"]
+        self._tasks = ["nvml-events", "inventory-guard", "rescans"]
         tasks.spawn("nvml-events", self._handle_events)
         tasks.spawn("inventory-guard", self._guard_inventory)
+        tasks.spawn("rescans", self._rescans, fatal=True)  # a scan that raises stops discovery
         if self.simulated is not None:
-            names.append("sim-state")
+            self._tasks.append("sim-state")
             tasks.spawn("sim-state", self._watch_sim_state)
+
+    async def close(self) -> None:
+        """Stop the tasks and the event thread, shut NVML down."""
+        self._stop_thread.set()
+        tasks = supervisor.current()
+        for name in self._tasks:
+            await tasks.cancel(name)
+        if self._pump is not None:
+            await asyncio.to_thread(self._pump.join, 5)
+        with contextlib.suppress(NvmlError):
+            await asyncio.to_thread(self.backend.shutdown)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """:meth:`start`, serve until ``stop``, :meth:`close` (for tests that drive one)."""
+        await self.start()
         try:
-            while not stop.is_set():
-                await self._sleep(stop)
-                if not stop.is_set():
-                    await self._rescan()
+            await stop.wait()
         finally:
-            self._stop_thread.set()
-            for name in names:
-                await tasks.cancel(name)
-            await asyncio.to_thread(pump.join, 5)
-            with contextlib.suppress(NvmlError):
-                await asyncio.to_thread(self.backend.shutdown)
+            await self.close()
+
+    async def _rescans(self) -> None:
+        """A scan every ``rescan_interval``, or at once when woken (an event, a change)."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.rescan_interval)
+            await self._rescan()
 
     # ------------------------------------------------------------ scanning
 
@@ -176,16 +195,6 @@ class Discovery:
             log.warning("stored inventory unreadable; replacing it", extra={"error": str(exc)})
             return None
         return found[0] if found else None
-
-    async def _sleep(self, stop: asyncio.Event) -> None:
-        waits = [asyncio.create_task(self._wake.wait()), asyncio.create_task(stop.wait())]
-        try:
-            await asyncio.wait(
-                waits, timeout=self.rescan_interval, return_when=asyncio.FIRST_COMPLETED
-            )
-        finally:
-            for w in waits:
-                w.cancel()
 
     # ------------------------------------------------------------ NVML events
 

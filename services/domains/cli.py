@@ -9,15 +9,14 @@ gpudra domains [--kubeconfig F] [--namespace gpudra] [--daemon-image IMAGE]
 from __future__ import annotations
 
 import argparse
-import contextlib
+import functools
 import logging
 import sys
 from typing import Any
 
-from services.core.kit import supervisor
 from services.core.model import computedomain as cd
 from services.core.model import featuregates
-from services.core.process import config, runner
+from services.core.process import config, serve
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +42,7 @@ def register(subparsers: Any) -> None:
         help="the ComputeDomain controller: templates and IMEX DaemonSets, status from the bus",
     )
     config.add_common_flags(parser)
-    parser.add_argument(
-        "--kubeconfig",
-        default=config.env("kubeconfig", ""),
-        help="kubeconfig file (empty: the pod's service account)",
-    )
+    config.add_kubeconfig_flag(parser)
     parser.add_argument(
         "--namespace",
         default=config.env("namespace", "gpudra"),
@@ -144,18 +139,17 @@ def _run(args: argparse.Namespace) -> int:
     if args.daemon_nats_token_seconds < 600:  # the API server's least for a projected token
         print("gpudra domains: --daemon-nats-token-seconds must be at least 600", file=sys.stderr)
         return 2
-    return runner.run("domains", args, _serve(args))
+    from services.domains import app
+
+    return serve.main("domains", args, functools.partial(app.start, settings(args), args))
 
 
-async def _serve(args: argparse.Namespace) -> None:
-    from services.core.bus.access import Identity, Role
-    from services.core.bus.client import Bus
-    from services.core.kube.client import http_api
-    from services.core.kube.resourceapi import versioned
+def settings(args: argparse.Namespace) -> Any:
+    """The controller's settings from the flags."""
     from services.domains.objects import DaemonSettings
-    from services.domains.service import Controller, ControllerConfig
+    from services.domains.service import ControllerConfig
 
-    settings = ControllerConfig(
+    return ControllerConfig(
         daemon=DaemonSettings(
             namespace=args.namespace,
             image=args.daemon_image,
@@ -170,14 +164,3 @@ async def _serve(args: argparse.Namespace) -> None:
         binding_conditions=args.binding_conditions,
         cliques=args.feature_gates.enabled(featuregates.COMPUTE_DOMAIN_CLIQUES),
     )
-    stop = runner.stop_event()
-    bus = await Bus.connect(args.nats_url, name="domains", identity=Identity(Role.DOMAINS))
-    api = versioned(await http_api(args.kubeconfig or None))
-    tasks = supervisor.current()
-    tasks.spawn("domains", Controller(api, bus, settings).run, fatal=True)
-    await stop.wait()
-    log.info("domain controller stopping")
-    await tasks.cancel("domains")
-    with contextlib.suppress(Exception):
-        await api.close()
-    await bus.close()

@@ -8,16 +8,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
+import functools
 import os
 import sys
 from pathlib import Path
 from typing import Any
 
-from services.core.kit import supervisor
-from services.core.process import config, runner
-
-log = logging.getLogger(__name__)
+from services.core.process import config, serve
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
@@ -99,20 +96,6 @@ def _run(args: argparse.Namespace) -> int:
     except StartError as exc:
         print(f"gpudra imex-daemon run: {exc}", file=sys.stderr)
         return 1
-    return runner.run("imex-daemon", args, _serve(settings, args))
+    from services.imexdaemon import app
 
-
-async def _serve(settings: Any, args: argparse.Namespace) -> None:
-    from services.core.bus.access import Identity, Role
-    from services.core.bus.client import Bus
-    from services.imexdaemon.daemon import Daemon
-
-    stop = runner.stop_event()
-    identity = Identity(Role.IMEX, settings.node)
-    bus = await Bus.connect(args.nats_url, name="imex-daemon", identity=identity)
-    tasks = supervisor.current()
-    tasks.spawn("imex-daemon", Daemon(bus, settings).run, fatal=True)
-    await stop.wait()
-    log.info("imex daemon stopping")
-    await tasks.cancel("imex-daemon")
-    await bus.close()
+    return serve.main("imex-daemon", args, functools.partial(app.start, settings, args))

@@ -28,7 +28,7 @@ from services.core.bus.client import Bus
 from services.core.kit import supervisor
 from services.core.model import computedomain as cd
 from services.core.model import nvidia
-from services.core.process import runner
+from services.core.process.serve import Stack
 from services.kubeletplugin import draservice, health, registration, sockets
 from services.kubeletplugin.forwarder import Forwarder, Timing
 from services.kubeletplugin.presence import Presence
@@ -141,33 +141,20 @@ class KubeletPlugin:
             self._bound.remove(path)
 
 
-async def run(settings: Settings) -> int:
-    """Serve until SIGTERM or SIGINT; return the exit status."""
+async def start(settings: Settings, stack: Stack) -> int | None:
+    """The bus, then the sockets (:class:`KubeletPlugin`); a bus or a socket that cannot be
+    had is said in one line and exits 1."""
+    name, identity = f"kubeletplugin-{settings.node}", Identity(Role.FRONT, settings.node)
     try:
-        bus = await Bus.connect(
-            settings.nats_url,
-            name=f"kubeletplugin-{settings.node}",
-            identity=Identity(Role.FRONT, settings.node),
-        )
+        bus = await stack.bus(settings.nats_url, name=name, identity=identity)
     except Exception as exc:
         log.error("cannot connect to NATS", extra={"url": settings.nats_url, "error": str(exc)})
         return 1
-    stop = runner.stop_event()
     try:
         plugin = KubeletPlugin(settings, bus)
-    except sockets.SocketError as exc:
-        log.error("cannot serve the kubelet sockets", extra={"error": str(exc)})
-        await bus.close()
-        return 1
-    status = 0
-    try:
+        stack.closing(plugin.stop, "the kubelet sockets")
         await plugin.start()
-        await stop.wait()
-        log.info("shutting down")
     except (sockets.SocketError, OSError, RuntimeError) as exc:
         log.error("cannot serve the kubelet sockets", extra={"error": str(exc)})
-        status = 1
-    finally:
-        await plugin.stop()
-        await bus.close()
-    return status
+        return 1
+    return None

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
-from services.core.process import config, runner
+from services.core.process import config, serve
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -46,7 +47,7 @@ def _positive_seconds(value: str) -> float:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from services.kubeletplugin.app import Settings, run
+    from services.kubeletplugin.app import Settings, start
 
     settings = Settings(
         node=args.node_name,
@@ -56,4 +57,4 @@ def _run(args: argparse.Namespace) -> int:
         prepare_timeout=args.prepare_timeout,
         compute_domains=args.compute_domains,
     )
-    return runner.run("kubeletplugin", args, run(settings))
+    return serve.main("kubeletplugin", args, functools.partial(start, settings))

@@ -13,17 +13,13 @@ role by its audience, ``<audience>:<role>``.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import logging
 import os
 from pathlib import Path
 
-from services.core.bus.access import Role
-from services.core.bus.natsjwt import Signer
-from services.core.process import config, runner
+from services.core.process import config, serve
 from services.natsauth import grants as g
-
-log = logging.getLogger(__name__)
 
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
@@ -62,11 +58,7 @@ def _register_auth(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         default=config.env("account", "GPUDRA"),
         help="the nats-server account every gpudra identity is placed in",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        default=config.env("kubeconfig", ""),
-        help="for TokenReviews (empty: the pod's service account)",
-    )
+    config.add_kubeconfig_flag(parser, "for TokenReviews (empty: the pod's service account)")
     parser.set_defaults(func=_run_auth)
 
 
@@ -90,43 +82,10 @@ def _run_auth(args: argparse.Namespace) -> int:
         signer = keys.load_signer(args.issuer_seed_file)
     except keys.KeysError as exc:
         raise SystemExit(f"gpudra nats-auth: {exc}") from None
-    return runner.run("nats-auth", args, _serve(args, grants, signer))
+    from services.natsauth import app
 
-
-async def _serve(
-    args: argparse.Namespace, grants: dict[g.Account, frozenset[Role]], signer: Signer
-) -> None:
-    import nats
-
-    from services.core.kube.client import http_api
-    from services.natsauth.authorize import Authorizer
-    from services.natsauth.service import Callout
-    from services.natsauth.tokenreview import TokenReviewer
-
-    creds = config.nats_credentials(args)
-    api = await http_api(args.kubeconfig or None)
-    authorizer = Authorizer(TokenReviewer(api), grants, args.audience)
-    callout = Callout(authorizer, signer, account=args.account, max_inflight=args.max_inflight)
-    nc = await nats.connect(
-        servers=[args.nats_url],
-        name="nats-auth",
-        nkeys_seed_str=creds.seed(),
-        tls=creds.tls(),
-        max_reconnect_attempts=-1,
-        reconnect_time_wait=0.5,
-    )
-    stop = runner.stop_event()
-    try:
-        await callout.serve(nc)
-        log.info(
-            "answering authorization requests",
-            extra={"issuer": signer.public_key, "grants": g.describe(grants)},
-        )
-        await stop.wait()
-    finally:
-        await nc.drain()
-        await callout.close()
-        await api.close()
+    start = functools.partial(app.start, args, grants, signer)
+    return serve.main("nats-auth", args, start)
 
 
 def _register_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -137,7 +96,7 @@ def _register_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -
     parser.add_argument("--namespace", default=config.env("namespace", ""))
     parser.add_argument("--secret", required=True, help="Secret for the seeds (kept if present)")
     parser.add_argument("--configmap", required=True, help="ConfigMap for the public keys")
-    parser.add_argument("--kubeconfig", default=config.env("kubeconfig", ""))
+    config.add_kubeconfig_flag(parser)
     parser.set_defaults(func=_run_keygen)
 
 

@@ -7,6 +7,7 @@ import contextlib
 import fcntl
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -14,11 +15,12 @@ from typing import TYPE_CHECKING
 from services.core.bus import subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.client import Bus
+from services.core.kube import resourceapi
 from services.core.kube.resource import ResourceClaim
 from services.core.model import featuregates as fg
 from services.core.model import nvidia
 from services.core.model.shares import DISABLED, SharesMode
-from services.core.process import runner
+from services.core.process.serve import Stack
 from services.preparer import cdi, faults, rebuild, refcheckpoint
 from services.preparer.checkpoint import (
     DEFAULT_RECOVERY,
@@ -26,6 +28,7 @@ from services.preparer.checkpoint import (
     CheckpointData,
     CheckpointError,
     CheckpointStore,
+    LoadReport,
     Recovery,
     default_path,
     read_boot_id,
@@ -123,7 +126,7 @@ def _has_api(settings: Settings) -> bool:
 
 
 async def _claim_source(
-    settings: Settings, bus: Bus
+    settings: Settings, bus: Bus, stack: Stack
 ) -> tuple[ClaimSource, NodePods | None, KubeApi | None]:
     """Claims checked against the API server; see docs/security.md for the other two cases."""
     if settings.trust_claims_bucket:
@@ -131,19 +134,23 @@ async def _claim_source(
             "CLAIMS ARE NOT CHECKED AGAINST THE API SERVER (--trust-claims-bucket): whoever "
             "can write the claims bucket decides what this node prepares"
         )
-        return ClaimSource(bus, settings.node, trust_bucket=True), None, None
-    if not _has_api(settings):
+        claims, pods, api = ClaimSource(bus, settings.node, trust_bucket=True), None, None
+    elif not _has_api(settings):
         log.error(
             "no API server (no --kubeconfig, no service account token): every prepare will "
             "be refused, since no claim and no pod can be checked; unprepares still work"
         )
-        return ClaimSource(bus, settings.node), None, None
-    from services.core.kube import client as kube
-    from services.core.kube import resourceapi
-
-    api = resourceapi.versioned(await kube.http_api(settings.kubeconfig))
-    pods = NodePods(api, settings.node)
-    return ClaimSource(bus, settings.node, KubernetesReader(api), pods), pods, api
+        claims, pods, api = ClaimSource(bus, settings.node), None, None
+    else:
+        api = resourceapi.versioned(await stack.kube(settings.kubeconfig))
+        pods = NodePods(api, settings.node)
+        claims = ClaimSource(bus, settings.node, KubernetesReader(api), pods)
+    claims.follow()
+    stack.closing(claims.close, "the claims mirror")
+    if pods is not None:
+        pods.follow()
+        stack.closing(pods.close, "the node's pods")
+    return claims, pods, api
 
 
 def _backend(settings: Settings, bus: Bus, inventory: InventoryView, pdir: Path) -> DeviceOps:
@@ -185,43 +192,32 @@ def _check_cdi(ops: DeviceOps, inventory: InventoryView) -> None:
         log.error("every prepare will fail until this is fixed: %s", exc)
 
 
-async def run(settings: Settings) -> int:
-    stop = runner.stop_event()
+async def start(settings: Settings, stack: Stack) -> int | None:
+    """Everything the preparer serves with, each closed when it stops (services.core.
+    process.serve: the domain service, the GPU service, then what they used)."""
     pdir = plugin_dir(settings.kubelet_root)
-    lock_fd = await hold_plugin_dir(pdir, stop)
+    lock_fd = await hold_plugin_dir(pdir, stack.stop)
     if lock_fd is None:
-        return 0
-    bus = await Bus.connect(
-        settings.nats_url,
-        name=f"gpudra-preparer-{settings.node}",
-        identity=Identity(Role.PREPARER, settings.node),
-    )
+        return 0  # asked to stop while another preparer held the node
+    stack.callback(os.close, lock_fd)
+    name, identity = f"gpudra-preparer-{settings.node}", Identity(Role.PREPARER, settings.node)
+    bus = await stack.bus(settings.nats_url, name=name, identity=identity)
     store = CheckpointStore(
         default_path(settings.kubelet_root, nvidia.DRIVER_NAME),
         read_boot_id(settings.boot_id_file),
     )
     inventory = InventoryView(bus, settings.node)
     await inventory.start()
+    stack.closing(inventory.stop, "the inventory mirror")
     # Start-up clean-up compares the checkpoint with the node's devices: give discovery a moment.
     if inventory.current is None and not await inventory.wait_for(0, timeout=10):
         log.warning("no inventory for this node yet; stray MIG devices may survive clean-up")
-    try:
-        loaded = store.load(
-            adopt=_reference_adopter(settings, store, inventory),
-            recovery=settings.checkpoint_recovery,
-        )
-    except CheckpointError as exc:
-        raise SystemExit(
-            f"gpudra preparer: {exc}\n(--checkpoint-recovery=refuse; start with "
-            "--checkpoint-recovery=quarantine to set it aside and rebuild from the node, "
-            "see docs/operations.md)"
-        ) from None
-    claims, pods, api = await _claim_source(settings, bus)
-    api_to_close: list[KubeApi] = []
-    claims.follow()
-    if pods is not None:
-        pods.follow()
+    loaded = _load_checkpoint(settings, store, inventory)
+    if loaded is None:
+        return 1
+    claims, pods, api = await _claim_source(settings, bus, stack)
     ops = _backend(settings, bus, inventory, pdir)
+    stack.closing(ops.close, "the device backend")
     _check_cdi(ops, inventory)
     engine = Engine(
         EngineSettings(
@@ -248,35 +244,37 @@ async def run(settings: Settings) -> int:
         service.device_status = DeviceStatusWriter(
             api, store, settings.claim_device_status, idle=service.idle, copy_of=claims.copy_of
         )
-    domain_service = None
+    stack.closing(service.close, "the GPU service")  # no new requests; running ones answer
     if settings.compute_domains:
-        domain_service, gate_api = await _domain_service(
-            settings, bus, api, pods, inventory, service
-        )
-        if gate_api is not None and gate_api is not api:
-            api_to_close.append(gate_api)
-        await domain_service.start()
+        domains = await _domain_service(settings, bus, api, pods, inventory, service, stack)
+        stack.closing(domains.close, "the compute-domain service")  # it owns the event sink
+        await domains.start()
     await service.start()
     log.info(
         "preparer ready",
         extra={"node": settings.node, "claims": len(store.claims), "gates": settings.gates.spec()},
     )
-    await stop.wait()
-    if domain_service is not None:
-        await domain_service.close()  # before the GPU one: it owns the shared event sink
-    await service.close()  # no new requests; running ones answer; their events go out
-    for extra in api_to_close:
-        await extra.close()
-    if pods is not None:
-        await pods.close()
-    await claims.close()
-    await inventory.stop()
-    await ops.close()
-    if api is not None:
-        await api.close()
-    await bus.close()
-    os.close(lock_fd)
-    return 0
+    return None
+
+
+def _load_checkpoint(
+    settings: Settings, store: CheckpointStore, inventory: InventoryView
+) -> LoadReport | None:
+    """The checkpoint, adopted or quarantined as asked; None, after saying why on stderr,
+    when it cannot be trusted and --checkpoint-recovery=refuse."""
+    try:
+        return store.load(
+            adopt=_reference_adopter(settings, store, inventory),
+            recovery=settings.checkpoint_recovery,
+        )
+    except CheckpointError as exc:
+        print(
+            f"gpudra preparer: {exc}\n(--checkpoint-recovery=refuse; start with "
+            "--checkpoint-recovery=quarantine to set it aside and rebuild from the node, "
+            "see docs/operations.md)",
+            file=sys.stderr,
+        )
+        return None
 
 
 async def _domain_service(
@@ -286,7 +284,8 @@ async def _domain_service(
     pods: NodePods | None,
     inventory: InventoryView,
     gpu_service: PreparerService,
-) -> tuple[PreparerService, KubeApi | None]:
+    stack: Stack,
+) -> PreparerService:
     """The compute-domain.nvidia.com driver's engine and service: its own checkpoint
     and subjects, the GPU service's claim events. Its claims are checked as the GPU
     driver's are; its gate needs the API server even with a trusted claims bucket."""
@@ -303,9 +302,7 @@ async def _domain_service(
         claims = ClaimSource(bus, settings.node, driver=cd.CD_DRIVER)
     gate_api = api
     if gate_api is None and _has_api(settings):
-        from services.core.kube import client as kube
-
-        gate_api = await kube.http_api(settings.kubeconfig)
+        gate_api = await stack.kube(settings.kubeconfig)
     store = CheckpointStore(
         default_path(settings.kubelet_root, cd.CD_DRIVER), read_boot_id(settings.boot_id_file)
     )
@@ -323,10 +320,9 @@ async def _domain_service(
     )
     report = await engine.recover()
     log.info("compute-domain claims recovered", extra={"node": settings.node, **report})
-    service = PreparerService(
+    return PreparerService(
         bus, engine, settings.node, driver=cd.CD_DRIVER, events=gpu_service.events
     )
-    return service, gate_api
 
 
 def _reference_adopter(

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import functools
 from pathlib import Path
 
-from services.core.process import config, runner
+from services.core.process import config, serve
 from services.preparer import cdi, faults
 from services.preparer.cdigen import hooks
 from services.preparer.checkpoint import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES
@@ -62,10 +63,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="the NVIDIA Container Toolkit's nvidia-cdi-hook on the host, which CDI specs "
         f"call (default: {hooks.DEFAULT_PATH} under --host-driver-root)",
     )
-    parser.add_argument(
-        "--kubeconfig",
-        default=config.env("kubeconfig", ""),
-        help="the API server every claim and its pod are checked against before a prepare "
+    config.add_kubeconfig_flag(
+        parser,
+        "the API server every claim and its pod are checked against before a prepare "
         "(empty: in-cluster if there; with neither, prepares are refused)",
     )
     config.add_compute_domains_flag(
@@ -108,7 +108,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _run(args: argparse.Namespace) -> int:
-    from services.preparer.app import Settings, run
+    from services.preparer.app import Settings, start
 
     try:
         crash = faults.Faults.from_env()
@@ -134,4 +134,4 @@ def _run(args: argparse.Namespace) -> int:
         claim_device_status=args.claim_device_status,
         shares=config.consumable_shares(args, "preparer"),
     )
-    return runner.run("preparer", args, run(settings))
+    return serve.main("preparer", args, functools.partial(start, settings))

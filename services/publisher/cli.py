@@ -7,18 +7,11 @@ gpudra publisher [--kubeconfig F] [--force-registered] [--kube-version 1.35]
 from __future__ import annotations
 
 import argparse
-import contextlib
-import dataclasses
 import functools
-import logging
 import re
 
-from services.core.kit import supervisor
-from services.core.model import featuregates
-from services.core.process import config, runner
+from services.core.process import config, serve
 from services.publisher.tuning import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_SHARDS, DEFAULT_WORKERS
-
-log = logging.getLogger(__name__)
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,11 +19,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "publisher", help="render inventories into ResourceSlices and keep the API server in sync"
     )
     config.add_common_flags(parser)
-    parser.add_argument(
-        "--kubeconfig",
-        default=config.env("kubeconfig", ""),
-        help="kubeconfig file (empty: the pod's service account)",
-    )
+    config.add_kubeconfig_flag(parser)
     parser.add_argument(
         "--force-registered",
         action="store_true",
@@ -125,75 +114,6 @@ def xid_list_arg(value: str) -> frozenset[int]:
 
 
 def _run(args: argparse.Namespace) -> int:
-    return runner.run("publisher", args, _serve(args))
+    from services.publisher import app
 
-
-async def _serve(args: argparse.Namespace) -> None:
-    from services.core.bus.access import Identity, Role
-    from services.core.bus.client import Bus
-    from services.core.kube.client import http_api
-    from services.core.kube.resourceapi import versioned
-    from services.publisher.kubeapi import KubeSliceApi
-    from services.publisher.render import RenderOptions
-    from services.publisher.service import Publisher, PublisherConfig
-
-    settings = PublisherConfig(
-        render=RenderOptions(
-            gates=args.feature_gates,
-            extra_non_fatal_xids=args.additional_xids_to_ignore,
-            shares=config.consumable_shares(args, "publisher"),
-        ),
-        kube_minor=args.kube_version,
-        force_registered=args.force_registered,
-        workers=args.workers,
-        resync_s=args.resync_interval,
-        binding_conditions=args.binding_conditions,
-    )
-    stop = runner.stop_event()
-    bus = await Bus.connect(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))
-    api = KubeSliceApi(
-        versioned(
-            await http_api(
-                args.kubeconfig or None, qps=args.kube_api_qps, burst=args.kube_api_burst
-            )
-        ),
-        field_manager=f"gpudra-publisher-{args.replica_id}" if args.replica_id else "",
-    )
-    tasks = supervisor.current()
-    publisher = Publisher(api, settings)
-    if args.gpu_clique_label:
-        from services.publisher.cliquelabel import CliqueLabeler
-
-        strict = args.feature_gates.enabled(featuregates.CRASH_ON_NVLINK_FABRIC_ERRORS)
-        labeler = CliqueLabeler(api.api, strict=strict)
-        publisher.on_inventory = labeler.set_inventory
-        tasks.spawn("clique labels", labeler.run, fatal=True)
-    publishers = [publisher]
-    if args.compute_domains:
-        from services.core.model.computedomain import CD_DRIVER
-
-        domain_api = KubeSliceApi(api.api, field_manager=api.field_manager, driver=CD_DRIVER)
-        publishers.append(Publisher(domain_api, dataclasses.replace(settings, driver=CD_DRIVER)))
-    for each in publishers:
-        name = f"publisher {each.config.driver}"
-        tasks.spawn(name, functools.partial(each.run, bus), fatal=True)
-    if args.replica_id:
-        from services.publisher.shards import Shards
-
-        shards = Shards(bus, args.replica_id, count=args.shards)
-        for each in publishers:
-            each.owns = shards.owns
-
-        def gained(shards_gained: set[int]) -> None:
-            for each in publishers:
-                each.take(lambda n: shards.shard(n) in shards_gained)
-
-        shards.on_gain = gained
-        tasks.spawn("shard leases", shards.run, fatal=True)
-    await stop.wait()
-    log.info("publisher stopping")
-    for each in publishers:
-        await tasks.cancel(f"publisher {each.config.driver}")
-    with contextlib.suppress(Exception):
-        await api.close()
-    await bus.close()
+    return serve.main("publisher", args, functools.partial(app.start, args))

@@ -10,12 +10,10 @@ both): a config is refused at admission exactly when prepare would refuse it.
 from __future__ import annotations
 
 import argparse
-import logging
+import functools
 from pathlib import Path
 
-from services.core.process import config, runner
-
-log = logging.getLogger(__name__)
+from services.core.process import config, serve
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -48,11 +46,6 @@ def _run(args: argparse.Namespace) -> int:
         certs.check(args.cert_file, args.key_file)
     except certs.CertificateError as exc:
         raise SystemExit(f"gpudra webhook: {exc}") from None
-    return runner.run("webhook", args, _serve(args))
+    from services.webhook import app
 
-
-async def _serve(args: argparse.Namespace) -> None:
-    from services.webhook.server import Webhook, serve
-
-    hook = Webhook(args.feature_gates, args.cert_file, args.key_file)
-    await serve(hook, args.address, args.port, runner.stop_event())
+    return serve.main("webhook", args, functools.partial(app.start, args))

@@ -18,8 +18,8 @@ from pathlib import Path
 
 from aiohttp import web
 
-from services.core.kit import supervisor
 from services.core.model import featuregates as fg
+from services.core.process.serve import Stack
 from services.webhook import admit, certs, review
 from services.webhook.metrics import REVIEWS
 
@@ -117,20 +117,17 @@ class Webhook:
             self.problem = ""
 
 
-async def serve(hook: Webhook, address: str, port: int, stop: asyncio.Event) -> None:
-    """Serve until ``stop``; raises :class:`certs.CertificateError` before listening."""
+async def listen(hook: Webhook, address: str, port: int, stack: Stack) -> None:
+    """Serve HTTPS on ``address:port`` until the stack closes; raises
+    :class:`certs.CertificateError` before listening."""
     hook.ctx, hook.served = certs.context(hook.cert_file, hook.key_file)
     runner = web.AppRunner(hook.app(), access_log=None)
     await runner.setup()
+    stack.closing(runner.cleanup, "the HTTPS server")
     site = web.TCPSite(runner, address, port, ssl_context=hook.ctx)
     await site.start()
-    watcher = asyncio.create_task(hook.watch_certificate())
+    stack.spawn("certificate watch", hook.watch_certificate, fatal=False)
     log.info(
         "serving admission reviews",
         extra={"address": f"https://{address}:{port}{PATH}", "gates": hook.gates.spec()},
     )
-    try:
-        await stop.wait()
-    finally:
-        await supervisor.cancel_and_wait([watcher])
-        await runner.cleanup()

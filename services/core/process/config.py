@@ -115,6 +115,14 @@ def add_common_flags(parser: argparse.ArgumentParser, *, node: bool = False) -> 
         parser.add_argument("--node-name", default=default_node_name())
 
 
+def add_kubeconfig_flag(
+    parser: argparse.ArgumentParser,
+    help: str = "kubeconfig file (empty: the pod's service account)",
+) -> None:
+    """``--kubeconfig``: every process that talks to the API server."""
+    parser.add_argument("--kubeconfig", default=env("kubeconfig", ""), help=help)
+
+
 def add_kubelet_root_flag(parser: argparse.ArgumentParser, help: str) -> None:
     """``--kubelet-root``: the node processes that find their files under the kubelet's root."""
     parser.add_argument(
