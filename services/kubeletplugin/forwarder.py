@@ -20,7 +20,8 @@ from opentelemetry.trace import Span, SpanKind
 from opentelemetry.util.types import AttributeValue
 
 from services.core.bus import subjects
-from services.core.bus.client import Bus, RequestFailed, RequestTimeout
+from services.core.bus.client import Bus
+from services.core.bus.failures import RequestFailed, RequestTimeout
 from services.core.kit.backoff import Backoff
 from services.core.model import nvidia
 from services.core.model.schemas import ClaimRef, ClaimResult, NodeReply, NodeRequest, SchemaError

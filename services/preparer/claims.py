@@ -34,7 +34,8 @@ import msgspec
 from prometheus_client import Counter
 
 from services.core.bus import subjects
-from services.core.bus.client import Bus, unavailable
+from services.core.bus.client import Bus
+from services.core.bus.failures import unavailable
 from services.core.kit import limits, supervisor
 from services.core.kit.backoff import Backoff
 from services.core.kube.pods import Pod

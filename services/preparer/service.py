@@ -27,7 +27,8 @@ from prometheus_client import Counter, Histogram
 from services.core.bus import subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.claimtrail import ClaimTrail, instance_name
-from services.core.bus.client import Bus, unavailable
+from services.core.bus.client import Bus
+from services.core.bus.failures import unavailable
 from services.core.kit import limits
 from services.core.kit.backoff import Backoff
 from services.core.model import nvidia

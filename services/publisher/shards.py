@@ -35,7 +35,8 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from services.core.bus import retention, subjects
-from services.core.bus.client import Bus, open_watcher
+from services.core.bus.client import Bus
+from services.core.bus.kvwatch import open_watcher
 from services.core.kit import supervisor
 from services.publisher.tuning import DEFAULT_SHARDS
 

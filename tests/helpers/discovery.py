@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import TypeVar
 
 from services.core.bus import subjects
-from services.core.bus.client import Bus, RequestFailed
+from services.core.bus.client import Bus
+from services.core.bus.failures import RequestFailed
 from services.core.model.schemas import (
     NodeInventory,
     SimMigReply,

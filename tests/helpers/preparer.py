@@ -29,7 +29,8 @@ import yaml
 
 from services.core.bus import subjects
 from services.core.bus.access import Role
-from services.core.bus.client import Bus, RequestFailed
+from services.core.bus.client import Bus
+from services.core.bus.failures import RequestFailed
 from services.core.kube.resource import (
     AllocationResult,
     DeviceAllocationConfiguration,

@@ -13,7 +13,8 @@ import pytest
 
 from services.core.bus import retention, subjects
 from services.core.bus.access import Role
-from services.core.bus.client import Bus, KvUpdate, RequestFailed, RequestTimeout
+from services.core.bus.client import Bus, KvUpdate
+from services.core.bus.failures import RequestFailed, RequestTimeout
 from services.core.kit import supervisor
 from services.core.model.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaError
 from services.core.telemetry.metrics import MALFORMED_MESSAGES

@@ -8,7 +8,8 @@ import asyncio
 import pytest
 
 from services.core.bus import subjects
-from services.core.bus.client import Bus, settle_watchers
+from services.core.bus.client import Bus
+from services.core.bus.kvwatch import settle_watchers
 from services.core.model.schemas import PluginPresence
 from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect

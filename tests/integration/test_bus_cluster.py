@@ -38,7 +38,8 @@ import pytest
 
 from services.core.bus import subjects
 from services.core.bus.access import Role
-from services.core.bus.client import Bus, unavailable
+from services.core.bus.client import Bus
+from services.core.bus.failures import unavailable
 from services.core.kube.resource import ResourceClaim
 from services.core.model.schemas import ClaimEvent, SimMigReply, SimMigRequest
 from services.local.kubelet import Claim, FakeKubelet

@@ -26,7 +26,8 @@ from nats.js import api
 from services.core.bus import subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.claimtrail import ClaimTrail
-from services.core.bus.client import Bus, RequestTimeout
+from services.core.bus.client import Bus
+from services.core.bus.failures import RequestTimeout
 from services.core.kube.resource import ResourceClaim
 from services.core.model import computedomain as cd
 from services.core.model import nvidia

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from services.core.bus.client import RequestFailed
+from services.core.bus.failures import RequestFailed
 from services.core.model import nvidia
 from services.local.kubelet import Claim, FakeKubelet
 from services.preparer import cdi

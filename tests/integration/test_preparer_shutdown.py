@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from services.core.bus.client import RequestFailed
+from services.core.bus.failures import RequestFailed
 from services.core.model import nvidia
 from services.core.model.schemas import NodeReply
 from tests.helpers.discovery import wait_logged

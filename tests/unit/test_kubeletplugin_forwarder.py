@@ -11,7 +11,8 @@ from typing import Any, cast
 import pytest
 from opentelemetry.trace import SpanKind, StatusCode
 
-from services.core.bus.client import Bus, RequestFailed, RequestTimeout
+from services.core.bus.client import Bus
+from services.core.bus.failures import RequestFailed, RequestTimeout
 from services.core.model.schemas import (
     ClaimRef,
     ClaimResult,

@@ -56,7 +56,8 @@ from services.allocator.watcher.pending import (
 )
 from services.core.bus import subjects
 from services.core.bus.claimtrail import ClaimTrail, instance_name
-from services.core.bus.client import Bus, unavailable
+from services.core.bus.client import Bus
+from services.core.bus.failures import unavailable
 from services.core.kit.backoff import Backoff
 from services.core.kube.client import KubeApi
 from services.core.kube.informer import Informer

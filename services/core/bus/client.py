@@ -1,9 +1,10 @@
 """The one NATS JetStream client every service uses.
 
-It knows every stream and bucket (from :mod:`services.core.bus.subjects`), creates
-them idempotently, and speaks msgspec Structs so no service handles raw bytes.
-A payload that fails to decode is logged with the reason, counted and skipped:
-one bad message never stops a consumer.
+It knows every stream and bucket (:mod:`.provisioning`), creates them idempotently,
+and speaks msgspec Structs so no service handles raw bytes. A payload that fails to
+decode, or that its sender could not have sent, is logged with the reason, counted
+and skipped (:mod:`.intake`): one bad message never stops a consumer. The connection
+under it is :mod:`.connection`; what its calls fail with, :mod:`.failures`.
 """
 
 from __future__ import annotations
@@ -11,78 +12,35 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import msgspec
-import nats
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
-from nats.errors import (
-    ConnectionReconnectingError,
-    NoRespondersError,
-    OutboundBufferLimitError,
-    StaleConnectionError,
-    UnexpectedEOF,
-)
+from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import (
-    APIError,
-    BucketNotFoundError,
-    KeyNotFoundError,
-    NoKeysError,
-    NoStreamResponseError,
-    NotFoundError,
-    ServerError,
-    ServiceUnavailableError,
-)
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
 from nats.js.kv import KeyValue
 
-from services.core.bus import retention, subjects, tokenrenew
+from services.core.bus import connection, provisioning, retention, tokenrenew
 from services.core.bus.access import Identity, Role
+from services.core.bus.failures import NotProvisioned, RequestFailed, RequestTimeout
+from services.core.bus.intake import decode_or_skip, foreign
+from services.core.bus.kvwatch import open_watcher, settle_watchers
 from services.core.bus.natsauth import Credentials
 from services.core.kit import supervisor
 from services.core.kit.env import env
-from services.core.model.schemas import SchemaError, decode, encode
-from services.core.telemetry import logs
-from services.core.telemetry.metrics import FOREIGN_MESSAGES, MALFORMED_MESSAGES
+from services.core.model.schemas import decode, encode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-STREAMS: Mapping[str, list[str]] = {
-    subjects.CLAIMS_STREAM: [f"{subjects.CLAIM_ROOT}.>"],
-    subjects.HEALTH_STREAM: [f"{subjects.HEALTH_ROOT}.>"],
-    subjects.INVENTORY_EVENTS_STREAM: [f"{subjects.INVENTORY_ROOT}.>"],
-}
-BUCKETS: Mapping[str, int] = {  # bucket -> history depth
-    subjects.INVENTORY_BUCKET: 1,
-    subjects.CLAIMS_BUCKET: 1,
-    subjects.PRESENCE_BUCKET: 1,
-    subjects.SIM_BUCKET: 1,
-    subjects.PREPARED_BUCKET: 1,
-    subjects.PUBLISHERS_BUCKET: 1,
-    subjects.DOMAINS_BUCKET: 1,
-}
-
-
 DEFAULT_MAX_INFLIGHT = 64
-
-
-class RequestFailed(Exception):
-    """A request got no answer: nobody listens, or the answer came too late."""
-
-
-class RequestTimeout(RequestFailed, TimeoutError):
-    """A responder exists but did not answer in time."""
-
-
-class NotProvisioned(RuntimeError):
-    """A stream or bucket is missing, and this identity may not create it."""
 
 
 @dataclass(frozen=True)
@@ -148,25 +106,8 @@ class Bus:
         """
         creds = credentials or cls.default_credentials
         token = tokenrenew.TokenSource(creds) if creds.token_file else None
-        # nats-py upgrades to TLS with a stream protocol that never learns it is over TLS
-        # (nats-io/nats.py#574), so asyncio warns at each close that its eof_received()
-        # "has no effect": in every process that connects, not only those with JSON logs
-        # (a CLI's stderr is what `gpudra up` prints of `gpudra audit`).
-        logs.quiet_tls_eof_warnings()
-        nc = await nats.connect(
-            servers=server_urls(url),
-            name=name,
-            nkeys_seed_str=creds.seed() if creds.creds else None,
-            # Called on every (re)connect: a rotated token is read from its file again.
-            token=token,
-            tls=creds.tls(),
-            inbox_prefix=identity.inbox_prefix,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=0.5,
-            connect_timeout=5,
-            error_cb=_log_error,
-            disconnected_cb=_log_event("disconnected"),
-            reconnected_cb=_log_event("reconnected"),
+        nc = await connection.connect(
+            url, name=name, identity=identity, credentials=creds, token=token
         )
         if replicas is None:
             replicas = cls.default_replicas or int(env("nats-replicas", "1"))
@@ -192,29 +133,8 @@ class Bus:
 
     async def provision(self) -> None:
         """Create every stream and bucket we use, and keep their limits as configured."""
-        for stream, subs in STREAMS.items():
-            limits = retention.limits(stream)
-            wanted = js_api.StreamConfig(
-                name=stream,
-                subjects=subs,
-                storage=js_api.StorageType.FILE,
-                num_replicas=self.replicas,
-                max_age=limits.max_age_s or None,
-                max_bytes=limits.max_bytes,
-                max_msg_size=limits.max_msg_size,
-                discard=js_api.DiscardPolicy.OLD,
-            )
-            try:
-                info = await self.js.stream_info(stream)
-            except NotFoundError:
-                await self.js.add_stream(wanted)
-                continue
-            if _limits_differ(info.config, wanted):
-                await self.js.update_stream(
-                    replace(info.config, max_age=wanted.max_age, max_bytes=wanted.max_bytes,
-                            max_msg_size=wanted.max_msg_size, discard=wanted.discard)
-                )  # fmt: skip
-        for bucket, history in BUCKETS.items():
+        await provisioning.provision_streams(self.js, self.replicas)
+        for bucket, history in provisioning.BUCKETS.items():
             await self.kv(bucket, history=history)
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
@@ -227,15 +147,8 @@ class Bus:
                         f"bucket {bucket!r} does not exist and {self.identity.name!r} may not "
                         "create it: provision the bus first (`gpudra provision`, the chart's job)"
                     ) from None
-                limits = retention.limits(bucket)
-                self._kv[bucket] = await self.js.create_key_value(
-                    bucket=bucket,
-                    history=history,
-                    storage=js_api.StorageType.FILE,
-                    replicas=self.replicas,
-                    max_bytes=limits.max_bytes,
-                    max_value_size=limits.max_msg_size,
-                    ttl=limits.max_age_s or None,
+                self._kv[bucket] = await provisioning.create_bucket(
+                    self.js, bucket, history, self.replicas
                 )
         return self._kv[bucket]
 
@@ -279,7 +192,7 @@ class Bus:
                 if entry.operation in ("DEL", "PURGE") or not entry.value:
                     yield KvUpdate(entry.key, None, revision)
                     continue
-                value = _decode_or_skip(entry.value, kind, f"kv:{bucket}", f"key {entry.key!r}")
+                value = decode_or_skip(entry.value, kind, f"kv:{bucket}", f"key {entry.key!r}")
                 if value is not None:
                     yield KvUpdate(entry.key, value, revision)
         finally:
@@ -293,7 +206,7 @@ class Bus:
     ) -> None:
         """Publish to JetStream (acknowledged) when a stream holds the subject."""
         data = encode(value)
-        if _in_stream(subject):
+        if provisioning.in_stream(subject):
             await self.js.publish(subject, data, headers=headers or None)
         else:
             await self.nc.publish(subject, data, headers=headers or None)
@@ -330,7 +243,7 @@ class Bus:
     ) -> None:
         """Answer requests on ``subject`` with ``handler``'s reply, each in its own task.
 
-        With ``sender``, only its requests are answered (see :func:`_foreign`).
+        With ``sender``, only its requests are answered (see :func:`intake.foreign`).
 
         At most ``max_inflight`` requests (over every subject this bus serves) run
         at once; at the limit the next message waits in the client (NATS delivers
@@ -340,9 +253,9 @@ class Bus:
 
         async def on_msg(msg: Msg) -> None:
             try:
-                if _foreign(msg, subject, sender):
+                if foreign(msg, subject, sender):
                     return
-                value = _decode_or_skip(msg.data, kind, subject)
+                value = decode_or_skip(msg.data, kind, subject)
                 if value is None:
                     return
                 reply = await handler(value, dict(msg.headers or {}))
@@ -387,9 +300,9 @@ class Bus:
         anyone else's are skipped."""
 
         async def on_msg(msg: Msg) -> None:
-            if _foreign(msg, subject, sender):
+            if foreign(msg, subject, sender):
                 return
-            value = _decode_or_skip(msg.data, kind, subject)
+            value = decode_or_skip(msg.data, kind, subject)
             if value is None:
                 return
             await handler(value, dict(msg.headers or {}))
@@ -418,7 +331,7 @@ class Bus:
                 except NatsTimeoutError:
                     continue
                 for msg in msgs:
-                    value = _decode_or_skip(msg.data, kind, f"stream:{stream}", msg.subject)
+                    value = decode_or_skip(msg.data, kind, f"stream:{stream}", msg.subject)
                     if value is None:
                         await msg.ack()
                         continue
@@ -426,133 +339,6 @@ class Bus:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
-
-
-_OPENING: set[asyncio.Future[KeyValue.KeyWatcher]] = set()
-_ORPHANS: set[asyncio.Task[None]] = set()
-
-
-async def open_watcher(kv: KeyValue, keys: str) -> KeyValue.KeyWatcher:
-    """``kv.watch(keys)``, made to the end even when its caller is cancelled meanwhile.
-
-    A watch cancelled half made (a SIGTERM in a service's first milliseconds)
-    leaves a subscription behind whose callback waits seconds for a setup that
-    never completes, and a drain then waits for it. Here the watch is always
-    completed and, when nobody wants it any more, stopped.
-    """
-    opening = asyncio.ensure_future(kv.watch(keys))
-    _OPENING.add(opening)
-    opening.add_done_callback(_OPENING.discard)
-    try:
-        return await asyncio.shield(opening)
-    except asyncio.CancelledError:
-        opening.add_done_callback(_stop_orphan)
-        raise
-
-
-def _stop_orphan(opening: asyncio.Future[KeyValue.KeyWatcher]) -> None:
-    if opening.cancelled() or opening.exception() is not None:
-        return
-    task = asyncio.ensure_future(opening.result().stop())  # type: ignore[no-untyped-call]
-    _ORPHANS.add(task)
-    task.add_done_callback(_ORPHANS.discard)
-
-
-async def settle_watchers(timeout: float = 5.0) -> None:
-    """Let watches still being made finish, and orphaned ones stop (before a drain)."""
-    loop = asyncio.get_running_loop()
-    opening = {f for f in _OPENING if f.get_loop() is loop}
-    if opening:
-        await asyncio.wait(opening, timeout=timeout)
-        await asyncio.sleep(0)  # their done callbacks have run
-    orphans = {t for t in _ORPHANS if t.get_loop() is loop}
-    if orphans:
-        await asyncio.wait(orphans, timeout=timeout)
-
-
-def unavailable(exc: BaseException) -> bool:
-    """True when ``exc`` says the bus could not answer now, and the same call may succeed later.
-
-    A stream without a leader (a server died and the cluster elects another, or
-    quorum is lost) answers 503 or nobody answers; a connection that is being
-    re-established to another server fails or times out what is sent meanwhile.
-    Any other API error (4xx: too large, wrong sequence, no such stream) is the
-    request's own fault and fails again the same way.
-    """
-    if isinstance(exc, ServiceUnavailableError | ServerError):
-        return True
-    if isinstance(exc, APIError):
-        return False
-    return isinstance(
-        exc,
-        TimeoutError  # nats' own TimeoutError is one
-        | NoStreamResponseError
-        | NoRespondersError
-        | ConnectionReconnectingError
-        | OutboundBufferLimitError
-        | StaleConnectionError
-        | UnexpectedEOF,
-    )
-
-
-def server_urls(url: str) -> list[str]:
-    """``--nats-url``'s servers: one URL or several, comma-separated (blanks ignored)."""
-    servers = [part.strip() for part in url.split(",") if part.strip()]
-    if not servers:
-        raise ValueError(f"no NATS server in --nats-url {url!r}")
-    return servers
-
-
-def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
-    return (have.max_age or 0, have.max_bytes, have.max_msg_size, have.discard) != (
-        want.max_age or 0,
-        want.max_bytes,
-        want.max_msg_size,
-        want.discard,
-    )
-
-
-def _in_stream(subject: str) -> bool:
-    return any(subject.startswith(pattern[:-1]) for pats in STREAMS.values() for pattern in pats)
-
-
-def _foreign(msg: Msg, subject: str, sender: Identity | None) -> bool:
-    """True (logged, counted) when ``msg`` is not ``sender``'s publish on ``subject``.
-
-    Publish permissions say who may publish on a subject, but anyone allowed to
-    create a JetStream push consumer can make the server deliver stored messages
-    to any subject: those keep their stored subject and carry a ``$JS.ACK``
-    reply. A real publish of ``sender`` carries a reply in its inbox (a request,
-    or a JetStream publish awaiting its ack), where nobody else may publish.
-    """
-    reason = ""
-    if not subjects.matches(subject, msg.subject):
-        reason = f"subject {msg.subject!r}"
-    elif sender is not None and not (msg.reply or "").startswith(sender.inbox_prefix + "."):
-        reason = f"reply {msg.reply!r} is not in {sender.name}'s inbox"
-    if not reason:
-        return False
-    FOREIGN_MESSAGES.labels(subject=subject).inc()
-    log.warning("refusing a foreign message", extra={"subject": subject, "reason": reason})
-    return True
-
-
-def _decode_or_skip(data: bytes, kind: type[T], source: str, where: str = "") -> T | None:
-    """The decoded payload, or None after logging and counting why it was malformed."""
-    try:
-        return decode(data, kind)
-    except SchemaError as exc:
-        _malformed(source, f"{where}: {exc}" if where else str(exc))
-        return None
-
-
-def _malformed(source: str, reason: str) -> None:
-    MALFORMED_MESSAGES.labels(source=source).inc()
-    log.warning("skipping malformed message", extra={"source": source, "reason": reason})
-
-
-async def _log_error(exc: Exception) -> None:
-    log.warning("nats error", extra={"error": str(exc)})
 
 
 async def _stop_when_closed(bus: Bus, name: str) -> None:
@@ -569,10 +355,3 @@ async def _stop_when_closed(bus: Bus, name: str) -> None:
         reason = f"the bus connection {name!r} closed for good"
         log.error(reason, extra={"error": str(bus.nc.last_error or "closed by the client")})
         supervisor.current().fail(reason)
-
-
-def _log_event(what: str) -> Callable[[], Awaitable[None]]:
-    async def cb() -> None:
-        log.info(f"nats {what}")
-
-    return cb

@@ -22,7 +22,8 @@ from pathlib import Path
 import msgspec
 
 from services.core.bus import subjects
-from services.core.bus.client import Bus, RequestFailed
+from services.core.bus.client import Bus
+from services.core.bus.failures import RequestFailed
 from services.core.model.schemas import Gpu, MigPlacement, MigProfile, SimMigReply, SimMigRequest
 from services.preparer.cdigen.caps import TableCaps
 from services.preparer.cdigen.devfs import DevFs, HostDevFs, dev_root_of

@@ -1,0 +1,82 @@
+"""The streams and buckets the bus holds, created idempotently with their configured limits."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+from nats.js.errors import NotFoundError
+from nats.js.kv import KeyValue
+
+from services.core.bus import retention, subjects
+
+STREAMS: Mapping[str, list[str]] = {
+    subjects.CLAIMS_STREAM: [f"{subjects.CLAIM_ROOT}.>"],
+    subjects.HEALTH_STREAM: [f"{subjects.HEALTH_ROOT}.>"],
+    subjects.INVENTORY_EVENTS_STREAM: [f"{subjects.INVENTORY_ROOT}.>"],
+}
+BUCKETS: Mapping[str, int] = {  # bucket -> history depth
+    subjects.INVENTORY_BUCKET: 1,
+    subjects.CLAIMS_BUCKET: 1,
+    subjects.PRESENCE_BUCKET: 1,
+    subjects.SIM_BUCKET: 1,
+    subjects.PREPARED_BUCKET: 1,
+    subjects.PUBLISHERS_BUCKET: 1,
+    subjects.DOMAINS_BUCKET: 1,
+}
+
+
+async def provision_streams(js: JetStreamContext, replicas: int) -> None:
+    """Create every stream we use, and keep their limits as configured."""
+    for stream, subs in STREAMS.items():
+        limits = retention.limits(stream)
+        wanted = js_api.StreamConfig(
+            name=stream,
+            subjects=subs,
+            storage=js_api.StorageType.FILE,
+            num_replicas=replicas,
+            max_age=limits.max_age_s or None,
+            max_bytes=limits.max_bytes,
+            max_msg_size=limits.max_msg_size,
+            discard=js_api.DiscardPolicy.OLD,
+        )
+        try:
+            info = await js.stream_info(stream)
+        except NotFoundError:
+            await js.add_stream(wanted)
+            continue
+        if _limits_differ(info.config, wanted):
+            await js.update_stream(
+                replace(info.config, max_age=wanted.max_age, max_bytes=wanted.max_bytes,
+                        max_msg_size=wanted.max_msg_size, discard=wanted.discard)
+            )  # fmt: skip
+
+
+async def create_bucket(js: JetStreamContext, bucket: str, history: int, replicas: int) -> KeyValue:
+    """Create ``bucket`` with its configured limits."""
+    limits = retention.limits(bucket)
+    return await js.create_key_value(
+        bucket=bucket,
+        history=history,
+        storage=js_api.StorageType.FILE,
+        replicas=replicas,
+        max_bytes=limits.max_bytes,
+        max_value_size=limits.max_msg_size,
+        ttl=limits.max_age_s or None,
+    )
+
+
+def in_stream(subject: str) -> bool:
+    """Whether one of our streams holds ``subject``."""
+    return any(subject.startswith(pattern[:-1]) for pats in STREAMS.values() for pattern in pats)
+
+
+def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
+    return (have.max_age or 0, have.max_bytes, have.max_msg_size, have.discard) != (
+        want.max_age or 0,
+        want.max_bytes,
+        want.max_msg_size,
+        want.discard,
+    )
