@@ -198,7 +198,7 @@ class MemorySliceApi:
         if self.refuses_lists:
             self._refuse_lists(obj)
         if self.drops:
-            from services.publisher.reconcile import without
+            from services.publisher.droppedfields import without
 
             obj = without(obj, self.drops)
         self._rv += 1

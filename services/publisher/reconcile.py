@@ -23,33 +23,33 @@ generated ones:
   them refuses the whole slice (the field dropped, the attribute is left without a
   value: 422), so from then on the int is written instead, logged and counted, and
   the lists are tried again at the next full resync.
+
+The plan is :mod:`.poolplan` (pure), the comparison :mod:`.slicecompare`, the fields
+a server drops :mod:`.droppedfields`; here the plan is carried out: the writes, their
+retries, and what the server taught us.
 """
 
 from __future__ import annotations
 
 import asyncio
-import functools
-import hashlib
 import logging
 import random
 from collections.abc import Awaitable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-import msgspec
-
-from services.core.kube import quantity
 from services.core.kube.client import ApiError
-from services.core.kube.resource import (
-    Counter,
-    CounterSet,
-    Device,
-    DeviceTaint,
-    OwnerReference,
-    ResourceSlice,
-)
+from services.core.kube.resource import OwnerReference, ResourceSlice
 from services.core.model import nvidia
 from services.publisher import metrics
-from services.publisher.render import SliceContent, build_slices, node_owner, slice_name
+from services.publisher.droppedfields import (
+    LIST_ATTRIBUTES,
+    DropKind,
+    dropped_fields,
+    has_lists,
+    refuses_lists,
+)
+from services.publisher.poolplan import fingerprint, plan_pool
+from services.publisher.render import SliceContent, node_owner
 from services.publisher.sliceapi import SliceApi
 
 log = logging.getLogger(__name__)
@@ -88,314 +88,8 @@ class SyncResult:
         return self.created + self.updated + self.deleted
 
 
-@dataclass
-class PoolPlan:
-    """The writes that take a node's actual slices to the desired ones."""
-
-    delete: list[ResourceSlice] = field(default_factory=list)
-    update: list[ResourceSlice] = field(default_factory=list)
-    create: list[ResourceSlice] = field(default_factory=list)
-    generation: int = 0
-
-    @property
-    def empty(self) -> bool:
-        return not (self.delete or self.update or self.create)
-
-
-# ------------------------------------------------------------------ planning (pure)
-
-
-DropKind = str  # "sharedCounters" | "consumesCounters" | "taints" | "allowMultipleAllocations"
-# allowMultipleAllocations stands for it and the capacities' requestPolicy: an API server
-# without DRAConsumableCapacity drops both (consumable shares, services/core/model/shares.py).
-# listTypeAttributes: attributes written as lists (ints, bools, strings, versions); an
-# API server without DRAListTypeAttributes (or older than 1.36) keeps none of them, and
-# they are then written as the scalar they stand for (nvidia.scalar_attributes).
-LIST_ATTRIBUTES: DropKind = "listTypeAttributes"
-DROPPABLE: tuple[DropKind, ...] = (
-    "sharedCounters",
-    "consumesCounters",
-    "taints",
-    "allowMultipleAllocations",
-    LIST_ATTRIBUTES,
-)
-
-
-def plan_pool(
-    node: str,
-    desired: Sequence[SliceContent] | None,
-    actual: Sequence[ResourceSlice],
-    owner: OwnerReference | None,
-    dropped: frozenset[DropKind] = frozenset(),
-    driver: str = nvidia.DRIVER_NAME,
-) -> PoolPlan:
-    """What to delete, replace and create; ``desired`` None removes the node's pool.
-
-    ``dropped`` names fields the API server is known to drop (its
-    DRAPartitionableDevices or DRADeviceTaints gate is off): they are left out
-    of the comparison, as the resourceslice controller does after a
-    DroppedFieldsError, so a server that cannot store them is not rewritten forever.
-    List-type attributes the server refuses are not even sent: their scalar form is.
-    """
-    if desired is None:
-        return PoolPlan(delete=list(actual))
-    if LIST_ATTRIBUTES in dropped:
-        desired = [_scalar(c) for c in desired]
-    names = [slice_name(node, i, driver) for i in range(len(desired))]
-    by_name: dict[str, ResourceSlice] = {}
-    obsolete: list[ResourceSlice] = []
-    for s in actual:
-        if s.metadata.name in names and s.metadata.name not in by_name:
-            by_name[s.metadata.name] = s
-        else:
-            obsolete.append(s)
-    generation = max((s.spec.pool.generation for s in actual), default=0)
-    wanted = build_slices(node, desired, generation=generation, owner=owner, driver=driver)
-    new = [w for w in wanted if w.metadata.name not in by_name]
-    changed = [
-        w
-        for w in wanted
-        if w.metadata.name in by_name
-        and not same_slice(by_name[w.metadata.name], without(w, dropped))
-    ]
-    bump = bool(new) or len(changed) > 1
-    if bump:
-        generation += 1
-        wanted = build_slices(node, desired, generation=generation, owner=owner, driver=driver)
-    to_update = wanted if bump else changed
-    return PoolPlan(
-        delete=obsolete,
-        update=[
-            _as_update(by_name[w.metadata.name], w) for w in to_update if w.metadata.name in by_name
-        ],
-        create=[w for w in wanted if w.metadata.name not in by_name],
-        generation=generation,
-    )
-
-
-def _scalar(content: SliceContent) -> SliceContent:
-    if not content.devices:
-        return content
-    return SliceContent(nvidia.scalar_attributes(content.devices), content.shared_counters)
-
-
-def without(obj: ResourceSlice, dropped: frozenset[DropKind]) -> ResourceSlice:
-    """``obj`` as a server that drops ``dropped`` stores it."""
-    if not dropped:
-        return obj
-    spec = obj.spec
-    devices = spec.devices
-    if devices and LIST_ATTRIBUTES in dropped:
-        devices = nvidia.scalar_attributes(devices)
-    if devices and dropped & {"consumesCounters", "taints"}:
-        devices = [
-            msgspec.structs.replace(
-                d,
-                consumes_counters=None if "consumesCounters" in dropped else d.consumes_counters,
-                taints=None if "taints" in dropped else d.taints,
-            )
-            for d in devices
-        ]
-    if devices and "allowMultipleAllocations" in dropped:
-        devices = [_unshared(d) for d in devices]
-    counters = None if "sharedCounters" in dropped else spec.shared_counters
-    spec = msgspec.structs.replace(spec, devices=devices, shared_counters=counters)
-    return msgspec.structs.replace(obj, spec=spec)
-
-
-def _unshared(device: Device) -> Device:
-    """The device as a server without DRAConsumableCapacity stores it."""
-    if not device.allow_multiple_allocations:
-        return device
-    capacity = {
-        name: msgspec.structs.replace(cap, request_policy=None)
-        for name, cap in (device.capacity or {}).items()
-    }
-    return msgspec.structs.replace(
-        device, allow_multiple_allocations=None, capacity=capacity or None
-    )
-
-
-def dropped_fields(sent: ResourceSlice, stored: ResourceSlice) -> set[DropKind]:
-    """Which droppable fields the server did not keep (compare with :func:`without`)."""
-    out = set()
-    if sent.spec.shared_counters and not stored.spec.shared_counters:
-        out.add("sharedCounters")
-    sent_devices = sent.spec.devices or []
-    stored_devices = stored.spec.devices or []
-    if any(d.consumes_counters for d in sent_devices) and not any(
-        d.consumes_counters for d in stored_devices
-    ):
-        out.add("consumesCounters")
-    if any(d.taints for d in sent_devices) and not any(d.taints for d in stored_devices):
-        out.add("taints")
-    if any(d.allow_multiple_allocations for d in sent_devices) and not any(
-        d.allow_multiple_allocations for d in stored_devices
-    ):
-        out.add("allowMultipleAllocations")
-    if _has_lists(sent_devices) and not _has_lists(stored_devices):
-        out.add(LIST_ATTRIBUTES)
-    return out
-
-
-def _has_lists(devices: Sequence[Device]) -> bool:
-    return any(map(nvidia.has_list_attributes, devices))
-
-
-def refuses_lists(sent: ResourceSlice, exc: ApiError) -> bool:
-    """Whether the API server refused ``sent`` for one of its list-type attributes.
-
-    A server without DRAListTypeAttributes drops ``ints`` (and the other lists) on
-    create and update, as any field of a gate that is off, and its validation then
-    finds the attribute with no value: ``spec.devices[i].attributes[NAME]: Invalid
-    value: ...: exactly one value must be specified`` (a 422 naming the attribute)."""
-    if exc.status != 422:
-        return False
-    names = {
-        name
-        for d in sent.spec.devices or []
-        for name, attr in (d.attributes or {}).items()
-        if attr.is_list
-    }
-    return any(f"attributes[{name}]" in exc.message for name in names)
-
-
 class ListsRefused(Exception):
     """A write that the API server refused for its list-type attributes."""
-
-
-def same_slice(actual: ResourceSlice, wanted: ResourceSlice) -> bool:
-    """Equal as the resourceslice controller compares them (and owned as we want)."""
-    a, w = actual.spec, wanted.spec
-    if (a.driver, a.node_name, a.node_selector, a.all_nodes, a.per_device_node_selection) != (
-        w.driver,
-        w.node_name,
-        w.node_selector,
-        w.all_nodes,
-        w.per_device_node_selection,
-    ):
-        return False
-    # Someone else's skipNodeOperations on our slice would have the kubelet start
-    # containers without their devices' CDI specs: never ours (docs/architecture.md).
-    if (a.skip_node_operations or None) != (w.skip_node_operations or None):
-        return False
-    if a.pool != w.pool or not _owned(actual, wanted):
-        return False
-    return _same_counter_sets(a.shared_counters, w.shared_counters) and _same_devices(
-        a.devices, w.devices
-    )
-
-
-def _owned(actual: ResourceSlice, wanted: ResourceSlice) -> bool:
-    want = wanted.metadata.owner_references or []
-    have = actual.metadata.owner_references or []
-    return all(any(o.uid == h.uid and o.kind == h.kind for h in have) for o in want)
-
-
-def _same_devices(a: list[Device] | None, b: list[Device] | None) -> bool:
-    if a == b:
-        return True
-    if a is None or b is None or len(a) != len(b):
-        return False
-    return all(x == y or _comparable(x) == _comparable(y) for x, y in zip(a, b, strict=True))
-
-
-def _same_counter_sets(a: list[CounterSet] | None, b: list[CounterSet] | None) -> bool:
-    if a == b:
-        return True
-    if a is None or b is None or len(a) != len(b):
-        return False
-    return all(
-        x.name == y.name and _counters(x.counters) == _counters(y.counters)
-        for x, y in zip(a, b, strict=True)
-    )
-
-
-def _comparable(device: Device) -> Device:
-    """The device with server-set taint times dropped and quantities spelled one way."""
-    capacity = {
-        name: msgspec.structs.replace(cap, value=_normal_quantity(cap.value))
-        for name, cap in (device.capacity or {}).items()
-    }
-    consumes = [
-        msgspec.structs.replace(c, counters=_counters(c.counters))
-        for c in device.consumes_counters or []
-    ]
-    return msgspec.structs.replace(
-        device,
-        capacity=capacity or None,
-        consumes_counters=consumes or None,
-        taints=[_untimed(t) for t in device.taints or []] or None,
-    )
-
-
-def _counters(counters: dict[str, Counter]) -> dict[str, Counter]:
-    return {name: Counter(value=_normal_quantity(c.value)) for name, c in counters.items()}
-
-
-@functools.lru_cache(maxsize=4096)
-def _normal_quantity(text: str) -> str:
-    try:
-        value = quantity.parse(text)
-    except quantity.QuantityError:
-        return text
-    return quantity.format_int(value.numerator) if value.denominator == 1 else str(value)
-
-
-def _untimed(taint: DeviceTaint) -> DeviceTaint:
-    return msgspec.structs.replace(taint, time_added=None) if taint.time_added else taint
-
-
-def _as_update(current: ResourceSlice, wanted: ResourceSlice) -> ResourceSlice:
-    """The wanted content on the current object: same resourceVersion, kept taint times."""
-    # Our Node owner replaces any older one (a Node re-created under the same
-    # name has a new UID; only one owner may be the controller).
-    wanted_owners = wanted.metadata.owner_references or []
-    kinds = {o.kind for o in wanted_owners}
-    owners = [o for o in current.metadata.owner_references or [] if o.kind not in kinds]
-    owners += wanted_owners
-    meta = msgspec.structs.replace(current.metadata, owner_references=owners or None)
-    devices = _keep_taint_times(current.spec.devices or [], wanted.spec.devices)
-    spec = msgspec.structs.replace(wanted.spec, devices=devices)
-    return ResourceSlice(metadata=meta, spec=spec)
-
-
-def _keep_taint_times(old: list[Device], new: list[Device] | None) -> list[Device] | None:
-    """copyTaintTimeAdded: an unchanged taint keeps the time the server gave it."""
-    if not new:
-        return new
-    old_by_name = {d.name: d for d in old if d.taints}
-    out = []
-    for device in new:
-        before = old_by_name.get(device.name)
-        if before is None or not device.taints:
-            out.append(device)
-            continue
-        taints = []
-        for taint in device.taints:
-            match = next(
-                (
-                    t
-                    for t in before.taints or []
-                    if (t.key, t.value, t.effect) == (taint.key, taint.value, taint.effect)
-                ),
-                None,
-            )
-            keep = match.time_added if match and not taint.time_added else taint.time_added
-            taints.append(msgspec.structs.replace(taint, time_added=keep))
-        out.append(msgspec.structs.replace(device, taints=taints))
-    return out
-
-
-def fingerprint(contents: Sequence[SliceContent] | None) -> str:
-    """A digest of what a node should have, to skip syncs that cannot change anything."""
-    if contents is None:
-        return "absent"
-    data = msgspec.msgpack.encode([(c.devices, c.shared_counters) for c in contents])
-    return hashlib.blake2b(data, digest_size=16).hexdigest()
-
-
-# ------------------------------------------------------------------ executing
 
 
 class Reconciler:
@@ -521,7 +215,7 @@ class Reconciler:
         if stored.metadata.resource_version:
             self.written[stored.metadata.name] = stored.metadata.resource_version
         lost = dropped_fields(sent, stored) - self.dropped
-        if _has_lists(stored.spec.devices or []):
+        if has_lists(stored.spec.devices or []):
             metrics.LIST_ATTRIBUTES_REFUSED.set(0)
         if LIST_ATTRIBUTES in lost:  # dropped without a word: as refused
             lost.discard(LIST_ATTRIBUTES)
@@ -557,12 +251,8 @@ async def _all(calls: Iterable[Awaitable[None]]) -> None:
 
 __all__ = [
     "NodeNotFound",
-    "PoolPlan",
     "Reconciler",
     "RetryPolicy",
     "SyncFailed",
     "SyncResult",
-    "fingerprint",
-    "plan_pool",
-    "same_slice",
 ]

@@ -6,9 +6,9 @@ time each. A node is published while it has an inventory and a registered
 plugin (or ``force_registered``); otherwise its slices are removed, because the
 kubelet wipes a driver's slices 30 s after its plugin goes and would fight us.
 
-Inputs: KV ``inventory`` (one NodeInventory per node), KV ``presence``
+Inputs (:mod:`.inputs`): KV ``inventory`` (one NodeInventory per node), KV ``presence``
 (PluginPresence per node and driver), KV ``prepared`` (NodePreparedDevices per
-node: the twin of a prepared GPU or VFIO device is withdrawn until unprepare),
+node: the twin of a prepared GPU or VFIO device is withdrawn until unprepare);
 and a watch on our ResourceSlices so that a slice someone else changes or
 deletes is put back. A full resync lists every
 slice of the driver at start-up (removing slices of nodes that are gone) and
@@ -20,30 +20,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TypeVar
 
 import msgspec
 from opentelemetry import trace
 
-from services.core.bus import subjects
-from services.core.bus.client import Bus, KvUpdate
+from services.core.bus.client import Bus
 from services.core.kit.backoff import Backoff
 from services.core.kube import claimstatus
 from services.core.kube.client import ApiError
 from services.core.kube.informer import watch_forever
 from services.core.model import computedomain as cd
 from services.core.model import domainnode, featuregates, nvidia
-from services.core.model.schemas import (
-    NodeInventory,
-    NodePreparedDevices,
-    PluginPresence,
-    SchemaError,
-)
+from services.core.model.schemas import NodeInventory
 from services.core.telemetry import tracing
-from services.core.telemetry.metrics import MALFORMED_MESSAGES
 from services.publisher import metrics
+from services.publisher.inputs import BusInputs
 from services.publisher.reconcile import NodeNotFound, Reconciler, SyncFailed
 from services.publisher.render import (
     NO_HOLDINGS,
@@ -59,7 +52,6 @@ from services.publisher.tuning import DEFAULT_WORKERS
 
 log = logging.getLogger(__name__)
 _tracer = tracing.tracer("gpudra.publisher")
-T = TypeVar("T")
 _ENCODER = msgspec.msgpack.Encoder()
 _DECODER = msgspec.msgpack.Decoder(NodeInventory)
 
@@ -89,7 +81,6 @@ class Publisher:
         self.api = api
         self.config = config
         self.reconciler = reconciler or Reconciler(api, driver=config.driver)
-        self._driver_token = subjects.escape_token(config.driver)
         # Inventories are kept encoded: a thousand nodes of decoded structs are
         # millions of objects that every full GC pass walks (pauses of 300 ms).
         self._inventories: dict[str, bytes] = {}
@@ -107,6 +98,7 @@ class Publisher:
         # Which nodes this replica publishes (all, unless replicas share them: shards.py).
         self.owns: Callable[[str], bool] = lambda _node: True
         self.binding_conditions = False  # decided in run() from the server's version
+        self.inputs = BusInputs(self, config.driver)  # what the bus says of each node
 
     def take(self, is_mine: Callable[[str], bool]) -> None:
         """Nodes for which ``is_mine`` just became true: look at them afresh and sync."""
@@ -350,84 +342,6 @@ class Publisher:
             except Exception:
                 log.exception("periodic resync crashed")
 
-    # ---------------------------------------------------------------- bus wiring
-
-    async def load_snapshot(self, bus: Bus) -> None:
-        """Current inventories and presence, so the first resync knows what is stale."""
-        for key in await bus.kv_keys(subjects.INVENTORY_BUCKET):
-            inventory = await _get(bus, subjects.INVENTORY_BUCKET, key, NodeInventory)
-            if inventory is not None:
-                self.apply_inventory(KvUpdate(key, inventory, 0))
-        for key in await bus.kv_keys(subjects.PRESENCE_BUCKET):
-            presence = await _get(bus, subjects.PRESENCE_BUCKET, key, PluginPresence)
-            if presence is not None:
-                self.apply_presence(KvUpdate(key, presence, 0))
-        for key in await bus.kv_keys(subjects.PREPARED_BUCKET):
-            prepared = await _get(bus, subjects.PREPARED_BUCKET, key, NodePreparedDevices)
-            if prepared is not None:
-                self.apply_prepared(KvUpdate(key, prepared, 0))
-
-    async def follow_inventory(self, bus: Bus) -> None:
-        """Every inventory change; the bus skips (logs, counts) values that do not decode."""
-
-        async def follow() -> None:
-            async for update in bus.watch_kv(subjects.INVENTORY_BUCKET, NodeInventory):
-                try:
-                    self.apply_inventory(update)
-                except Exception:  # one bad update must never stop the stream
-                    metrics.INVALID_INVENTORIES.labels(reason="handler").inc()
-                    log.exception("failed to apply an inventory update", extra={"key": update.key})
-
-        await _forever("inventory watch", follow)
-
-    async def follow_presence(self, bus: Bus) -> None:
-        async def follow() -> None:
-            async for update in bus.watch_kv(subjects.PRESENCE_BUCKET, PluginPresence):
-                self.apply_presence(update)
-
-        await _forever("presence watch", follow)
-
-    async def follow_prepared(self, bus: Bus) -> None:
-        async def follow() -> None:
-            async for update in bus.watch_kv(subjects.PREPARED_BUCKET, NodePreparedDevices):
-                self.apply_prepared(update)
-
-        await _forever("prepared watch", follow)
-
-    def apply_prepared(self, update: KvUpdate[NodePreparedDevices]) -> None:
-        try:
-            node = subjects.unescape_token(update.key)
-        except ValueError:
-            node = ""  # not a key any node escapes to
-        stored_for = node if update.value is None else update.value.node
-        if not node or stored_for != node:
-            metrics.INVALID_INVENTORIES.labels(reason="prepared-node-mismatch").inc()
-            log.warning(
-                "skipping prepared devices stored under another node's key",
-                extra={"key": update.key, "node": stored_for},
-            )
-            return
-        self.set_holdings(node, Holdings.of(update.value))
-
-    def apply_inventory(self, update: KvUpdate[NodeInventory]) -> None:
-        node = subjects.unescape_token(update.key)
-        if update.value is not None and update.value.node != node:
-            metrics.INVALID_INVENTORIES.labels(reason="node-mismatch").inc()
-            log.warning(
-                "skipping an inventory stored under another node's key",
-                extra={"key": update.key, "node": update.value.node},
-            )
-            return
-        self.set_inventory(node, update.value)
-        if self.on_inventory is not None:
-            self.on_inventory(node, update.value)
-
-    def apply_presence(self, update: KvUpdate[PluginPresence]) -> None:
-        node_token, _, driver_token = update.key.partition(".")
-        if driver_token == self._driver_token:
-            registered_at = None if update.value is None else update.value.registered_at
-            self.set_present(subjects.unescape_token(node_token), registered_at)
-
     async def run(self, bus: Bus) -> None:
         """Serve until cancelled."""
         if self.config.kube_minor is None:
@@ -460,47 +374,13 @@ class Publisher:
                 "(they exist from Kubernetes 1.36): numaNode is published as an int",
                 extra={"kube_minor": self.config.kube_minor},
             )
-        await self.load_snapshot(bus)
+        await self.inputs.load_snapshot(bus)
         rv = await self.relist()
         async with asyncio.TaskGroup() as group:
             for _ in range(self.config.workers):
                 group.create_task(self.work())
-            group.create_task(self.follow_inventory(bus))
-            group.create_task(self.follow_presence(bus))
-            group.create_task(self.follow_prepared(bus))
+            group.create_task(self.inputs.follow_inventory(bus))
+            group.create_task(self.inputs.follow_presence(bus))
+            group.create_task(self.inputs.follow_prepared(bus))
             group.create_task(self.watch_slices(rv))
             group.create_task(self.resync_forever())
-
-
-async def _forever(what: str, follow: Callable[[], Awaitable[None]]) -> None:
-    """Run a KV watch; when it ends or fails (NATS trouble), start it again after a pause.
-
-    A restarted watch replays current values first; unchanged ones are no-ops.
-    """
-    backoff = Backoff()
-    while True:
-        started = time.monotonic()
-        try:
-            await follow()
-            log.warning(f"{what} ended; starting it again")
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            log.warning(f"{what} failed; starting it again", extra={"error": str(exc)})
-        if time.monotonic() - started > 60:
-            backoff.reset()
-        await backoff.sleep()
-
-
-async def _get(bus: Bus, bucket: str, key: str, kind: type[T]) -> T | None:
-    """A KV value, or None (logged and counted) when it does not decode."""
-    try:
-        got = await bus.kv_get(bucket, key, kind)
-    except SchemaError as exc:
-        MALFORMED_MESSAGES.labels(source=f"kv:{bucket}").inc()
-        log.warning(
-            "skipping malformed message",
-            extra={"source": f"kv:{bucket}", "reason": f"key {key!r}: {exc}"},
-        )
-        return None
-    return None if got is None else got[0]

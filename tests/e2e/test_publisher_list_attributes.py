@@ -30,8 +30,9 @@ from services.core.model import featuregates
 from services.local.cluster import ControlPlane
 from services.offline import slicecheck
 from services.offline.slices import fleet_inventory
+from services.publisher.droppedfields import LIST_ATTRIBUTES, refuses_lists
 from services.publisher.kubeapi import KubeSliceApi
-from services.publisher.reconcile import LIST_ATTRIBUTES, Reconciler, refuses_lists
+from services.publisher.reconcile import Reconciler
 from services.publisher.render import RenderOptions, build_slices, render_contents
 from tests.helpers.inventories import h100, node
 

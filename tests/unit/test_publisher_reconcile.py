@@ -10,13 +10,8 @@ from services.core.model import featuregates, shares
 from services.core.model.schemas import GpuHealth, NodeInventory, Xid
 from services.publisher import metrics
 from services.publisher.memoryapi import MemorySliceApi
-from services.publisher.reconcile import (
-    NodeNotFound,
-    Reconciler,
-    RetryPolicy,
-    SyncFailed,
-    plan_pool,
-)
+from services.publisher.poolplan import plan_pool
+from services.publisher.reconcile import NodeNotFound, Reconciler, RetryPolicy, SyncFailed
 from services.publisher.render import RenderOptions, render_contents
 from tests.helpers.inventories import h100, node
 

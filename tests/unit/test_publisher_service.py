@@ -63,11 +63,11 @@ async def test_a_node_is_published_only_while_its_plugin_is_registered() -> None
         pub.set_inventory("n1", node("n1"))
         await pub.settle()
         assert api.writes == []  # no presence record yet
-        pub.apply_presence(KvUpdate("n1.gpu=2Envidia=2Ecom", _presence("n1"), 1))
+        pub.inputs.apply_presence(KvUpdate("n1.gpu=2Envidia=2Ecom", _presence("n1"), 1))
         await pub.settle()
         assert _nodes(api) == {"n1"}
-        pub.apply_presence(KvUpdate("n1.other=2Edriver", _presence("n1"), 2))  # not ours
-        pub.apply_presence(KvUpdate("n1.gpu=2Envidia=2Ecom", None, 3))
+        pub.inputs.apply_presence(KvUpdate("n1.other=2Edriver", _presence("n1"), 2))  # not ours
+        pub.inputs.apply_presence(KvUpdate("n1.gpu=2Envidia=2Ecom", None, 3))
         await pub.settle()
         assert api.stored() == []
 
@@ -77,13 +77,14 @@ async def test_a_re_registered_plugin_gets_its_wiped_slices_back() -> None:
     key = "n1.gpu=2Envidia=2Ecom"
     async with _running(_publisher(api), watch=False) as pub:
         pub.set_inventory("n1", node("n1"))
-        pub.apply_presence(KvUpdate(key, _presence("n1", at=100.0), 1))
+        pub.inputs.apply_presence(KvUpdate(key, _presence("n1", at=100.0), 1))
         await pub.settle()
         await api.remove("n1-gpu.nvidia.com-0")  # the restarted kubelet wipes the node's slices
-        pub.apply_presence(KvUpdate(key, _presence("n1", at=100.0), 2))  # same record: no news
+        same = KvUpdate(key, _presence("n1", at=100.0), 2)
+        pub.inputs.apply_presence(same)  # the same record: no news
         await pub.settle()
         assert api.stored() == []
-        pub.apply_presence(KvUpdate(key, _presence("n1", at=200.0), 3))  # registered again
+        pub.inputs.apply_presence(KvUpdate(key, _presence("n1", at=200.0), 3))  # registered again
         await pub.settle()
         assert _nodes(api) == {"n1"}
 
@@ -189,7 +190,7 @@ async def test_an_inventory_under_another_nodes_key_is_skipped() -> None:
     api = MemorySliceApi()
     pub = _publisher(api, force=True)
     before = metrics.INVALID_INVENTORIES.labels(reason="node-mismatch")._value.get()
-    pub.apply_inventory(KvUpdate("n2", node("n1"), 1))
+    pub.inputs.apply_inventory(KvUpdate("n2", node("n1"), 1))
     assert pub.nodes == set()
     assert metrics.INVALID_INVENTORIES.labels(reason="node-mismatch")._value.get() == before + 1
 
