@@ -22,15 +22,14 @@ from services.core.model import nvidia
 from services.core.model.shares import DISABLED, SharesMode
 from services.core.process.serve import Stack
 from services.preparer import cdi, faults, rebuild, refcheckpoint
-from services.preparer.checkpoint import (
+from services.preparer.checkpoint import CheckpointData
+from services.preparer.checkpointfile import CheckpointError, default_path
+from services.preparer.checkpointstore import (
     DEFAULT_RECOVERY,
     Adopt,
-    CheckpointData,
-    CheckpointError,
     CheckpointStore,
     LoadReport,
     Recovery,
-    default_path,
     read_boot_id,
 )
 from services.preparer.claims import ClaimSource, KubernetesReader

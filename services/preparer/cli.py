@@ -9,7 +9,7 @@ from pathlib import Path
 from services.core.process import config, serve
 from services.preparer import cdi, faults
 from services.preparer.cdigen import hooks
-from services.preparer.checkpoint import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES
+from services.preparer.checkpointstore import BOOT_ID_FILE, DEFAULT_RECOVERY, RECOVERY_MODES
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -55,10 +55,10 @@ from services.core.model import nvidia
 from services.preparer.checkpoint import (
     GPU_KINDS,
     PREPARE_COMPLETED,
-    CheckpointStore,
     ClaimEntry,
     PreparedDeviceState,
 )
+from services.preparer.checkpointstore import CheckpointStore
 
 log = logging.getLogger(__name__)
 DRIVER = nvidia.DRIVER_NAME

@@ -48,7 +48,6 @@ from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
-    CheckpointStore,
     ClaimEntry,
     GroupState,
     MigState,
@@ -57,6 +56,7 @@ from services.preparer.checkpoint import (
     ShareState,
     VfioState,
 )
+from services.preparer.checkpointstore import CheckpointStore
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.devices.base import DeviceOpError, DeviceOps, MpsRequest
 from services.preparer.faults import Faults

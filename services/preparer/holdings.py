@@ -15,7 +15,8 @@ from services.core.bus import subjects
 from services.core.bus.client import Bus
 from services.core.kit import supervisor
 from services.core.model.schemas import HeldDevice, NodePreparedDevices
-from services.preparer.checkpoint import GPU_KINDS, PREPARE_COMPLETED, CheckpointStore
+from services.preparer.checkpoint import GPU_KINDS, PREPARE_COMPLETED
+from services.preparer.checkpointstore import CheckpointStore
 
 log = logging.getLogger(__name__)
 

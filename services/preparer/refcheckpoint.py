@@ -43,7 +43,6 @@ from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     CheckpointData,
-    CheckpointError,
     ClaimEntry,
     GpuKind,
     GroupState,
@@ -51,6 +50,7 @@ from services.preparer.checkpoint import (
     PreparedDeviceState,
     VfioState,
 )
+from services.preparer.checkpointfile import CheckpointError
 from services.preparer.inventory import DeviceNotFound, Target, locate
 
 log = logging.getLogger(__name__)

@@ -42,7 +42,8 @@ from services.core.model.schemas import (
     NodeRequest,
 )
 from services.core.telemetry import metrics, tracing
-from services.preparer.checkpoint import CheckpointStore, ClaimEntry
+from services.preparer.checkpoint import ClaimEntry
+from services.preparer.checkpointstore import CheckpointStore
 from services.preparer.devicestatus import DeviceStatusWriter
 from services.preparer.engine import Outcome
 from services.preparer.holdings import HoldingsPublisher

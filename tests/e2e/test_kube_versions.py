@@ -32,7 +32,7 @@ from services.allocator.structured import features
 from services.local import demo
 from services.local.cluster import kube_version
 from services.local.stack import recorded_pids, still_running
-from services.preparer import checkpoint
+from services.preparer import checkpointfile
 from services.preparer.devices.simulated import STATE_FILE, SimHost
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
@@ -107,8 +107,8 @@ def test_the_demo_and_the_claim_path_run_on_the_compatibility_tier(
     for node in nodes:
         specs = [p.name for p in (node / "cdi").glob("*claim*")]
         assert specs == [], (node.name, specs)
-        for path in (node / "kubelet" / "plugins").glob(f"*/{checkpoint.FILENAME}"):
-            assert checkpoint.decode(path.read_bytes()).claims == {}, path
+        for path in (node / "kubelet" / "plugins").glob(f"*/{checkpointfile.FILENAME}"):
+            assert checkpointfile.decode(path.read_bytes()).claims == {}, path
         for path in (node / "kubelet" / "plugins").glob(f"*/{STATE_FILE}"):
             host = msgspec.json.decode(path.read_bytes(), type=SimHost)
             assert not host.mps and not host.pci_driver, (path, host)

@@ -34,7 +34,7 @@ from services.core.bus.access import Role
 from services.core.model.schemas import ClaimEvent, PluginPresence, decode
 from services.local import demo
 from services.local.stack import Stack, StackError, complete_pool
-from services.preparer import checkpoint, faults
+from services.preparer import checkpoint, checkpointfile, faults
 from services.preparer.devices.simulated import STATE_FILE, SimHost
 from tests.helpers.bus import connect
 from tests.helpers.cdi import inject
@@ -192,7 +192,7 @@ def prepared_claims(stack: Stack, node: str) -> dict[str, str]:
     path = stack.nodes[node].plugin_dir / "checkpoint.json"
     if not path.exists():
         return {}
-    return {uid: c.state for uid, c in checkpoint.decode(path.read_bytes()).claims.items()}
+    return {uid: c.state for uid, c in checkpointfile.decode(path.read_bytes()).claims.items()}
 
 
 def sim_host(stack: Stack, node: str) -> SimHost:

@@ -16,7 +16,7 @@ from typing import Any
 
 from services.core.model import computedomain as cd
 from services.local.stack import Stack, StackNode
-from services.preparer import checkpoint
+from services.preparer import checkpointfile
 
 
 def domain_files(node: StackNode) -> list[str]:
@@ -26,7 +26,7 @@ def domain_files(node: StackNode) -> list[str]:
     found += [f"domain folder {p.name}" for p in domains.glob("*")]
     path = node.kubelet_root / "plugins" / cd.CD_DRIVER / "checkpoint.json"
     if path.exists():
-        found += list(checkpoint.decode(path.read_bytes()).claims)
+        found += list(checkpointfile.decode(path.read_bytes()).claims)
     return found
 
 

@@ -46,7 +46,7 @@ from services.core.kube.resource import (
 from services.core.model.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
 from services.local.apiserver import MemoryApiServer, Obj, pod_object
 from services.local.natsserver import NatsCluster, NatsServer
-from services.preparer import cdicheck, checkpoint
+from services.preparer import cdicheck, checkpoint, checkpointfile
 from tests.helpers.bus import connect
 
 REPO = Path(__file__).resolve().parents[2]
@@ -407,7 +407,7 @@ class Node:
         return sorted(self.cdi_root.glob("*.yaml")) if self.cdi_root.is_dir() else []
 
     def checkpoint(self) -> checkpoint.CheckpointData:
-        return checkpoint.decode(self.checkpoint_path.read_bytes())
+        return checkpointfile.decode(self.checkpoint_path.read_bytes())
 
     def sim_host(self) -> dict[str, Any]:
         path = self.plugin_dir / "simulated-host.json"

@@ -24,7 +24,7 @@ from services.core.bus.access import Role
 from services.local.hostspec import KUBELET_SYSCTLS
 from services.local.node import RealNode, cgroup_mounts
 from services.local.stack import Stack
-from services.preparer import cdi, checkpoint
+from services.preparer import cdi, checkpointfile
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
 
@@ -114,7 +114,7 @@ def gpudra_checkpoint(stack: Stack, node: str) -> dict[str, str]:
     path = stack.nodes[node].plugin_dir / "checkpoint.json"
     if not path.exists():
         return {}
-    return {uid: c.state for uid, c in checkpoint.decode(path.read_bytes()).claims.items()}
+    return {uid: c.state for uid, c in checkpointfile.decode(path.read_bytes()).claims.items()}
 
 
 def kubelet_checkpoint(stack: Stack, node: str) -> set[str]:

@@ -35,7 +35,7 @@ from services.local.kubelet import Claim, FakeKubelet
 from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from services.offline.slices import fleet_inventory
-from services.preparer import checkpoint
+from services.preparer import checkpoint, checkpointfile
 from tests.helpers.events import stored_claim_events
 from tests.helpers.otlp import OtlpReceiver
 from tests.helpers.preparer import Node
@@ -70,7 +70,7 @@ class Setup:
 
     def entries(self) -> dict[str, checkpoint.ClaimEntry]:
         path = self.cd_root / "checkpoint.json"
-        return dict(checkpoint.decode(path.read_bytes()).claims) if path.exists() else {}
+        return dict(checkpointfile.decode(path.read_bytes()).claims) if path.exists() else {}
 
     def specs(self) -> list[Path]:
         root = self.node.cdi_root

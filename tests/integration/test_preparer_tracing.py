@@ -28,7 +28,7 @@ from services.core.telemetry import tracing
 from services.discovery import fleet, inventory
 from services.discovery.sim import SimNvml
 from services.local.natsserver import NatsServer
-from services.preparer.checkpoint import CheckpointStore
+from services.preparer.checkpointstore import CheckpointStore
 from services.preparer.claims import ClaimSource
 from services.preparer.devices.simulated import SimulatedOps
 from services.preparer.engine import Engine, Settings

@@ -10,16 +10,16 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.preparer import checkpoint
+from services.preparer import checkpoint, checkpointfile, checkpointstore
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
     CheckpointData,
-    CheckpointError,
-    CheckpointStore,
     ClaimEntry,
     PreparedDeviceState,
 )
+from services.preparer.checkpointfile import CheckpointError
+from services.preparer.checkpointstore import CheckpointStore
 
 BOOT = "5c1a8e0e-6a4f-4d0b-9a8c-2f7c2b1d3e4f"
 UID = "7f3c2a10-5d4e-4b8a-9c1f-0a2b3c4d5e6f"
@@ -46,7 +46,7 @@ def entry(state: checkpoint.ClaimState = PREPARE_COMPLETED, name: str = "c") -> 
 
 
 def store_at(
-    tmp_path: Path, boot: str = BOOT, recovery: checkpoint.Recovery = "quarantine"
+    tmp_path: Path, boot: str = BOOT, recovery: checkpointstore.Recovery = "quarantine"
 ) -> CheckpointStore:
     store = CheckpointStore(tmp_path / "plugins" / "gpu.nvidia.com" / "checkpoint.json", boot)
     store.load(recovery=recovery)
@@ -61,7 +61,7 @@ async def test_round_trip_survives_a_restart(tmp_path: Path) -> None:
     again = store_at(tmp_path)
     assert dict(again.claims) == {UID: entry()}
     on_disk = json.loads(store.path.read_text())
-    assert on_disk["version"] == checkpoint.VERSION
+    assert on_disk["version"] == checkpointfile.VERSION
     assert on_disk["data"]["nodeBootID"] == BOOT
     assert [p.name for p in store.path.parent.iterdir()] == ["checkpoint.json"]  # no temp left
     assert oct(store.path.stat().st_mode & 0o777) == "0o600"
@@ -99,7 +99,7 @@ def test_an_untrusted_checkpoint_is_quarantined_and_the_store_starts_empty(
     assert report.quarantined is not None and reason in report.reason
     assert report.quarantined.name.startswith("checkpoint.json.bad-")
     assert report.quarantined.read_bytes() == content  # kept as it was
-    assert store.claims == {} and checkpoint.decode(path.read_bytes()).claims == {}
+    assert store.claims == {} and checkpointfile.decode(path.read_bytes()).claims == {}
     again = CheckpointStore(path, BOOT)
     path.write_bytes(content)
     second = again.load()
@@ -112,11 +112,11 @@ async def test_another_boot_voids_the_checkpoint(tmp_path: Path) -> None:
     await store.put(UID, entry())
     rebooted = store_at(tmp_path, boot="a-new-boot")
     assert dict(rebooted.claims) == {}
-    assert checkpoint.decode(rebooted.path.read_bytes()).node_boot_id == "a-new-boot"
+    assert checkpointfile.decode(rebooted.path.read_bytes()).node_boot_id == "a-new-boot"
 
 
 def test_the_hand_written_v0_fixture_reads_as_completed_claims(tmp_path: Path) -> None:
-    data = checkpoint.decode(V0_FIXTURE.encode())
+    data = checkpointfile.decode(V0_FIXTURE.encode())
     claim = data.claims[UID]
     assert claim.state == PREPARE_COMPLETED
     assert (claim.namespace, claim.name) == ("team-a", "train")
@@ -132,7 +132,7 @@ def test_the_hand_written_v0_fixture_reads_as_completed_claims(tmp_path: Path) -
     store = CheckpointStore(path, BOOT)
     store.load()
     assert store.claims[UID].state == PREPARE_COMPLETED
-    assert json.loads(path.read_text())["version"] == checkpoint.VERSION
+    assert json.loads(path.read_text())["version"] == checkpointfile.VERSION
 
 
 def test_fields_unknown_to_this_version_do_not_break_reading() -> None:
@@ -142,9 +142,9 @@ def test_fields_unknown_to_this_version_do_not_break_reading() -> None:
         '"name":"c","fieldFromTheFuture":{"x":1},"devices":[{"name":"gpu-0","kind":"gpu",'
         '"requests":["r"],"pool":"p","alsoNew":true}]}}}'
     )
-    raw = json.dumps({"version": 1, "checksum": checkpoint.checksum(body.encode())})
+    raw = json.dumps({"version": 1, "checksum": checkpointfile.checksum(body.encode())})
     raw = raw[:-1] + ',"data":' + body + "}"
-    data = checkpoint.decode(raw.encode())
+    data = checkpointfile.decode(raw.encode())
     assert data.claims["u"].devices[0].name == "gpu-0"
 
 
@@ -153,7 +153,7 @@ def test_a_version_from_the_future_is_refused_with_the_known_ones() -> None:
     with pytest.raises(
         CheckpointError, match=r"version 9 is not one this preparer reads \(known: \[0, 1\]\)"
     ):
-        checkpoint.decode(raw.encode())
+        checkpointfile.decode(raw.encode())
 
 
 async def test_updates_share_writes_and_removing_nothing_writes_nothing(tmp_path: Path) -> None:
@@ -171,13 +171,13 @@ async def test_updates_share_writes_and_removing_nothing_writes_nothing(tmp_path
 async def test_the_file_is_what_msgspec_writes_for_the_whole_state(tmp_path: Path) -> None:
     """Entries are encoded once each and joined: the bytes must be the whole's encoding."""
     store = store_at(tmp_path)
-    assert store.path.read_bytes() == checkpoint.encode(CheckpointData(node_boot_id=BOOT))
+    assert store.path.read_bytes() == checkpointfile.encode(CheckpointData(node_boot_id=BOOT))
     await store.put(UID, entry())
     await store.put("b", entry(PREPARE_STARTED, "other"))
     await store.put(UID, entry(name="changed"))
     whole = CheckpointData(node_boot_id=BOOT, claims=dict(store.claims))
-    assert store.path.read_bytes() == checkpoint.encode(whole)
-    assert checkpoint.encode_body("", {}) == b"{}" == msgspec.json.encode(CheckpointData())
+    assert store.path.read_bytes() == checkpointfile.encode(whole)
+    assert checkpointfile.encode_body("", {}) == b"{}" == msgspec.json.encode(CheckpointData())
 
 
 @pytest.mark.parametrize("content", [b"", b'{"version": 1, "checksum": "sha256:00", "da'])
@@ -191,7 +191,7 @@ def test_a_torn_checkpoint_from_before_this_boot_is_void_not_untrusted(
     store = CheckpointStore(path, BOOT, booted_at=2000.0)
     report = store.load(recovery="refuse")  # not refused
     assert report.quarantined is None and store.claims == {}
-    assert checkpoint.decode(path.read_bytes()).node_boot_id == BOOT
+    assert checkpointfile.decode(path.read_bytes()).node_boot_id == BOOT
     # Written in this boot, the same bytes are not trusted.
     path.write_bytes(content)
     with pytest.raises(CheckpointError):
@@ -201,9 +201,9 @@ def test_a_torn_checkpoint_from_before_this_boot_is_void_not_untrusted(
 def test_boot_time_reads_btime(tmp_path: Path) -> None:
     stat = tmp_path / "stat"
     stat.write_text("cpu  1 2 3\nbtime 1764000000\nprocesses 9\n")
-    assert checkpoint.boot_time(stat) == 1764000000.0
-    assert checkpoint.boot_time(tmp_path / "absent") == 0.0
-    assert checkpoint.boot_time() > 0
+    assert checkpointstore.boot_time(stat) == 1764000000.0
+    assert checkpointstore.boot_time(tmp_path / "absent") == 0.0
+    assert checkpointstore.boot_time() > 0
 
 
 async def test_a_failed_write_leaves_memory_and_disk_unchanged(
@@ -215,7 +215,7 @@ async def test_a_failed_write_leaves_memory_and_disk_unchanged(
     def disk_full(*_: object, **__: object) -> None:
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "atomic_write", disk_full)
+    monkeypatch.setattr(checkpointstore, "atomic_write", disk_full)
     with pytest.raises(OSError, match="No space left"):
         await store.put("second", entry())
     monkeypatch.undo()

@@ -9,7 +9,7 @@ import pytest
 from services.core.model import nvidia
 from services.offline.slices import fleet_inventory
 from services.preparer import refcheckpoint
-from services.preparer.checkpoint import CheckpointError
+from services.preparer.checkpointfile import CheckpointError
 from tests.helpers.refcheckpoint import RefClaim, RefDevice, RefGroup, checkpoint_bytes
 
 UIDS = [f"11111111-0000-0000-0000-00000000000{i}" for i in range(1, 5)]

@@ -49,11 +49,11 @@ from services.preparer import verify
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
     PREPARE_STARTED,
-    CheckpointStore,
     ClaimEntry,
     GroupState,
     PreparedDeviceState,
 )
+from services.preparer.checkpointstore import CheckpointStore
 from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
 from services.preparer.computedomain import edits
 from services.preparer.computedomain.gate import Domain, DomainGate, GateError
