@@ -13,7 +13,7 @@ import logging
 
 import msgspec
 
-from services.core.model import nvidia
+from services.core.model import gpuhealth
 from services.core.model.schemas import Gpu, GpuHealth, HealthEvent, HealthKind, NodeInventory, Xid
 from services.discovery.backend import NvmlEvent
 from services.discovery.inventory import Scan, gpu_label
@@ -45,7 +45,7 @@ class HealthTracker:
             xid=event.xid,
             message=f"{gpu_label(gpu)}: XID {event.xid}{_where(gpu, event)}",
             timestamp=event.timestamp,
-            reason=nvidia.xid_reason(event.xid),
+            reason=gpuhealth.xid_reason(event.xid),
             gi_id=event.gi_id,
             ci_id=event.ci_id,
         )
@@ -60,14 +60,16 @@ class HealthTracker:
             if lost and not health.lost:
                 health = msgspec.structs.replace(health, lost=True)
                 events.append(
-                    self._event(gpu, "gpu-lost", gpu.error or "GPU is lost", nvidia.GPU_LOST_REASON)
+                    self._event(
+                        gpu, "gpu-lost", gpu.error or "GPU is lost", gpuhealth.GPU_LOST_REASON
+                    )
                 )
             elif health.lost and not lost:
                 health = GpuHealth()  # the GPU answers again: it was reset
                 recovered = "GPU answers NVML again"
                 events.append(self._event(gpu, "recovered", recovered, recovered))
             if not lost and gpu.error and gpu.error != self._errors.get(gpu.index):
-                reason = nvidia.nvml_error_reason(gpu.error)
+                reason = gpuhealth.nvml_error_reason(gpu.error)
                 events.append(self._event(gpu, "nvml-error", gpu.error, reason))
             self._errors[gpu.index] = gpu.error
             unmonitored = gpu.index in scan.unmonitored

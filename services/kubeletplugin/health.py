@@ -31,7 +31,7 @@ import grpc
 from services.core.bus import subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.client import Bus
-from services.core.model import nvidia
+from services.core.model import gpuhealth, nvidia
 from services.core.model.schemas import Gpu, HealthEvent, NodeInventory
 from services.proto_gen.kubelet.drahealth.v1 import api_pb2 as pb_v1
 from services.proto_gen.kubelet.drahealth.v1 import api_pb2_grpc as pb_v1_grpc
@@ -118,21 +118,23 @@ def event_fact(event: HealthEvent) -> _EventFact | None:
     """What a health event says about its GPU's devices; None: nothing wrong any more.
 
     The same rules as :func:`device_reports`: an application XID
-    (:data:`nvidia.NON_FATAL_XIDS`) is no fault, a lost GPU is unhealthy, an
+    (:data:`gpuhealth.NON_FATAL_XIDS`) is no fault, a lost GPU is unhealthy, an
     NVML error makes health unknown. The event's ``reason`` is the message; an
     event from a discovery that predates it gets the same words made here.
     """
     if event.kind == "recovered":
         return None
     if event.kind == "xid":
-        if event.xid in nvidia.NON_FATAL_XIDS:
+        if event.xid in gpuhealth.NON_FATAL_XIDS:
             return None
-        reason = event.reason or (nvidia.xid_reason(event.xid) if event.xid is not None else "XID")
+        reason = event.reason or (
+            gpuhealth.xid_reason(event.xid) if event.xid is not None else "XID"
+        )
         target = (event.gi_id, event.ci_id) if event.gi_id is not None else None
         return _EventFact("xid", Verdict(Health.UNHEALTHY, fit(reason)), target)
     if event.kind == "gpu-lost":
         return _EventFact(
-            event.kind, Verdict(Health.UNHEALTHY, fit(event.reason or nvidia.GPU_LOST_REASON))
+            event.kind, Verdict(Health.UNHEALTHY, fit(event.reason or gpuhealth.GPU_LOST_REASON))
         )
     return _EventFact(event.kind, Verdict(Health.UNKNOWN, fit(event.reason or event.message)))
 
@@ -242,20 +244,20 @@ def device_reports(gpu: Gpu) -> dict[str, Verdict]:
 
     A lost GPU or an NVML error makes all of its devices unhealthy or unknown;
     the latest XID counts only when it is not an application error
-    (:data:`nvidia.NON_FATAL_XIDS`), and only for the MIG devices NVML attributed
+    (:data:`gpuhealth.NON_FATAL_XIDS`), and only for the MIG devices NVML attributed
     it to (:func:`_hit`).
     """
     names = device_names(gpu)
     if gpu.health.lost:
-        return dict.fromkeys(names.values(), Verdict(Health.UNHEALTHY, nvidia.GPU_LOST_REASON))
+        return dict.fromkeys(names.values(), Verdict(Health.UNHEALTHY, gpuhealth.GPU_LOST_REASON))
     base = HEALTHY
     if gpu.error:
-        base = Verdict(Health.UNKNOWN, fit(nvidia.nvml_error_reason(gpu.error)))
+        base = Verdict(Health.UNKNOWN, fit(gpuhealth.nvml_error_reason(gpu.error)))
     result = dict.fromkeys(names.values(), base)
     if gpu.health.xids:
         latest = max(gpu.health.xids, key=lambda x: x.timestamp)
-        if latest.xid not in nvidia.NON_FATAL_XIDS:
-            fault = Verdict(Health.UNHEALTHY, nvidia.xid_reason(latest.xid))
+        if latest.xid not in gpuhealth.NON_FATAL_XIDS:
+            fault = Verdict(Health.UNHEALTHY, gpuhealth.xid_reason(latest.xid))
             for name in _hit(names, latest.gi_id, latest.ci_id):
                 result[name] = fault
     return result

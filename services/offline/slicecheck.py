@@ -48,7 +48,7 @@ from services.core.kube.resource import (
     ResourceSlice,
     ResourceSliceSpec,
 )
-from services.core.model import nvidia
+from services.core.model import deviceattrs
 
 DEFAULT_KUBE_MINOR = 35
 
@@ -266,7 +266,7 @@ class _SliceChecker:
 
     def devices(self, spec: ResourceSliceSpec, path: str) -> list[Problem]:
         devices = spec.devices or []
-        lists = self.limits.list_attributes and any(map(nvidia.has_list_attributes, devices))
+        lists = self.limits.list_attributes and any(map(deviceattrs.has_list_attributes, devices))
         advanced = lists or any(d.taints or d.consumes_counters for d in devices)
         limit = self.limits.max_devices_advanced if advanced else self.limits.max_devices
         if len(devices) > limit:

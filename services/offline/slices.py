@@ -25,7 +25,7 @@ import yaml
 
 from services.core.kube import resource
 from services.core.kube.resource import ResourceSlice
-from services.core.model import featuregates, nvidia
+from services.core.model import deviceattrs, featuregates
 from services.core.model.schemas import NodeInventory
 from services.core.process import config
 from services.offline import slicecheck
@@ -129,7 +129,7 @@ def _list_attributes_note(slices: list[ResourceSlice], options: RenderOptions) -
             f"{featuregates.DRA_LIST_TYPE_ATTRIBUTES} changes nothing on Kubernetes {version}: "
             "list-type attributes exist from 1.36, so numaNode stays an int"
         )
-    if not any(nvidia.has_list_attributes(d) for s in slices for d in s.spec.devices or []):
+    if not any(deviceattrs.has_list_attributes(d) for s in slices for d in s.spec.devices or []):
         return ""
     return (
         f"numaNode is a list ({featuregates.DRA_LIST_TYPE_ATTRIBUTES}): the API server and "

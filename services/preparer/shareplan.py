@@ -18,7 +18,7 @@ from fractions import Fraction
 
 from services.core.kube import quantity
 from services.core.kube.resource import Device, DeviceRequestAllocationResult
-from services.core.model import configs, nvidia, shares
+from services.core.model import configs, gpudevices, migpartitions, nvidia, shares
 from services.core.model import featuregates as fg
 from services.core.model.schemas import NodeInventory
 from services.preparer.checkpoint import ShareState
@@ -48,14 +48,16 @@ def published(target: Target, inv: NodeInventory, gates: fg.FeatureGates) -> Dev
     """The device as this node publishes it, before the shares policy is applied."""
     gpu = target.gpu
     if target.kind == nvidia.GPU_TYPE:
-        if gates.enabled(fg.DYNAMIC_MIG) and nvidia.dynamic_mig_capable(gpu):
-            return nvidia.partitionable_gpu_device(gpu, inv, nvidia.PartitionModel.of(gpu))
-        return nvidia.gpu_device(gpu, inv)
+        if gates.enabled(fg.DYNAMIC_MIG) and migpartitions.dynamic_mig_capable(gpu):
+            return migpartitions.partitionable_gpu_device(
+                gpu, inv, migpartitions.PartitionModel.of(gpu)
+            )
+        return gpudevices.gpu_device(gpu, inv)
     if target.kind == nvidia.MIG_TYPE:
         if target.live is not None and not gates.enabled(fg.DYNAMIC_MIG):
-            return nvidia.static_mig_device(gpu, target.live, inv)
+            return gpudevices.static_mig_device(gpu, target.live, inv)
         assert target.profile is not None and target.placement is not None
-        return nvidia.partition_device(gpu, target.profile, target.placement, inv)
+        return migpartitions.partition_device(gpu, target.profile, target.placement, inv)
     raise ShareError(
         f"device {target.name!r} is a {target.kind} device: VFIO devices are never "
         "published with allowMultipleAllocations, so no share of one can be prepared"

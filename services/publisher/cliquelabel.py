@@ -14,7 +14,7 @@ import asyncio
 import logging
 
 from services.core.kube.client import ApiError, KubeApi
-from services.core.model import nvidia
+from services.core.model import cliques
 from services.core.model.schemas import NodeInventory
 
 log = logging.getLogger(__name__)
@@ -26,8 +26,8 @@ def wanted_label(inventory: NodeInventory, strict: bool = True) -> str | None:
     node unlabelled; without it that GPU is skipped, as the reference's plugin skips it
     when it computes the clique it labels."""
     try:
-        clique = nvidia.node_clique_id(inventory.gpus, strict=strict)
-    except nvidia.CliqueError as exc:
+        clique = cliques.node_clique_id(inventory.gpus, strict=strict)
+    except cliques.CliqueError as exc:
         log.warning(
             "no NVLink clique label for the node",
             extra={"node": inventory.node, "reason": str(exc)},
@@ -71,7 +71,7 @@ class CliqueLabeler:
                 asyncio.get_running_loop().call_later(self.retry_s, self._wake.set)
 
     async def _apply(self, node: str, value: str | None) -> bool:
-        body = {"metadata": {"labels": {nvidia.GPU_CLIQUE_LABEL: value}}}
+        body = {"metadata": {"labels": {cliques.GPU_CLIQUE_LABEL: value}}}
         try:
             await self.api.patch(f"/api/v1/nodes/{node}", body)
         except ApiError as exc:

@@ -16,14 +16,14 @@ import msgspec
 
 from services.core.kube.client import ApiError
 from services.core.kube.resource import Device, ResourceSlice
-from services.core.model import nvidia
+from services.core.model import deviceattrs
 
 DropKind = str  # "sharedCounters" | "consumesCounters" | "taints" | "allowMultipleAllocations"
 # allowMultipleAllocations stands for it and the capacities' requestPolicy: an API server
 # without DRAConsumableCapacity drops both (consumable shares, services/core/model/shares.py).
 # listTypeAttributes: attributes written as lists (ints, bools, strings, versions); an
 # API server without DRAListTypeAttributes (or older than 1.36) keeps none of them, and
-# they are then written as the scalar they stand for (nvidia.scalar_attributes).
+# they are then written as the scalar they stand for (deviceattrs.scalar_attributes).
 LIST_ATTRIBUTES: DropKind = "listTypeAttributes"
 DROPPABLE: tuple[DropKind, ...] = (
     "sharedCounters",
@@ -41,7 +41,7 @@ def without(obj: ResourceSlice, dropped: frozenset[DropKind]) -> ResourceSlice:
     spec = obj.spec
     devices = spec.devices
     if devices and LIST_ATTRIBUTES in dropped:
-        devices = nvidia.scalar_attributes(devices)
+        devices = deviceattrs.scalar_attributes(devices)
     if devices and dropped & {"consumesCounters", "taints"}:
         devices = [
             msgspec.structs.replace(
@@ -95,7 +95,7 @@ def dropped_fields(sent: ResourceSlice, stored: ResourceSlice) -> set[DropKind]:
 
 def has_lists(devices: Sequence[Device]) -> bool:
     """Whether any of ``devices`` has a list-type attribute."""
-    return any(map(nvidia.has_list_attributes, devices))
+    return any(map(deviceattrs.has_list_attributes, devices))
 
 
 def refuses_lists(sent: ResourceSlice, exc: ApiError) -> bool:

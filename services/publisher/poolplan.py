@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import msgspec
 
 from services.core.kube.resource import Device, OwnerReference, ResourceSlice
-from services.core.model import nvidia
+from services.core.model import deviceattrs, nvidia
 from services.publisher.droppedfields import LIST_ATTRIBUTES, DropKind, without
 from services.publisher.render import SliceContent, build_slices, slice_name
 from services.publisher.slicecompare import same_slice
@@ -93,7 +93,7 @@ def plan_pool(
 def _scalar(content: SliceContent) -> SliceContent:
     if not content.devices:
         return content
-    return SliceContent(nvidia.scalar_attributes(content.devices), content.shared_counters)
+    return SliceContent(deviceattrs.scalar_attributes(content.devices), content.shared_counters)
 
 
 def _as_update(current: ResourceSlice, wanted: ResourceSlice) -> ResourceSlice:

@@ -17,8 +17,8 @@ counters (the 1.35 rule, also valid on 1.34) or has a list-type attribute (1.36+
 ``ResourceSliceMaxDevicesWithAdvancedFeatures``), else 128.
 
 With DRAListTypeAttributes the standard ``numaNode`` is a one-element list, as the
-reference publishes it (:func:`services.core.model.nvidia.list_type_attributes`), on an API
-server that can store lists (1.36 and later); an older one gets the int.
+reference publishes it (:func:`services.core.model.deviceattrs.list_type_attributes`), on an
+API server that can store lists (1.36 and later); an older one gets the int.
 """
 
 from __future__ import annotations
@@ -38,7 +38,16 @@ from services.core.kube.resource import (
     ResourceSliceSpec,
 )
 from services.core.model import computedomain as cd
-from services.core.model import domainnode, featuregates, nvidia, shares
+from services.core.model import (
+    deviceattrs,
+    domainnode,
+    featuregates,
+    gpudevices,
+    gpuhealth,
+    migpartitions,
+    nvidia,
+    shares,
+)
 from services.core.model.featuregates import FeatureGates
 from services.core.model.schemas import Gpu, NodeInventory, NodePreparedDevices
 from services.core.model.shares import DISABLED, SharesMode
@@ -140,16 +149,16 @@ def _nvidia_side(gpu: Gpu, inv: NodeInventory, opts: RenderOptions) -> _GpuGroup
 
 
 def _nvidia_devices(gpu: Gpu, inv: NodeInventory, opts: RenderOptions) -> _GpuGroup:
-    if opts.gates.enabled(featuregates.DYNAMIC_MIG) and nvidia.dynamic_mig_capable(gpu):
-        model = nvidia.PartitionModel.of(gpu)
+    if opts.gates.enabled(featuregates.DYNAMIC_MIG) and migpartitions.dynamic_mig_capable(gpu):
+        model = migpartitions.PartitionModel.of(gpu)
         devices = []
-        if not gpu.mig_enabled or nvidia.supports_mig_toggle(gpu):
-            devices.append(nvidia.partitionable_gpu_device(gpu, inv, model))
-        devices += nvidia.partition_devices(gpu, inv)
-        return _GpuGroup(devices, nvidia.counter_sets(gpu, model))
+        if not gpu.mig_enabled or migpartitions.supports_mig_toggle(gpu):
+            devices.append(migpartitions.partitionable_gpu_device(gpu, inv, model))
+        devices += migpartitions.partition_devices(gpu, inv)
+        return _GpuGroup(devices, migpartitions.counter_sets(gpu, model))
     if not gpu.mig_enabled:
-        return _GpuGroup([nvidia.gpu_device(gpu, inv)], [])
-    return _GpuGroup([nvidia.static_mig_device(gpu, mig, inv) for mig in gpu.mig_devices], [])
+        return _GpuGroup([gpudevices.gpu_device(gpu, inv)], [])
+    return _GpuGroup([gpudevices.static_mig_device(gpu, mig, inv) for mig in gpu.mig_devices], [])
 
 
 def _gpu_group(
@@ -166,11 +175,11 @@ def _gpu_group(
     # (Holdings here, the preparer's hold keys), which the reference leaves open.
     vfio_ok = gates.enabled(featuregates.PASSTHROUGH_SUPPORT)
     if vfio_ok and gpu.vfio is not None and not holdings.withdraws_vfio_twin(gpu):
-        devices.append(nvidia.vfio_device(gpu, vfio_index))
+        devices.append(gpudevices.vfio_device(gpu, vfio_index))
     if opts.list_attributes:
-        devices[:] = nvidia.list_type_attributes(devices)
+        devices[:] = deviceattrs.list_type_attributes(devices)
     if gates.enabled(featuregates.NVML_DEVICE_HEALTH_CHECK):
-        taints = nvidia.health_taints(gpu, (d.name for d in devices), opts.extra_non_fatal_xids)
+        taints = gpuhealth.health_taints(gpu, (d.name for d in devices), opts.extra_non_fatal_xids)
         for device in devices:
             device.taints = taints.get(device.name)
     devices.sort(key=lambda d: d.name)
@@ -215,7 +224,7 @@ def _groups(inv: NodeInventory, opts: RenderOptions, holdings: Holdings) -> list
 def _device_limit(devices: Sequence[Device], lists: bool = True) -> int:
     """``lists``: whether devices may have list attributes (only looked for then)."""
     advanced = any(d.taints or d.consumes_counters for d in devices) or (
-        lists and any(map(nvidia.has_list_attributes, devices))
+        lists and any(map(deviceattrs.has_list_attributes, devices))
     )
     return MAX_DEVICES_ADVANCED if advanced else MAX_DEVICES
 

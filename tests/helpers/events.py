@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from services.core.bus import subjects
@@ -16,17 +17,26 @@ async def stored_claim_events(bus: Bus) -> list[ClaimEvent]:
 
 async def stored_claim_messages(bus: Bus) -> list[tuple[ClaimEvent, dict[str, str]]]:
     """Every event in the stream now with its headers (``Nats-Msg-Id``), oldest first."""
+    return [(decode(msg.data, ClaimEvent), dict(msg.headers or {})) for msg in await _stored(bus)]
+
+
+async def stored_claim_subjects(bus: Bus) -> list[tuple[str, ClaimEvent]]:
+    """Every event in the stream now with the subject it was stored under, oldest first."""
+    return [(msg.subject, decode(msg.data, ClaimEvent)) for msg in await _stored(bus)]
+
+
+async def _stored(bus: Bus) -> list[Msg]:
     config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE)
     sub = await bus.js.pull_subscribe(
         subjects.claim_events_all(), stream=subjects.CLAIMS_STREAM, config=config
     )
-    stored: list[tuple[ClaimEvent, dict[str, str]]] = []
+    stored: list[Msg] = []
     try:
         pending = (await sub.consumer_info()).num_pending or 0
         while pending > 0:
             batch = await sub.fetch(min(pending, 256), timeout=10)
             pending -= len(batch)
-            stored += [(decode(msg.data, ClaimEvent), dict(msg.headers or {})) for msg in batch]
+            stored += batch
     finally:
         await sub.unsubscribe()
     return stored

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from services.core.bus.client import Bus
-from services.core.model import nvidia
+from services.core.model import gpudevices, nvidia
 from services.core.model.schemas import NodeInventory
 from services.local.natsserver import NatsServer
 from tests.helpers.preparer import Dev, Node, make_claim, new_uid
@@ -130,7 +130,7 @@ async def test_the_reference_s_claims_stay_prepared_and_unprepare_cleanly(node: 
                                 "gpu-vfio-1",
                                 "vm",
                                 node.name,
-                                uuid=nvidia.vfio_uuid(twin.pci_bus_id),
+                                uuid=gpudevices.vfio_uuid(twin.pci_bus_id),
                                 pci_bus_id=twin.pci_bus_id,
                             )
                         ]

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.core.kube.client import KubeApi, http_api
-from services.core.model import nvidia
+from services.core.model import cliques
 from services.local.cluster import ControlPlane
 from services.offline.slices import fleet_inventory
 from services.publisher.cliquelabel import CliqueLabeler
@@ -32,7 +32,7 @@ def apiserver(controlplane_binary: Path) -> Iterator[ControlPlane]:
 
 async def _label(api: KubeApi, node: str) -> str | None:
     labels = json.loads(await api.get(f"/api/v1/nodes/{node}"))["metadata"].get("labels", {})
-    value = labels.get(nvidia.GPU_CLIQUE_LABEL)
+    value = labels.get(cliques.GPU_CLIQUE_LABEL)
     return None if value is None else str(value)
 
 
@@ -47,7 +47,7 @@ async def test_label_follows_the_inventory(apiserver: ControlPlane) -> None:
     task = asyncio.create_task(labeler.run())
     try:
         tray = fleet_inventory("gb200-nvl72", TRAY)
-        clique = nvidia.node_clique_id(tray.gpus)
+        clique = cliques.node_clique_id(tray.gpus)
         assert clique.endswith(".1")
         labeler.set_inventory(TRAY, tray)
         labeler.set_inventory(PLAIN, fleet_inventory("dgx-h100", PLAIN))

@@ -23,7 +23,7 @@ from services.core.bus import subjects
 from services.core.bus.access import Role
 from services.core.bus.client import Bus
 from services.core.kube.resource import Device
-from services.core.model import nvidia
+from services.core.model import deviceattrs, gpuhealth, nvidia
 from services.core.model.schemas import HeldDevice, NodePreparedDevices, PluginPresence
 from services.local.natsserver import NatsServer
 from services.publisher.memoryapi import MemorySliceApi
@@ -96,12 +96,12 @@ async def test_a_lost_gpu_stays_published_with_the_gpu_lost_taint_until_it_recov
         for name in lost:
             (taint,) = devices[name].taints or []
             assert (taint.key, taint.value, taint.effect) == (
-                nvidia.TAINT_GPU_LOST,
+                gpuhealth.TAINT_GPU_LOST,
                 None,
                 "NoSchedule",
             )
         uuid = devices["gpu-3"].attributes or {}
-        assert uuid[nvidia.ATTR_UUID].value() == inv.gpus[3].uuid  # the last identity
+        assert uuid[deviceattrs.ATTR_UUID].value() == inv.gpus[3].uuid  # the last identity
 
         rc, out = await gpudra("sim", "recover", *sim, "--node", NODE, "--gpu", "3")
         assert rc == 0, out
@@ -202,11 +202,11 @@ async def test_slices_follow_a_mig_device_created_and_an_xid_injected_in_the_sim
         devices = _devices(kube)
         assert "gpu-2" not in devices  # a GPU in MIG mode is not a full GPU any more
         attrs = devices[mig].attributes or {}
-        assert attrs[nvidia.ATTR_UUID].value().startswith("MIG-")  # type: ignore[union-attr]
+        assert attrs[deviceattrs.ATTR_UUID].value().startswith("MIG-")  # type: ignore[union-attr]
 
         rc, out = await gpudra("sim", "xid", *sim, "--node", NODE, "--gpu", "5", "--xid", "79")
         assert rc == 0, out
-        await until(lambda: _taint_keys(kube).get("gpu-5") == [nvidia.TAINT_XID], "xid taint", p)
+        await until(lambda: _taint_keys(kube).get("gpu-5") == [gpuhealth.TAINT_XID], "xid taint", p)
         (taint,) = _devices(kube)["gpu-5"].taints or []
         assert (taint.value, taint.effect) == ("79", "NoSchedule")
         assert all(k == [] for n, k in _taint_keys(kube).items() if n != "gpu-5")

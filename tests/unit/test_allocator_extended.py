@@ -10,9 +10,9 @@ from services.allocator.watcher.extended import extended_claim
 from services.allocator.watcher.pending import PodClock, waiting_extended
 from services.core.kube.pods import Pod
 from services.core.kube.resource import to_builtins
-from services.core.model import nvidia
+from services.core.model import deviceclasses
 
-CLASSES = {c.metadata.name: c for c in nvidia.device_classes()}
+CLASSES = {c.metadata.name: c for c in deviceclasses.device_classes()}
 
 
 def pod(containers: list[dict[str, Any]], init: list[dict[str, Any]] | None = None,

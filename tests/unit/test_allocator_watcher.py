@@ -28,7 +28,7 @@ from services.allocator.watcher.pending import (
 from services.core.kube.client import ApiError, Listing, RawEvent
 from services.core.kube.informer import Informer
 from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
-from services.core.model import nvidia
+from services.core.model import deviceclasses
 
 DRIVER = "gpu.nvidia.com"
 
@@ -472,7 +472,7 @@ def test_event_names_are_stable_dns_subdomains() -> None:
     assert event_name(claim(uid="other")) != event_name(claim())
 
 
-@pytest.mark.parametrize("shipped", nvidia.device_classes(), ids=lambda c: c.metadata.name)
+@pytest.mark.parametrize("shipped", deviceclasses.device_classes(), ids=lambda c: c.metadata.name)
 def test_claims_of_our_shipped_device_classes_concern_our_driver(shipped: DeviceClass) -> None:
     """The shipped classes quote the driver name with single quotes, as the reference chart."""
     name = shipped.metadata.name

@@ -31,7 +31,7 @@ from services.cli import build_parser
 from services.core.bus import retention
 from services.core.bus.access import Role
 from services.core.kube import resource
-from services.core.model import computedomain, nvidia
+from services.core.model import computedomain, deviceclasses, nvidia
 from services.domains import cli as domains_cli
 from services.domains import objects as daemon_objects
 from services.domains.objects import DaemonBus
@@ -199,7 +199,7 @@ def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_ca
 
 
 def test_device_classes_are_the_models_and_the_deploy_file() -> None:
-    classes = [*nvidia.device_classes(), *computedomain.device_classes()]
+    classes = [*deviceclasses.device_classes(), *computedomain.device_classes()]
     models = [resource.to_builtins(c) for c in classes]
     in_chart = list(yaml.safe_load_all((TEMPLATES / "deviceclasses.yaml").read_text()))
     deploy_file = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))

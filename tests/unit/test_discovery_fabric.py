@@ -7,8 +7,8 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from services.core.model import domainnode, featuregates, nvidia
-from services.core.model.nvidia import CliqueError, node_clique_id
+from services.core.model import cliques, domainnode, featuregates
+from services.core.model.cliques import CliqueError, node_clique_id
 from services.core.model.schemas import Gpu, NodeInventory
 from services.discovery import pciids
 from services.discovery.backend import NotSupported
@@ -161,7 +161,7 @@ gpus:
 
 
 def test_the_label_key_is_gfds() -> None:
-    assert nvidia.GPU_CLIQUE_LABEL == "nvidia.com/gpu.clique"
+    assert cliques.GPU_CLIQUE_LABEL == "nvidia.com/gpu.clique"
 
 
 def test_dns_names_refuse_a_fabric_node_whose_driver_is_too_old() -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from services.core.model import nvidia
+from services.core.model import deviceattrs
 from services.discovery import pciids
 from services.discovery.models import get_model, model_names
 from services.discovery.sim import NVIDIA_VENDOR_ID
@@ -126,7 +126,10 @@ def test_gpudra_slices_shows_the_pci_database_name_for_vfio_devices(
     gpus = {n: v for n, v in names.items() if not n.startswith("gpu-vfio-")}
     assert len(gpus) == 8 and set(gpus.values()) == {"NVIDIA H100 80GB HBM3"}  # NVML's name
     twin = devices["gpu-vfio-0"]["attributes"]
-    assert (twin[nvidia.ATTR_VENDOR_ID]["string"], twin[nvidia.ATTR_DEVICE_ID]["string"]) == (
+    assert (
+        twin[deviceattrs.ATTR_VENDOR_ID]["string"],
+        twin[deviceattrs.ATTR_DEVICE_ID]["string"],
+    ) == (
         "0x10de",
         "0x2330",
     )
@@ -145,4 +148,4 @@ def test_a_gb200_twin_is_named_as_the_reference_names_it(
     assert twins and {t["attributes"]["productName"]["string"] for t in twins} == {
         "GB100 [HGX GB200]"
     }
-    assert {t["attributes"][nvidia.ATTR_DEVICE_ID]["string"] for t in twins} == {"0x2941"}
+    assert {t["attributes"][deviceattrs.ATTR_DEVICE_ID]["string"] for t in twins} == {"0x2941"}

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from services.cli import main
-from services.core.model import featuregates, nvidia
+from services.core.model import deviceattrs, featuregates, nvidia
 from services.offline import slicecheck
 from tests.helpers.cli import gpudra
 
@@ -84,7 +84,7 @@ def test_numa_node_of_every_device_comes_from_the_fleet(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
     """dgx-h100: GPUs 0-3 on socket 0, 4-7 on socket 1; MIG devices carry their parent's."""
-    numa = nvidia.ATTR_NUMA_NODE
+    numa = deviceattrs.ATTR_NUMA_NODE
     h100 = _devices(_slices(capsys, "--fleet", "dgx-h100", "--node", "n1"))
     assert {n: d["attributes"][numa] for n, d in h100.items()} == {
         f"gpu-{i}": {"int": i // 4} for i in range(8)
@@ -107,7 +107,7 @@ def test_list_type_attributes_print_numa_node_as_a_list(
     """``gpudra slices --feature-gates DRAListTypeAttributes=true``: every device's numaNode
     as the reference's one-element list, the pool checked at 1.37 (64 devices a slice), a
     note on what the API server needs; on 1.35, which has no lists, the int and a note."""
-    numa = nvidia.ATTR_NUMA_NODE
+    numa = deviceattrs.ATTR_NUMA_NODE
     args = ["--fleet", "dgx-a100", "--node", "n1", "-o", "json", "--feature-gates"]
     assert main(["slices", *args, "PassthroughSupport=true,DRAListTypeAttributes=true"]) == 0
     out, err = capsys.readouterr()

@@ -17,7 +17,16 @@ import yaml
 
 from services.core.kube import quantity, resource
 from services.core.kube.resource import Device, ResourceSlice
-from services.core.model import computedomain, featuregates, nvidia, shares
+from services.core.model import (
+    computedomain,
+    deviceattrs,
+    deviceclasses,
+    featuregates,
+    gpuhealth,
+    migpartitions,
+    nvidia,
+    shares,
+)
 from services.core.model.schemas import (
     Gpu,
     GpuHealth,
@@ -25,6 +34,7 @@ from services.core.model.schemas import (
     Xid,
 )
 from services.offline import slicecheck
+from services.offline.slicecheck.names import dns_subdomain
 from services.publisher.render import (
     RenderError,
     RenderOptions,
@@ -68,13 +78,13 @@ def caps(device: Device) -> dict[str, str]:
     ],
 )
 def test_versions_are_normalised_like_masterminds_semver(text: str, want: str) -> None:
-    assert nvidia.semver(text) == want
+    assert deviceattrs.semver(text) == want
 
 
 @pytest.mark.parametrize("text", ["abc", "9.x", "", "1.2.3-01"])
 def test_unparseable_versions_name_the_field(text: str) -> None:
     with pytest.raises(nvidia.InventoryError, match="driver_version"):
-        nvidia.semver(text, "driver_version")
+        deviceattrs.semver(text, "driver_version")
 
 
 @pytest.mark.parametrize(
@@ -112,12 +122,12 @@ def test_device_names_round_trip_through_parse() -> None:
 
 
 def test_counter_names_follow_camel_to_dns() -> None:
-    assert [nvidia.counter_name(c) for c in ("copyEngines", "jpegEngines", "memory")] == [
+    assert [migpartitions.counter_name(c) for c in ("copyEngines", "jpegEngines", "memory")] == [
         "copy-engines",
         "jpeg-engines",
         "memory",
     ]
-    assert nvidia.counter_set_name(5) == "gpu-5-counter-set"
+    assert migpartitions.counter_set_name(5) == "gpu-5-counter-set"
 
 
 def test_slice_names_are_deterministic_and_valid_for_any_node_name() -> None:
@@ -126,7 +136,7 @@ def test_slice_names_are_deterministic_and_valid_for_any_node_name() -> None:
     a, b = slice_name(long, 11), slice_name(long[:-1] + "x", 11)
     assert a != b and len(a) <= 253 and len(b) <= 253
     for name in (a, b):
-        assert not slicecheck._dns_subdomain(name, "x"), name
+        assert not dns_subdomain(name, "x"), name
 
 
 # --------------------------------------------------------------------------- full GPUs
@@ -534,7 +544,7 @@ def test_a_gpu_whose_events_cannot_be_watched_is_tainted_unmonitored() -> None:
         ("gpu.nvidia.com/xid", "79", "NoSchedule"),
         ("gpu.nvidia.com/gpu-lost", None, "NoSchedule"),
     ]
-    assert nvidia.TAINT_UNMONITORED == "gpu.nvidia.com/unmonitored"
+    assert gpuhealth.TAINT_UNMONITORED == "gpu.nvidia.com/unmonitored"
     # Everything else about the devices is what an unwatched GPU would have anyway.
     healthy = [msgspec.structs.replace(g, health=GpuHealth()) for g in gpus[:3]]
     plain = devices_of(render_slices(node(gpus=healthy), opts("NVMLDeviceHealthCheck=true")))
@@ -596,7 +606,7 @@ def test_taints_lower_the_device_limit_per_slice_to_64() -> None:
 
 def test_deployed_device_classes_are_the_models() -> None:
     deployed = list(yaml.safe_load_all((REPO / "deploy" / "deviceclasses.yaml").read_text()))
-    models = [*nvidia.device_classes(), *computedomain.device_classes()]
+    models = [*deviceclasses.device_classes(), *computedomain.device_classes()]
     assert deployed == [resource.to_builtins(c) for c in models]
     by_name = {c["metadata"]["name"]: c for c in deployed}
     assert set(by_name) == {"gpu.nvidia.com", "mig.nvidia.com", "vfio.gpu.nvidia.com",
@@ -619,7 +629,7 @@ def test_render_contents_is_stable() -> None:
 # --------------------------------------------------------------------------- list attributes
 
 LISTS = featuregates.DRA_LIST_TYPE_ATTRIBUTES
-NUMA = nvidia.ATTR_NUMA_NODE
+NUMA = deviceattrs.ATTR_NUMA_NODE
 
 
 def _layouts() -> list[str]:
@@ -704,7 +714,7 @@ def test_a_gpu_without_a_numa_node_has_no_list_attribute() -> None:
     gpu = h100(0, numa_node=None)
     (s,) = render_slices(node(gpus=[gpu]), opts(f"{LISTS}=true", 37))
     assert NUMA not in (devices_of([s])["gpu-0"].attributes or {})
-    assert not nvidia.has_list_attributes(devices_of([s])["gpu-0"])
+    assert not deviceattrs.has_list_attributes(devices_of([s])["gpu-0"])
 
 
 def test_dynamic_mig_partitions_keep_sharing_their_attribute_maps() -> None:

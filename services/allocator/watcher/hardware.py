@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from services.core.kube.resource import Device, ResourceSlice
-from services.core.model import nvidia
+from services.core.model import deviceattrs, nvidia
 from services.core.model.schemas import DeviceRef
 
 _Hardware = tuple[str, str, str]  # gpu uuid, pci bus id, the device's own uuid
@@ -35,7 +35,7 @@ class DeviceIndex:
             for device in item.spec.devices or []:
                 hardware = _hardware(device)
                 found[(item.spec.pool.name, device.name)] = hardware
-                if _attr(device, nvidia.ATTR_TYPE) == nvidia.GPU_TYPE and hardware[1]:
+                if _attr(device, deviceattrs.ATTR_TYPE) == nvidia.GPU_TYPE and hardware[1]:
                     gpus[(item.spec.pool.name, hardware[1])] = hardware[0]
         for (pool, name), (gpu_uuid, pci, own) in found.items():
             if not gpu_uuid and pci:  # a VFIO device: the GPU it passes through
@@ -55,11 +55,11 @@ def _attr(device: Device, name: str) -> str:
 
 
 def _hardware(device: Device) -> _Hardware:
-    kind = _attr(device, nvidia.ATTR_TYPE)
-    uuid = _attr(device, nvidia.ATTR_UUID)
-    pci = _attr(device, nvidia.ATTR_PCI_BUS_ID)
+    kind = _attr(device, deviceattrs.ATTR_TYPE)
+    uuid = _attr(device, deviceattrs.ATTR_UUID)
+    pci = _attr(device, deviceattrs.ATTR_PCI_BUS_ID)
     if kind == nvidia.MIG_TYPE:
-        return _attr(device, nvidia.ATTR_PARENT_UUID), pci, uuid
+        return _attr(device, deviceattrs.ATTR_PARENT_UUID), pci, uuid
     if kind == nvidia.VFIO_TYPE:
         return "", pci, uuid  # its GPU's uuid: the GPU device at the same PCI address
     return uuid, pci, ""

@@ -6,7 +6,7 @@ refuses its claims naming the reason (the preparer), with the same words in both
 
 - the node's GPUs name no one NVLink clique: GPUs of two cliques, or, with
   CrashOnNVLinkFabricErrors (the reference's default), a GPU whose fabric did not
-  register (services.core.model.nvidia.node_clique_id);
+  register (services.core.model.cliques.node_clique_id);
 - IMEXDaemonsWithDNSNames (the reference's default) with an NVIDIA driver older than
   570.158.01, whose IMEX cannot take DNS names (the reference's
   validateDriverVersionForIMEXDaemonsWithDNSNames). The reference refuses on every
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import re
 
+from services.core.model import cliques
 from services.core.model import featuregates as fg
-from services.core.model import nvidia
 from services.core.model.schemas import NodeInventory
 
 DNS_NAMES_MIN_DRIVER = "570.158.01"
@@ -29,8 +29,8 @@ def refusal(inv: NodeInventory, gates: fg.FeatureGates) -> str:
     """Why the node cannot serve the driver; "" when it can."""
     strict = gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
     try:
-        clique = nvidia.node_clique_id(inv.gpus, strict=strict)
-    except nvidia.CliqueError as exc:
+        clique = cliques.node_clique_id(inv.gpus, strict=strict)
+    except cliques.CliqueError as exc:
         gate = f" ({fg.CRASH_ON_NVLINK_FABRIC_ERRORS})" if strict else ""
         return f"the node's NVLink fabric{gate}: {exc}"
     if clique and gates.enabled(fg.IMEX_DAEMONS_WITH_DNS_NAMES):

@@ -17,8 +17,8 @@ DEVICE_METADATA = "DeviceMetadata"
 CONSUMABLE_SHARES = "ConsumableShares"
 # Alpha in the reference, off by default: the standard resource.kubernetes.io/numaNode
 # attribute is published as a one-element list (ints) instead of an int
-# (services.core.model.nvidia.list_type_attributes). Needs Kubernetes 1.36+ with its own gate of
-# the same name on; a server that cannot store lists gets the int (docs/operations.md).
+# (services.core.model.deviceattrs.list_type_attributes). Needs Kubernetes 1.36+ with its own
+# gate of the same name on; a server that cannot store lists gets the int (docs/operations.md).
 DRA_LIST_TYPE_ATTRIBUTES = "DRAListTypeAttributes"
 # The compute-domain.nvidia.com driver's gates (docs/computedomains.md). Beta and on by
 # default in the reference: the IMEX daemons name their peers by DNS names

@@ -40,8 +40,8 @@ import msgspec
 
 from services.core.kube.client import ApiError
 from services.core.kube.resource import DeviceRequestAllocationResult
+from services.core.model import cliques, domainnode
 from services.core.model import computedomain as cd
-from services.core.model import domainnode, nvidia
 from services.core.model import featuregates as fg
 from services.core.model.opaque import ConfigError
 from services.core.model.schemas import ClaimRef, PreparedDevice
@@ -235,7 +235,7 @@ class DomainEngine:
         if why:
             raise DomainClaimError(why)
         strict = self.gates.enabled(fg.CRASH_ON_NVLINK_FABRIC_ERRORS)
-        return nvidia.node_clique_id(inv.gpus, strict=strict)
+        return cliques.node_clique_id(inv.gpus, strict=strict)
 
     def _device(
         self, uid: str, p: _Planned, domain: Domain, clique: str
