@@ -39,7 +39,7 @@ from opentelemetry import trace
 from prometheus_client import Counter
 
 from services.core.kube.resource import DeviceRequestAllocationResult, ResourceClaim
-from services.core.model import configs, nvidia, shares
+from services.core.model import configs, deviceattrs, gpudevices, nvidia, shares
 from services.core.model import featuregates as fg
 from services.core.model.schemas import ClaimRef, DeviceRef, PreparedDevice
 from services.core.telemetry import tracing
@@ -554,9 +554,9 @@ class Engine:
             if d.kind != nvidia.VFIO_TYPE:
                 continue  # the reference attaches metadata to VFIO devices only
             index = nvidia.parse_device_name(d.name).vfio_index or 0
-            published = nvidia.vfio_device(targets[d.name].gpu, index)
+            published = gpudevices.vfio_device(targets[d.name].gpu, index)
             if self.s.gates.enabled(fg.DRA_LIST_TYPE_ATTRIBUTES):  # as GetDevice() gives it
-                (published,) = nvidia.list_type_attributes([published])
+                (published,) = deviceattrs.list_type_attributes([published])
             members.append(
                 metadata.MetadataDevice(d.requests[0], d.pool, d.name, published.attributes or {})
             )
