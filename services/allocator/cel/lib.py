@@ -24,6 +24,7 @@ from cel_expr_python import cel
 from services.allocator.cel import check as celcheck
 from services.allocator.cel import equality, formatlib, goregexp, listslib, netlib, strformat
 from services.allocator.cel import types as celtypes
+from services.allocator.cel.regexptree import RegexpError
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.kube.quantity import Quantity
 
@@ -188,21 +189,21 @@ def _format(text: str, args: list[Any]) -> str:
     return strformat.format_string(text, list(args))
 
 
-def _illegal(exc: goregexp.RegexpError) -> ValueError:
+def _illegal(exc: RegexpError) -> ValueError:
     return ValueError(f"Illegal regex: {exc}")
 
 
 def _find(text: str, pattern: str) -> str:
     try:
         return goregexp.find(text, pattern)
-    except goregexp.RegexpError as exc:
+    except RegexpError as exc:
         raise _illegal(exc) from None
 
 
 def _find_all(text: str, pattern: str, limit: int = -1) -> list[str]:
     try:
         return goregexp.find_all(text, pattern, limit)
-    except goregexp.RegexpError as exc:
+    except RegexpError as exc:
         raise _illegal(exc) from None
 
 

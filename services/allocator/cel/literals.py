@@ -21,6 +21,7 @@ from typing import Any
 from services.allocator.cel import goregexp
 from services.allocator.cel.check import error_at
 from services.allocator.cel.parse import Node
+from services.allocator.cel.regexptree import RegexpError
 
 INSTANTIATION = "program instantiation failed: "
 _INT64 = (-(2**63), 2**63 - 1)
@@ -265,7 +266,7 @@ def _plan_time(node: Node, args: list[Node], expression: str) -> str | None:
         if regex.kind == "lit" and isinstance(regex.value, str):
             try:
                 goregexp.check(regex.value)
-            except goregexp.RegexpError as exc:
+            except RegexpError as exc:
                 return f"{INSTANTIATION}{exc}"
         return None
     if node.target or len(args) != 1 or node.name not in ("int", "uint", "double", "bool"):
