@@ -17,8 +17,9 @@ from typing import Any
 import msgspec
 import pytest
 
-from services.allocator.cel.env import CelEnvironment, signature
+from services.allocator.cel.env import CelEnvironment
 from services.allocator.cel.parse import parse
+from services.allocator.cel.selector import signature
 from services.allocator.structured.engine import Engine
 from services.allocator.structured.features import Features, defaults
 from services.allocator.structured.pools import Node, gather_pools

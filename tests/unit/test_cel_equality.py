@@ -11,7 +11,8 @@ import datetime
 import pytest
 
 from services.allocator.cel import equality
-from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
+from services.allocator.cel.env import CelEnvironment
+from services.allocator.cel.selector import CelError, DeviceInput
 from services.core.kube.resource import Device, DeviceAttribute, DeviceCapacity
 
 DRIVER = "gpu.example.com"

@@ -12,7 +12,8 @@ import json
 import pytest
 
 from services.allocator.cel import cost as celcost
-from services.allocator.cel.env import CelEnvironment, DeviceInput
+from services.allocator.cel.env import CelEnvironment
+from services.allocator.cel.selector import DeviceInput
 from services.core.kube import names
 from services.core.kube.resource import Device
 

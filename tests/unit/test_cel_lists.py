@@ -7,7 +7,8 @@ import re
 
 import pytest
 
-from services.allocator.cel.env import CelEnvironment, DeviceInput
+from services.allocator.cel.env import CelEnvironment
+from services.allocator.cel.selector import DeviceInput
 from services.core.kube.resource import Device, DeviceAttribute
 
 DEVICE = DeviceInput(

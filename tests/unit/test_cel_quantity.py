@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from services.allocator.cel.env import CelEnvironment, CelError, DeviceInput
+from services.allocator.cel.env import CelEnvironment
+from services.allocator.cel.selector import CelError, DeviceInput
 from services.allocator.cel.semver import Semver, SemverError
 from services.core.kube.quantity import ERR_FORMAT, ERR_SUFFIX, Quantity, QuantityError
 from services.core.kube.resource import Device

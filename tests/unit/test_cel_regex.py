@@ -13,8 +13,9 @@ from __future__ import annotations
 import pytest
 
 from services.allocator.cel import goregexp
-from services.allocator.cel.env import CelEnvironment, DeviceInput
+from services.allocator.cel.env import CelEnvironment
 from services.allocator.cel.regexptree import ERR_LARGE, ERR_NESTING_DEPTH, RegexpError
+from services.allocator.cel.selector import DeviceInput
 from services.core.kube.resource import Device, DeviceAttribute
 
 GO_CASES = [
@@ -188,7 +189,7 @@ def test_selectors(env: CelEnvironment, expression: str, expected: object) -> No
 
 
 def test_computed_pattern_fails_the_device(env: CelEnvironment) -> None:
-    from services.allocator.cel.env import CelError
+    from services.allocator.cel.selector import CelError
 
     with pytest.raises(CelError, match=r"error parsing regexp: missing closing \): `αβ1\(`"):
         _run(env, f'{_A}.productName.matches({_A}.model + "(")')

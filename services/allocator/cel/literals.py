@@ -19,8 +19,10 @@ from functools import lru_cache
 from typing import Any
 
 from services.allocator.cel import goregexp
-from services.allocator.cel.check import error_at
-from services.allocator.cel.parse import Node
+from services.allocator.cel.check import error_at, typed_rewrite
+from services.allocator.cel.declarations import new_env, typed_variables
+from services.allocator.cel.messages import kubernetes_names, type_name
+from services.allocator.cel.parse import Node, ParseError, parse
 from services.allocator.cel.regexptree import RegexpError
 
 INSTANTIATION = "program instantiation failed: "
@@ -207,16 +209,12 @@ def _checked_types(expression: str) -> TypeOf:
 
 @lru_cache(maxsize=1024)
 def _compiled_type(text: str) -> str | None:
-    from services.allocator.cel import env as celenv  # env imports this module
-    from services.allocator.cel.check import typed_rewrite
-    from services.allocator.cel.parse import ParseError, parse
-
     try:
         typed = typed_rewrite(text, parse(text))
         checked = _typed_env().compile(typed)
     except (ParseError, RuntimeError):
         return None
-    name = celenv._kubernetes_names(celenv._type_name(checked.return_type()))
+    name = kubernetes_names(type_name(checked.return_type()))
     return _GO_TYPE_NAMES.get(name, name)
 
 
@@ -230,9 +228,7 @@ _GO_TYPE_NAMES: dict[str, str | None] = {
 
 @lru_cache(maxsize=1)
 def _typed_env() -> Any:
-    from services.allocator.cel import env as celenv
-
-    return celenv._new_env(celenv._typed_variables(True), checking=True)
+    return new_env(typed_variables(True), checking=True)
 
 
 def _compile_time(node: Node, args: list[Node], expression: str, type_of: TypeOf) -> str | None:

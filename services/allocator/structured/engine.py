@@ -32,14 +32,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from services.allocator.cel.env import (
-    CelEnvironment,
-    CelError,
-    DeviceInput,
-    Fact,
-    Selector,
-    device_facts,
-)
+from services.allocator.cel.env import CelEnvironment
+from services.allocator.cel.selector import CelError, DeviceInput, Fact, Selector, device_facts
 from services.allocator.structured import capacity as cap
 from services.allocator.structured.constraints import (
     Constraint,
@@ -250,7 +244,7 @@ class Engine:
         return cached
 
     def _match(self, selector: Selector, candidate: Candidate) -> bool | CelError:
-        """Evaluate, or reuse the result for a device with equal facts (cel.env.signature)."""
+        """Evaluate, or reuse the result for a device with equal facts (cel.selector.signature)."""
         shared_key: tuple[str, tuple[object, ...]] | None = None
         if selector.facts is not None:
             facts = self._device_facts(candidate)

@@ -21,7 +21,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.allocator.cel.env import CelError, Reference, split_name
+from services.allocator.cel.selector import CelError, Reference, split_name
 from services.allocator.structured.engine import (
     MAX_DEVICES,
     Candidate,

@@ -15,7 +15,7 @@ from collections.abc import Set
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from services.allocator.cel.env import CelError, Selector
+from services.allocator.cel.selector import CelError, Selector
 from services.allocator.structured import capacity as cap
 from services.allocator.structured.pools import Node, NodeSelectorError, node_matches
 from services.allocator.structured.requests import RequestSpec
