@@ -40,6 +40,7 @@ from services.core.kit import limits, supervisor
 from services.core.kit.backoff import Backoff
 from services.core.kube.pods import Pod
 from services.core.kube.resource import ResourceClaim, ResourceClaimConsumerReference
+from services.core.model.refusal import ClaimRefused
 from services.core.model.schemas import ClaimRef, SchemaError
 from services.preparer import verify
 from services.preparer.pods import PodLookupError
@@ -65,7 +66,7 @@ _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
-class ClaimError(ValueError):
+class ClaimError(ClaimRefused, ValueError):
     """A claim that cannot be prepared; the message names the claim and the reason."""
 
 

@@ -179,7 +179,7 @@ class DeviceStatusWriter:
 
     def start(self) -> None:
         self._dirty.set()  # what the checkpoint holds at start-up
-        supervisor.current().spawn("device status", self._run)
+        supervisor.current().spawn("device status", self._write_changes)
 
     def changed(self) -> None:
         self._dirty.set()
@@ -192,7 +192,7 @@ class DeviceStatusWriter:
         background (a preparer starts and serves while the API server is away)."""
         return await claimstatus.decide(self.api, self.mode)
 
-    async def _run(self) -> None:
+    async def _write_changes(self) -> None:
         on = await self.decide()
         log.info("claim device status", extra={"on": on, "mode": self.mode})
         if not on:
@@ -216,10 +216,10 @@ class DeviceStatusWriter:
         work += [(uid, None) for uid in self.written if uid not in desired]
         if not work:
             return True
-        results = await asyncio.gather(*(self._one(uid, w) for uid, w in work))
+        results = await asyncio.gather(*(self._write_claim(uid, w) for uid, w in work))
         return all(results)
 
-    async def _one(self, uid: str, want: Wanted | None) -> bool:
+    async def _write_claim(self, uid: str, want: Wanted | None) -> bool:
         """Write one claim's entries (``want`` None: remove them); False to try again."""
         namespace, name, ours = want or (*self.written[uid][:2], ())
         extra = {"claim": f"{namespace}/{name}", "uid": uid}

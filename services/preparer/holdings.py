@@ -44,12 +44,12 @@ class HoldingsPublisher:
 
     def start(self) -> None:
         self._dirty.set()  # publish what the checkpoint holds at start-up
-        supervisor.current().spawn("holdings", self._run)
+        supervisor.current().spawn("holdings", self._publish_changes)
 
     def changed(self) -> None:
         self._dirty.set()
 
-    async def _run(self) -> None:
+    async def _publish_changes(self) -> None:
         while True:
             await self._dirty.wait()
             self._dirty.clear()

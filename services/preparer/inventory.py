@@ -15,12 +15,13 @@ from services.core.bus import subjects
 from services.core.bus.client import Bus
 from services.core.kit import supervisor
 from services.core.model import nvidia
+from services.core.model.refusal import ClaimRefused
 from services.core.model.schemas import Gpu, MigDevice, MigPlacement, MigProfile, NodeInventory
 
 log = logging.getLogger(__name__)
 
 
-class DeviceNotFound(LookupError):
+class DeviceNotFound(ClaimRefused, LookupError):
     """An allocated device that this node does not have."""
 
 

@@ -45,9 +45,9 @@ from services.core.telemetry import metrics, tracing
 from services.preparer.checkpoint import ClaimEntry
 from services.preparer.checkpointstore import CheckpointStore
 from services.preparer.devicestatus import DeviceStatusWriter
-from services.preparer.engine import Outcome
 from services.preparer.holdings import HoldingsPublisher
 from services.preparer.spanfacts import claim_facts
+from services.preparer.transaction import Outcome
 
 log = logging.getLogger(__name__)
 ACTOR = "preparer"
@@ -107,7 +107,7 @@ class EventSink:
         self.unsent = 0  # emitted, not stored yet
 
     def start(self) -> None:
-        self._task = asyncio.create_task(self._run())
+        self._task = asyncio.create_task(self._send_batches())
 
     def emit(self, event: ClaimEvent, headers: dict[str, str] | None = None) -> None:
         msg_id = f"{event.claim.uid}/{event.event}/{self.instance}-{next(self._seq)}"
@@ -115,7 +115,7 @@ class EventSink:
         self.unsent += 1
         EVENTS.labels("emitted").inc()
 
-    async def _run(self) -> None:
+    async def _send_batches(self) -> None:
         closing = False
         while not closing:
             first = await self._queue.get()
@@ -187,7 +187,8 @@ class _Pending:
 class ClaimEngine(Protocol):
     """What the service needs of a driver's engine (the GPU one, the ComputeDomain one)."""
 
-    store: CheckpointStore
+    @property
+    def store(self) -> CheckpointStore: ...
 
     async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome: ...
 
@@ -263,12 +264,12 @@ class PreparerService:
         async def prepare(ref: ClaimRef) -> Outcome:
             return await self.engine.prepare(ref, deadline=request.deadline)
 
-        return await self._handle(
+        return await self._serve_request(
             "prepare", request, headers, prepare, "prepare.requested", "prepared"
         )
 
     async def on_unprepare(self, request: NodeRequest, headers: dict[str, str]) -> NodeReply:
-        return await self._handle(
+        return await self._serve_request(
             "unprepare",
             request,
             headers,
@@ -277,7 +278,7 @@ class PreparerService:
             "unprepared",
         )
 
-    async def _handle(
+    async def _serve_request(
         self,
         op: str,
         request: NodeRequest,
@@ -292,7 +293,10 @@ class PreparerService:
         self.idle.clear()
         try:
             outcomes = await asyncio.gather(
-                *(self._one(op, request, ref, run, requested, succeeded) for ref in request.claims)
+                *(
+                    self._serve_claim(op, request, ref, run, requested, succeeded)
+                    for ref in request.claims
+                )
             )
         finally:
             self._in_flight -= 1
@@ -335,7 +339,7 @@ class PreparerService:
         if self.device_status is not None:  # after the reply, with the burst it ended
             self.device_status.changed()
 
-    async def _one(
+    async def _serve_claim(
         self,
         op: str,
         request: NodeRequest,
@@ -359,7 +363,7 @@ class PreparerService:
             before = self.engine.store.claims.get(ref.uid)  # what an unprepare undoes
             held = held_devices(before) if before is not None else []  # gone after unprepare
             started = time.perf_counter()
-            outcome = await self._run(request, ref, run)
+            outcome = await self._outcome(request, ref, run)
             elapsed = time.perf_counter() - started
             DURATION.labels(op).observe(elapsed, metrics.trace_exemplar(trace_id))
             OPERATIONS.labels(op, "error" if outcome.error else "ok").inc()
@@ -380,7 +384,7 @@ class PreparerService:
             )
             return ClaimResult(devices=outcome.devices, error=outcome.error)
 
-    async def _run(
+    async def _outcome(
         self, request: NodeRequest, ref: ClaimRef, run: Callable[[ClaimRef], Awaitable[Outcome]]
     ) -> Outcome:
         if request.node != self.node:

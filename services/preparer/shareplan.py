@@ -20,6 +20,7 @@ from services.core.kube import quantity
 from services.core.kube.resource import Device, DeviceRequestAllocationResult
 from services.core.model import configs, gpudevices, migpartitions, nvidia, shares
 from services.core.model import featuregates as fg
+from services.core.model.refusal import ClaimRefused
 from services.core.model.schemas import NodeInventory
 from services.preparer.checkpoint import ShareState
 from services.preparer.inventory import Target
@@ -27,7 +28,7 @@ from services.preparer.inventory import Target
 DAEMON_PREFIX = "shared-"
 
 
-class ShareError(ValueError):
+class ShareError(ClaimRefused, ValueError):
     """A share this node cannot prepare (permanent: which device, share and capacity)."""
 
 

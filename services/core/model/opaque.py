@@ -14,10 +14,12 @@ from typing import Any, TypeVar
 
 import msgspec
 
+from services.core.model.refusal import ClaimRefused
+
 API_VERSION = "resource.nvidia.com/v1beta1"
 
 
-class ConfigError(ValueError):
+class ConfigError(ClaimRefused, ValueError):
     """A config that cannot be used; the message names the config and the field."""
 
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from services.core.model.refusal import ClaimRefused
+
 LIBRARY_OPTIONS = ("ro", "nosuid", "nodev", "rbind", "rprivate")
 IPC_OPTIONS = ("nosuid", "nodev", "rbind", "rprivate", "noexec")
 
 
-class CdiGenError(RuntimeError):
+class CdiGenError(ClaimRefused, RuntimeError):
     """The driver installation cannot give a working spec; the message says which path and why."""
 
 

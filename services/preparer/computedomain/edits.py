@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from services.core.model import computedomain as cd
+from services.core.model.refusal import ClaimRefused
 
 IMEX_CHANNELS_DEVICE = "nvidia-caps-imex-channels"
 CAPS_DEVICE = "nvidia-caps"
@@ -25,7 +26,7 @@ IMEXD_IN_CONTAINER = "/imexd"
 VENDOR = "k8s.compute-domain.nvidia.com"
 
 
-class EditsError(ValueError):
+class EditsError(ClaimRefused, ValueError):
     """What the node's driver files do not say (a missing major, an unreadable capability)."""
 
 

@@ -31,10 +31,10 @@ import asyncio
 import logging
 import shutil
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -43,27 +43,27 @@ from services.core.kube.resource import DeviceRequestAllocationResult
 from services.core.model import cliques, domainnode
 from services.core.model import computedomain as cd
 from services.core.model import featuregates as fg
-from services.core.model.opaque import ConfigError
+from services.core.model.refusal import ClaimRefused
 from services.core.model.schemas import ClaimRef, PreparedDevice
-from services.preparer import verify
+from services.preparer import transaction, verify
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
-    PREPARE_STARTED,
     ClaimEntry,
     GroupState,
     PreparedDeviceState,
 )
 from services.preparer.checkpointstore import CheckpointStore
-from services.preparer.claims import ClaimError, ClaimSource, check_identity, describe
+from services.preparer.claims import ClaimSource
 from services.preparer.computedomain import edits
-from services.preparer.computedomain.gate import Domain, DomainGate, GateError
+from services.preparer.computedomain.gate import Domain, DomainGate
 from services.preparer.computedomain.nodefacts import NodeFacts
-from services.preparer.engine import Outcome
 from services.preparer.fsutil import atomic_write, remove
 from services.preparer.inventory import InventoryView
 from services.preparer.keylocks import KeyedLocks
+from services.preparer.transaction import Outcome
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 CLASS = "claim"
 KIND = f"{edits.VENDOR}/{CLASS}"
@@ -73,7 +73,7 @@ READY_MARGIN_S = 0.5  # answer this long before the kubelet's deadline
 DEFAULT_WAIT_S = 45.0  # no deadline given: the reference's retry budget
 
 
-class DomainClaimError(ValueError):
+class DomainClaimError(ClaimRefused, ValueError):
     """A claim-level refusal with its reason."""
 
 
@@ -149,19 +149,22 @@ class DomainEngine:
     # ------------------------------------------------------------ prepare
 
     async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
+        return await transaction.attempt(
+            self._claim_locks, ref, lambda: self._refused_by_api(self._prepare(ref, deadline))
+        )
+
+    @staticmethod
+    async def _refused_by_api(work: Awaitable[T], what: str = "the API server refused") -> T:
+        """The API server's refusal (a ComputeDomain read, a label write) fails the claim."""
         try:
-            check_identity(ref)
-            async with self._claim_locks.hold(ref.uid):
-                return Outcome(devices=await self._prepare(ref, deadline))
-        except (ClaimError, ConfigError, GateError, edits.EditsError, DomainClaimError) as exc:
-            return Outcome(error=_prefixed(ref, str(exc)))
+            return await work
         except ApiError as exc:
-            return Outcome(error=_prefixed(ref, f"the API server refused: {exc}"))
+            raise DomainClaimError(f"{what}: {exc}") from exc
 
     async def _prepare(self, ref: ClaimRef, deadline: float | None) -> list[PreparedDevice]:
         entry = self.store.claims.get(ref.uid)
         if entry is not None and entry.state == PREPARE_COMPLETED:
-            return reply_devices(entry)
+            return transaction.reply_devices(entry)
         if self.gate is None:
             raise DomainClaimError(
                 "cannot be prepared: this preparer has no API server to read ComputeDomains "
@@ -177,14 +180,7 @@ class DomainEngine:
             domain = await self.gate.domain(domain_uid, ref.namespace)
         else:
             domain = await self.gate.find(domain_uid)
-        started = ClaimEntry(
-            state=PREPARE_STARTED,
-            namespace=ref.namespace,
-            name=ref.name,
-            allocation=allocation,
-            started_at=time.time(),
-            groups=[_group(p) for p in planned],
-        )
+        started = transaction.started(ref, allocation, [_group(p) for p in planned])
         clique = self._clique_id()  # a fabric in error refuses before anything is done
         if channel:
             await self._admit(ref, started, domain, deadline)
@@ -192,12 +188,6 @@ class DomainEngine:
         spec = {"cdiVersion": CDI_VERSION, "kind": KIND,
                 "devices": [{"name": f"{ref.uid}-{d.name}", "containerEdits": e}
                             for d, e in devices]}  # fmt: skip
-        completed = msgspec.structs.replace(
-            started,
-            state=PREPARE_COMPLETED,
-            completed_at=time.time(),
-            devices=[d for d, _ in devices],
-        )
 
         def put_spec_in_place() -> None:
             _ensure_dir(self.cdi_root)
@@ -205,8 +195,10 @@ class DomainEngine:
                 spec_path(self.cdi_root, ref.uid), msgspec.json.encode(spec), mode=SPEC_MODE
             )
 
-        await self.store.put(ref.uid, completed, before=put_spec_in_place)
-        return reply_devices(completed)
+        completed = await transaction.complete(
+            self.store, ref.uid, started, put_spec_in_place, devices=[d for d, _ in devices]
+        )
+        return transaction.reply_devices(completed)
 
     async def _admit(
         self, ref: ClaimRef, started: ClaimEntry, domain: Domain, deadline: float | None
@@ -265,15 +257,10 @@ class DomainEngine:
         remove(spec_path(self.cdi_root, uid))
 
     async def unprepare(self, ref: ClaimRef) -> Outcome:
-        try:
-            check_identity(ref)
-            async with self._claim_locks.hold(ref.uid):
-                await self._unprepare(ref)
-            return Outcome()
-        except (ClaimError, GateError, DomainClaimError) as exc:
-            return Outcome(error=_prefixed(ref, str(exc)))
-        except ApiError as exc:  # the label's removal refused: the kubelet retries
-            return Outcome(error=_prefixed(ref, f"node label not removed: {exc}"))
+        async def work() -> None:  # a label's removal refused: the kubelet retries
+            await self._refused_by_api(self._unprepare(ref), "node label not removed")
+
+        return await transaction.attempt(self._claim_locks, ref, work)
 
     async def _unprepare(self, ref: ClaimRef) -> None:
         entry = self.store.claims.get(ref.uid)
@@ -334,23 +321,6 @@ def _group(p: _Planned) -> GroupState:
     return GroupState(kind=p.config.kind, origin=p.origin, config=msgspec.to_builtins(p.config))
 
 
-def reply_devices(entry: ClaimEntry) -> list[PreparedDevice]:
-    return [
-        PreparedDevice(
-            request_names=d.requests,
-            pool_name=d.pool,
-            device_name=d.name,
-            cdi_device_ids=d.cdi_device_ids,
-        )
-        for d in entry.devices
-    ]
-
-
 def _ensure_dir(root: Path) -> None:
     if not root.is_dir():
         root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-
-
-def _prefixed(ref: ClaimRef, message: str) -> str:
-    who = f"claim {describe(ref)}"
-    return message if message.startswith(who) else f"{who}: {message}"

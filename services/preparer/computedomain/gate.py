@@ -27,12 +27,13 @@ from services.core.bus import subjects
 from services.core.bus.client import Bus
 from services.core.kube.client import ApiError, KubeApi
 from services.core.model import computedomain as cd
+from services.core.model.refusal import ClaimRefused
 from services.core.model.schemas import DomainMember
 
 log = logging.getLogger(__name__)
 
 
-class GateError(Exception):
+class GateError(ClaimRefused):
     """Why a channel claim cannot be prepared here; ``permanent``: retrying cannot help."""
 
     def __init__(self, message: str, *, permanent: bool) -> None:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol
 
+from services.core.model.refusal import ClaimRefused
 from services.core.model.schemas import Gpu, MigPlacement, MigProfile
 from services.preparer.cdigen.generator import Generator
 from services.preparer.checkpoint import MigState, MpsState, VfioState
 
 
-class DeviceOpError(RuntimeError):
+class DeviceOpError(ClaimRefused, RuntimeError):
     """A side effect that failed; the message says which device and why."""
 
 
