@@ -68,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=durable_arg,
         help="consumer name to create or resume (default: a new one, forgotten after 1 h)",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
 def since_arg(value: str) -> datetime.datetime | None:
@@ -107,7 +107,7 @@ def durable_arg(value: str) -> str:
     return value
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     problem = _run_checked(args)
     if problem:
         print(f"gpudra audit: {problem}", file=sys.stderr)

@@ -91,7 +91,7 @@ def register(subparsers: Any) -> None:
         default=positive(config.env("sweep-interval", "600")),
         help="seconds between sweeps for what deleted domains left behind",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
 def _bus_flags(parser: argparse.ArgumentParser) -> None:
@@ -135,7 +135,7 @@ def daemon_bus(args: argparse.Namespace) -> Any:
     )
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     if args.daemon_nats_token_seconds < 600:  # the API server's least for a projected token
         print("gpudra domains: --daemon-nats-token-seconds must be at least 600", file=sys.stderr)
         return 2

@@ -52,7 +52,7 @@ def register(subparsers: Any) -> None:
         feature_gates=config.env("feature-gates") or os.environ.get("FEATURE_GATES", "")
     )
     _flags(run)
-    run.set_defaults(func=_run)
+    run.set_defaults(func=main)
     check = sub.add_parser("check", help="exit 0 when IMEX is READY (the pod's probes)")
     _flags(check)
     check.set_defaults(func=_check)
@@ -87,7 +87,7 @@ def _check(args: argparse.Namespace) -> int:
     return 0 if ready else 1
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from services.imexdaemon.daemon import StartError
 
     try:

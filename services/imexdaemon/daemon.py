@@ -133,7 +133,7 @@ def _count(env: dict[str, str], name: str, default: int, least: int) -> int:
 
 class Daemon:
     def __init__(self, bus: Bus, settings: DaemonSettings) -> None:
-        self.bus, self.s = bus, settings
+        self.bus, self.settings = bus, settings
         member = DomainMember(
             domain_uid=settings.domain_uid, node=settings.node, ip_address=settings.pod_ip,
             clique_id=settings.clique_id, pod=settings.pod,
@@ -148,14 +148,14 @@ class Daemon:
 
     async def run(self) -> None:
         try:
-            if not self.s.clique_id:
+            if not self.settings.clique_id:
                 await self.key.set("Ready")  # no fabric: nothing to broker, as the reference
                 await asyncio.Event().wait()
-            imexcfg.write_atomic(self.s.config_path, self.s.imex_config().render())
-            nodes = self.s.imex_config().nodes_file
-            if self.s.dns_names:
-                imexcfg.write_atomic(nodes, dnsnames.static_nodes(self.s.max_nodes))
-                dnsnames.update_hosts(self.s.hosts_file, {})  # an earlier run's names go
+            imexcfg.write_atomic(self.settings.config_path, self.settings.imex_config().render())
+            nodes = self.settings.imex_config().nodes_file
+            if self.settings.dns_names:
+                imexcfg.write_atomic(nodes, dnsnames.static_nodes(self.settings.max_nodes))
+                dnsnames.update_hosts(self.settings.hosts_file, {})  # an earlier run's names go
                 self._may_start.set()
             else:
                 imexcfg.write_atomic(nodes, "")
@@ -172,7 +172,7 @@ class Daemon:
                 await self.key.leave()
 
     async def _follow(self, kind: type[DomainMember] | type[DomainIndex], what: str) -> None:
-        pattern = f"{subjects.escape_token(self.s.domain_uid)}.{what}.*"
+        pattern = f"{subjects.escape_token(self.settings.domain_uid)}.{what}.*"
         async for update in self.bus.watch_kv(BUCKET, kind, pattern):
             parsed = subjects.parse_domain_key(update.key)
             if parsed is None:
@@ -185,28 +185,28 @@ class Daemon:
             self._render_peers()
 
     def _render_peers(self) -> None:
-        if self.s.dns_names:
-            names = dnsnames.mapping(self.peers.indexed(), self.s.max_nodes)
-            if dnsnames.update_hosts(self.s.hosts_file, names):
+        if self.settings.dns_names:
+            names = dnsnames.mapping(self.peers.indexed(), self.settings.max_nodes)
+            if dnsnames.update_hosts(self.settings.hosts_file, names):
                 log.info("peers changed", extra={"names": names})
                 # The real binary re-resolves and reconnects on SIGUSR1; the stand-in
                 # reads the names per query.
-                if not self.s.simulated and self._imex_running():
+                if not self.settings.simulated and self._imex_running():
                     assert self.proc is not None
                     self.proc.send_signal(signal.SIGUSR1)
             return
         joined = len(self.peers.members)  # the domain's members, every clique (its status)
-        if joined < self.s.num_nodes:
+        if joined < self.settings.num_nodes:
             # Before the first start the member says why IMEX is not there; once it runs,
             # a peer that leaves changes nothing until numNodes are back (as the reference).
             if not self._may_start.is_set():
                 self.waiting = (
-                    f"waiting for numNodes ({self.s.num_nodes}) IMEX daemons to join: "
+                    f"waiting for numNodes ({self.settings.num_nodes}) IMEX daemons to join: "
                     f"{joined} so far"
                 )
             return
         self.waiting = ""
-        changed = imexcfg.write_atomic(self.s.imex_config().nodes_file, self.peers.render())
+        changed = imexcfg.write_atomic(self.settings.imex_config().nodes_file, self.peers.render())
         if changed:
             log.info("peers changed", extra={"peers": self.peers.node_list()})
         if not self._may_start.is_set():
@@ -226,14 +226,14 @@ class Daemon:
         while True:
             try:
                 self.proc = await asyncio.create_subprocess_exec(
-                    *self.s.command(),
-                    env={**os.environ, **self.s.extra_env},
+                    *self.settings.command(),
+                    env={**os.environ, **self.settings.extra_env},
                     preexec_fn=_die_with_parent,
                 )
             except OSError as exc:
-                self.failure = f"cannot start {self.s.command()[0]}: {exc.strerror or exc}"
+                self.failure = f"cannot start {self.settings.command()[0]}: {exc.strerror or exc}"
                 await self.key.set("Failed", self.failure)
-                await asyncio.sleep(self.s.restart_s * 10)
+                await asyncio.sleep(self.settings.restart_s * 10)
                 continue
             self.failure = ""
             code = await self.proc.wait()
@@ -243,11 +243,11 @@ class Daemon:
                 continue
             log.warning("IMEX exited; restarting", extra={"code": code})
             self.failure = f"IMEX exited with code {code}"
-            await asyncio.sleep(self.s.restart_s)
+            await asyncio.sleep(self.settings.restart_s)
 
     async def _readiness(self) -> None:
         while True:
-            ok = await check(self.s) if not (self.failure or self.waiting) else False
+            ok = await check(self.settings) if not (self.failure or self.waiting) else False
             if self.waiting:
                 await self.key.set("NotReady", self.waiting)
             elif ok:
@@ -256,7 +256,7 @@ class Daemon:
                 pass  # the watchdog has said Failed
             else:
                 await self.key.set("NotReady", self.failure or "IMEX not READY: peers missing")
-            await asyncio.sleep(self.s.probe_s)
+            await asyncio.sleep(self.settings.probe_s)
 
     async def _stop_imex(self) -> None:
         proc = self.proc

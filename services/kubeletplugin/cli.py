@@ -33,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "also serve the compute-domain.nvidia.com driver (its own registration and DRA "
         "sockets), forwarding its claims to the preparer",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
 def _positive_seconds(value: str) -> float:
@@ -46,7 +46,7 @@ def _positive_seconds(value: str) -> float:
     return seconds
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from services.kubeletplugin.app import Settings, start
 
     settings = Settings(

@@ -73,10 +73,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--scans", type=int, default=20, help="inventory scans to time")
     parser.add_argument("--report", type=Path, help="write the whole report here as JSON")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=run_check)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run_check(args: argparse.Namespace) -> int:
     be = NvmlBackend(sysfs_root=Path("/sys"), dev_root=Path("/dev"))
     try:
         be.init()

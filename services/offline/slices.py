@@ -62,7 +62,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--seed", type=int, default=0, help="simulation seed (UUIDs)")
     parser.add_argument("-o", "--output", choices=("yaml", "json"), default="yaml")
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
 def _fleet_arg(value: str) -> str:
@@ -94,7 +94,7 @@ def fleet_inventory(fleet: str, node: str, seed: int = 0) -> NodeInventory:
         nvml.shutdown()
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from services.publisher.render import RenderError, RenderOptions, render_slices
 
     inventory = fleet_inventory(args.fleet, args.node, args.seed)

@@ -104,10 +104,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "prepared (the original is kept as checkpoint.json.reference-<UTC time>). "
         "See docs/operations.md",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from services.preparer.app import Settings, start
 
     try:

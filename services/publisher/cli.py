@@ -94,7 +94,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "binds only where its IMEX domain is Ready (gpudra domains sets them; give it the "
         "same value): auto on Kubernetes 1.36+",
     )
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
 def kube_minor_arg(value: str) -> int:
@@ -113,7 +113,7 @@ def xid_list_arg(value: str) -> frozenset[int]:
     return frozenset(int(v) for v in items)
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from services.publisher import app
 
     return serve.main("publisher", args, functools.partial(app.start, args))

@@ -36,10 +36,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     parser.add_argument("--address", default=config.env("address", "127.0.0.1"))
     parser.add_argument("--port", type=int, default=int(config.env("port", "9443")))
-    parser.set_defaults(func=_run)
+    parser.set_defaults(func=main)
 
 
-def _run(args: argparse.Namespace) -> int:
+def main(args: argparse.Namespace) -> int:
     from services.webhook import certs
 
     try:
