@@ -21,8 +21,10 @@ from services.allocator.cel.env import CelEnvironment
 from services.allocator.cel.parse import parse
 from services.allocator.cel.selector import signature
 from services.allocator.structured.engine import Engine
+from services.allocator.structured.errors import AllocationError
 from services.allocator.structured.features import Features, defaults
 from services.allocator.structured.pools import Node, gather_pools
+from services.allocator.structured.search import allocate
 from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.allocator.structured.state import AllocatedState
 from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
@@ -112,7 +114,7 @@ def _claim(name: str, selector: str | None = None, count: int = 1) -> ResourceCl
 
 
 def _devices(engine: Engine, claim: ResourceClaim, node: str) -> list[str]:
-    allocation = engine.allocate(claim, Node(node))
+    allocation = allocate(engine, claim, Node(node))
     if allocation is None:
         return []
     engine.commit(allocation)
@@ -147,10 +149,8 @@ def test_a_device_with_a_bad_version_still_fails_its_selectors() -> None:
     slices = [_slice("n1", [_gpu("good", "80Gi"), _gpu("bad", "80Gi", version="not-a-version")])]
     engine = Engine({"gpu": _class()}, slices, Features())
     assert _devices(engine, _claim("a", MEMORY_40), "n1") == ["good"]
-    from services.allocator.structured.engine import AllocationError
-
     with pytest.raises(AllocationError, match="parse semantic version"):
-        engine.allocate(_claim("b", MEMORY_40), Node("n1"))
+        allocate(engine, _claim("b", MEMORY_40), Node("n1"))
 
 
 def _partitionable(node: str) -> list[ResourceSlice]:

@@ -22,16 +22,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from services.allocator.cel.selector import CelError, Reference, split_name
-from services.allocator.structured.engine import (
-    MAX_DEVICES,
-    Candidate,
-    Engine,
-    claim_label,
-    device_label,
-)
+from services.allocator.structured.engine import Engine
+from services.allocator.structured.errors import claim_label, device_label
+from services.allocator.structured.plan import MAX_DEVICES
 from services.allocator.structured.pools import Node, NodeSelectorError
 from services.allocator.structured.requests import ALL, RequestSpec, alternatives
 from services.allocator.structured.rules import DeviceRules
+from services.allocator.structured.view import Candidate
 from services.core.kube.resource import ResourceClaim
 
 

@@ -1,6 +1,6 @@
 """The per-device rules of one request: the one place that says why a device is not taken.
 
-The search (:mod:`.engine`) asks them in kube-scheduler's order and stops at
+The search (:mod:`.search`) asks them in kube-scheduler's order and stops at
 the first :class:`Rejection`; the explainer (:mod:`.explain`) asks the same
 rules in the same order and counts the rejections by cause. So a rule changes
 in one place, and an explanation can never disagree with the decision it
@@ -11,21 +11,48 @@ into an error that stops the claim, the explainer into a cause with a
 
 from __future__ import annotations
 
-from collections.abc import Set
+from collections.abc import Mapping, Set
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from services.allocator.cel.env import CelEnvironment
 from services.allocator.cel.selector import CelError, Selector
 from services.allocator.structured import capacity as cap
-from services.allocator.structured.pools import Node, NodeSelectorError, node_matches
+from services.allocator.structured.counters import Counters, GroupIntersection
+from services.allocator.structured.features import Features
+from services.allocator.structured.pools import Node, NodeSelectorError, Pool, node_matches
 from services.allocator.structured.requests import RequestSpec
-from services.allocator.structured.state import DeviceID
+from services.allocator.structured.state import AllocatedState, DeviceID
+from services.allocator.structured.variant import Variant
+from services.allocator.structured.view import Candidate
 from services.core.kube.resource import Device, DeviceClass, DeviceTaint, Toleration
 
 OPTIONAL_NODE_OPERATIONS = "DRAOptionalNodeOperations"
 
-if TYPE_CHECKING:
-    from services.allocator.structured.engine import Candidate, Counters, Engine
+
+class RulesEngine(Protocol):
+    """What the rules read of the engine (:class:`.engine.Engine` is one), and nothing more.
+
+    A protocol rather than the class, so that the rules depend neither on the engine
+    nor on the search that asks them; they judge a device against the allocated state
+    and never change it."""
+
+    @property
+    def features(self) -> Features: ...
+    @property
+    def variant(self) -> Variant: ...
+    @property
+    def state(self) -> AllocatedState: ...
+    @property
+    def env(self) -> CelEnvironment: ...
+    @property
+    def capacity_rules(self) -> cap.Rules: ...
+    @property
+    def taint_origins(self) -> Mapping[int, str]: ...
+
+    def selector_matches(self, selector: Selector, candidate: Candidate) -> bool: ...
+    def available_for(self, candidate: Candidate) -> Counters: ...
+    def group_baseline(self, pool: Pool) -> Mapping[str, GroupIntersection]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +91,7 @@ class DeviceRules:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: RulesEngine,
         spec: RequestSpec,
         device_class: DeviceClass,
         node: Node | None,

@@ -16,7 +16,8 @@ from typing import Any, Literal
 import msgspec
 
 from services.allocator.structured import taintrules
-from services.allocator.structured.engine import AllocationError, Engine, claim_label
+from services.allocator.structured.engine import Engine
+from services.allocator.structured.errors import AllocationError, claim_label
 from services.allocator.structured.explain import (
     Cause,
     Explainer,
@@ -26,6 +27,7 @@ from services.allocator.structured.explain import (
 from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.requests import alternatives
+from services.allocator.structured.search import allocate
 from services.allocator.structured.state import AllocatedState
 from services.core.kube.resource import (
     AllocationResult,
@@ -138,7 +140,7 @@ class OfflineAllocator:
                     skip += 1
                 continue
             try:
-                allocation = self.engine.allocate(claim, node)
+                allocation = allocate(self.engine, claim, node)
             except AllocationError as exc:
                 outcome = ClaimOutcome(claim, "error", error=str(exc))
                 if self.explain:
