@@ -9,7 +9,7 @@ Kubernetes version would allocate (1.34 to 1.37; default 1.37, or
 components refuse them); exit 0 whenever the input was read, 2 with a message naming
 the file and document when it was not, or when that version's kube-apiserver would
 refuse an object under the given gates (then also the object, the field and the API
-server's reason; services/offline/apivalidate.py). ``gpudra explain`` takes
+server's reason; services/offline/validation/). ``gpudra explain`` takes
 the same arguments and prints, for people, why each claim is or is not allocated.
 """
 

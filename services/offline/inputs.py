@@ -6,7 +6,7 @@ Anything we cannot use is refused with :class:`InputError` naming the file and
 the document (1-based; ``item`` for entries of a List), so a what-if run never
 silently drops an object. Each object is decoded strictly and validated as
 kube-apiserver does on create (:mod:`services.offline.strict`,
-:mod:`services.offline.apivalidate`), so what a cluster would refuse is refused
+:mod:`services.offline.validation`), so what a cluster would refuse is refused
 here in the API server's words. Namespaces are read first wherever they stand,
 as their labels decide whether a claim may ask for adminAccess.
 """
@@ -31,12 +31,13 @@ from services.core.kube.resource import (
     API_VERSION,
     DeviceClass,
     DeviceTaintRule,
-    ObjectMeta,
     ResourceClaim,
     ResourceSlice,
 )
-from services.offline import apivalidate
+from services.offline import validation
 from services.offline.strict import StrictError, strict
+from services.offline.validation.rules import Rules
+from services.offline.validation.taints import validate_taint_rule
 
 
 def drop_new_slice_fields(slice_: ResourceSlice, features: Features) -> None:
@@ -187,7 +188,7 @@ class _Reader:
         self.inputs = Inputs()
         self.features = features
         self.namespaces: dict[str, dict[str, str]] = {}
-        self.rules = apivalidate.Rules.of(features)
+        self.rules = Rules.of(features)
         self.minor = features.minor if features else DEFAULT_MINOR
         consumable = features.consumable_capacity if features else True
         lists = bool(features and features.list_type_attributes)
@@ -257,7 +258,7 @@ class _Reader:
             rule = msgspec.convert(doc, DeviceTaintRule)
         except (msgspec.ValidationError, StrictError) as exc:
             raise InputError(f"{where}: invalid DeviceTaintRule: {exc}") from exc
-        errors = _taint_rule_errors(rule, self.minor)
+        errors = validate_taint_rule(rule, self.minor)
         if errors:
             name = rule.metadata.name
             raise InputError(f"{where}: DeviceTaintRule {name}: {'; '.join(errors)}")
@@ -275,26 +276,9 @@ class _Reader:
             if not features.extended_resource:  # deviceclass/strategy.go drops it
                 obj.spec.extended_resource_name = None
         _check_quantities(obj)
-        errors = self._validate(obj)
+        errors = validation.validate(obj, self.env, self.rules, self.namespaces)
         if errors:
             raise ValueError("; ".join(errors))
-
-    def _validate(self, obj: msgspec.Struct) -> list[str]:
-        meta = getattr(obj, "metadata", None)
-        if isinstance(meta, ObjectMeta):
-            errors = apivalidate.validate_meta(meta, isinstance(obj, ResourceClaim))
-            if errors:
-                return errors
-        if isinstance(obj, DeviceClass):
-            return apivalidate.validate_class(obj, self.env, self.rules)
-        if isinstance(obj, ResourceSlice):
-            return apivalidate.validate_slice(obj, self.rules)
-        if isinstance(obj, ResourceClaim):
-            errors = apivalidate.validate_claim(obj, self.env, self.rules)
-            namespace = obj.metadata.namespace or "default"
-            errors = errors or apivalidate.authorized_for_admin(obj, self.namespaces.get(namespace))
-            return errors or apivalidate.validate_claim_status(obj, self.rules)
-        return []
 
     def _keep(self, where: str, obj: msgspec.Struct, label: str) -> None:
         inputs = self.inputs
@@ -316,19 +300,3 @@ def _label(obj: msgspec.Struct) -> str:
     if isinstance(obj, ResourceClaim):
         return f"{obj.metadata.namespace or 'default'}/{name}"
     return name
-
-
-def _taint_rule_errors(rule: DeviceTaintRule, minor: int) -> list[str]:
-    """The checks of validateDeviceTaintRule that matter offline (an effect no release
-    knows is refused when decoding; ``None`` only from 1.35: apivalidate.taint_effects)."""
-    errors = []
-    if not rule.metadata.name:
-        errors.append("metadata.name: Required value: name or generateName is required")
-    if not rule.spec.taint.key:
-        errors.append("spec.taint.key: Required value")
-    effects = apivalidate.taint_effects(minor)
-    if rule.spec.taint.effect not in effects:
-        errors.append(
-            apivalidate.not_supported("spec.taint.effect", rule.spec.taint.effect, effects)
-        )
-    return errors

@@ -9,7 +9,7 @@ document, naming the same field with the same kind of error
 (:func:`for_release`: a few rules exist only in some releases).
 
 There is one mutation per rule of pkg/apis/resource/validation that a manifest
-can break (services/offline/apivalidate.py lists them), plus CEL selectors the
+can break (services/offline/validation/ lists them), plus CEL selectors the
 API server refuses (cost, string.format types, mixed literals, Go regexes) and
 fields of 1.37 (list attributes, derivedAttributes, skipNodeOperations,
 partitionTypeAttribute, nodeAllocatableResources). :data:`NEEDS` names the gates
@@ -613,7 +613,7 @@ def bad_node_allocatable(rng: random.Random, objects: Objects) -> bool:
     return True
 
 
-# Rules only Kubernetes 1.34 has (services/offline/apivalidate.py, CelEnvironment).
+# Rules only Kubernetes 1.34 has (services/offline/validation/, CelEnvironment).
 
 
 def taint_effect_none(rng: random.Random, objects: Objects) -> bool:

@@ -351,7 +351,7 @@ def test_every_unknown_field_sorted(tmp_path: Path) -> None:
 
 # ---------------------------------------------------------------- Kubernetes 1.34
 #
-# kube-apiserver 1.34's own rules (services/offline/apivalidate.py and the CEL
+# kube-apiserver 1.34's own rules (services/offline/validation/ and the CEL
 # environment key each on the minor): one input each, with what reference-allocator
 # 1.34.4 says of it, the whole first error (``item: field: ...``) or the claim's
 # status, and what 1.35.8 says ("refused" or the status): each rule shows in both.

@@ -34,6 +34,7 @@ from services.core.model.schemas import (
     Xid,
 )
 from services.offline import slicecheck
+from services.offline.slicecheck.names import dns_subdomain
 from services.publisher.render import (
     RenderError,
     RenderOptions,
@@ -135,7 +136,7 @@ def test_slice_names_are_deterministic_and_valid_for_any_node_name() -> None:
     a, b = slice_name(long, 11), slice_name(long[:-1] + "x", 11)
     assert a != b and len(a) <= 253 and len(b) <= 253
     for name in (a, b):
-        assert not slicecheck._dns_subdomain(name, "x"), name
+        assert not dns_subdomain(name, "x"), name
 
 
 # --------------------------------------------------------------------------- full GPUs

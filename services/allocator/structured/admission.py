@@ -34,7 +34,7 @@ A gate a release does not have counts as off (the field does not exist there).
 
 When a drop leaves an object the API server then refuses (a request with
 neither ``exactly`` nor ``firstAvailable``, an empty constraint, a slice with no
-node selection), validation (services/offline/apivalidate.py) refuses it next,
+node selection), validation (services/offline/validation/) refuses it next,
 in the API server's words, as kube-apiserver's Validate does after
 PrepareForCreate.
 """

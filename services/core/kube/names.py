@@ -3,7 +3,7 @@
 k8s.io/apimachinery/pkg/api/validate/content (release 1.35): each returns the
 list of problems with a value (empty when valid), in the exact texts the API
 server prints. Two callers need the same words: the offline tools' create
-validation (services/offline/apivalidate.py) and the Kubernetes CEL ``format``
+validation (services/offline/validation/) and the Kubernetes CEL ``format``
 library (services/allocator/cel/formatlib.py), so they live here once.
 
 Lengths are counted in bytes and patterns match the whole string, as Go's
