@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import msgspec
+import nats.js
 import nats.js.errors
 import pytest
 
@@ -69,6 +70,31 @@ async def test_kv_round_trip_and_watch_skips_malformed(bus: Bus) -> None:
     assert seen[0].value == p and seen[1].value is None
     assert MALFORMED_MESSAGES.labels(source="kv:presence")._value.get() == before + 1
     assert await bus.kv_get(subjects.PRESENCE_BUCKET, "good", PluginPresence) is None
+
+
+async def test_kv_keys_are_the_live_keys_read_to_the_end(
+    bus: Bus, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live keys, deleted keys and an empty bucket, also when the consumer's info
+    answers after every delivery arrived (the end is counted from what the server
+    says it delivered, not guessed from what arrived before its answer)."""
+    value = PluginPresence(node="n", driver="gpu.nvidia.com", endpoint="/x")
+    assert await bus.kv_keys(subjects.PRESENCE_BUCKET) == []
+    for i in range(20):
+        await bus.kv_put(subjects.PRESENCE_BUCKET, f"n{i}", value)
+    for i in range(0, 20, 2):
+        await bus.kv_delete(subjects.PRESENCE_BUCKET, f"n{i}")
+    live = sorted(f"n{i}" for i in range(1, 20, 2))
+    assert sorted(await bus.kv_keys(subjects.PRESENCE_BUCKET)) == live
+    answer = nats.js.JetStreamContext.PushSubscription.consumer_info
+
+    async def late(sub: nats.js.JetStreamContext.PushSubscription) -> object:
+        await asyncio.sleep(0.3)
+        return await answer(sub)
+
+    monkeypatch.setattr(nats.js.JetStreamContext.PushSubscription, "consumer_info", late)
+    assert sorted(await bus.kv_keys(subjects.PRESENCE_BUCKET)) == live
+    assert await bus.kv_keys(subjects.CLAIMS_BUCKET) == []
 
 
 async def test_durable_pull_replays_claim_events(bus: Bus) -> None:

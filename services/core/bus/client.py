@@ -24,14 +24,14 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import BucketNotFoundError, KeyNotFoundError, NoKeysError, NotFoundError
+from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
 from services.core.bus import connection, provisioning, retention, tokenrenew
 from services.core.bus.access import Identity, Role
 from services.core.bus.failures import NotProvisioned, RequestFailed, RequestTimeout
 from services.core.bus.intake import decode_or_skip, foreign
-from services.core.bus.kvwatch import open_watcher, settle_watchers
+from services.core.bus.kvwatch import open_watcher, read_keys, settle_watchers
 from services.core.bus.natsauth import Credentials
 from services.core.kit import supervisor
 from services.core.kit.env import env
@@ -174,10 +174,8 @@ class Bus:
             await kv.purge(key, msg_ttl=self.delete_marker_ttl)
 
     async def kv_keys(self, bucket: str) -> list[str]:
-        try:
-            return list(await (await self.kv(bucket)).keys())
-        except (NotFoundError, NoKeysError):  # an empty bucket raises NoKeysError
-            return []
+        await self.kv(bucket)  # provisioned, or NotProvisioned
+        return await read_keys(self.js, bucket)
 
     async def watch_kv(
         self, bucket: str, kind: type[T], keys: str = ">"

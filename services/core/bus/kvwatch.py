@@ -1,9 +1,14 @@
-"""KV watches that are always made to the end, and stopped when nobody wants them."""
+"""KV watches that are always made to the end, and stopped when nobody wants them;
+a bucket's keys read to the end."""
 
 from __future__ import annotations
 
 import asyncio
 
+from nats.aio.msg import Msg
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerInfo, DeliverPolicy
 from nats.js.kv import KeyValue
 
 _OPENING: set[asyncio.Future[KeyValue.KeyWatcher]] = set()
@@ -46,3 +51,50 @@ async def settle_watchers(timeout: float = 5.0) -> None:
     orphans = {t for t in _ORPHANS if t.get_loop() is loop}
     if orphans:
         await asyncio.wait(orphans, timeout=timeout)
+
+
+async def read_keys(js: JetStreamContext, bucket: str, idle: float = 1.0) -> list[str]:
+    """The keys of ``bucket`` that hold a value, read to the end of its stream.
+
+    Not nats-py's ``KeyValue.keys()``: it asks for its consumer's info while the
+    first deliveries wait for that answer, and then takes "nothing pending, nothing
+    received" for an empty bucket; under load it answered [] for a bucket with
+    keys. Here the end is what the server says it delivered, all of it read, and
+    nothing pending after it.
+    """
+    prefix = f"$KV.{bucket}."
+    sub = await js.subscribe(
+        prefix + ">",
+        stream=f"KV_{bucket}",
+        ordered_consumer=True,
+        deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+        headers_only=True,
+        inactive_threshold=60.0,
+    )
+    keys: list[str] = []
+    received = 0
+    try:
+        info = await sub.consumer_info()
+        while info.num_pending or received < _delivered(info):
+            try:
+                msg = await sub.next_msg(timeout=idle)
+            except NatsTimeoutError:  # what was pending expired meanwhile
+                info = await sub.consumer_info()
+                continue
+            received += 1
+            if not _removed(msg):
+                keys.append(msg.subject[len(prefix) :])
+            if msg.metadata.num_pending == 0:
+                break
+    finally:
+        await sub.unsubscribe()
+    return keys
+
+
+def _delivered(info: ConsumerInfo) -> int:
+    return (info.delivered.consumer_seq or 0) if info.delivered else 0
+
+
+def _removed(msg: Msg) -> bool:
+    headers = msg.headers or {}
+    return headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
