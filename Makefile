@@ -50,7 +50,7 @@ controlplane:
 	services/local/controlplane/build.sh
 
 # The compatibility tier's control planes, 1.34, 1.35 and 1.36 (cached the same way), which
-# tests/e2e/test_kube_versions.py and the 1.35 differential tests run.
+# tests/e2e/local/test_kube_versions.py and the 1.35 differential tests run.
 KUBE_COMPAT ?= 1.34 1.35 1.36
 controlplanes: controlplane
 	@for v in $(KUBE_COMPAT); do services/local/controlplane/build.sh --version $$v || exit 1; done
@@ -96,12 +96,12 @@ TEST_WORKERS ?= 2
 test: lint typecheck controlplanes jaeger realnode helm image pciids
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile tests
 
-# Debian's PCI ID database, which tests/unit/test_pciids.py checks the built-in subset
+# Debian's PCI ID database, which tests/unit/discovery/test_pciids.py checks the built-in subset
 # against (best effort: as root with apt-get; the test says so when it has none).
 pciids:
 	@test -f /usr/share/misc/pci.ids || test "$$(id -u)" != 0 || ! command -v apt-get >/dev/null \
 		|| { apt-get update -qq && apt-get install -y -qq pci.ids; } >/dev/null 2>&1 \
-		|| echo "pci.ids not installed: tests/unit/test_pciids.py skips its system comparison"
+		|| echo "pci.ids not installed: tests/unit/discovery/test_pciids.py skips its system comparison"
 
 proto: venv
 	$(BIN)/python proto/generate.py

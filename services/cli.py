@@ -18,7 +18,7 @@ from services.core.process import config
 
 # Which module registers each sub-command, so that a process imports only its own
 # (a node's kubelet plugin needs neither the allocator nor discovery's simulator).
-# tests/unit/test_cli.py checks it against what the modules really register.
+# tests/unit/project/test_cli.py checks it against what the modules really register.
 COMMANDS: dict[str, str] = {
     "allocator": "services.allocator.cli",
     "discovery": "services.discovery.cli",

@@ -1,5 +1,5 @@
 """Shared code of every gpudra process, in layers: each imports only those below it
-(pyproject.toml's import contract; tests/unit/test_import_contracts.py shows it breaks)::
+(pyproject.toml's import contract; tests/unit/project/test_import_contracts.py shows it breaks)::
 
     process     flags, the runner
     bus         subjects, identities, the NATS client, the claim trail

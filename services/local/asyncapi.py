@@ -1,6 +1,6 @@
 """The bus as an AsyncAPI 3.0 document, generated from the subjects and msgspec schemas here.
 
-docs/asyncapi.yaml is this module's output; tests/unit/test_asyncapi.py fails
+docs/asyncapi.yaml is this module's output; tests/unit/local/test_asyncapi.py fails
 when the two differ (regenerate with ``python -m services.local.asyncapi >
 docs/asyncapi.yaml``) and has the official AsyncAPI parser (npm
 ``@asyncapi/parser``) validate it. Channel addresses come from the subject

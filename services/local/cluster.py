@@ -70,7 +70,7 @@ DEFAULT_CONTROLLERS = (
 #: Not with kubelet-dra, whose Nodes are made Ready once and never heartbeat.
 REAL_NODE_CONTROLLERS = (*DEFAULT_CONTROLLERS, "node-lifecycle-controller")
 #: With workloads installed as users install them (the Helm chart on real nodes,
-#: tests/e2e/test_chart_install.py): DaemonSets, Deployments, StatefulSets and Jobs,
+#: tests/e2e/deploy/test_chart_install.py): DaemonSets, Deployments, StatefulSets and Jobs,
 #: each namespace's default ServiceAccount and its kube-root-ca.crt (the CA pods
 #: trust the API server by). Use with ``service_accounts=True``.
 WORKLOAD_CONTROLLERS = (

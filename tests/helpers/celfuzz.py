@@ -3,7 +3,7 @@
 Expressions mix attribute and capacity lookups, literals of every type, the
 Kubernetes libraries' constructors, operators, conversions and methods, nested
 a few levels: many do not compile, many fail at run time, a few select devices.
-tests/e2e/test_differential_cel.py runs each through ``gpudra allocate`` and
+tests/e2e/allocator/test_differential_cel.py runs each through ``gpudra allocate`` and
 ``reference-allocator`` and compares the outcome (refused, error, allocated,
 unschedulable).
 

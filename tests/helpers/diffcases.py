@@ -2,7 +2,7 @@
 and ``reference-allocator`` once disagreed (API-server validation, CEL compile and
 run-time rules, the Kubernetes CEL libraries, inputs gpudra could not read, outcome
 rules), and one per behaviour a release changed or added (:data:`RELEASES`).
-tests/e2e/test_differential_cases.py runs both tools on each, for every release
+tests/e2e/allocator/test_differential_cases.py runs both tools on each, for every release
 the case names (1.37 and 1.35 by default), and asserts they agree, and that the
 outcome is the one the case is about for that release (so a case cannot agree by
 both tools failing on something else).

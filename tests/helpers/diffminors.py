@@ -1,6 +1,6 @@
 """Which Kubernetes releases the seeded differential tests compare against.
 
-tests/e2e/test_differential_allocator.py, test_differential_refusals.py and
+tests/e2e/allocator/test_differential_allocator.py, test_differential_refusals.py and
 test_differential_cel.py run against each release's ``reference-allocator``;
 :data:`DEFAULT` are the releases ``make test`` runs, ``GPUDRA_DIFF_MINORS``
 (e.g. ``37,35,36,34``) picks others. docs/differences.md says why the default

@@ -5,7 +5,7 @@ and breaks one of them the way a hand-written manifest can be broken: a field
 rule, a CEL selector, an unknown field, an attribute. Both ``gpudra allocate``
 and ``reference-allocator`` must then refuse the input (exit 2) at the same
 document, naming the same field with the same kind of error
-(tests/e2e/test_differential_refusals.py), for each release the test runs
+(tests/e2e/allocator/test_differential_refusals.py), for each release the test runs
 (:func:`for_release`: a few rules exist only in some releases).
 
 There is one mutation per rule of pkg/apis/resource/validation that a manifest

@@ -6,7 +6,7 @@ device_state.go): members in struct order, maps with sorted keys, no blanks,
 ``omitempty`` where the Go tags say so; both checksums as its MarshalCheckpoint
 sets them. A file built here was checked once with a Go program using the
 kubelet's checkpointmanager/checksum and these struct tags: it re-marshals to
-the same bytes and both checksums verify (see tests/unit/test_refcheckpoint.py
+the same bytes and both checksums verify (see tests/unit/preparer/test_refcheckpoint.py
 for the numbers pinned from that run).
 """
 

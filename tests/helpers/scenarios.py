@@ -29,8 +29,8 @@ upstream enforces it per request), taints (the slice's and the rules'),
 skipped node operations, compatibility groups, no device used twice,
 counters not exceeded.
 
-tests/e2e/test_differential_scenarios.py checks the generator and the checker
-themselves; tests/e2e/test_differential_allocator.py runs both allocators.
+tests/e2e/allocator/test_differential_scenarios.py checks the generator and the checker
+themselves; tests/e2e/allocator/test_differential_allocator.py runs both allocators.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ These are the API server / scheduler gates (not the driver's own gates in
 services.core.model.featuregates): they decide which fields of the inputs count and
 which of the upstream allocators runs. Each minor's DRA gates are written as
 that release's pkg/features/kube_features.go has them (default, locked to its
-default, what it depends on); tests/e2e/test_kube_versions.py reads the same
+default, what it depends on); tests/e2e/local/test_kube_versions.py reads the same
 facts back from each release's own reference-allocator.
 """
 

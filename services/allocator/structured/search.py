@@ -16,7 +16,7 @@ within one search when a taint or a constraint then rejects it (up to 1.35);
 ``distinctAttribute`` remembers one value per request (up to 1.36); a claim
 config naming several requests is copied once per request (up to 1.36);
 every position of a request scans all devices, orderings rather than sets (up
-to 1.35, and 1.36/1.37 stable). tests/e2e/test_differential_allocator.py
+to 1.35, and 1.36/1.37 stable). tests/e2e/allocator/test_differential_allocator.py
 checks this against the upstream allocators of 1.37 and 1.35 on generated
 scenarios. Deviations, also commented and listed in docs/differences.md:
 pools are ordered by first appearance where upstream uses Go map order,

@@ -7,7 +7,7 @@ same dozen attribute keys, node and subject values on every span), so this
 module writes the OTLP wire format directly, caching the bytes of repeated
 key/value pairs, resources and instrumentation scopes: a few microseconds per
 span. The output parses to the same ``ExportTraceServiceRequest`` as the SDK's
-``encode_spans`` (tests/unit/test_otlp.py compares them message by message).
+``encode_spans`` (tests/unit/core/test_otlp.py compares them message by message).
 
 :class:`GrpcSpanExporter` and :class:`HttpSpanExporter` are the SDK's OTLP
 exporters (so every ``OTEL_EXPORTER_OTLP_*`` setting, retry and TLS option

@@ -1,0 +1,1 @@
+"""End-to-end tests (the real control plane) of the Helm chart."""

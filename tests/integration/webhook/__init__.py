@@ -1,0 +1,1 @@
+"""Integration tests (a real nats-server) of the admission webhook."""

@@ -1,0 +1,1 @@
+"""Unit tests of the allocator: structured allocation, CEL, the claim watcher."""

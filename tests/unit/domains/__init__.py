@@ -1,0 +1,1 @@
+"""Unit tests of ComputeDomains: the controller and the node side."""

@@ -1,0 +1,1 @@
+"""Unit tests of the local stack, control plane and real nodes."""

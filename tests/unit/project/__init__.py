@@ -1,0 +1,1 @@
+"""Unit tests of the project as a whole: docs, CLI, import contracts."""
