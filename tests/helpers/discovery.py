@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from services.core.bus import subjects
+from services.core.bus.access import Role
 from services.core.bus.client import Bus
 from services.core.bus.failures import RequestFailed
 from services.core.model.schemas import (
@@ -20,6 +21,8 @@ from services.core.model.schemas import (
     SimMigReply,
     SimMigRequest,
 )
+from services.local.natsserver import NatsServer
+from tests.helpers.bus import connect
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -87,18 +90,23 @@ async def wait_logged(log: Path, *lines: str, timeout: float = 60.0) -> None:
         await asyncio.sleep(0.02)
 
 
-async def until_serving(bus: Bus, timeout: float = 30.0) -> None:
-    """Wait until a discovery process answers simulated-NVML requests for NODE."""
+async def until_serving(server: NatsServer, timeout: float = 30.0) -> None:
+    """Wait until a discovery process answers simulated-NVML requests for NODE (asked
+    as `gpudra sim` asks: discovery answers only its requesters)."""
     probe = SimMigRequest(op="mig-mode", gpu_uuid="GPU-probe", mig_enabled=True)
+    sim = await connect(server, Role.SIM, name="until-serving")
     deadline = time.monotonic() + timeout
-    while True:
-        try:
-            await bus.request(subjects.sim_control(NODE), probe, SimMigReply, timeout=1)
-            return
-        except RequestFailed:
-            if time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(0.05)
+    try:
+        while True:
+            try:
+                await sim.request(subjects.sim_control(NODE), probe, SimMigReply, timeout=1)
+                return
+            except RequestFailed:
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(0.05)
+    finally:
+        await sim.close()
 
 
 async def gpudra(*args: str) -> tuple[int, str]:

@@ -9,7 +9,10 @@ needs. The rules, all derived from :mod:`services.core.bus.subjects`:
   only that node's preparer may receive (and so answer) those requests;
 - replies go to inboxes only their owner may read (``_I.<identity>.>``), and
   nobody may publish to another's inbox: the front's answer can only come from
-  the preparer that received the request;
+  its node's preparer. No identity may answer onto whatever reply subject a
+  request names (nats-server's ``allow_responses``): a responder publishes only
+  into the inboxes of those it serves, so a compromised node cannot have its own
+  preparer "answer" onto another node's subjects or keys;
 - only the allocator's claim watcher writes ``claims``; only a node's discovery
   writes its own ``inventory`` key; only a node's preparer its ``prepared`` key;
 - each service publishes only its own claim and device events;
@@ -83,7 +86,6 @@ class Permissions:
     publish: tuple[str, ...]
     subscribe: tuple[str, ...]
     publish_deny: tuple[str, ...] = NEVER
-    allow_responses: bool = False  # may answer requests it received (one reply each)
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,15 @@ class _Grant:
         ]
         return self
 
-    def done(self, identity: Identity, *, responds: bool = False) -> Permissions:
+    def answers(self, *requesters: Identity) -> _Grant:
+        """Replies into these identities' inboxes, and nowhere else."""
+        self.publish += [f"{who.inbox_prefix}.>" for who in requesters]
+        return self
+
+    def done(self, identity: Identity) -> Permissions:
         publish = [f"{JS_API}.INFO", *self.publish]
         subscribe = [f"{identity.inbox_prefix}.>", *self.subscribe]
-        return Permissions(tuple(publish), tuple(subscribe), allow_responses=responds)
+        return Permissions(tuple(publish), tuple(subscribe))
 
 
 def _events(node_token: str, names: Iterable[str]) -> list[str]:
@@ -163,7 +170,7 @@ def _events(node_token: str, names: Iterable[str]) -> list[str]:
 
 
 def _admin(who: Identity) -> Permissions:
-    return Permissions(publish=(">",), subscribe=(">",), allow_responses=True)
+    return Permissions(publish=(">",), subscribe=(">",))
 
 
 def _allocator(who: Identity) -> Permissions:
@@ -190,7 +197,9 @@ def _discovery(who: Identity) -> Permissions:
     grant.kv_write(subjects.SIM_BUCKET, node)  # its simulated GPUs (simulated fleets only)
     grant.publish += [subjects.inventory_changed(who.node), subjects.health(who.node)]
     grant.subscribe.append(subjects.sim_control(who.node))
-    return grant.done(who, responds=True)
+    # simulated MIG changes, asked by `gpudra sim` and by its node's preparer
+    grant.answers(Identity(Role.SIM), Identity(Role.PREPARER, who.node))
+    return grant.done(who)
 
 
 def _preparer(who: Identity) -> Permissions:
@@ -205,7 +214,8 @@ def _preparer(who: Identity) -> Permissions:
     grant.publish += _events(node, PREPARER_EVENTS)
     grant.publish.append(subjects.sim_control(who.node))  # dynamic MIG on simulated GPUs
     grant.subscribe += _node_operations(who.node)
-    return grant.done(who, responds=True)
+    grant.answers(Identity(Role.FRONT, who.node))
+    return grant.done(who)
 
 
 def _node_operations(node: str) -> list[str]:

@@ -206,7 +206,6 @@ def authorization(users: dict[Identity, str]) -> dict[str, Any]:
                 "permissions": {
                     "publish": {"allow": list(perms.publish), "deny": list(perms.publish_deny)},
                     "subscribe": {"allow": list(perms.subscribe)},
-                    **({"allow_responses": True} if perms.allow_responses else {}),
                 },
             }
         )

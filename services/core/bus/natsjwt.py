@@ -40,9 +40,6 @@ VERSION = 2
 REQUEST = "authorization_request"
 RESPONSE = "authorization_response"
 USER = "user"
-#: nats-server's ``allow_responses: true``: one reply per request, within 2 minutes.
-RESPONSE_MAX = 1
-RESPONSE_TTL_NS = 120 * 10**9
 NO_LIMIT = -1
 #: Prefix bytes of public nkeys (nkeys.PREFIX_BYTE_*), by their first letter.
 PREFIXES = {
@@ -160,14 +157,13 @@ def public_key_bytes(public_key: str) -> bytes:
 
 
 def jwt_permissions(perms: Permissions) -> dict[str, Any]:
-    """:class:`services.core.bus.access.Permissions` in a user JWT's shape (pub, sub, resp),
+    """:class:`services.core.bus.access.Permissions` in a user JWT's shape (pub, sub; no
+    ``resp``: nobody answers onto a reply subject it was handed),
     the same rules the static configuration gives nats-server."""
     out: dict[str, Any] = {
         "pub": {"allow": list(perms.publish), "deny": list(perms.publish_deny)},
         "sub": {"allow": list(perms.subscribe)},
     }
-    if perms.allow_responses:
-        out["resp"] = {"max": RESPONSE_MAX, "ttl": RESPONSE_TTL_NS}
     return out
 
 

@@ -239,7 +239,8 @@ async def test_the_same_node_account_is_the_front_only_with_the_fronts_audience(
 
 
 async def test_a_nodes_front_and_preparer_talk_through_the_callouts_permissions(bed, connect):
-    """Request and one reply (allow_responses as the user JWT's resp) work end to end."""
+    """Request and reply work end to end: the preparer's JWT lets it publish into its
+    front's inbox (and nowhere else: no ``resp`` grant)."""
     bed.pod("talk", N1)
     front, preparer = Identity(Role.FRONT, N1), Identity(Role.PREPARER, N1)
     answering = await connect(bed.token("gpudra-node", "preparer", "talk"), preparer)

@@ -43,6 +43,7 @@ from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_events
 from tests.helpers.preparer import Dev, Node, make_claim, ref
+from tests.helpers.waiting import until
 
 VICTIM = "n1"  # the node attacked
 OTHER = "n2"  # a node whose components the attacker has compromised
@@ -305,6 +306,48 @@ async def test_stored_messages_pushed_at_the_preparer_by_a_consumer_are_refused(
 def victim_log_refusals(node: Node) -> int:
     preparer = next(p for p in reversed(node.procs) if p.name == "preparer")
     return preparer.output().count("refusing a foreign message")
+
+
+async def test_a_nodes_preparer_answers_only_into_its_own_fronts_inbox(
+    victim: Node, bus: Bus, attacker
+) -> None:
+    """The attack of one compromised node (its front and its preparer): the front
+    asks its own preparer with a reply subject on another node's unprepare subject
+    (or a bucket key, or another node's claim event), and the preparer "answers"
+    there with an unprepare request whose own reply sits in the victim's front
+    inbox, so the victim's preparer would take it for its front's. With
+    ``allow_responses`` the server let that answer through; now a preparer may
+    publish replies into its own node's front inbox only."""
+    claim = await prepared_claim(victim)
+    files = victim.files()
+    front = await attacker(Role.FRONT, OTHER)
+    preparer = await attacker(Role.PREPARER, OTHER)
+    asked = await preparer.nc.subscribe(subjects.node_prepare(OTHER))
+    await preparer.nc.flush()
+    forged = NodeRequest(node=victim.name, claims=[ref(claim)], deadline=time.time() + 30)
+    victim_inbox = Identity(Role.FRONT, victim.name).inbox_prefix + ".forged.1"
+    targets = [
+        subjects.node_unprepare(victim.name),
+        f"$KV.{subjects.CLAIMS_BUCKET}.forged",
+        f"$KV.{subjects.INVENTORY_BUCKET}.{subjects.inventory_key(victim.name)}",
+        f"$KV.{subjects.DOMAINS_BUCKET}.d.{subjects.INDEX}.0",
+        subjects.claim_event("ns", "c", "u", victim.name, "unprepared"),
+    ]
+    for target in targets:
+        await front.nc.publish(subjects.node_prepare(OTHER), b"{}", reply=target)
+        request = await asked.next_msg(timeout=5)
+        assert request.reply == target
+        await preparer.nc.publish(request.reply, encode(forged), reply=victim_inbox)
+        await preparer.denied(target)
+    # The victim's own front asks next: what came before it has been handled.
+    assert (await victim.prepare(claim)).claims[ref(claim).uid].error == ""
+    assert victim.files() == files
+    assert set(victim.checkpoint().claims) == {ref(claim).uid}
+    assert "forged" not in await bus.kv_keys(subjects.CLAIMS_BUCKET)
+    assert await bus.kv_keys(subjects.DOMAINS_BUCKET) == []
+    trail = await until(lambda: stored_claim_events(bus), "the claim's events")
+    assert {e.event for e in trail if e.claim.uid == "u"} == set()
+    assert "unprepared" not in {e.event for e in trail if e.claim.uid == ref(claim).uid}
 
 
 async def test_no_message_over_one_mebibyte(attacker) -> None:

@@ -186,41 +186,49 @@ async def test_malformed_sim_state_is_skipped(
     assert inv.gpus[7].mig_devices == [created] and proc.returncode is None
 
 
-async def test_mig_requests_over_the_bus(bus: Bus, start_discovery: Start) -> None:
+async def test_mig_requests_over_the_bus(
+    bus: Bus, nats_server: NatsServer, start_discovery: Start
+) -> None:
     await start_discovery("h200x8")
     inv, _ = await wait_inventory(bus, lambda i: len(i.gpus) == 8)
     gpu = inv.gpus[2]
+    preparer = await connect(nats_server, Role.PREPARER, NODE, name="preparer")  # who asks
+    try:
 
-    async def ask(req: SimMigRequest) -> SimMigReply:
-        return await bus.request(subjects.sim_control(NODE), req, SimMigReply, timeout=10)
+        async def ask(req: SimMigRequest) -> SimMigReply:
+            return await preparer.request(subjects.sim_control(NODE), req, SimMigReply, timeout=10)
 
-    reply = await ask(
-        SimMigRequest(op="create", gpu_uuid=gpu.uuid, gi_profile_id=15, placement_start=6)
-    )
-    assert reply.error == "" and reply.device is not None
-    assert (reply.device.profile, reply.device.gi_id, reply.device.placement.start) == (
-        "1g.35gb",
-        6,
-        6,
-    )
-    inv, _ = await wait_inventory(bus, lambda i: bool(i.gpus[2].mig_devices))
-    assert inv.gpus[2].mig_devices == [reply.device]
+        reply = await ask(
+            SimMigRequest(op="create", gpu_uuid=gpu.uuid, gi_profile_id=15, placement_start=6)
+        )
+        assert reply.error == "" and reply.device is not None
+        assert (reply.device.profile, reply.device.gi_id, reply.device.placement.start) == (
+            "1g.35gb",
+            6,
+            6,
+        )
+        inv, _ = await wait_inventory(bus, lambda i: bool(i.gpus[2].mig_devices))
+        assert inv.gpus[2].mig_devices == [reply.device]
 
-    clash = await ask(
-        SimMigRequest(op="create", gpu_uuid=gpu.uuid, gi_profile_id=9, placement_start=4)
-    )
-    assert clash.nvml_error == "NVML_ERROR_INSUFFICIENT_RESOURCES" and clash.device is None
-    missing = await ask(SimMigRequest(op="destroy", gpu_uuid="GPU-nope", gi_id=6, ci_id=0))
-    assert missing.nvml_error == "NVML_ERROR_NOT_FOUND"
-    incomplete = await ask(SimMigRequest(op="destroy", gpu_uuid=gpu.uuid))
-    assert incomplete.nvml_error == "NVML_ERROR_INVALID_ARGUMENT" and "gi_id" in incomplete.error
+        clash = await ask(
+            SimMigRequest(op="create", gpu_uuid=gpu.uuid, gi_profile_id=9, placement_start=4)
+        )
+        assert clash.nvml_error == "NVML_ERROR_INSUFFICIENT_RESOURCES" and clash.device is None
+        missing = await ask(SimMigRequest(op="destroy", gpu_uuid="GPU-nope", gi_id=6, ci_id=0))
+        assert missing.nvml_error == "NVML_ERROR_NOT_FOUND"
+        incomplete = await ask(SimMigRequest(op="destroy", gpu_uuid=gpu.uuid))
+        assert (
+            incomplete.nvml_error == "NVML_ERROR_INVALID_ARGUMENT" and "gi_id" in incomplete.error
+        )
 
-    done = await ask(SimMigRequest(op="destroy", gpu_uuid=gpu.uuid, gi_id=6, ci_id=0))
-    assert done.error == ""
-    await wait_inventory(bus, lambda i: not i.gpus[2].mig_devices)
-    off = await ask(SimMigRequest(op="mig-mode", gpu_uuid=gpu.uuid, mig_enabled=False))
-    assert off.error == ""
-    await wait_inventory(bus, lambda i: not i.gpus[2].mig_enabled)
+        done = await ask(SimMigRequest(op="destroy", gpu_uuid=gpu.uuid, gi_id=6, ci_id=0))
+        assert done.error == ""
+        await wait_inventory(bus, lambda i: not i.gpus[2].mig_devices)
+        off = await ask(SimMigRequest(op="mig-mode", gpu_uuid=gpu.uuid, mig_enabled=False))
+        assert off.error == ""
+        await wait_inventory(bus, lambda i: not i.gpus[2].mig_enabled)
+    finally:
+        await preparer.close()
 
 
 async def test_restart_keeps_state_and_does_not_churn(
@@ -247,7 +255,7 @@ async def test_restart_keeps_state_and_does_not_churn(
 
     changes = await collect(bus, subjects.inventory_changed(NODE), InventoryChanged)
     await start_discovery("l4x4")
-    await until_serving(bus)
+    await until_serving(nats_server)
     rc, out = await gpudra("sim", "lose", *sim, "--node", NODE, "--gpu", "1")
     assert rc == 0, out
     await wait_for(changes, lambda s: len(s) >= 1)

@@ -63,7 +63,7 @@ def test_user_permissions_are_the_static_configurations() -> None:
         jwt = natsjwt.jwt_permissions(identity.permissions())
         assert jwt["pub"] == static["publish"]
         assert jwt["sub"] == static["subscribe"]
-        assert ("resp" in jwt) == bool(static.get("allow_responses"))
+        assert "resp" not in jwt and "allow_responses" not in static  # explicit replies only
 
 
 @pytest.mark.parametrize(
