@@ -39,6 +39,7 @@ from services.core.model.schemas import decode, encode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
+KV_OPERATION = "KV-Operation"
 
 DEFAULT_MAX_INFLIGHT = 64
 
@@ -136,6 +137,7 @@ class Bus:
         await provisioning.provision_streams(self.js, self.replicas)
         for bucket, history in provisioning.BUCKETS.items():
             await self.kv(bucket, history=history)
+            await provisioning.close_bucket(self.js, bucket)
 
     async def kv(self, bucket: str, history: int = 1) -> KeyValue:
         if bucket not in self._kv:
@@ -168,10 +170,16 @@ class Bus:
         return decode(entry.value, kind), int(entry.revision or 0)
 
     async def kv_delete(self, bucket: str, key: str) -> None:
-        """Remove the key; the marker watchers see expires on its own (see retention)."""
-        kv = await self.kv(bucket)
-        with contextlib.suppress(KeyNotFoundError):
-            await kv.purge(key, msg_ttl=self.delete_marker_ttl)
+        """Remove the key: a delete marker, which replaces its value (every bucket keeps
+        one revision a key) and expires on its own (see retention). Not a purge: its
+        rollup header is refused (:func:`provisioning.close_bucket`)."""
+        await self.kv(bucket)
+        await self.js.publish(
+            f"$KV.{bucket}.{key}",
+            b"",
+            headers={KV_OPERATION: "DEL"},
+            msg_ttl=self.delete_marker_ttl,
+        )
 
     async def kv_keys(self, bucket: str) -> list[str]:
         await self.kv(bucket)  # provisioned, or NotProvisioned

@@ -55,9 +55,9 @@ async def provision_streams(js: JetStreamContext, replicas: int) -> None:
 
 
 async def create_bucket(js: JetStreamContext, bucket: str, history: int, replicas: int) -> KeyValue:
-    """Create ``bucket`` with its configured limits."""
+    """Create ``bucket`` with its configured limits, closed to rollups and purges."""
     limits = retention.limits(bucket)
-    return await js.create_key_value(
+    kv = await js.create_key_value(
         bucket=bucket,
         history=history,
         storage=js_api.StorageType.FILE,
@@ -66,6 +66,23 @@ async def create_bucket(js: JetStreamContext, bucket: str, history: int, replica
         max_value_size=limits.max_msg_size,
         ttl=limits.max_age_s or None,
     )
+    await close_bucket(js, bucket)
+    return kv
+
+
+async def close_bucket(js: JetStreamContext, bucket: str) -> None:
+    """No rollup headers and no purge on ``bucket``'s stream.
+
+    nats-py creates every bucket with ``allow_rollup_hdrs``: a writer of one key
+    could then send ``Nats-Rollup: all`` on it and wipe every other writer's keys
+    (one node's discovery, every node's inventory), and a purge emits no watch
+    event for the owners to notice. Keys are removed with a delete marker instead
+    (:meth:`services.core.bus.client.Bus.kv_delete`). Buckets made before are
+    closed by the next provisioning.
+    """
+    config = (await js.stream_info(f"KV_{bucket}")).config
+    if config.allow_rollup_hdrs or not config.deny_purge:
+        await js.update_stream(replace(config, allow_rollup_hdrs=False, deny_purge=True))
 
 
 def in_stream(subject: str) -> bool:

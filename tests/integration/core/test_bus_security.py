@@ -17,13 +17,15 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+import msgspec
 import nats
 import nats.errors
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from services.core.bus import subjects
+from services.core.bus import provisioning, subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.claimtrail import ClaimTrail
 from services.core.bus.client import Bus
@@ -216,6 +218,51 @@ async def test_nobody_purges_or_deletes_the_audit_trail_or_a_bucket(
         await mallory.denied(subject)
     assert [e.event for e in await stored_claim_events(bus)] == ["prepared"]
     assert (await bus.js.stream_info(f"KV_{subjects.CLAIMS_BUCKET}")).config.name
+
+
+@pytest.mark.parametrize(
+    ("role", "bucket", "key"),
+    [
+        (Role.DISCOVERY, subjects.INVENTORY_BUCKET, subjects.inventory_key(OTHER)),
+        (Role.PREPARER, subjects.PREPARED_BUCKET, subjects.prepared_key(OTHER)),
+        (Role.FRONT, subjects.PRESENCE_BUCKET, f"{OTHER}.gpu"),
+        (Role.IMEX, subjects.DOMAINS_BUCKET, f"d.{subjects.MEMBER}.{OTHER}"),
+    ],
+)
+async def test_a_writer_of_one_key_cannot_roll_up_the_bucket(
+    attacker, bus: Bus, role: Role, bucket: str, key: str
+) -> None:
+    """``Nats-Rollup: all`` on a key an identity may write removed every other key of
+    the bucket (every node's inventory, from one node's discovery); a purge of a key
+    too. Both are refused by the stream now; its own key stays writable."""
+    value = msgspec.json.encode({"other": "nodes"})
+    victims = {
+        subjects.INVENTORY_BUCKET: subjects.inventory_key(VICTIM),
+        subjects.PREPARED_BUCKET: subjects.prepared_key(VICTIM),
+        subjects.PRESENCE_BUCKET: f"{VICTIM}.gpu",
+        subjects.DOMAINS_BUCKET: f"d.{subjects.MEMBER}.{VICTIM}",
+    }
+    await (await bus.kv(bucket)).put(victims[bucket], value)
+    mallory = (await attacker(role, OTHER)).nc.jetstream(timeout=5)
+    await mallory.publish(f"$KV.{bucket}.{key}", value)  # its own key: allowed
+    for rollup in ("all", "sub"):
+        with pytest.raises(nats.js.errors.APIError, match="rollup"):
+            await mallory.publish(
+                f"$KV.{bucket}.{key}", b"", headers={"KV-Operation": "PURGE", "Nats-Rollup": rollup}
+            )
+    assert sorted(await bus.kv_keys(bucket)) == sorted([victims[bucket], key])
+    config = (await bus.js.stream_info(f"KV_{bucket}")).config
+    assert (config.allow_rollup_hdrs, config.deny_purge) == (False, True)
+
+
+async def test_a_bucket_made_open_is_closed_by_provisioning(bus: Bus) -> None:
+    """A bucket as an earlier release (nats-py's defaults) made it: rollups allowed,
+    purges too. Provisioning closes each of ours the same way."""
+    await bus.js.create_key_value(bucket="earlier", history=1)
+    assert (await bus.js.stream_info("KV_earlier")).config.allow_rollup_hdrs
+    await provisioning.close_bucket(bus.js, "earlier")
+    config = (await bus.js.stream_info("KV_earlier")).config
+    assert (config.allow_rollup_hdrs, config.deny_purge) == (False, True)
 
 
 async def test_a_rogue_cannot_answer_or_overhear_a_nodes_prepare(attacker) -> None:
