@@ -110,11 +110,9 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "provision", help="create the streams and buckets, or update their limits (admin)"
     )
     config.add_nats_flags(provision)
-    provision.add_argument(
-        "--nats-replicas",
-        type=int,
-        default=int(config.env("nats-replicas", "1")),
-        help="JetStream replicas of the streams and buckets (3 with the chart's NATS cluster)",
+    config.add_replicas_flag(
+        provision,
+        "JetStream replicas of the streams and buckets (3 with the chart's NATS cluster)",
     )
     provision.set_defaults(func=_provision)
     modules = [COMMANDS[command]] if command in COMMANDS else _service_clis()

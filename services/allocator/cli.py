@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import functools
 import re
-from typing import Any
 
 from services.allocator.structured import features as kube_features
 from services.core.process import config, serve
@@ -34,10 +33,7 @@ def kube_version(value: str) -> int | None:
     """``1.37`` or ``v1.37.2`` -> 37; empty: ask the API server."""
     if not value:
         return None
-    try:
-        return kube_features.minor_of(value)
-    except kube_features.FeatureGateError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return config.parsed(kube_features.minor_of, value, kube_features.FeatureGateError)
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -46,30 +42,38 @@ def _serve(args: argparse.Namespace) -> int:
     return serve.main("allocator", args, functools.partial(app.start, args))
 
 
-def register(subparsers: Any) -> None:
-    watcher = subparsers.add_parser(
+def register(subparsers: config.Subparsers) -> None:
+    config.service(
+        subparsers,
         "allocator",
-        help="watch ResourceClaims: lifecycle events, the claims bucket, why-pending Events",
+        "watch ResourceClaims: lifecycle events, the claims bucket, why-pending Events",
+        _serve,
+        _flags,
     )
-    config.add_common_flags(watcher)
-    config.add_kubeconfig_flag(watcher)
-    watcher.add_argument(
-        "--pending-threshold",
-        type=duration,
-        default=duration(config.env("pending-threshold", "30s")),
-        help="explain a claim once its pod has waited this long, and again every period",
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    config.add_kubeconfig_flag(parser)
+    config.flag(
+        parser,
+        "pending-threshold",
+        duration,
+        "30s",
+        "explain a claim once its pod has waited this long, and again every period",
     )
-    watcher.add_argument(
-        "--kube-version",
-        type=kube_version,
-        default=kube_version(config.env("kube-version", "")),
+    config.flag(
+        parser,
+        "kube-version",
+        kube_version,
+        "",
+        "the Kubernetes version whose scheduler to follow (default: the API server's)",
         metavar="1.N",
-        help="the Kubernetes version whose scheduler to follow (default: the API server's)",
     )
-    watcher.add_argument(
-        "--kube-feature-gates",
-        default=config.env("kube-feature-gates", ""),
+    config.flag(
+        parser,
+        "kube-feature-gates",
+        str,
+        "",
+        "the scheduler's DRA gates for explanations, on top of that version's defaults",
         metavar="NAME=bool,...",
-        help="the scheduler's DRA gates for explanations, on top of that version's defaults",
     )
-    watcher.set_defaults(func=_serve)

@@ -34,12 +34,9 @@ if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "audit",
-        help="replay, filter and verify the claim event trail (read-only)",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+def register(subparsers: config.Subparsers) -> None:
+    parser = config.documented(
+        subparsers, "audit", "replay, filter and verify the claim event trail (read-only)", __doc__
     )
     config.add_nats_flags(parser)
     parser.add_argument(

@@ -44,47 +44,52 @@ log = logging.getLogger(__name__)
 
 
 def fleet_arg(value: str) -> fleets.Fleet:
-    try:
-        return fleets.get_fleet(value)
-    except fleets.FleetError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return config.parsed(fleets.get_fleet, value, fleets.FleetError)
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    _register_discovery(sub)
+def register(sub: config.Subparsers) -> None:
+    config.service(
+        sub,
+        "discovery",
+        "scan GPUs (NVML or a simulated fleet) into the inventory",
+        run_discovery,
+        _discovery_flags,
+    )
     _register_sim(sub)
 
 
 # ---------------------------------------------------------------- gpudra discovery
 
 
-def _register_discovery(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = sub.add_parser("discovery", help="scan GPUs (NVML or a simulated fleet) into the inventory")
-    config.add_common_flags(p, node=True)
-    p.add_argument(
-        "--fleet",
-        type=fleet_arg,
-        default=config.env("fleet") or None,
-        help=f"simulate this fleet instead of reading NVML: {', '.join(fleets.fleet_names())}",
+def _discovery_flags(p: argparse.ArgumentParser) -> None:
+    config.add_node_name_flag(p)
+    config.flag(
+        p,
+        "fleet",
+        fleet_arg,
+        None,
+        f"simulate this fleet instead of reading NVML: {', '.join(fleets.fleet_names())}",
+        lazy=True,
     )
-    p.add_argument("--seed", type=int, default=int(config.env("seed", "0")))
-    p.add_argument(
-        "--rescan-interval",
-        type=float,
-        default=float(config.env("rescan-interval", "30")),
-        help="seconds between periodic scans (NVML events and simulated changes scan at once)",
+    config.flag(p, "seed", int, 0)
+    config.flag(
+        p,
+        "rescan-interval",
+        float,
+        30,
+        "seconds between periodic scans (NVML events and simulated changes scan at once)",
     )
-    p.add_argument("--sysfs-root", type=Path, default=Path(config.env("sysfs-root", "/sys")))
-    p.add_argument("--dev-root", type=Path, default=Path(config.env("dev-root", "/dev")))
-    p.add_argument(
-        "--pci-ids",
-        type=Path,
-        default=Path(config.env("pci-ids")) if config.env("pci-ids") else None,
-        help="PCI ID database naming VFIO devices (default: the first of "
+    config.flag(p, "sysfs-root", Path, "/sys")
+    config.flag(p, "dev-root", Path, "/dev")
+    config.flag(
+        p,
+        "pci-ids",
+        Path,
+        None,
+        "PCI ID database naming VFIO devices (default: the first of "
         f"{', '.join(str(s) for s in pciids.SYSTEM_PATHS)}, else a built-in subset; "
         "simulated fleets always use the built-in subset)",
     )
-    p.set_defaults(func=run_discovery)
 
 
 def run_discovery(args: argparse.Namespace) -> int:

@@ -36,27 +36,34 @@ def positive(value: str) -> float:
     return number
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: config.Subparsers) -> None:
+    config.service(
+        subparsers,
         "domains",
-        help="the ComputeDomain controller: templates and IMEX DaemonSets, status from the bus",
+        "the ComputeDomain controller: templates and IMEX DaemonSets, status from the bus",
+        main,
+        _flags,
     )
-    config.add_common_flags(parser)
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
     config.add_kubeconfig_flag(parser)
-    parser.add_argument(
-        "--namespace",
-        default=config.env("namespace", "gpudra"),
-        help="the driver's namespace: where the IMEX DaemonSets and their templates go",
+    config.flag(
+        parser,
+        "namespace",
+        str,
+        "gpudra",
+        "the driver's namespace: where the IMEX DaemonSets and their templates go",
     )
-    parser.add_argument("--daemon-image", default=config.env("daemon-image", "gpudra:latest"))
-    parser.add_argument(
-        "--daemon-image-pull-policy", default=config.env("daemon-image-pull-policy", "IfNotPresent")
-    )
-    parser.add_argument(
-        "--daemon-imex-mode",
+    config.flag(parser, "daemon-image", str, "gpudra:latest")
+    config.flag(parser, "daemon-image-pull-policy", str, "IfNotPresent")
+    config.flag(
+        parser,
+        "daemon-imex-mode",
+        str,
+        "real",
+        "what the daemons run: NVIDIA's nvidia-imex, or the simulated stand-in",
         choices=("real", "simulated"),
-        default=config.env("daemon-imex-mode", "real"),
-        help="what the daemons run: NVIDIA's nvidia-imex, or the simulated stand-in",
     )
     parser.add_argument(
         "--daemon-env",
@@ -66,17 +73,19 @@ def register(subparsers: Any) -> None:
         help="NAME=value for the IMEX daemon containers (repeatable)",
     )
     _bus_flags(parser)
-    parser.add_argument(
-        "--max-nodes-per-imex-domain",
-        type=int,
-        default=int(config.env("max-nodes-per-imex-domain", str(cd.MAX_NODES_PER_IMEX_DOMAIN))),
-        help="indices per clique (the reference's MAX_NODES_PER_IMEX_DOMAIN)",
+    config.flag(
+        parser,
+        "max-nodes-per-imex-domain",
+        int,
+        cd.MAX_NODES_PER_IMEX_DOMAIN,
+        "indices per clique (the reference's MAX_NODES_PER_IMEX_DOMAIN)",
     )
-    parser.add_argument(
-        "--status-batch",
-        type=positive,
-        default=positive(config.env("status-batch", "0.1")),
-        help="seconds a status write waits to take several membership changes at once",
+    config.flag(
+        parser,
+        "status-batch",
+        positive,
+        "0.1",
+        "seconds a status write waits to take several membership changes at once",
     )
     config.add_api_feature_flag(
         parser,
@@ -85,39 +94,46 @@ def register(subparsers: Any) -> None:
         "IMEXDomainReady, IMEXDomainFailed) so that a pod binds only where its IMEX domain is "
         "Ready: auto on Kubernetes 1.36+; give the publisher the same value",
     )
-    parser.add_argument(
-        "--sweep-interval",
-        type=positive,
-        default=positive(config.env("sweep-interval", "600")),
-        help="seconds between sweeps for what deleted domains left behind",
+    config.flag(
+        parser,
+        "sweep-interval",
+        positive,
+        "600",
+        "seconds between sweeps for what deleted domains left behind",
     )
-    parser.set_defaults(func=main)
 
 
 def _bus_flags(parser: argparse.ArgumentParser) -> None:
     """The daemons' own bus credentials in a cluster (objects.DaemonBus)."""
-    parser.add_argument(
-        "--daemon-nats-ca-secret",
-        default=config.env("daemon-nats-ca-secret", ""),
-        help="Secret (driver's namespace) whose ca.crt the daemons trust the bus by; with it "
+    config.flag(
+        parser,
+        "daemon-nats-ca-secret",
+        str,
+        "",
+        "Secret (driver's namespace) whose ca.crt the daemons trust the bus by; with it "
         "each daemon pod mounts a projected token of audience <audience>:imex-daemon; "
         "empty: no bus credentials in the pods (daemons run by gpudra up get theirs)",
     )
-    parser.add_argument(
-        "--daemon-nats-url",
-        default=config.env("daemon-nats-url", ""),
-        help="where the daemons connect (empty: this controller's --nats-url)",
+    config.flag(
+        parser,
+        "daemon-nats-url",
+        str,
+        "",
+        "where the daemons connect (empty: this controller's --nats-url)",
     )
-    parser.add_argument(
-        "--daemon-nats-audience",
-        default=config.env("daemon-nats-audience", "gpudra-nats"),
-        help="the auth callout's audience prefix (the chart's nats.auth.audience)",
+    config.flag(
+        parser,
+        "daemon-nats-audience",
+        str,
+        "gpudra-nats",
+        "the auth callout's audience prefix (the chart's nats.auth.audience)",
     )
-    parser.add_argument(
-        "--daemon-nats-token-seconds",
-        type=int,
-        default=int(config.env("daemon-nats-token-seconds", "3600")),
-        help="lifetime of the daemons' projected bus tokens (the kubelet renews them)",
+    config.flag(
+        parser,
+        "daemon-nats-token-seconds",
+        int,
+        3600,
+        "lifetime of the daemons' projected bus tokens (the kubelet renews them)",
     )
 
 

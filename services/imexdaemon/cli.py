@@ -18,41 +18,45 @@ from services.core.process import config, serve
 
 
 def _flags(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--imexd-dir", type=Path, default=Path(config.env("imexd-dir", "/imexd")))
-    parser.add_argument(
-        "--mode",
+    config.flag(parser, "imexd-dir", Path, "/imexd")
+    config.flag(
+        parser,
+        "mode",
+        str,
+        "real",
+        "real: NVIDIA's nvidia-imex; simulated: a stand-in READY only when its peers answer",
+        env_name="imex-mode",
         choices=("real", "simulated"),
-        default=config.env("imex-mode", "real"),
-        help="real: NVIDIA's nvidia-imex; simulated: a stand-in READY only when its peers answer",
     )
-    parser.add_argument("--imex-binary", default=config.env("imex-binary", "nvidia-imex"))
-    parser.add_argument("--imex-ctl", default=config.env("imex-ctl", "nvidia-imex-ctl"))
-    parser.add_argument(
-        "--server-port", type=int, default=int(config.env("imex-server-port", "50000"))
-    )
-    parser.add_argument("--cmd-port", type=int, default=int(config.env("imex-cmd-port", "50005")))
+    config.flag(parser, "imex-binary", str, "nvidia-imex")
+    config.flag(parser, "imex-ctl", str, "nvidia-imex-ctl")
+    config.flag(parser, "server-port", int, 50000, env_name="imex-server-port")
+    config.flag(parser, "cmd-port", int, 50005, env_name="imex-cmd-port")
     parser.add_argument("--probe-interval", type=float, default=1.0)
-    parser.add_argument(
-        "--hosts-file",
-        type=Path,
-        default=Path(config.env("imex-hosts-file", "/etc/hosts")),
-        help="where the peers' DNS names get their addresses (IMEXDaemonsWithDNSNames): the "
+    config.flag(
+        parser,
+        "hosts-file",
+        Path,
+        "/etc/hosts",
+        "where the peers' DNS names get their addresses (IMEXDaemonsWithDNSNames): the "
         "pod's own /etc/hosts, which nvidia-imex resolves through",
+        env_name="imex-hosts-file",
     )
 
 
-def register(subparsers: Any) -> None:
-    parser = subparsers.add_parser("imex-daemon", help="the ComputeDomain IMEX daemon wrapper")
-    sub = parser.add_subparsers(dest="imex_command", required=True)
-    run = sub.add_parser("run", help="join the domain and run IMEX until stopped")
-    config.add_common_flags(run)
+def _run_flags(parser: argparse.ArgumentParser) -> None:
     # The DaemonSet gives the driver's gates as FEATURE_GATES (the reference's variable);
     # --feature-gates or GPUDRA_FEATURE_GATES win where given.
-    run.set_defaults(
+    parser.set_defaults(
         feature_gates=config.env("feature-gates") or os.environ.get("FEATURE_GATES", "")
     )
-    _flags(run)
-    run.set_defaults(func=main)
+    _flags(parser)
+
+
+def register(subparsers: config.Subparsers) -> None:
+    parser = subparsers.add_parser("imex-daemon", help="the ComputeDomain IMEX daemon wrapper")
+    sub = parser.add_subparsers(dest="imex_command", required=True)
+    config.service(sub, "run", "join the domain and run IMEX until stopped", main, _run_flags)
     check = sub.add_parser("check", help="exit 0 when IMEX is READY (the pod's probes)")
     _flags(check)
     check.set_defaults(func=_check)

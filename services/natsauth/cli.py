@@ -24,21 +24,25 @@ from services.natsauth import grants as g
 NAMESPACE_FILE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    _register_auth(sub)
+def register(sub: config.Subparsers) -> None:
+    config.service(
+        sub,
+        "nats-auth",
+        "the bus's auth callout: ServiceAccount tokens -> bus identities",
+        _run_auth,
+        _auth_flags,
+    )
     _register_keygen(sub)
 
 
-def _register_auth(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
-        "nats-auth", help="the bus's auth callout: ServiceAccount tokens -> bus identities"
-    )
-    config.add_common_flags(parser)
-    parser.add_argument(
-        "--issuer-seed-file",
-        type=Path,
-        default=config.env("issuer-seed-file") or None,
-        help="the account nkey seed that signs user JWTs (nats-server trusts its public key)",
+def _auth_flags(parser: argparse.ArgumentParser) -> None:
+    config.flag(
+        parser,
+        "issuer-seed-file",
+        Path,
+        None,
+        "the account nkey seed that signs user JWTs (nats-server trusts its public key)",
+        lazy=True,
     )
     parser.add_argument(
         "--grants",
@@ -48,18 +52,21 @@ def _register_auth(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> 
         help="ROLE=NAMESPACE/SERVICEACCOUNT[,...]: that account may connect as ROLE "
         "(repeatable; default GPUDRA_GRANTS)",
     )
-    parser.add_argument(
-        "--audience",
-        default=config.env("audience", "gpudra-nats"),
-        help="token audiences are AUDIENCE:ROLE (gpudra-nats:preparer)",
+    config.flag(
+        parser,
+        "audience",
+        str,
+        "gpudra-nats",
+        "token audiences are AUDIENCE:ROLE (gpudra-nats:preparer)",
     )
-    parser.add_argument(
-        "--account",
-        default=config.env("account", "GPUDRA"),
-        help="the nats-server account every gpudra identity is placed in",
+    config.flag(
+        parser,
+        "account",
+        str,
+        "GPUDRA",
+        "the nats-server account every gpudra identity is placed in",
     )
     config.add_kubeconfig_flag(parser, "for TokenReviews (empty: the pod's service account)")
-    parser.set_defaults(func=_run_auth)
 
 
 def _grant_arg(value: str) -> str:
@@ -88,12 +95,12 @@ def _run_auth(args: argparse.Namespace) -> int:
     return serve.main("nats-auth", args, start)
 
 
-def _register_keygen(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def _register_keygen(sub: config.Subparsers) -> None:
     parser = sub.add_parser(
         "nats-keygen",
         help="make the auth callout's keys once: seeds in a Secret, public keys in a ConfigMap",
     )
-    parser.add_argument("--namespace", default=config.env("namespace", ""))
+    config.flag(parser, "namespace")
     parser.add_argument("--secret", required=True, help="Secret for the seeds (kept if present)")
     parser.add_argument("--configmap", required=True, help="ConfigMap for the public keys")
     config.add_kubeconfig_flag(parser)

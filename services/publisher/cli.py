@@ -14,17 +14,22 @@ from services.core.process import config, serve
 from services.publisher.tuning import DEFAULT_BURST, DEFAULT_QPS, DEFAULT_SHARDS, DEFAULT_WORKERS
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
-        "publisher", help="render inventories into ResourceSlices and keep the API server in sync"
+def register(subparsers: config.Subparsers) -> None:
+    config.service(
+        subparsers,
+        "publisher",
+        "render inventories into ResourceSlices and keep the API server in sync",
+        main,
+        _flags,
     )
-    config.add_common_flags(parser)
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
     config.add_kubeconfig_flag(parser)
-    parser.add_argument(
-        "--force-registered",
-        action="store_true",
-        default=config.env("force-registered", "") == "true",
-        help="publish nodes without waiting for their kubelet plugin presence record",
+    config.switch(
+        parser,
+        "force-registered",
+        "publish nodes without waiting for their kubelet plugin presence record",
     )
     parser.add_argument(
         "--kube-version",
@@ -32,54 +37,61 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default=None,
         help="API server version for the slice layout, e.g. 1.34 (default: ask the server)",
     )
-    parser.add_argument(
-        "--additional-xids-to-ignore",
-        type=xid_list_arg,
-        default=xid_list_arg(config.env("additional-xids-to-ignore", "")),
-        help="comma-separated XIDs whose taint gets effect None, beside 13,31,43,45,68,109",
+    config.flag(
+        parser,
+        "additional-xids-to-ignore",
+        xid_list_arg,
+        "",
+        "comma-separated XIDs whose taint gets effect None, beside 13,31,43,45,68,109",
     )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=int(config.env("workers", str(DEFAULT_WORKERS))),
-        help="nodes synced at once (each node's slices are written together)",
+    config.flag(
+        parser,
+        "workers",
+        int,
+        DEFAULT_WORKERS,
+        "nodes synced at once (each node's slices are written together)",
     )
-    parser.add_argument(
-        "--kube-api-qps",
-        type=float,
-        default=float(config.env("kube-api-qps", str(DEFAULT_QPS))),
-        help="API requests per second this replica may make (0: no limit)",
+    config.flag(
+        parser,
+        "kube-api-qps",
+        float,
+        DEFAULT_QPS,
+        "API requests per second this replica may make (0: no limit)",
     )
-    parser.add_argument(
-        "--kube-api-burst",
-        type=int,
-        default=int(config.env("kube-api-burst", str(DEFAULT_BURST))),
-        help="requests allowed at once above --kube-api-qps",
+    config.flag(
+        parser,
+        "kube-api-burst",
+        int,
+        DEFAULT_BURST,
+        "requests allowed at once above --kube-api-qps",
     )
-    parser.add_argument(
-        "--replica-id",
-        default=config.env("replica-id", ""),
-        help="this replica's unique name (the pod name); set it on every replica to run "
+    config.flag(
+        parser,
+        "replica-id",
+        str,
+        "",
+        "this replica's unique name (the pod name); set it on every replica to run "
         "several that share the nodes through shard leases on the bus (empty: one replica "
         "publishes every node)",
     )
-    parser.add_argument(
-        "--shards",
-        type=int,
-        default=int(config.env("shards", str(DEFAULT_SHARDS))),
-        help="lease shards the nodes are split into (the same on every replica)",
+    config.flag(
+        parser,
+        "shards",
+        int,
+        DEFAULT_SHARDS,
+        "lease shards the nodes are split into (the same on every replica)",
     )
-    parser.add_argument(
-        "--resync-interval",
-        type=float,
-        default=float(config.env("resync-interval", "600")),
-        help="seconds between full comparisons of all slices with the API server",
+    config.flag(
+        parser,
+        "resync-interval",
+        float,
+        600,
+        "seconds between full comparisons of all slices with the API server",
     )
-    parser.add_argument(
-        "--gpu-clique-label",
-        action="store_true",
-        default=config.env("gpu-clique-label", "") == "true",
-        help="label each node nvidia.com/gpu.clique=<clusterUUID>.<cliqueID> from its GPUs' "
+    config.switch(
+        parser,
+        "gpu-clique-label",
+        "label each node nvidia.com/gpu.clique=<clusterUUID>.<cliqueID> from its GPUs' "
         "NVLink fabric facts (as GPU Feature Discovery does; removed where there is none)",
     )
     config.add_compute_domains_flag(
@@ -94,7 +106,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "binds only where its IMEX domain is Ready (gpudra domains sets them; give it the "
         "same value): auto on Kubernetes 1.36+",
     )
-    parser.set_defaults(func=main)
 
 
 def kube_minor_arg(value: str) -> int:

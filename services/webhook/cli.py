@@ -16,27 +16,27 @@ from pathlib import Path
 from services.core.process import config, serve
 
 
-def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = sub.add_parser(
+def register(sub: config.Subparsers) -> None:
+    config.service(
+        sub,
         "webhook",
-        help="validating admission webhook: refuse claims with configs prepare would refuse",
+        "validating admission webhook: refuse claims with configs prepare would refuse",
+        main,
+        _flags,
     )
-    config.add_common_flags(parser)
-    parser.add_argument(
-        "--cert-file",
-        type=Path,
-        default=Path(config.env("cert-file", "/tls/tls.crt")),
-        help="PEM serving certificate (reloaded when it changes)",
+
+
+def _flags(parser: argparse.ArgumentParser) -> None:
+    config.flag(
+        parser,
+        "cert-file",
+        Path,
+        "/tls/tls.crt",
+        "PEM serving certificate (reloaded when it changes)",
     )
-    parser.add_argument(
-        "--key-file",
-        type=Path,
-        default=Path(config.env("key-file", "/tls/tls.key")),
-        help="PEM key of the serving certificate",
-    )
-    parser.add_argument("--address", default=config.env("address", "127.0.0.1"))
-    parser.add_argument("--port", type=int, default=int(config.env("port", "9443")))
-    parser.set_defaults(func=main)
+    config.flag(parser, "key-file", Path, "/tls/tls.key", "PEM key of the serving certificate")
+    config.flag(parser, "address", str, "127.0.0.1")
+    config.flag(parser, "port", int, 9443)
 
 
 def main(args: argparse.Namespace) -> int:
