@@ -40,7 +40,7 @@ from services.allocator.structured import features as kube_features
 from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.cli import main as gpudra
 from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice, to_builtins
-from services.local.cluster import BUILD_SCRIPT
+from services.local.kubebinary import BUILD_SCRIPT
 
 REPO = Path(__file__).resolve().parents[1]
 GATES = "DRAPartitionableDevices=true"

@@ -39,10 +39,13 @@ from pathlib import Path
 from services.core.bus.access import Role
 from services.core.kube.client import ApiError, KubeApi, http_api
 from services.core.model import computedomain as cd
-from services.local.cluster import ControlPlane, build_controlplane, install_crd
+from services.local.cluster import ControlPlane
+from services.local.clusteradmin import install_crd
+from services.local.kubebinary import build_controlplane
 from services.local.natsserver import NatsServer
 from services.local.ports import free_port
-from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD, NodeSpec, Stack
+from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD, Stack
+from services.local.stacknodes import NodeSpec
 
 TICK = os.sysconf("SC_CLK_TCK")
 

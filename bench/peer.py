@@ -49,7 +49,8 @@ from bench import prepare  # noqa: E402
 from bench.prepare import Phase, Proc, cpu_seconds, pct, peak_rss_mb, report  # noqa: E402
 from services.core.kube.client import KubeApi, http_api  # noqa: E402
 from services.core.kube.resourceapi import versioned  # noqa: E402
-from services.local.cluster import ControlPlane, build_controlplane  # noqa: E402
+from services.local.cluster import ControlPlane  # noqa: E402
+from services.local.kubebinary import build_controlplane  # noqa: E402
 from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
 
 PEER_DRIVER = "gpu.example.com"

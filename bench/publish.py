@@ -205,7 +205,7 @@ async def _apiserver_sink(
 ) -> AsyncIterator[tuple[RecordingKubeSliceApi, ControlPlane]]:
     """A control plane with ``count`` Nodes, and the publisher's client to it."""
     from services.local.cluster import ControlPlane as control_plane
-    from services.local.cluster import build_controlplane as build
+    from services.local.kubebinary import build_controlplane as build
 
     start = time.perf_counter()
     cp = control_plane(build(), feature_gates=APISERVER_GATES).start()

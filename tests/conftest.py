@@ -11,7 +11,8 @@ import pytest
 
 from services.core.bus.client import Bus
 from services.core.telemetry import logs
-from services.local.cluster import ControlPlaneError, build_controlplane
+from services.local.component import ControlPlaneError
+from services.local.kubebinary import build_controlplane
 from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 

@@ -51,8 +51,8 @@ from typing import TYPE_CHECKING
 from services.core.process import config
 
 if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
-    from services.local import demo
-    from services.local.node import NodeTools
+    from services.local.demoexamples import Example
+    from services.local.nodetools import NodeTools
     from services.local.stack import Stack
 
 
@@ -134,14 +134,14 @@ def _say(line: str = "") -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from services.local import demo
+    from services.local import demoexamples, stacknodes, stackprocs
     from services.local import stack as stacks
 
-    examples: list[demo.Example] = []
+    examples: list[demoexamples.Example] = []
     if not args.no_examples:
         try:
-            examples = demo.load_examples(args.examples or demo.EXAMPLES_DIR)
-        except demo.ExampleError as exc:
+            examples = demoexamples.load_examples(args.examples or demoexamples.EXAMPLES_DIR)
+        except demoexamples.ExampleError as exc:
             print(f"gpudra up: {exc}", file=sys.stderr)
             return 2
     gates = args.feature_gates.spec() if args.feature_gates is not None else stacks.DEMO_GATES
@@ -149,11 +149,11 @@ def run(args: argparse.Namespace) -> int:
     if tools is not None:  # real nodes: none in an NVLink fabric (docs/computedomains.md)
         for example in [e for e in examples if e.domains]:
             _say(f"{example.name}: left out on real nodes (ComputeDomains need simulated nodes)")
-        examples = demo.gpu_only(examples)
+        examples = demoexamples.gpu_only(examples)
     domains = any(e.domains for e in examples)
     try:
         stack = stacks.Stack(
-            stacks.DEMO_NODES + (stacks.GB200_DEMO_NODES if domains else ()),
+            stacknodes.DEMO_NODES + (stacknodes.GB200_DEMO_NODES if domains else ()),
             workdir=args.workdir,
             gates=gates,
             prepare_timeout=stacks.DOMAIN_DEMO_PREPARE_TIMEOUT if domains else None,
@@ -163,7 +163,7 @@ def run(args: argparse.Namespace) -> int:
             kube_version=args.kube_version,
             webhook=not args.no_webhook,
         )
-    except stacks.StackError as exc:
+    except stackprocs.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
         return 2
 
@@ -183,7 +183,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"{sig}: stopping")
         failed = False
         return 0
-    except (stacks.StackError, RuntimeError, TimeoutError) as exc:
+    except (stackprocs.StackError, RuntimeError, TimeoutError) as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
         return 1
     finally:
@@ -196,22 +196,23 @@ def run(args: argparse.Namespace) -> int:
 def _real_node_tools(kube_version: str | None = None) -> NodeTools | None:
     """The real nodes' binaries (containerd built if needed), or None after saying
     why real nodes cannot run here."""
-    from services.local import node
-    from services.local.cluster import ControlPlaneError, build_controlplane
+    from services.local import node, nodetools
+    from services.local.component import ControlPlaneError
+    from services.local.kubebinary import build_controlplane
 
     reason = node.unavailable()
     if reason is None:
         try:
             binary = build_controlplane(version=kube_version)
-            return node.NodeTools.find(binary, hooks_from=build_controlplane())
-        except (node.NodeError, ControlPlaneError) as exc:
+            return nodetools.NodeTools.find(binary, hooks_from=build_controlplane())
+        except (nodetools.NodeError, ControlPlaneError) as exc:
             reason = str(exc)
     _say(f"gpudra up: --real-nodes: {reason}; running kubelet-dra instead (no containers)")
     return None
 
 
-def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) -> int:
-    from services.local import demo
+def _up(stack: Stack, examples: list[Example], args: argparse.Namespace) -> int:
+    from services.local import demo, demoreport
 
     started = time.monotonic()
     _say(f"gpudra up: starting in {stack.workdir} (driver gates {stack.gates})")
@@ -238,7 +239,7 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
     for name, port in stack.metrics_ports.items():
         _say(f"  {name:36} http://127.0.0.1:{port}/metrics")
     _say()
-    for line in demo.describe_slices(stack):
+    for line in demoreport.describe_slices(stack):
         _say(line)
     ok = True
     if examples:
@@ -248,7 +249,7 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
         result = demo.wait_for_examples(stack, examples, args.timeout)
         _say()
         trace_url = None if stack.jaeger is None else stack.jaeger.trace_url
-        for line in demo.describe_result(result, examples, trace_url):
+        for line in demoreport.describe_result(result, examples, trace_url):
             _say(line)
         ok = result.ok
     _say()
@@ -272,7 +273,7 @@ def _up(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) ->
         time.sleep(1)
 
 
-def _close_examples(stack: Stack, examples: list[demo.Example], args: argparse.Namespace) -> bool:
+def _close_examples(stack: Stack, examples: list[Example], args: argparse.Namespace) -> bool:
     """Delete the examples, then verify every claim's trail ends (``gpudra audit --verify``)."""
     from services.local import demo
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from services.local import REPO
-from services.local.cluster import wait_until
+from services.local.component import wait_until
 from services.local.ports import free_port
 
 BUILD_SCRIPT = REPO / "services" / "local" / "jaeger" / "build.sh"

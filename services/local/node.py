@@ -7,7 +7,9 @@ binary), pods in real containers from images built here
 thing simulated: the node's driver installation and device nodes are made by
 :mod:`services.local.nodehost` inside the node's own private mount namespace,
 which every node process joins (``nsenter``), so nothing on the host changes.
-Settings: :mod:`services.local.nodeconfig`.
+Settings: :mod:`services.local.nodeconfig`; binaries: :mod:`services.local.nodetools`;
+cgroups: :mod:`services.local.nodecgroups`; the namespace's processes:
+:mod:`services.local.mountns`.
 
 ::
 
@@ -46,107 +48,23 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgspec
 
-from services.local import REPO, hostspec, images, nodeconfig
-from services.local.cluster import ControlPlane, ControlPlaneError, Process, wait_until
+from services.local import REPO, hostspec, images, mountns, nodeconfig
+from services.local.cluster import ControlPlane
+from services.local.component import ControlPlaneError, Process, wait_until
+from services.local.nodecgroups import NodeCgroups, cgroup_mounts
+from services.local.nodetools import NodeError, NodeTools, find_runc
 from services.local.ports import free_port
 
-CONTAINERD_BUILD = Path(__file__).resolve().parent / "containerd" / "build.sh"
 #: The one namespace containerd keeps Kubernetes' images and containers in.
 K8S_NAMESPACE = "k8s.io"
-RUNC_PATHS = ("/usr/sbin/runc", "/usr/bin/runc", "/usr/local/sbin/runc", "/usr/local/bin/runc")
-
-
-class NodeError(RuntimeError):
-    """The node could not be started or stopped as asked; the message says which step."""
-
-
-def build_containerd(*, force: bool = False) -> Path:
-    """Run containerd/build.sh (a cache hit hashes three files); the binaries' folder."""
-    cmd = [str(CONTAINERD_BUILD), *(["--force"] if force else [])]
-    done = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=None, text=True, check=False)
-    lines = done.stdout.strip().splitlines()
-    if done.returncode != 0 or not lines:
-        raise NodeError(f"{CONTAINERD_BUILD} failed with exit status {done.returncode}")
-    return Path(lines[-1])
-
-
-def find_runc() -> Path | None:
-    for candidate in RUNC_PATHS:
-        if os.access(candidate, os.X_OK):
-            return Path(candidate)
-    found = shutil.which("runc")
-    return Path(found) if found else None
-
-
-@dataclass(frozen=True)
-class NodeTools:
-    """The binaries a real node runs."""
-
-    kubelet: Path  # the control plane's kubelet component
-    containerd_dir: Path  # containerd, ctr, containerd-shim-runc-v2
-    runc: Path
-    nvidia_cdi_hook: Path
-    nvidia_ctk: Path
-
-    @property
-    def containerd(self) -> Path:
-        return self.containerd_dir / "containerd"
-
-    @property
-    def ctr(self) -> Path:
-        return self.containerd_dir / "ctr"
-
-    @classmethod
-    def find(
-        cls,
-        controlplane: Path,
-        containerd_dir: Path | None = None,
-        *,
-        hooks_from: Path | None = None,
-    ) -> NodeTools:
-        """The kubelet beside the control-plane binary, NVIDIA's hooks beside it or beside
-        ``hooks_from`` (the default build: a compatibility-tier build has none), containerd
-        (built if needed), runc."""
-        runc = find_runc()
-        if runc is None:
-            raise NodeError("no runc (Debian's runc package: make node-packages)")
-        hooks = (hooks_from or controlplane).parent
-        tools = cls(
-            kubelet=controlplane.parent / "kubelet",
-            containerd_dir=containerd_dir or build_containerd(),
-            runc=runc,
-            nvidia_cdi_hook=hooks / "nvidia-cdi-hook",
-            nvidia_ctk=hooks / "nvidia-ctk",
-        )
-        for path in (tools.kubelet, tools.containerd, tools.ctr, tools.nvidia_cdi_hook):
-            if not os.access(path, os.X_OK):
-                raise NodeError(f"{path} is missing (services/local/*/build.sh builds it)")
-        return tools
-
-
 # ---- can it run here ---------------------------------------------------------
-
-
-def cgroup_mounts() -> list[tuple[Path, str]]:
-    """(mount point, fstype) of every cgroup hierarchy of this host."""
-    found = []
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            fields = line.split()
-            sep = fields.index("-")
-            fstype = fields[sep + 1]
-            if fstype in ("cgroup", "cgroup2"):
-                found.append((Path(fields[4]), fstype))
-    return found
 
 
 def unavailable() -> str | None:
@@ -202,16 +120,15 @@ class RealNode:
         self.startup_timeout = startup_timeout
         self.verbosity = verbosity
         self.logs_dir = cp.logs_dir
-        self.cgroup_root = f"/gpudra-{name}-{uuid.uuid4().hex[:8]}"
+        self.cgroups = NodeCgroups(name, f"/gpudra-{name}-{uuid.uuid4().hex[:8]}")
         self.holder: Process | None = None
         self.containerd: Process | None = None
         self.kubelet: Process | None = None
-        self.ns_inode: tuple[int, int] | None = None
+        self.ns_inode: mountns.Inode | None = None
         # What the fake host holds: driverRoot, devRoot, driverVersion, and per GPU
         # its uuid, minor, pciBusId, iommuGroup and MIG devices (uuid, profile,
         # giCap, ciCap: their /dev/nvidia-caps minors), as nodehost.set_up says.
         self.host_facts: dict[str, Any] = {}
-        self._cgroups_made: list[Path] = []
 
     # ---- paths -------------------------------------------------------------
 
@@ -309,13 +226,12 @@ class RealNode:
                 f"log {self.holder.log_path}:\n{self.holder.log_tail()}"
             )
         self.host_facts = json.loads(line.removeprefix(hostspec.READY))
-        st = os.stat(f"/proc/{proc.pid}/ns/mnt")
-        self.ns_inode = (st.st_dev, st.st_ino)
+        self.ns_inode = mountns.of(proc.pid)
 
     def start_runtime(self, archives: Sequence[images.ImageArchive]) -> None:
         """containerd, the images, the kubelet; returns when the Node is Ready
         and schedulable (the node lifecycle controller lifted the not-ready taint)."""
-        self._make_cgroup_root()
+        self.cgroups.make_root()
         self.start_containerd()
         for archive in archives:
             self.import_image(archive.path)
@@ -367,7 +283,7 @@ class RealNode:
                 nodeconfig.kubelet_config(
                     nodeconfig.KubeletSettings(
                         runtime_socket=self.socket,
-                        cgroup_root=self.cgroup_root,
+                        cgroup_root=self.cgroups.root,
                         port=free_port(),
                         healthz_port=free_port(),
                         volume_plugin_dir=self.root / "volume-plugins",
@@ -423,7 +339,7 @@ class RealNode:
         """Everything of this node, by PID, then its cgroups (see the module)."""
         if self.kubelet is not None:
             self.kubelet.stop()
-        self._kill_cgroup_processes()
+        self.cgroups.kill_processes()
         if self.containerd is not None:
             self.containerd.stop()
         self._kill_namespace_processes()
@@ -431,47 +347,19 @@ class RealNode:
             self.holder.stop()
             if self.holder.proc.stdout is not None:
                 self.holder.proc.stdout.close()
-        self._remove_cgroups()
+        self.cgroups.remove()
 
     # ---- what is left ----------------------------------------------------------
 
     def namespace_pids(self) -> list[int]:
         """Every process in the node's mount namespace (the holder included)."""
-        if self.ns_inode is None:
-            return []
-        pids = []
-        for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit():
-                continue
-            with contextlib.suppress(OSError):
-                st = os.stat(entry / "ns" / "mnt")
-                if (st.st_dev, st.st_ino) == self.ns_inode:
-                    pids.append(int(entry.name))
-        return sorted(pids)
-
-    def cgroup_dirs(self) -> list[Path]:
-        """The node's cgroup folders that exist, in every hierarchy."""
-        found = []
-        for mount, _ in cgroup_mounts():
-            top = mount / self.cgroup_root.lstrip("/")
-            if top.is_dir():
-                # os.walk skips a folder that goes away meanwhile (rglob raises): the
-                # kubelet removes pod cgroups while a stopping node is looked at.
-                found += sorted(Path(folder) for folder, _, _ in os.walk(top))
-        return found
-
-    def cgroup_pids(self) -> list[int]:
-        pids: set[int] = set()
-        for folder in self.cgroup_dirs():
-            with contextlib.suppress(OSError):
-                pids |= {int(p) for p in (folder / "cgroup.procs").read_text().split()}
-        return sorted(pids)
+        return [] if self.ns_inode is None else mountns.pids(self.ns_inode)
 
     def leftovers(self) -> list[str]:
         """What a stopped node left behind (empty when it stopped cleanly)."""
         found = [f"process {pid} in the node's mount namespace" for pid in self.namespace_pids()]
-        found += [f"process {pid} in the node's cgroups" for pid in self.cgroup_pids()]
-        found += [f"cgroup {d}" for d in self.cgroup_dirs()]
+        found += [f"process {pid} in the node's cgroups" for pid in self.cgroups.pids()]
+        found += [f"cgroup {d}" for d in self.cgroups.dirs()]
         return found
 
     # ---- internals -------------------------------------------------------------
@@ -533,59 +421,13 @@ class RealNode:
         )  # fmt: skip
         self._wait(self.kubelet, self._ready, f"node {self.name} Ready without taints")
 
-    def _make_cgroup_root(self) -> None:
-        """The kubelet wants its cgroup root to exist; a new cpuset gets its parent's CPUs."""
-        for mount, fstype in cgroup_mounts():
-            top = mount / self.cgroup_root.lstrip("/")
-            if top.exists():
-                continue
-            top.mkdir()
-            self._cgroups_made.append(top)
-            if fstype == "cgroup2":
-                with contextlib.suppress(OSError):
-                    wanted = (mount / "cgroup.subtree_control").read_text().split()
-                    (top / "cgroup.subtree_control").write_text(" ".join(f"+{c}" for c in wanted))
-            for name in ("cpuset.cpus", "cpuset.mems"):
-                if (top / name).exists() and not (top / name).read_text().strip():
-                    (top / name).write_text((mount / name).read_text())
-
-    def _kill_cgroup_processes(self, timeout: float = 20.0) -> None:
-        """SIGKILL every process in the node's cgroups (the containers), until none is left."""
-        deadline = time.monotonic() + timeout
-        while pids := self.cgroup_pids():
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
-            if time.monotonic() > deadline:
-                raise NodeError(f"node {self.name}: processes {pids} survive in its cgroups")
-            time.sleep(0.1)
-
     def _kill_namespace_processes(self, timeout: float = 20.0) -> None:
         """SIGTERM, then SIGKILL, what is left in the namespace (the runc shims), but
         the holder, which goes last."""
         holder = self.holder.pid if self.holder is not None else -1
-        deadline = time.monotonic() + timeout
-        signum = signal.SIGTERM
-        while pids := [p for p in self.namespace_pids() if p != holder]:
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signum)
-            time.sleep(0.2)
-            signum = signal.SIGKILL
-            if time.monotonic() > deadline:
-                raise NodeError(f"node {self.name}: processes {pids} survive in its namespace")
-
-    def _remove_cgroups(self, timeout: float = 20.0) -> None:
-        """rmdir the node's cgroups, deepest first (a cgroup goes once it is empty)."""
-        deadline = time.monotonic() + timeout
-        while dirs := self.cgroup_dirs():
-            for folder in sorted(dirs, key=lambda p: len(p.parts), reverse=True):
-                with contextlib.suppress(OSError):
-                    folder.rmdir()
-            if self.cgroup_dirs() and time.monotonic() > deadline:
-                raise NodeError(f"node {self.name}: cgroups {self.cgroup_dirs()} cannot be removed")
-            if self.cgroup_dirs():
-                time.sleep(0.1)
+        left = [] if self.ns_inode is None else mountns.stop_all(self.ns_inode, holder, timeout)
+        if left:
+            raise NodeError(f"node {self.name}: processes {left} survive in its namespace")
 
 
 @contextlib.contextmanager

@@ -36,7 +36,7 @@ from pathlib import Path
 import msgspec
 
 from services.discovery.fleet import get_fleet
-from services.local import driverroot, nvidiasmi
+from services.local import driverfiles, driverroot, nvidiasmi
 from services.local.hostspec import DRIVER_BASE, KUBELET_SYSCTLS, READY, HostSpec
 
 
@@ -77,7 +77,7 @@ def _driver(spec: HostSpec) -> driverroot.DriverRoot:
     smi = bin_dir / "nvidia-smi"
     smi.write_text(nvidiasmi.script(root))
     smi.chmod(0o755)
-    driverroot.cleanup()
+    driverfiles.cleanup()
     return root
 
 

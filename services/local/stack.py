@@ -43,21 +43,19 @@ Everything listens on 127.0.0.1. The work directory holds::
 
 Every gpudra process serves its own metrics on a port of its own
 (``metrics_ports``, on 127.0.0.1).
+
+:class:`Stack` starts and stops it all; beside it are its processes by name
+(:mod:`services.local.stackprocs`), its nodes' kubelets
+(:mod:`services.local.stackkubelets`) and what each node is
+(:mod:`services.local.stacknodes`).
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import json
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -69,16 +67,19 @@ from services.local.cluster import (
     DEFAULT_CONTROLLERS,
     REAL_NODE_CONTROLLERS,
     ControlPlane,
-    KubeletDRA,
-    Process,
-    build_controlplane,
-    install_crd,
 )
+from services.local.clusteradmin import install_crd
+from services.local.component import Process
 from services.local.daemonpods import DaemonNode, DaemonPods
 from services.local.jaeger import Jaeger
+from services.local.kubebinary import build_controlplane
 from services.local.natsserver import NatsServer
-from services.local.node import NodeTools, RealNode
+from services.local.node import RealNode
+from services.local.nodetools import NodeTools
 from services.local.ports import free_port
+from services.local.stackkubelets import StackKubelets
+from services.local.stacknodes import DEMO_NODES, NodeSpec, StackNode
+from services.local.stackprocs import StackError
 
 DEVICE_CLASSES = REPO / "deploy" / "deviceclasses.yaml"
 COMPUTE_DOMAIN_CRD = REPO / "deploy" / "computedomains.yaml"
@@ -94,9 +95,6 @@ DEMO_GATES = "MPSSupport=true,PassthroughSupport=true,TimeSlicingSettings=true"
 #: ``nvidia.com/gpu`` limits from our DeviceClass (its extendedResourceName).
 DEMO_KUBE_GATES: Mapping[str, bool] = {"DRAExtendedResource": True}
 
-#: Driver of the slice that shows when a starting kubelet-dra has wiped its node.
-SENTINEL_DRIVER = "wipe-sentinel.gpudra.dev"
-
 #: Simulated nodes: the IMEX daemons of a ComputeDomain are a DaemonSet's pods, which
 #: the node's runner runs as local processes (services/local/daemonpods.py).
 SIMULATED_CONTROLLERS = (*DEFAULT_CONTROLLERS, "daemonset-controller")
@@ -108,29 +106,6 @@ DAEMON_ADDRESS_BASE = 10
 _MAX_SOCKET_PATH = 107
 
 
-@dataclass(frozen=True)
-class NodeSpec:
-    """A simulated GPU node: its Node name, the fleet profile it boots as, and a
-    taint (``key=value:Effect``) it gets once its Node exists, if any."""
-
-    name: str
-    fleet: str
-    taint: str = ""
-
-
-DEMO_NODES = (NodeSpec("gpu-node-h100", "dgx-h100"), NodeSpec("gpu-node-a100", "dgx-a100"))
-
-#: Kept for the jobs that tolerate it: the GPU examples stay on DEMO_NODES, where
-#: they mean what they say (the unsatisfiable one's GPUs exist on no node there).
-GB200_DEMO_TAINT = "gpudra.dev/nvlink-rack=gb200:NoSchedule"
-
-#: Two compute trays of one GB200 NVL72 rack (one seed: one NVLink clique), which
-#: `gpudra up` adds when an example has a ComputeDomain (examples/13-...).
-GB200_DEMO_NODES = (
-    NodeSpec("gpu-node-gb200-1", "gb200-nvl72", GB200_DEMO_TAINT),
-    NodeSpec("gpu-node-gb200-2", "gb200-nvl72", GB200_DEMO_TAINT),
-)
-
 #: With domains, `gpudra up` shortens the kubelet plugin's prepare deadline from 45 s
 #: to this: a channel claim's prepare waits for its node's daemon (whose pod
 #: kubelet-dra syncs beside it), and a demo whose daemon cannot start fails sooner;
@@ -138,35 +113,7 @@ GB200_DEMO_NODES = (
 DOMAIN_DEMO_PREPARE_TIMEOUT = 12.0
 
 
-@dataclass(frozen=True)
-class StackNode:
-    """Where one node's files live."""
-
-    spec: NodeSpec
-    root: Path
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.kubelet_root / "plugins" / nvidia.DRIVER_NAME
-
-
-class StackError(RuntimeError):
-    """A component did not start, or the stack is not in the state asked for."""
-
-
-class Stack:
+class Stack(StackKubelets):
     """NATS + control plane + every gpudra service for ``nodes``.
 
     ``gates`` are the driver's feature gates (preparer and publisher);
@@ -207,36 +154,30 @@ class Stack:
         if workdir is not None and workdir.exists() and any(workdir.iterdir()):
             raise StackError(f"work directory {workdir} is not empty; give a new or empty one")
         self._own_workdir = workdir is None
-        self.workdir = Path(workdir or tempfile.mkdtemp(prefix="gpudra-up-")).resolve()
-        self.logs_dir = self.workdir / "logs"
-        self.nodes = {n.name: StackNode(n, self.workdir / "nodes" / n.name) for n in nodes}
-        self.pending_threshold = pending_threshold
-        self.prepare_timeout = prepare_timeout
-        self.startup_timeout = startup_timeout
-        self.log_level = log_level
-        self.nats = NatsServer(self.workdir / "nats", log_file=self.logs_dir / "nats.log")
-        self.real_nodes = real_nodes
-        self.node_tools = node_tools
-        self.webhook = webhook  # gpudra webhook + its ValidatingWebhookConfiguration
-        self.kube_version = kube_version
-        self.real: dict[str, RealNode] = {}  # node name -> its runner, with real_nodes
-        self.images: tuple[images.ImageArchive, ...] = ()
-        self.cp = ControlPlane(
+        workdir = Path(workdir or tempfile.mkdtemp(prefix="gpudra-up-")).resolve()
+        nats = NatsServer(workdir / "nats", log_file=workdir / "logs" / "nats.log")
+        cp = ControlPlane(
             binary,
-            workdir=self.workdir,
+            workdir=workdir,
             nodes=[] if real_nodes else names,  # real nodes register themselves
             feature_gates=DEMO_KUBE_GATES if kube_feature_gates is None else kube_feature_gates,
             controllers=REAL_NODE_CONTROLLERS if real_nodes else SIMULATED_CONTROLLERS,
             startup_timeout=startup_timeout,
         )
         # With ``jaeger``, every gpudra process exports its spans to a Jaeger started first.
-        self.jaeger = Jaeger(self.workdir / "jaeger") if jaeger else None
-        self.service_env: dict[str, str] = {}
-        self.processes: dict[str, Process] = {}
+        tracer = Jaeger(workdir / "jaeger") if jaeger else None
+        super().__init__(workdir, cp, nats, tracer, startup_timeout)
+        self.nodes = {n.name: StackNode(n, self.workdir / "nodes" / n.name) for n in nodes}
+        self.pending_threshold = pending_threshold
+        self.prepare_timeout = prepare_timeout
+        self.log_level = log_level
+        self.real_nodes = real_nodes
+        self.node_tools = node_tools
+        self.webhook = webhook  # gpudra webhook + its ValidatingWebhookConfiguration
+        self.kube_version = kube_version
+        self.real: dict[str, RealNode] = {}  # node name -> its runner, with real_nodes
+        self.images: tuple[images.ImageArchive, ...] = ()
         self.metrics_ports: dict[str, int] = {}  # gpudra process name -> its /metrics port
-        self._argv: dict[str, list[str]] = {}
-        self._started: list[str] = []  # what stop() undoes, in start order
-        self._paused: set[str] = set()  # stopped on purpose, to be started again
         self.daemon_pods: DaemonPods | None = None  # IMEX daemon pods of simulated nodes
         try:
             self._check_socket_paths()
@@ -399,54 +340,6 @@ class Stack:
         self._started.append(name)  # before its ready wait: stop() ends it if that fails
         return self.start_service(name, ready=ready)
 
-    def start_service(
-        self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
-    ) -> Process:
-        """(Re)start a gpudra process by name (``preparer-<node>``, ``publisher``, ...);
-        ``ready`` is a text its log shows once it serves."""
-        old = self.processes.get(name)
-        if old is not None and old.running():
-            raise StackError(f"{name} is already running (pid {old.pid})")
-        argv = self._argv[name]
-        log_path = self.logs_dir / f"{name}.log"
-        with open(log_path, "ab") as log:
-            log.write(f"+ {' '.join(argv)}\n".encode())
-            log.flush()
-            offset = log.tell()  # only what this run writes counts as ready
-            proc = subprocess.Popen(
-                argv,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.service_env, **(env or {})},
-                start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
-            )
-        process = Process(name=name, proc=proc, log_path=log_path, args=argv)
-        self.processes[name] = process
-        self._paused.discard(name)
-        self._write_pids()
-        if ready:
-            self.wait_for(
-                lambda: ready in _read_from(log_path, offset), f"{name} to log {ready}", process
-            )
-        return process
-
-    def stop_service(self, name: str, timeout: float = 15.0) -> int | None:
-        """SIGTERM (SIGKILL after ``timeout``); the exit status."""
-        self._paused.add(name)
-        return self.processes[name].stop(timeout)
-
-    def expect_exit(self, name: str) -> None:
-        """``name`` is about to exit on purpose (e.g. an injected crash): not a failure."""
-        self._paused.add(name)
-
-    def restart_service(
-        self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
-    ) -> Process:
-        self.stop_service(name)
-        return self.start_service(name, env=env, ready=ready)
-
     def start_webhook(self) -> Process:
         """``gpudra webhook`` on 127.0.0.1 with a CA of its own, and the
         ValidatingWebhookConfiguration that has the API server call it by URL."""
@@ -463,176 +356,6 @@ class Stack:
         url = f"https://127.0.0.1:{port}{admission.PATH}"
         self.cp.apply(admission.configuration(url, certs.ca.read_bytes()))
         return process
-
-    # ---- kubelet-dra -------------------------------------------------------
-
-    def _start_real_hosts(self) -> None:
-        """Each real node's namespace and driver installation, before its preparer."""
-        assert self.cp.binary is not None
-        hooks = None if self.kube_version is None else build_controlplane()  # the default's
-        tools = self.node_tools or NodeTools.find(self.cp.binary, hooks_from=hooks)
-        self.images = images.build(self.workdir / "images")
-        for name, node in self.nodes.items():
-            fleet, timeout = node.spec.fleet, self.startup_timeout
-            real = RealNode(self.cp, name, fleet, node.root, tools, startup_timeout=timeout)
-            self.real[name] = real
-            self._started.append(f"node-{name}")
-            real.launch_host()  # the nodes build their driver roots side by side
-        for real in self.real.values():
-            real.wait_host()
-            assert real.holder is not None
-            self.processes[real.holder.name] = real.holder  # its exit is a failure
-            self._write_pids()
-
-    def start_kubelets(self, nodes: Sequence[str]) -> list[Process]:
-        """Start each node's kubelet (kubelet-dra, or containerd and the real
-        kubelet) and return once each has wiped its node's ResourceSlices, as a
-        starting kubelet does (so that a slice seen after this was written after
-        the wipe)."""
-        if self.real_nodes:
-            return self._start_real_kubelets(nodes)
-        sentinels = [self._plant_sentinel(node) for node in nodes]
-        handles: list[Process] = []
-        for node in nodes:
-            handle = self.cp.start_kubelet_dra(node, self.nodes[node].kubelet_root)
-            self.processes[f"kubelet-dra-{node}"] = handle
-            if f"kubelet-dra-{node}" not in self._started:
-                self._started.append(f"kubelet-dra-{node}")
-            handles.append(handle)
-        self._write_pids()
-        for node, sentinel, started in zip(nodes, sentinels, handles, strict=True):
-            self.wait_for(
-                functools.partial(self._slice_gone, sentinel),
-                f"kubelet-dra {node} to wipe the node's ResourceSlices",
-                started,
-            )
-        return handles
-
-    def _slice_gone(self, name: str) -> bool:
-        return self.api_get(f"/apis/resource.k8s.io/v1/resourceslices/{name}") is None
-
-    def _start_real_kubelets(self, nodes: Sequence[str]) -> list[Process]:
-        handles: list[Process] = []
-        for node in nodes:
-            sentinel = self._plant_sentinel(node)
-            real = self.real[node]
-            if real.containerd is None:
-                real.start_runtime(self.images)
-            else:
-                real.start_kubelet()
-            assert real.containerd is not None and real.kubelet is not None
-            self.processes[real.containerd.name] = real.containerd
-            self.processes[real.kubelet.name] = real.kubelet
-            self._paused.discard(real.kubelet.name)
-            self._write_pids()
-            self.wait_for(
-                functools.partial(self._slice_gone, sentinel),
-                f"the kubelet of {node} to wipe the node's ResourceSlices",
-                real.kubelet,
-            )
-            handles.append(real.kubelet)
-        return handles
-
-    def kill_containerd(self, node: str) -> None:
-        """SIGKILL a real node's containerd (its shims and containers live on)."""
-        real = self.real[node]
-        if real.containerd is not None:
-            self._paused.add(real.containerd.name)
-        real.kill_containerd()
-
-    def start_containerd(self, node: str) -> Process:
-        """Start a real node's containerd again (same root, same config)."""
-        process = self.real[node].start_containerd()
-        self.processes[process.name] = process
-        self._paused.discard(process.name)
-        self._write_pids()
-        return process
-
-    def restart_kubelet(self, node: str) -> Process:
-        if node in self.real:
-            kubelet = self.real[node].kubelet
-            if kubelet is not None:
-                self._paused.add(kubelet.name)
-            self.real[node].stop_kubelet()
-        else:
-            self.cp.stop_kubelet_dra(node)
-        return self.start_kubelets([node])[0]
-
-    def _plant_sentinel(self, node: str) -> str:
-        """A ResourceSlice of a dummy driver on ``node``: gone = the kubelet wiped."""
-        name = f"gpudra-wipe-sentinel-{node}"
-        self.cp.apply(
-            {
-                "apiVersion": "resource.k8s.io/v1",
-                "kind": "ResourceSlice",
-                "metadata": {"name": name},
-                "spec": {
-                    "driver": SENTINEL_DRIVER,
-                    "nodeName": node,
-                    "pool": {"name": node, "generation": 0, "resourceSliceCount": 1},
-                    "devices": [],
-                },
-            }
-        )
-        return name
-
-    # ---- state ---------------------------------------------------------------
-
-    def _write_pids(self) -> None:
-        pids: dict[str, int] = {}
-        if self.nats.proc is not None:
-            pids["nats"] = self.nats.proc.pid
-        if self.jaeger is not None and self.jaeger.proc is not None:
-            pids["jaeger"] = self.jaeger.proc.pid
-        pids.update({p.name: p.pid for p in self.cp.processes})
-        pids.update({name: p.pid for name, p in self.processes.items()})
-        (self.workdir / "processes.json").write_text(json.dumps(pids, indent=2) + "\n")
-
-    def all_processes(self) -> list[Process]:
-        return [*self.cp.processes, *self.processes.values()]
-
-    def dead(self) -> list[Process]:
-        """Processes of the stack that exited although nobody stopped them."""
-        kubelets = list(self.cp.kubelets.values())  # those stopped on purpose are gone
-        return [
-            p
-            for p in self.all_processes()
-            if not p.running()
-            and p.name not in self._paused
-            and (not isinstance(p, KubeletDRA) or any(p is k for k in kubelets))
-        ]
-
-    def wait_for(
-        self,
-        check: Callable[[], Any],
-        what: str,
-        process: Process | None = None,
-        timeout: float | None = None,
-    ) -> Any:
-        """Poll ``check`` until it returns something true and return that; fail
-        at once, with its log, if ``process`` (or any stack process) exits
-        meanwhile. Errors raised by ``check`` are retried (the last one is
-        reported on timeout). ``timeout`` defaults to the start-up timeout."""
-        deadline = time.monotonic() + (timeout or self.startup_timeout)
-        last_error: Exception | None = None
-        while True:
-            watched = [process] if process is not None else self.dead()
-            for p in watched:
-                if not p.running():
-                    raise StackError(
-                        f"{p.name} exited with {p.proc.returncode} while waiting for {what}; "
-                        f"log {p.log_path}:\n{p.log_tail()}"
-                    )
-            try:
-                result = check()
-                if result:
-                    return result
-            except Exception as exc:  # retried, like a false answer
-                last_error = exc
-            if time.monotonic() >= deadline:
-                detail = f": {last_error}" if last_error else ""
-                raise StackError(f"timed out waiting for {what}{detail}")
-            time.sleep(0.1)
 
     # ---- the API server ------------------------------------------------------
 
@@ -679,35 +402,3 @@ def complete_pool(slices: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     current = [dict(s) for s in slices if int(s["spec"]["pool"]["generation"]) == newest]
     expected = int(current[0]["spec"]["pool"]["resourceSliceCount"])
     return current if len(current) == expected else []
-
-
-def _read_from(path: Path, offset: int) -> str:
-    with contextlib.suppress(OSError), open(path, "rb") as f:
-        f.seek(offset)
-        return f.read().decode(errors="replace")
-    return ""
-
-
-def recorded_pids(workdir: Path) -> dict[str, int]:
-    """``processes.json`` of a stack's work directory: every process it started."""
-    path = workdir / "processes.json"
-    return {k: int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
-
-
-def still_running(pids: Mapping[str, int], timeout: float = 5.0) -> dict[str, int]:
-    """Those of ``pids`` that are still alive after up to ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    left = {n: p for n, p in pids.items() if alive(p)}
-    while left and time.monotonic() < deadline:
-        time.sleep(0.05)
-        left = {n: p for n, p in left.items() if alive(p)}
-    return left

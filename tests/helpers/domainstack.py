@@ -15,7 +15,8 @@ import urllib.request
 from typing import Any
 
 from services.core.model import computedomain as cd
-from services.local.stack import Stack, StackNode
+from services.local.stack import Stack
+from services.local.stacknodes import StackNode
 from services.preparer import checkpointfile
 
 

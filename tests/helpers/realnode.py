@@ -22,7 +22,8 @@ from pathlib import Path
 
 from services.core.bus.access import Role
 from services.local.hostspec import KUBELET_SYSCTLS
-from services.local.node import RealNode, cgroup_mounts
+from services.local.node import RealNode
+from services.local.nodecgroups import cgroup_mounts
 from services.local.stack import Stack
 from services.preparer import cdi, checkpointfile
 from tests.helpers.bus import connect
@@ -71,7 +72,7 @@ def pod_traces(
     tasks = {line.split()[0] for line in real.ctr("tasks", "ls", "-q").split("\n") if line}
     found = [f"task {t} of the pod in containerd" for t in sorted(tasks & ids)]
     marker = f"pod{pod_uid}"
-    found += [f"cgroup {d}" for d in real.cgroup_dirs() if marker in d.name]
+    found += [f"cgroup {d}" for d in real.cgroups.dirs() if marker in d.name]
     found += [
         f"mount {m}" for m in namespace_mounts(real) if pod_uid in m or any(i in m for i in ids)
     ]

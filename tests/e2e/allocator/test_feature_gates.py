@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from services.local.cluster import ControlPlane, wait_until
+from services.local.cluster import ControlPlane
+from services.local.component import wait_until
 
 pytestmark = pytest.mark.e2e
 

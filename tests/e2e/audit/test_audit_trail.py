@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from services.local import demo
+from services.local import demo, demoexamples
 from services.local.stack import Stack
 from tests.helpers.stackrun import started_stack
 
@@ -37,7 +37,9 @@ def claims_allocated(stack: Stack, want: int) -> bool:
 
 
 def test_no_event_is_lost_when_the_nats_server_restarts_mid_demo(stack: Stack) -> None:
-    examples = demo.gpu_only(demo.load_examples())  # the two GPU demo nodes: no GB200
+    examples = demoexamples.gpu_only(
+        demoexamples.load_examples()
+    )  # the two GPU demo nodes: no GB200
     demo.apply_examples(stack, examples)
     # Mid-demo: some claims allocated (their events on the bus), most pods not started.
     stack.wait_for(lambda: claims_allocated(stack, 2), "two claims allocated", timeout=120)
@@ -69,7 +71,7 @@ def test_events_name_who_which_hardware_and_for_whom(stack: Stack) -> None:
         "07-mig-four-slices-one-gpu.yaml",
         "08-vfio-kubevirt.yaml",
     }
-    examples = [e for e in demo.load_examples() if e.name in wanted]
+    examples = [e for e in demoexamples.load_examples() if e.name in wanted]
     assert len(examples) == len(wanted)
     demo.apply_examples(stack, examples)
     assert demo.wait_for_examples(stack, examples, timeout=240).ok

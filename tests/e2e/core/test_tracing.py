@@ -25,10 +25,11 @@ from typing import Any
 import pytest
 
 from services.core.telemetry import tracing
-from services.local import REPO, demo
-from services.local.cluster import make_pki
+from services.local import REPO, demo, demoexamples, demoreport
 from services.local.jaeger import Jaeger, JaegerError, build_jaeger, wait_for_trace
-from services.local.stack import NodeSpec, Stack
+from services.local.pki import make_pki
+from services.local.stack import Stack
+from services.local.stacknodes import NodeSpec
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -158,12 +159,12 @@ def assert_found_by_uid_in_every_service(jaeger: Jaeger, uid: str) -> None:
 def test_one_trace_per_claim_life_in_jaeger(stack: Stack) -> None:
     jaeger = stack.jaeger
     assert jaeger is not None
-    examples = [demo.load_example(demo.EXAMPLES_DIR / name) for name in EXAMPLES]
-    pending = demo.load_example(demo.EXAMPLES_DIR / PENDING_EXAMPLE)
+    examples = [demoexamples.load_example(demoexamples.EXAMPLES_DIR / name) for name in EXAMPLES]
+    pending = demoexamples.load_example(demoexamples.EXAMPLES_DIR / PENDING_EXAMPLE)
     demo.apply_examples(stack, [*examples, pending])
     stack.cp.apply(BROKEN)
     result = demo.wait_for_examples(stack, [*examples, pending], timeout=90)
-    assert result.ok, demo.describe_result(result, [*examples, pending])
+    assert result.ok, demoreport.describe_result(result, [*examples, pending])
 
     uids = {
         "single-gpu": claim_uid(stack, "single-gpu", pod="cuda"),

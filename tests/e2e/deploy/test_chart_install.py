@@ -39,14 +39,11 @@ from typing import Any
 import pytest
 import yaml
 
-from services.local import REPO, image, images, node
-from services.local.cluster import (
-    WORKLOAD_CONTROLLERS,
-    ControlPlane,
-    build_controlplane,
-    wait_until,
-)
+from services.local import REPO, image, images, node, nodetools
+from services.local.cluster import WORKLOAD_CONTROLLERS, ControlPlane
+from services.local.component import wait_until
 from services.local.helm import CHART, Helm, build_helm, set_args
+from services.local.kubebinary import build_controlplane
 from services.local.ports import free_port
 from services.preparer import cdi
 
@@ -152,7 +149,7 @@ def installed(request: pytest.FixtureRequest) -> Iterator[Installed]:
     if reason:
         pytest.skip(reason)
     binary = build_controlplane()
-    tools = node.NodeTools.find(binary)
+    tools = nodetools.NodeTools.find(binary)
     first = image.build_image()
     changed = image.build_image(tag=first.name.rsplit(":", 1)[1] + "-b",
                                 labels={"gpudra.dev/build": "changed"})  # fmt: skip

@@ -27,7 +27,8 @@ from typing import Any
 import pytest
 
 from services.core.model import computedomain as cd
-from services.local.stack import NodeSpec, Stack
+from services.local.stack import Stack
+from services.local.stacknodes import NodeSpec
 from tests.helpers.domainstack import current_revision, history, node_label
 from tests.helpers.stackrun import started_stack
 

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from services.core.kube.client import ApiError, KubeApi, http_api
-from services.local.cluster import ControlPlane, install_crd
+from services.local.cluster import ControlPlane
+from services.local.clusteradmin import install_crd
 from services.local.stack import COMPUTE_DOMAIN_CRD
 
 pytestmark = [pytest.mark.e2e]

@@ -19,7 +19,9 @@ from typing import Any
 import pytest
 
 from services.core.model import computedomain as cd
-from services.local.stack import DRIVER_NAMESPACE, NodeSpec, Stack, StackError
+from services.local.stack import DRIVER_NAMESPACE, Stack
+from services.local.stacknodes import NodeSpec
+from services.local.stackprocs import StackError
 from services.preparer.computedomain.engine import spec_path
 from tests.helpers import domainstack
 from tests.helpers.bus import connect

@@ -22,7 +22,8 @@ import pytest
 
 from services.core.model import computedomain as cd
 from services.imexdaemon import dnsnames
-from services.local.stack import DAEMON_ADDRESS_BASE, DRIVER_NAMESPACE, NodeSpec, Stack
+from services.local.stack import DAEMON_ADDRESS_BASE, DRIVER_NAMESPACE, Stack
+from services.local.stacknodes import NodeSpec
 from services.preparer.computedomain.engine import spec_path
 from tests.helpers.domainstack import (
     current_revision,

@@ -16,8 +16,8 @@ from services.local.cluster import (
     CDI_DEVICES_ANNOTATION,
     RESOURCES_PREPARED_CONDITION,
     ControlPlane,
-    wait_until,
 )
+from services.local.component import wait_until
 
 pytestmark = pytest.mark.e2e
 

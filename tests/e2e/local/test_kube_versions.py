@@ -29,9 +29,9 @@ import msgspec
 import pytest
 
 from services.allocator.structured import features
-from services.local import demo
-from services.local.cluster import kube_version
-from services.local.stack import recorded_pids, still_running
+from services.local import demoexamples
+from services.local.kubebinary import kube_version
+from services.local.stackprocs import recorded_pids, still_running
 from services.preparer import checkpointfile
 from services.preparer.devices.simulated import STATE_FILE, SimHost
 
@@ -95,7 +95,7 @@ def test_the_demo_and_the_claim_path_run_on_the_compatibility_tier(
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert f"Kubernetes {version} " in out, out
-    examples = demo.load_examples()
+    examples = demoexamples.load_examples()
     pods = [p for e in examples for p in e.pods]
     assert f"{len(pods)}/{len(pods)} pods as expected ({len(pods) - 1} Running)" in out, out
     assert "claim unsatisfiable/two-big-gpus: pending; gpudra explains:" in out, out

@@ -38,9 +38,10 @@ from typing import Any
 
 import pytest
 
-from services.local import demo, images
+from services.local import demo, demoexamples, demoview, images, nodetools
 from services.local import node as nodes
-from services.local.stack import Stack, StackError
+from services.local.stack import Stack
+from services.local.stackprocs import StackError
 from services.preparer import cdi
 from tests.helpers import containerview
 from tests.helpers.containerview import LIB_DIR, ContainerView
@@ -63,7 +64,7 @@ NVIDIA_MAJOR = 195
 WORKLOAD = "nvidia-smi -L; trap 'exit 0' TERM; sleep 3600 & wait"
 #: Every example but those with a ComputeDomain, which `gpudra up` leaves out on real
 #: nodes (none is in an NVLink fabric; docs/computedomains.md).
-EXAMPLE_FILES = sorted(e.name for e in demo.gpu_only(demo.load_examples()))
+EXAMPLE_FILES = sorted(e.name for e in demoexamples.gpu_only(demoexamples.load_examples()))
 
 
 @pytest.fixture(scope="module")
@@ -81,11 +82,11 @@ def stack(
         pytest.skip(f"real nodes cannot run here: {reason}")
     if shutil.which("go") is None and not Path("/usr/local/go/bin/go").exists():
         try:
-            tools = nodes.NodeTools.find(controlplane_binary)
-        except nodes.NodeError as exc:
+            tools = nodetools.NodeTools.find(controlplane_binary)
+        except nodetools.NodeError as exc:
             pytest.skip(f"no Go toolchain and no cached containerd: {exc}")
     else:
-        tools = nodes.NodeTools.find(controlplane_binary)
+        tools = nodetools.NodeTools.find(controlplane_binary)
     s = Stack(
         binary=controlplane_binary,
         real_nodes=True,
@@ -110,7 +111,7 @@ def claim_of(stack: Stack, namespace: str, name: str) -> Any:
 
 def claim_uids(stack: Stack, pod: Any) -> list[str]:
     namespace = pod["metadata"]["namespace"]
-    names = demo.pod_claims(pod).values()
+    names = demoview.pod_claims(pod).values()
     return [claim_of(stack, namespace, name)["metadata"]["uid"] for name in names]
 
 
@@ -298,23 +299,25 @@ def assert_sees(view: ContainerView, want: Expected, version: str, who: str) -> 
 
 
 @pytest.fixture(scope="module")
-def examples(stack: Stack) -> list[demo.Example]:
-    return demo.gpu_only(demo.load_examples())
+def examples(stack: Stack) -> list[demoexamples.Example]:
+    return demoexamples.gpu_only(demoexamples.load_examples())
 
 
 @pytest.fixture(scope="module")
-def demo_result(stack: Stack, examples: list[demo.Example]) -> demo.DemoResult:
+def demo_result(stack: Stack, examples: list[demoexamples.Example]) -> demoview.DemoResult:
     demo.apply_examples(stack, examples)
     return demo.wait_for_examples(stack, examples, timeout=120)
 
 
 @pytest.fixture(scope="module")
-def seen(stack: Stack, demo_result: demo.DemoResult) -> dict[tuple[str, str, str], ContainerView]:
+def seen(
+    stack: Stack, demo_result: demoview.DemoResult
+) -> dict[tuple[str, str, str], ContainerView]:
     """Every running example container's view, looked at once (and written down)."""
     views: dict[tuple[str, str, str], ContainerView] = {}
     report: dict[str, Any] = {}
     for pod in demo_result.pods:
-        if pod.pod.expect != demo.RUNNING or not pod.ok:
+        if pod.pod.expect != demoexamples.RUNNING or not pod.ok:
             continue
         for container, ids in sorted(pod.cdi_devices.items()):
             key = (pod.pod.namespace, pod.pod.name, container)
@@ -331,7 +334,7 @@ def seen(stack: Stack, demo_result: demo.DemoResult) -> dict[tuple[str, str, str
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
 def test_example_runs_in_real_containers(
     stack: Stack,
-    demo_result: demo.DemoResult,
+    demo_result: demoview.DemoResult,
     seen: dict[tuple[str, str, str], ContainerView],
     example: str,
 ) -> None:
@@ -341,7 +344,7 @@ def test_example_runs_in_real_containers(
     assert pods, f"{example} has no pods"
     for view in pods:
         pod = pod_of(stack, view.pod.namespace, view.pod.name)
-        if view.pod.expect == demo.PENDING:
+        if view.pod.expect == demoexamples.PENDING:
             assert pod["status"].get("phase") == "Pending" and not pod["spec"].get("nodeName")
             continue
         assert view.ok, (example, view.phase, view.problems, pod["status"])
@@ -395,9 +398,9 @@ def test_mps_clients_get_the_daemon_pipe(seen: dict[tuple[str, str, str], Contai
 
 
 def test_deleting_the_examples_unprepares_and_removes_the_containers(
-    stack: Stack, examples: list[demo.Example], demo_result: demo.DemoResult
+    stack: Stack, examples: list[demoexamples.Example], demo_result: demoview.DemoResult
 ) -> None:
-    running = [v for v in demo_result.pods if v.pod.expect == demo.RUNNING]
+    running = [v for v in demo_result.pods if v.pod.expect == demoexamples.RUNNING]
     traces = [Traces.of(stack, pod_of(stack, v.pod.namespace, v.pod.name)) for v in running]
     namespaces = sorted({p.namespace for e in examples for p in e.pods})
     delete(stack, "namespace", *namespaces)
@@ -572,7 +575,7 @@ def test_stopping_leaves_the_host_as_it_was(stack: Stack, host_before: HostState
     for real in reals:
         panic = real.inside("/proc/sys/kernel/panic").read_text().strip()
         assert panic == "10", panic  # what the kubelet writes (into the node's cover file)
-    mine = [r.cgroup_root.lstrip("/") for r in reals]
+    mine = [r.cgroups.root.lstrip("/") for r in reals]
     running = HostState.now().differences(host_before, mine)
     assert [d for d in running if not d.startswith("new cgroup ")] == []  # theirs, for now
     stack.stop()

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from services.core.bus.access import Role
-from services.local.cluster import ControlPlane, install_crd
+from services.local.cluster import ControlPlane
+from services.local.clusteradmin import install_crd
 from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD
 from tests.helpers.jsonlogs import said

@@ -32,8 +32,9 @@ import pytest
 from services.core.bus import subjects
 from services.core.bus.access import Role
 from services.core.model.schemas import ClaimEvent, PluginPresence, decode
-from services.local import demo
-from services.local.stack import Stack, StackError, complete_pool
+from services.local import demo, demoexamples, demoview
+from services.local.stack import Stack, complete_pool
+from services.local.stackprocs import StackError
 from services.preparer import checkpoint, checkpointfile, faults
 from services.preparer.devices.simulated import STATE_FILE, SimHost
 from tests.helpers.bus import connect
@@ -50,7 +51,7 @@ CDI_KIND = "k8s.gpu.nvidia.com/claim"
 #: Every example of the two GPU demo nodes. Those with a ComputeDomain need two GB200
 #: nodes and IMEX daemons: tests/e2e/local/test_stack_up.py runs them through `gpudra up`,
 #: tests/e2e/domains/test_computedomain_two_nodes.py checks that path in depth.
-EXAMPLE_FILES = sorted(e.name for e in demo.gpu_only(demo.load_examples()))
+EXAMPLE_FILES = sorted(e.name for e in demoexamples.gpu_only(demoexamples.load_examples()))
 #: Devices per node when nothing is prepared (gpudra slices --fleet ... with the demo gates):
 #: the A100s' static MIG devices and, as the reference publishes them, each MIG-mode GPU's
 #: VFIO twin (4 GPUs: 24 + 4).
@@ -95,7 +96,7 @@ def claims_by_pod_name(stack: Stack, pod: Any) -> dict[str, Any]:
         "resourceClaimName"
     )
     if extended:  # the scheduler's claim for nvidia.com/gpu limits (DRAExtendedResource)
-        out[demo.EXTENDED_REF] = claim_of(stack, pod["metadata"]["namespace"], extended)
+        out[demoview.EXTENDED_REF] = claim_of(stack, pod["metadata"]["namespace"], extended)
     return out
 
 
@@ -120,7 +121,7 @@ def expected_cdi_ids(stack: Stack, pod: Any) -> dict[str, list[str]]:
         mappings = (pod["status"].get("extendedResourceClaimStatus") or {}).get("requestMappings")
         for mapping in mappings or []:
             if mapping["containerName"] == container["name"]:
-                claim = claims[demo.EXTENDED_REF]
+                claim = claims[demoview.EXTENDED_REF]
                 uid = claim["metadata"]["uid"]
                 ids += [
                     f"{CDI_KIND}={uid}-{r['device']}"
@@ -132,7 +133,7 @@ def expected_cdi_ids(stack: Stack, pod: Any) -> dict[str, list[str]]:
 
 
 def recorded_cdi_ids(pod: Any) -> dict[str, list[str]]:
-    text = (pod["metadata"].get("annotations") or {}).get(demo.CDI_DEVICES_ANNOTATION)
+    text = (pod["metadata"].get("annotations") or {}).get(demoview.CDI_DEVICES_ANNOTATION)
     return {k: sorted(v) for k, v in json.loads(text).items()} if text else {}
 
 
@@ -298,19 +299,19 @@ def assert_node_clean(stack: Stack, node: str, timeout: float = 30) -> None:
 
 
 @pytest.fixture(scope="module")
-def examples(stack: Stack) -> list[demo.Example]:
-    return demo.gpu_only(demo.load_examples())
+def examples(stack: Stack) -> list[demoexamples.Example]:
+    return demoexamples.gpu_only(demoexamples.load_examples())
 
 
 @pytest.fixture(scope="module")
-def demo_result(stack: Stack, examples: list[demo.Example]) -> demo.DemoResult:
+def demo_result(stack: Stack, examples: list[demoexamples.Example]) -> demoview.DemoResult:
     """All examples applied at once, as `gpudra up` does, and waited for."""
     demo.apply_examples(stack, examples)
     return demo.wait_for_examples(stack, examples, timeout=60)
 
 
 @pytest.mark.parametrize("example", EXAMPLE_FILES)
-def test_example(stack: Stack, demo_result: demo.DemoResult, example: str) -> None:
+def test_example(stack: Stack, demo_result: demoview.DemoResult, example: str) -> None:
     """Running pods carry exactly the CDI ids of their containers' devices, each
     defined by the preparer's CDI spec (passing the runtimes' CDI checks) on the
     pod's node, from a claim allocated from that node's pool; the official CDI
@@ -321,7 +322,7 @@ def test_example(stack: Stack, demo_result: demo.DemoResult, example: str) -> No
         want = view.pod
         pod = pod_of(stack, want.namespace, want.name)
         assert pod is not None, f"pod {want} was not created"
-        if want.expect == demo.PENDING:
+        if want.expect == demoexamples.PENDING:
             assert pod["status"].get("phase") == "Pending", pod["status"]
             assert not pod["spec"].get("nodeName")
             continue
@@ -512,7 +513,7 @@ def test_unsatisfiable_claim_stays_pending_with_our_explanation(
 
 
 def test_deleting_the_examples_leaves_nothing_behind(
-    stack: Stack, examples: list[demo.Example], demo_result: Any
+    stack: Stack, examples: list[demoexamples.Example], demo_result: Any
 ) -> None:
     namespaces = sorted({p.namespace for e in examples for p in e.pods})
     delete(stack, "namespace", *namespaces)

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import pytest
 
-from services.local import demo
-from services.local.stack import recorded_pids, still_running
+from services.local import demoexamples
+from services.local.stackprocs import recorded_pids, still_running
 
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
@@ -81,7 +81,7 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
             proc.send_signal(signal.SIGTERM)
             proc.wait(30)
     assert proc.returncode == 0, out
-    examples = demo.load_examples()
+    examples = demoexamples.load_examples()
     pods = [p for e in examples for p in e.pods]
     assert f"{len(pods)}/{len(pods)} pods as expected ({len(pods) - 1} Running)" in out, out
     for node in NODES:
@@ -92,7 +92,7 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
         assert f"{example.name}: {example.title}" in out
         vendor = "compute-domain" if example.domains else "gpu"  # an IMEX channel, or GPUs
         for pod in example.pods:
-            if pod.expect == demo.RUNNING:
+            if pod.expect == demoexamples.RUNNING:
                 assert re.search(
                     rf"pod {pod.namespace}/{pod.name}: Running on gpu-node-[\w-]+\n"
                     rf"      \S+: k8s\.{vendor}\.nvidia\.com/claim=",
@@ -112,7 +112,7 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
     assert "gpudra audit --verify: every claim's trail is complete" in out, out
     # One claim per GPU example (the shared one is one for two pods); the ComputeDomain
     # example's two channel claims and its two nodes' IMEX daemon claims.
-    n_claims = len(demo.gpu_only(examples)) + 4
+    n_claims = len(demoexamples.gpu_only(examples)) + 4
     assert re.search(rf"events, {n_claims} claims complete, 0 incomplete, 0 unreadable", out), out
     pids = recorded_pids(workdir)
     assert "jaeger" in pids
@@ -125,8 +125,8 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
     """A failing example is reported without stopping the stack."""
     examples = tmp_path / "examples"
     examples.mkdir()
-    shutil.copy(demo.EXAMPLES_DIR / "01-single-gpu-template.yaml", examples)
-    template = (demo.EXAMPLES_DIR / "01-single-gpu-template.yaml").read_text()
+    shutil.copy(demoexamples.EXAMPLES_DIR / "01-single-gpu-template.yaml", examples)
+    template = (demoexamples.EXAMPLES_DIR / "01-single-gpu-template.yaml").read_text()
     nine = "deviceClassName: gpu.nvidia.com\n          count: 9\n"
     (examples / "02-too-many.yaml").write_text(
         template.replace("single-gpu\n", "too-many\n").replace(
@@ -197,7 +197,9 @@ def test_real_nodes_run_every_example_in_containers(workdir: Path) -> None:
     assert proc.returncode == 0, out
     for name in NODES:
         assert re.search(rf"{name} +fleet dgx-\w+: .*containerd, kubelet \(real containers\)", out)
-    examples = demo.gpu_only(demo.load_examples())  # ComputeDomains are left out there
+    examples = demoexamples.gpu_only(
+        demoexamples.load_examples()
+    )  # ComputeDomains are left out there
     pods = [p for e in examples for p in e.pods]
     assert f"{len(pods)}/{len(pods)} pods as expected ({len(pods) - 1} Running)" in out, out
     # Each GPU container's log: nvidia-smi -L run in the container, its one GPU.

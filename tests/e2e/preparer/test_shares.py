@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 
-from services.local import demo
-from services.local.stack import DEMO_GATES, NodeSpec, Stack
+from services.local import demo, demoexamples, demoview
+from services.local.stack import DEMO_GATES, Stack
+from services.local.stacknodes import NodeSpec
 from services.preparer import cdi
 from services.preparer.devices.simclient import SimCudaError, SimMpsClient
 from tests.helpers.stackrun import started_stack
@@ -26,7 +27,7 @@ from tests.helpers.stackrun import started_stack
 pytestmark = [pytest.mark.e2e, pytest.mark.integration]
 
 H100 = "gpu-node-h100"
-SHARES = demo.EXAMPLES_DIR / "shares"
+SHARES = demoexamples.EXAMPLES_DIR / "shares"
 NS = "shares"
 GIB = 1024**3
 
@@ -53,13 +54,13 @@ def sim_host(stack: Stack) -> dict[str, Any]:
 
 def claim_of_pod(stack: Stack, pod: str) -> dict[str, Any]:
     body = stack.api_get(f"/api/v1/namespaces/{NS}/pods/{pod}")
-    [ref] = demo.pod_claim_names(body)
+    [ref] = demoview.pod_claim_names(body)
     return stack.api_get(f"/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{ref}")  # type: ignore[no-any-return]
 
 
 def test_three_pods_share_one_h100_a_fourth_waits_and_shares_are_released(stack: Stack) -> None:
-    [three] = demo.load_examples(SHARES)[:1]
-    four = demo.load_example(SHARES / "02-one-too-many.yaml")
+    [three] = demoexamples.load_examples(SHARES)[:1]
+    four = demoexamples.load_example(SHARES / "02-one-too-many.yaml")
     slices = stack.slices(H100)
     devices = [d for s in slices for d in s["spec"].get("devices") or []]
     gpus_published = [d for d in devices if d["attributes"]["type"]["string"] == "gpu"]

@@ -23,7 +23,8 @@ from services.core.bus.client import Bus
 from services.core.kube.client import KubeApi, http_api
 from services.core.model import computedomain as cd
 from services.core.model.schemas import DomainMember
-from services.local.cluster import ControlPlane, install_crd
+from services.local.cluster import ControlPlane
+from services.local.clusteradmin import install_crd
 from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CRD
 from services.preparer.computedomain.gate import DomainGate, GateError

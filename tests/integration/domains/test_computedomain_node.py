@@ -30,7 +30,8 @@ from services.core.kube.client import KubeApi, http_api
 from services.core.model import computedomain as cd
 from services.core.model.schemas import ClaimEvent, DomainMember, DomainNodeState, NodeInventory
 from services.core.telemetry import tracing
-from services.local.cluster import ControlPlane, install_crd
+from services.local.cluster import ControlPlane
+from services.local.clusteradmin import install_crd
 from services.local.kubelet import Claim, FakeKubelet
 from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CRD

@@ -26,7 +26,8 @@ from services.core.model import computedomain as cd
 from services.core.model.schemas import DomainIndex, DomainMember, DomainNodeState
 from services.domains.objects import DaemonSettings
 from services.domains.service import Controller, ControllerConfig
-from services.local.cluster import ControlPlane, install_crd
+from services.local.cluster import ControlPlane
+from services.local.clusteradmin import install_crd
 from services.local.natsserver import NatsServer
 from services.local.stack import COMPUTE_DOMAIN_CLIQUE_CRD, COMPUTE_DOMAIN_CRD
 from tests.helpers.bus import connect

@@ -15,6 +15,7 @@ import pytest
 
 from services.discovery.fleet import get_fleet
 from services.local import node as nodes
+from services.local import nodetools
 from services.local.cluster import ControlPlane
 
 pytestmark = pytest.mark.skipif(
@@ -26,7 +27,7 @@ pytestmark = pytest.mark.skipif(
 def runner(tmp_path: Path, fleet: str) -> nodes.RealNode:
     cp = ControlPlane(workdir=tmp_path / "cp")  # not started: logs and paths only
     cp.logs_dir.mkdir(parents=True)
-    tools = nodes.NodeTools(
+    tools = nodetools.NodeTools(
         kubelet=Path("/nonexistent/kubelet"),
         containerd_dir=Path("/nonexistent"),
         runc=Path("/nonexistent/runc"),
@@ -73,7 +74,7 @@ def test_the_driver_and_device_nodes_exist_only_inside(tmp_path: Path) -> None:
 def test_an_unknown_fleet_is_a_clear_error(tmp_path: Path) -> None:
     node = runner(tmp_path, "no-such-fleet")
     try:
-        with pytest.raises(nodes.NodeError) as info:
+        with pytest.raises(nodetools.NodeError) as info:
             node.start_host()
     finally:
         node.stop()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from services.local import driverfiles
 from services.local import driverroot as dr
 
 pytestmark = pytest.mark.skipif(dr.unavailable() is not None, reason=str(dr.unavailable()))
@@ -34,7 +35,7 @@ def _ldcache(root: dr.DriverRoot) -> dict[str, str]:
 def test_libraries_are_real_elf_with_the_drivers_sonames(tmp_path: Path) -> None:
     root = dr.build(tmp_path, fleet="dgx-h100", mig=False)
     libs = root.libraries()
-    assert len(libs) == len(dr.DRIVER_LIBRARIES)
+    assert len(libs) == len(driverfiles.DRIVER_LIBRARIES)
     assert all(p.name.endswith(".so." + dr.DEFAULT_VERSION) for p in libs)
     cuda = root.lib_dir / f"libcuda.so.{root.version}"
     assert cuda.read_bytes()[:4] == b"\x7fELF"
@@ -43,8 +44,8 @@ def test_libraries_are_real_elf_with_the_drivers_sonames(tmp_path: Path) -> None
         f"libnvidia-glcore.so.{root.version}"
     )
     cache = _ldcache(root)
-    assert cache["libcuda.so.1"] == f"/{dr.LIB_DIR}/libcuda.so.1"
-    assert cache["libnvidia-nvvm.so.4"] == f"/{dr.LIB_DIR}/libnvidia-nvvm.so.4"
+    assert cache["libcuda.so.1"] == f"/{driverfiles.LIB_DIR}/libcuda.so.1"
+    assert cache["libnvidia-nvvm.so.4"] == f"/{driverfiles.LIB_DIR}/libnvidia-nvvm.so.4"
     assert "libnvidia-egl-wayland.so.1" in cache  # there, but not the driver version's
     assert os.readlink(root.lib_dir / "libcuda.so.1") == f"libcuda.so.{root.version}"
     assert os.readlink(root.lib_dir / "libcuda.so") == "libcuda.so.1"

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from services.local import driverroot
+from services.local import driverfiles, driverroot
 from services.preparer.cdigen import driver, elf, ldcache
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.devices import simroot
@@ -78,7 +78,7 @@ def test_the_version_comes_from_the_library_names_without_nvml(tmp_path: Path) -
 @needs_root
 def test_the_compiled_libraries_carry_the_drivers_sonames(tmp_path: Path) -> None:
     root = driverroot.build(tmp_path / "node")
-    for lib in driverroot.DRIVER_LIBRARIES:
+    for lib in driverfiles.DRIVER_LIBRARIES:
         path = root.lib_dir / lib.subdir / f"{lib.name}.{root.version}"
         assert elf.soname(str(path)) == (lib.soname or path.name)
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from services.core.model.schemas import Gpu
-from services.local import driverroot
+from services.local import driverkernel, driverroot
 from services.preparer.cdigen import caps
 from services.preparer.checkpoint import VfioState
 from services.preparer.devices import real
@@ -97,7 +97,7 @@ def test_the_real_backend_generates_from_its_driver_root(tmp_path: Path) -> None
     mig = root.migs()[0]
     caps = gen.caps(mig.parent_minor, mig.gi_id, mig.ci_id)
     assert [c["minor"] for c in caps] == [mig.gi_cap_minor, mig.ci_cap_minor]
-    assert {c["major"] for c in caps} == {driverroot.CAPS_MAJOR}
+    assert {c["major"] for c in caps} == {driverkernel.CAPS_MAJOR}
 
 
 def test_the_nvidia_caps_major_comes_from_proc_devices(tmp_path: Path) -> None:

@@ -1,0 +1,90 @@
+"""A process the local tools start, and waiting for one to answer.
+
+Every control-plane component, real node process and gpudra service of a local
+stack is one :class:`Process`: stopped by its PID, never by a name, so that
+nothing else on the machine is touched. :func:`wait_until` polls a readiness
+check and gives up at once when a component is known to have exited.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+class ControlPlaneError(RuntimeError):
+    """A component failed to start or a kubectl call failed."""
+
+
+class ComponentExited(ControlPlaneError):
+    """A component process ended while we waited for it."""
+
+
+def wait_until(
+    check: Callable[[], T | None],
+    timeout: float,
+    what: str,
+    interval: float = 0.2,
+) -> T:
+    """Call ``check`` until it returns something other than None/False."""
+    deadline = time.monotonic() + timeout
+    last_error: Exception | None = None
+    while True:
+        try:
+            result = check()
+            if result is not None and result is not False:
+                return result
+        except ComponentExited:
+            raise  # waiting longer cannot help
+        except Exception as e:  # retried; the last one is reported on timeout
+            last_error = e
+        if time.monotonic() >= deadline:
+            detail = f": {last_error}" if last_error else ""
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}{detail}")
+        time.sleep(interval)
+
+
+@dataclass
+class Process:
+    """One component process that we started."""
+
+    name: str
+    proc: subprocess.Popen[bytes]
+    log_path: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc.poll() is None
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def stop(self, timeout: float = 10.0) -> int | None:
+        """SIGTERM, then SIGKILL after ``timeout``; only this process, by PID."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        return self.proc.returncode

@@ -1,0 +1,191 @@
+"""The processes of a stack, by name: started, stopped on purpose, dead, waited on.
+
+Every process a :class:`~services.local.stack.Stack` starts is kept here under its
+name (``preparer-<node>``, ``publisher``, ``kubelet-dra-<node>``, ...) and its PID
+is written to ``processes.json`` in the work directory, so that whoever started the
+stack can check that stopping it left nothing behind (:func:`recorded_pids`,
+:func:`still_running`). A process that exits although nobody stopped it is
+:meth:`StackProcesses.dead`, and a wait fails at once, with its log, when one dies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from services.local import REPO
+from services.local.cluster import ControlPlane, KubeletDRA
+from services.local.component import Process
+from services.local.jaeger import Jaeger
+from services.local.natsserver import NatsServer
+
+
+class StackError(RuntimeError):
+    """A component did not start, or the stack is not in the state asked for."""
+
+
+class StackProcesses:
+    """The processes of the stack in ``workdir``: the control plane's, NATS's and
+    Jaeger's, and those started by name (gpudra services, kubelets, node runners)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        cp: ControlPlane,
+        nats: NatsServer,
+        jaeger: Jaeger | None,
+        startup_timeout: float,
+    ) -> None:
+        self.workdir = workdir
+        self.logs_dir = workdir / "logs"
+        self.cp = cp
+        self.nats = nats
+        self.jaeger = jaeger
+        self.startup_timeout = startup_timeout
+        self.service_env: dict[str, str] = {}
+        self.processes: dict[str, Process] = {}
+        self._argv: dict[str, list[str]] = {}
+        self._started: list[str] = []  # what stop() undoes, in start order
+        self._paused: set[str] = set()  # stopped on purpose, to be started again
+
+    def start_service(
+        self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
+    ) -> Process:
+        """(Re)start a gpudra process by name (``preparer-<node>``, ``publisher``, ...);
+        ``ready`` is a text its log shows once it serves."""
+        old = self.processes.get(name)
+        if old is not None and old.running():
+            raise StackError(f"{name} is already running (pid {old.pid})")
+        argv = self._argv[name]
+        log_path = self.logs_dir / f"{name}.log"
+        with open(log_path, "ab") as log:
+            log.write(f"+ {' '.join(argv)}\n".encode())
+            log.flush()
+            offset = log.tell()  # only what this run writes counts as ready
+            proc = subprocess.Popen(
+                argv,
+                cwd=REPO,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**os.environ, **self.service_env, **(env or {})},
+                start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
+            )
+        process = Process(name=name, proc=proc, log_path=log_path, args=argv)
+        self.processes[name] = process
+        self._paused.discard(name)
+        self._write_pids()
+        if ready:
+            self.wait_for(
+                lambda: ready in _read_from(log_path, offset), f"{name} to log {ready}", process
+            )
+        return process
+
+    def stop_service(self, name: str, timeout: float = 15.0) -> int | None:
+        """SIGTERM (SIGKILL after ``timeout``); the exit status."""
+        self._paused.add(name)
+        return self.processes[name].stop(timeout)
+
+    def expect_exit(self, name: str) -> None:
+        """``name`` is about to exit on purpose (e.g. an injected crash): not a failure."""
+        self._paused.add(name)
+
+    def restart_service(
+        self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
+    ) -> Process:
+        self.stop_service(name)
+        return self.start_service(name, env=env, ready=ready)
+
+    def _write_pids(self) -> None:
+        pids: dict[str, int] = {}
+        if self.nats.proc is not None:
+            pids["nats"] = self.nats.proc.pid
+        if self.jaeger is not None and self.jaeger.proc is not None:
+            pids["jaeger"] = self.jaeger.proc.pid
+        pids.update({p.name: p.pid for p in self.cp.processes})
+        pids.update({name: p.pid for name, p in self.processes.items()})
+        (self.workdir / "processes.json").write_text(json.dumps(pids, indent=2) + "\n")
+
+    def all_processes(self) -> list[Process]:
+        return [*self.cp.processes, *self.processes.values()]
+
+    def dead(self) -> list[Process]:
+        """Processes of the stack that exited although nobody stopped them."""
+        kubelets = list(self.cp.kubelets.values())  # those stopped on purpose are gone
+        return [
+            p
+            for p in self.all_processes()
+            if not p.running()
+            and p.name not in self._paused
+            and (not isinstance(p, KubeletDRA) or any(p is k for k in kubelets))
+        ]
+
+    def wait_for(
+        self,
+        check: Callable[[], Any],
+        what: str,
+        process: Process | None = None,
+        timeout: float | None = None,
+    ) -> Any:
+        """Poll ``check`` until it returns something true and return that; fail
+        at once, with its log, if ``process`` (or any stack process) exits
+        meanwhile. Errors raised by ``check`` are retried (the last one is
+        reported on timeout). ``timeout`` defaults to the start-up timeout."""
+        deadline = time.monotonic() + (timeout or self.startup_timeout)
+        last_error: Exception | None = None
+        while True:
+            watched = [process] if process is not None else self.dead()
+            for p in watched:
+                if not p.running():
+                    raise StackError(
+                        f"{p.name} exited with {p.proc.returncode} while waiting for {what}; "
+                        f"log {p.log_path}:\n{p.log_tail()}"
+                    )
+            try:
+                result = check()
+                if result:
+                    return result
+            except Exception as exc:  # retried, like a false answer
+                last_error = exc
+            if time.monotonic() >= deadline:
+                detail = f": {last_error}" if last_error else ""
+                raise StackError(f"timed out waiting for {what}{detail}")
+            time.sleep(0.1)
+
+
+def _read_from(path: Path, offset: int) -> str:
+    with contextlib.suppress(OSError), open(path, "rb") as f:
+        f.seek(offset)
+        return f.read().decode(errors="replace")
+    return ""
+
+
+def recorded_pids(workdir: Path) -> dict[str, int]:
+    """``processes.json`` of a stack's work directory: every process it started."""
+    path = workdir / "processes.json"
+    return {k: int(v) for k, v in json.loads(path.read_text()).items()} if path.exists() else {}
+
+
+def alive(pid: int) -> bool:
+    """The process exists and is not a zombie."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def still_running(pids: Mapping[str, int], timeout: float = 5.0) -> dict[str, int]:
+    """Those of ``pids`` that are still alive after up to ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    left = {n: p for n, p in pids.items() if alive(p)}
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        left = {n: p for n, p in left.items() if alive(p)}
+    return left
