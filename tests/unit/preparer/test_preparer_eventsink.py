@@ -15,7 +15,7 @@ from nats.js.errors import BadRequestError, NoStreamResponseError, ServiceUnavai
 from services.core.bus.claimtrail import ClaimTrail
 from services.core.bus.client import Bus
 from services.core.model.schemas import ClaimEvent, ClaimRef
-from services.preparer.service import EventSink
+from services.preparer.eventsink import EventSink
 
 
 @dataclass
