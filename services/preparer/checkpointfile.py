@@ -11,17 +11,25 @@
 * Each claim's entry is encoded on its own (:func:`encode_entry`), and the file's
   bytes are joined from those encodings (:func:`encode_body`): a file changes only
   where a claim did.
+* Whatever the file holds, reading it ends in a checkpoint or a
+  :class:`CheckpointError` that says why not (which start-up quarantines): JSON
+  nested deeper than the decoder goes (msgspec raises RecursionError past about
+  1,000 levels, in skipped members too) is such a reason, never a crash loop.
 """
 
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
+import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Literal
 
 import msgspec
 
+from services.core.kit.limits import too_deep
 from services.core.kube.resource import AllocationResult
 from services.preparer.checkpoint import (
     PREPARE_COMPLETED,
@@ -33,6 +41,10 @@ from services.preparer.checkpoint import (
 
 VERSION = 1
 FILENAME = "checkpoint.json"
+# A claim holding eight GPUs takes about 3 KB of checkpoint: 64 MiB is some 20,000
+# such claims, far beyond any node. A larger file is not one we wrote, and is not
+# read into memory to find that out.
+MAX_FILE_BYTES = 64 << 20
 
 
 class CheckpointError(RuntimeError):
@@ -142,6 +154,8 @@ def decode(raw: bytes, source: str = "checkpoint") -> CheckpointData:
         envelope = msgspec.json.decode(raw, type=_Envelope)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CheckpointError(f"{source}: not a checkpoint: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointError(str(too_deep(f"{source}: not a checkpoint"))) from exc
     reader = _READERS.get(envelope.version)
     if reader is None:
         raise CheckpointError(
@@ -158,6 +172,35 @@ def decode(raw: bytes, source: str = "checkpoint") -> CheckpointData:
         return reader(body)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CheckpointError(f"{source}: version {envelope.version} data: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointError(str(too_deep(f"{source}: version {envelope.version} data"))) from exc
+
+
+def read_file(path: Path) -> bytes:
+    """The file's bytes; CheckpointError when it cannot be a checkpoint we wrote.
+
+    Only a regular file is read (a FIFO would block start-up, a symlink points
+    at someone else's file, and our writes never leave either), and at most
+    :data:`MAX_FILE_BYTES` of it.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        raise CheckpointError(f"{path}: a symbolic link, not a file this preparer wrote") from exc
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise CheckpointError(f"{path}: not a regular file (mode {stat.filemode(mode)})")
+    with os.fdopen(fd, "rb") as f:
+        raw = f.read(MAX_FILE_BYTES + 1)
+    if len(raw) > MAX_FILE_BYTES:
+        raise CheckpointError(
+            f"{path}: larger than {MAX_FILE_BYTES >> 20} MiB, more than any checkpoint "
+            "this preparer writes"
+        )
+    return raw
 
 
 def default_path(kubelet_root: Path, driver: str) -> Path:

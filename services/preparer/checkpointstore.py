@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import stat
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from services.preparer.checkpointfile import (
     encode_body,
     encode_entry,
     envelope,
+    read_file,
 )
 from services.preparer.fsutil import atomic_write
 
@@ -129,12 +131,12 @@ class CheckpointStore:
         """
         report = LoadReport()
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        if not self.path.exists():
+        if not os.path.lexists(self.path):
             log.info("no checkpoint; starting empty", extra={"path": str(self.path)})
             self._replace({})
             return report
-        raw = self.path.read_bytes()
         try:
+            raw = read_file(self.path)
             adopted = adopt(raw) if adopt is not None else None
             data = adopted if adopted is not None else decode(raw, str(self.path))
         except CheckpointError as exc:
@@ -169,10 +171,12 @@ class CheckpointStore:
         return report
 
     def _from_an_earlier_boot(self) -> bool:
+        """A regular file last written before this boot (anything else is set aside)."""
         try:
-            return self.booted_at > 0 and self.path.stat().st_mtime < self.booted_at
+            st = self.path.lstat()
         except OSError:
             return False
+        return stat.S_ISREG(st.st_mode) and 0 < self.booted_at and st.st_mtime < self.booted_at
 
     def _replace(self, claims: dict[str, ClaimEntry]) -> None:
         encoded = {uid: encode_entry(e) for uid, e in claims.items()}

@@ -36,6 +36,7 @@ from typing import Any, cast
 
 import msgspec
 
+from services.core.kit.limits import too_deep
 from services.core.kube.resource import AllocationResult
 from services.core.model import nvidia
 from services.core.model.schemas import NodeInventory
@@ -172,6 +173,8 @@ def read(raw: bytes, source: str) -> ReferenceCheckpoint:
         parts = _top_level(text)
     except ValueError as exc:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
         raise CheckpointError(f"{where} is not valid JSON (truncated?): {exc}") from exc
+    except RecursionError as exc:  # json's scanner, like msgspec, stops near 1,000 levels
+        raise CheckpointError(str(too_deep(where))) from exc
     if not re.fullmatch(r"[0-9]+", parts.get("checksum", "")):
         raise CheckpointError(f"{where} has no numeric checksum")
     if "v1" not in parts and "v2" not in parts and set(parts) != {"checksum"}:
@@ -193,6 +196,8 @@ def read(raw: bytes, source: str) -> ReferenceCheckpoint:
         version = msgspec.json.decode(parts.get(chosen, "{}"), type=_Version)
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CheckpointError(f"{where}: {chosen}: {exc}") from exc
+    except RecursionError as exc:
+        raise CheckpointError(str(too_deep(f"{where}: {chosen}"))) from exc
     claims = dict(version.prepared_claims or {})
     if chosen == "v1":  # v1 only ever holds completed claims
         done = PREPARE_COMPLETED
