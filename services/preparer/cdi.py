@@ -21,7 +21,7 @@ from services.preparer.cdigen.caps import mig_cap_minors
 from services.preparer.cdigen.generator import Common, Generator, merge, vfio_common, with_vfio
 from services.preparer.cdigen.model import CdiGenError
 from services.preparer.checkpoint import GroupState, MpsState, PreparedDeviceState, ShareState
-from services.preparer.fsutil import atomic_write, remove
+from services.preparer.fsutil import atomic_write, naming, remove
 
 VENDOR = "k8s.gpu.nvidia.com"
 CLASS = "claim"
@@ -213,8 +213,9 @@ def delete(root: Path, uid: str) -> bool:
 
 def ensure_root(root: Path) -> None:
     if not root.is_dir():
-        root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
-        os.chmod(root, DIR_MODE)
+        with naming("create the folder", root):
+            root.mkdir(mode=DIR_MODE, parents=True, exist_ok=True)
+            os.chmod(root, DIR_MODE)
 
 
 def claim_uids_on_disk(root: Path) -> list[str]:

@@ -7,6 +7,11 @@ rename alone guarantees (the page cache is the kernel's, not the process's);
 none of them must survive a power loss, which changes the boot id: the
 checkpoint is then void and every claim file an orphan that start-up removes.
 So nothing here fsyncs unless a caller asks for a file that outlives a reboot.
+
+A write or a removal that the file system refuses (a read-only or full CDI or
+checkpoint folder, EACCES, EROFS, ENOSPC) is a :class:`FileError`: the claim fails
+with the file's folder and the errno text, which the node's admin can act on, and
+the service goes on; it is not a bug to log as one.
 """
 
 from __future__ import annotations
@@ -17,20 +22,57 @@ import errno
 import functools
 import os
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+from services.core.model.refusal import ClaimRefused
 
 RENAME_EXCHANGE = 2  # linux/fs.h: renameat2 swaps the two names atomically
 _AT_FDCWD = -100
 
 
+class FileError(ClaimRefused, OSError):
+    """A file the preparer could not write or remove, named with its folder and why.
+
+    Still an OSError (errno, filename) for callers that look; a ClaimRefused, so
+    that the claim's error is this message rather than "internal error".
+    """
+
+    def __init__(self, verb: str, path: Path, cause: OSError) -> None:
+        super().__init__(cause.errno, cause.strerror, str(path))
+        code = errno.errorcode.get(cause.errno or 0, str(cause.errno))
+        self.message = f"cannot {verb} {path.name} in {path.parent}: {cause.strerror} ({code})"
+
+    def __str__(self) -> str:
+        return self.message
+
+
+@contextlib.contextmanager
+def naming(verb: str, path: Path) -> Iterator[None]:
+    """Any OSError inside becomes a :class:`FileError` about ``path``."""
+    try:
+        yield
+    except FileError:
+        raise
+    except OSError as exc:
+        raise FileError(verb, path, exc) from exc
+
+
 def atomic_write(path: Path, data: bytes, *, mode: int = 0o644, fsync: bool = False) -> None:
-    """Write ``data`` to ``path`` via a temp file and a rename.
+    """Write ``data`` to ``path`` via a temp file and a rename; :class:`FileError` when
+    the file system refuses.
 
     ``fsync``: also fsync the file before the rename and the directory after it,
     for a file that must survive a power loss (none of the preparer's do).
     An existing file is replaced by swapping the two names, see :func:`_put_in_place`.
     """
+    try:  # not naming(): a plain try costs nothing on every claim's path
+        _write_and_rename(path, data, mode, fsync)
+    except OSError as exc:
+        raise FileError("write", path, exc) from exc
+
+
+def _write_and_rename(path: Path, data: bytes, mode: int, fsync: bool) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
@@ -115,11 +157,15 @@ def fsync_dir(directory: Path) -> None:
 
 
 def remove(path: Path, *, fsync: bool = False) -> bool:
-    """Delete ``path`` (``fsync``: and make that survive a power loss); False when absent."""
+    """Delete ``path`` (``fsync``: and make that survive a power loss); False when absent,
+    :class:`FileError` when the file system refuses."""
     try:
         path.unlink()
     except FileNotFoundError:
         return False
+    except OSError as exc:
+        raise FileError("remove", path, exc) from exc
     if fsync:
-        fsync_dir(path.parent)
+        with naming("remove", path):
+            fsync_dir(path.parent)
     return True

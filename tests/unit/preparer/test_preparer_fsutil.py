@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
 
 import pytest
 
+from services.core.model.refusal import ClaimRefused
 from services.preparer import fsutil
 from services.preparer.fsutil import atomic_write, remove
 
@@ -106,3 +108,20 @@ def test_a_link_in_the_files_place_is_replaced_not_followed(tmp_path: Path) -> N
     assert not (tmp_path / "spec.json").is_symlink()
     assert (tmp_path / "spec.json").read_bytes() == b"ours"
     assert elsewhere.read_bytes() == b"not ours"
+
+
+def test_a_refused_write_or_removal_names_the_folder_and_the_errno(tmp_path: Path) -> None:
+    """A claim's error must say which folder and why (it once said "internal error")."""
+    (tmp_path / "cdi").write_text("a file where the folder should be")
+    target = tmp_path / "cdi" / "spec.yaml"
+    with pytest.raises(fsutil.FileError) as written:
+        atomic_write(target, b"{}")
+    assert str(written.value) == (
+        f"cannot write spec.yaml in {tmp_path / 'cdi'}: Not a directory (ENOTDIR)"
+    )
+    assert isinstance(written.value, ClaimRefused)  # the claim's error, not a bug
+    assert written.value.errno == errno.ENOTDIR and written.value.filename == str(target)
+    (tmp_path / "d").mkdir()
+    with pytest.raises(fsutil.FileError, match=rf"cannot remove d in {tmp_path}: .* \(EISDIR\)"):
+        remove(tmp_path / "d")
+    assert remove(tmp_path / "gone") is False
