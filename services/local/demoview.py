@@ -163,7 +163,7 @@ def observe(stack: Stack, wanted: Sequence[tuple[str, ExamplePod]]) -> list[PodV
             for c in view.claims:
                 c.explanation = explanations[want.namespace].get(c.uid, "")
         elif view.cdi_devices and view.node in stack.nodes:
-            view.problems = check_cdi(view, stack.nodes[view.node].cdi_root)
+            view.problems = check_cdi(view, stack.nodes[view.node].paths.cdi_root)
     return views
 
 

@@ -59,6 +59,7 @@ from services.local import REPO, hostspec, images, mountns, nodeconfig
 from services.local.cluster import ControlPlane
 from services.local.component import ControlPlaneError, Process, wait_until
 from services.local.nodecgroups import NodeCgroups, cgroup_mounts
+from services.local.nodepaths import NodePaths
 from services.local.nodetools import NodeError, NodeTools, find_runc
 from services.local.ports import free_port
 
@@ -114,6 +115,7 @@ class RealNode:
         self.name = name
         self.fleet = fleet
         self.root = root.resolve()
+        self.paths = NodePaths.under(self.root)
         self.tools = tools
         self.seed = seed
         self.feature_gates = dict(feature_gates if feature_gates is not None else cp.feature_gates)
@@ -131,18 +133,6 @@ class RealNode:
         self.host_facts: dict[str, Any] = {}
 
     # ---- paths -------------------------------------------------------------
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
-
-    @property
-    def plugins_registry(self) -> Path:
-        return self.kubelet_root / "plugins_registry"
-
-    @property
-    def cdi_dir(self) -> Path:
-        return self.root / "cdi"
 
     @property
     def socket(self) -> Path:
@@ -182,7 +172,11 @@ class RealNode:
     def launch_host(self) -> None:
         """Start setting the host up (:meth:`wait_host` waits for it), so that
         several nodes build their driver roots at once."""
-        for folder in (self.kubelet_root, self.cdi_dir, self.root / "containerd" / "root"):
+        for folder in (
+            self.paths.kubelet_root,
+            self.paths.cdi_root,
+            self.root / "containerd" / "root",
+        ):
             folder.mkdir(parents=True, exist_ok=True)
         spec = hostspec.HostSpec(
             node=self.name,
@@ -250,7 +244,7 @@ class RealNode:
                     root=self.root / "containerd" / "root",
                     state="/run/containerd",
                     socket=self.socket,
-                    cdi_dir=self.cdi_dir,
+                    cdi_dir=self.paths.cdi_root,
                     cni_bin=self.root / "cni" / "bin",
                     cni_conf=self.root / "cni" / "net.d",
                     runc=self.tools.runc,
@@ -298,7 +292,7 @@ class RealNode:
             str(self.tools.kubelet),
             "--config", str(config),
             "--kubeconfig", str(self.cp.kubeconfig),
-            "--root-dir", str(self.kubelet_root),
+            "--root-dir", str(self.paths.kubelet_root),
             "--hostname-override", self.name,
             "--node-ip", "127.0.0.1",
             f"--v={self.verbosity}",

@@ -75,6 +75,7 @@ from services.local.jaeger import Jaeger
 from services.local.kubebinary import build_controlplane
 from services.local.natsserver import NatsServer
 from services.local.node import RealNode
+from services.local.nodepaths import NodePaths
 from services.local.nodetools import NodeTools
 from services.local.ports import free_port
 from services.local.stackkubelets import StackKubelets
@@ -167,7 +168,9 @@ class Stack(StackKubelets):
         # With ``jaeger``, every gpudra process exports its spans to a Jaeger started first.
         tracer = Jaeger(workdir / "jaeger") if jaeger else None
         super().__init__(workdir, cp, nats, tracer, startup_timeout)
-        self.nodes = {n.name: StackNode(n, self.workdir / "nodes" / n.name) for n in nodes}
+        self.nodes = {
+            n.name: StackNode(n, NodePaths.under(self.workdir / "nodes" / n.name)) for n in nodes
+        }
         self.pending_threshold = pending_threshold
         self.prepare_timeout = prepare_timeout
         self.log_level = log_level
@@ -225,8 +228,8 @@ class Stack(StackKubelets):
         if self.real_nodes:
             self._start_real_hosts()
         for node in self.nodes.values():
-            node.kubelet_root.mkdir(parents=True, exist_ok=True)
-            node.cdi_root.mkdir(parents=True, exist_ok=True)
+            node.paths.kubelet_root.mkdir(parents=True, exist_ok=True)
+            node.paths.cdi_root.mkdir(parents=True, exist_ok=True)
             self._add("discovery", node.name)
         for node in self.nodes.values():
             self._add("preparer", node.name, ready='"preparer ready"')
@@ -277,7 +280,7 @@ class Stack(StackKubelets):
         their containers): each node's daemons bind an address of its own."""
         simulated = [n for n in self.nodes.values() if n.name not in self.real]
         nodes = [
-            DaemonNode(n.name, n.cdi_root, f"127.0.0.{DAEMON_ADDRESS_BASE + i}")
+            DaemonNode(n.name, n.paths.cdi_root, f"127.0.0.{DAEMON_ADDRESS_BASE + i}")
             for i, n in enumerate(simulated)
         ]
         # Every node's daemon identity now, not at a daemon's start: a new identity
@@ -319,13 +322,13 @@ class Stack(StackKubelets):
             return [
                 "preparer", *on_node, *kubeconfig,
                 "--fleet", where.spec.fleet,
-                "--kubelet-root", str(where.kubelet_root),
-                "--cdi-root", str(where.cdi_root),
+                "--kubelet-root", str(where.paths.kubelet_root),
+                "--cdi-root", str(where.paths.cdi_root),
                 "--feature-gates", self.gates,
                 "--compute-domains",
                 *driver,
             ]  # fmt: skip
-        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.kubelet_root),
+        plugin = ["kubeletplugin", *on_node, "--kubelet-root", str(where.paths.kubelet_root),
                   "--compute-domains"]  # fmt: skip
         if self.prepare_timeout is not None:
             plugin += ["--prepare-timeout", str(self.prepare_timeout)]
@@ -386,7 +389,7 @@ class Stack(StackKubelets):
 
     def _check_socket_paths(self) -> None:
         for node in self.nodes.values():
-            longest = node.kubelet_root / "plugins_registry" / f"{cd.CD_DRIVER}-reg.sock"
+            longest = node.paths.registration_dir / f"{cd.CD_DRIVER}-reg.sock"
             if len(str(longest).encode()) > _MAX_SOCKET_PATH:
                 raise StackError(
                     f"work directory {self.workdir} is too deep: the kubelet socket {longest} "

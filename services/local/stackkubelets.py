@@ -42,7 +42,7 @@ class StackKubelets(StackProcesses):
         self.images = images.build(self.workdir / "images")
         for name, node in self.nodes.items():
             fleet, timeout = node.spec.fleet, self.startup_timeout
-            real = RealNode(self.cp, name, fleet, node.root, tools, startup_timeout=timeout)
+            real = RealNode(self.cp, name, fleet, node.paths.root, tools, startup_timeout=timeout)
             self.real[name] = real
             self._started.append(f"node-{name}")
             real.launch_host()  # the nodes build their driver roots side by side
@@ -62,7 +62,7 @@ class StackKubelets(StackProcesses):
         sentinels = [self._plant_sentinel(node) for node in nodes]
         handles: list[Process] = []
         for node in nodes:
-            handle = self.cp.start_kubelet_dra(node, self.nodes[node].kubelet_root)
+            handle = self.cp.start_kubelet_dra(node, self.nodes[node].paths.kubelet_root)
             self.processes[f"kubelet-dra-{node}"] = handle
             if f"kubelet-dra-{node}" not in self._started:
                 self._started.append(f"kubelet-dra-{node}")

@@ -8,9 +8,8 @@ when an example has a ComputeDomain.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
-from services.core.model import nvidia
+from services.local.nodepaths import NodePaths
 
 
 @dataclass(frozen=True)
@@ -39,23 +38,11 @@ GB200_DEMO_NODES = (
 
 @dataclass(frozen=True)
 class StackNode:
-    """Where one node's files live."""
+    """A node of the stack and where its files live."""
 
     spec: NodeSpec
-    root: Path
+    paths: NodePaths
 
     @property
     def name(self) -> str:
         return self.spec.name
-
-    @property
-    def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.kubelet_root / "plugins" / nvidia.DRIVER_NAME

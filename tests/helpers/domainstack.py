@@ -22,10 +22,10 @@ from services.preparer import checkpointfile
 
 def domain_files(node: StackNode) -> list[str]:
     """The node driver's CDI specs, checkpointed claims and domain folders on ``node``."""
-    found = [p.name for p in node.cdi_root.glob("k8s.compute-domain.nvidia.com-*")]
-    domains = node.kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
+    found = [p.name for p in node.paths.cdi_root.glob("k8s.compute-domain.nvidia.com-*")]
+    domains = node.paths.kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
     found += [f"domain folder {p.name}" for p in domains.glob("*")]
-    path = node.kubelet_root / "plugins" / cd.CD_DRIVER / "checkpoint.json"
+    path = node.paths.kubelet_root / "plugins" / cd.CD_DRIVER / "checkpoint.json"
     if path.exists():
         found += list(checkpointfile.decode(path.read_bytes()).claims)
     return found

@@ -46,6 +46,7 @@ from services.core.kube.resource import (
 from services.core.model.schemas import ClaimRef, NodeInventory, NodeReply, NodeRequest
 from services.local.apiserver import MemoryApiServer, Obj, pod_object
 from services.local.natsserver import NatsCluster, NatsServer
+from services.local.nodepaths import NodePaths
 from services.preparer import cdicheck, checkpoint, checkpointfile
 from tests.helpers.bus import connect
 
@@ -214,20 +215,12 @@ class Node:
     api: MemoryApiServer = field(default_factory=MemoryApiServer)
 
     @property
-    def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
-
-    @property
-    def cdi_root(self) -> Path:
-        return self.root / "cdi"
-
-    @property
-    def plugin_dir(self) -> Path:
-        return self.kubelet_root / "plugins" / DRIVER
+    def paths(self) -> NodePaths:
+        return NodePaths.under(self.root)
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.plugin_dir / "checkpoint.json"
+        return self.paths.plugin_dir / "checkpoint.json"
 
     @property
     def boot_id_file(self) -> Path:
@@ -304,8 +297,8 @@ class Node:
             "preparer",
             ["preparer", "--node-name", self.name, "--fleet", self.fleet,
              *self.nats.client_argv(Role.PREPARER, self.name),
-             "--kubelet-root", str(self.kubelet_root),
-             "--cdi-root", str(self.cdi_root), "--boot-id-file", str(self.boot_id_file),
+             "--kubelet-root", str(self.paths.kubelet_root),
+             "--cdi-root", str(self.paths.cdi_root), "--boot-id-file", str(self.boot_id_file),
              "--feature-gates", gates, *api, *extra],
             env=env,
         )  # fmt: skip
@@ -333,14 +326,14 @@ class Node:
         return self._spawn(
             "kubeletplugin",
             ["kubeletplugin", "--node-name", self.name, "--kubelet-root",
-             str(self.kubelet_root), *self.nats.client_argv(Role.FRONT, self.name), *extra],
+             str(self.paths.kubelet_root), *self.nats.client_argv(Role.FRONT, self.name), *extra],
             env=env,
         )  # fmt: skip
 
     def files(self) -> list[str]:
         """Every file the node's processes wrote (sockets, logs and NATS data aside)."""
         found = []
-        for top in (self.kubelet_root, self.cdi_root):
+        for top in (self.paths.kubelet_root, self.paths.cdi_root):
             if top.is_dir():
                 found += [
                     str(p.relative_to(self.root))
@@ -404,13 +397,13 @@ class Node:
     # ------------------------------------------------------------ what is on disk
 
     def cdi_files(self) -> list[Path]:
-        return sorted(self.cdi_root.glob("*.yaml")) if self.cdi_root.is_dir() else []
+        return sorted(self.paths.cdi_root.glob("*.yaml")) if self.paths.cdi_root.is_dir() else []
 
     def checkpoint(self) -> checkpoint.CheckpointData:
         return checkpointfile.decode(self.checkpoint_path.read_bytes())
 
     def sim_host(self) -> dict[str, Any]:
-        path = self.plugin_dir / "simulated-host.json"
+        path = self.paths.plugin_dir / "simulated-host.json"
         return json.loads(path.read_text()) if path.exists() else {}
 
     async def mig_uuids(self) -> list[str]:

@@ -76,7 +76,7 @@ def pod_traces(
     found += [
         f"mount {m}" for m in namespace_mounts(real) if pod_uid in m or any(i in m for i in ids)
     ]
-    cdi_root = stack.nodes[node].cdi_root
+    cdi_root = stack.nodes[node].paths.cdi_root
     prepared = gpudra_checkpoint(stack, node)
     kubelet = kubelet_checkpoint(stack, node)
     for uid in claim_uids:
@@ -112,7 +112,7 @@ def namespace_mounts(real: RealNode) -> list[str]:
 
 def gpudra_checkpoint(stack: Stack, node: str) -> dict[str, str]:
     """claim uid -> state in gpudra's checkpoint on ``node``."""
-    path = stack.nodes[node].plugin_dir / "checkpoint.json"
+    path = stack.nodes[node].paths.plugin_dir / "checkpoint.json"
     if not path.exists():
         return {}
     return {uid: c.state for uid, c in checkpointfile.decode(path.read_bytes()).claims.items()}
@@ -121,7 +121,7 @@ def gpudra_checkpoint(stack: Stack, node: str) -> dict[str, str]:
 def kubelet_checkpoint(stack: Stack, node: str) -> set[str]:
     """Claim uids in the kubelet's DRA manager checkpoint (``<root>/dra_manager_state``:
     ``{"Data": "<JSON of {ClaimInfoStateList: [{ClaimUID, ...}]}>", "Checksum": N}``)."""
-    path = stack.nodes[node].kubelet_root / "dra_manager_state"
+    path = stack.nodes[node].paths.kubelet_root / "dra_manager_state"
     if not path.exists():
         return set()
     data = json.loads(json.loads(path.read_text())["Data"])

@@ -84,8 +84,8 @@ def local_values(cp: ControlPlane, real: node.RealNode, built: image.Image) -> d
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
         "simulatedFleet": FLEET,
-        "kubeletRoot": str(real.kubelet_root),
-        "cdiRoot": str(real.cdi_dir),
+        "kubeletRoot": str(real.paths.kubelet_root),
+        "cdiRoot": str(real.paths.cdi_root),
         "nvidiaDriverRoot": str(real.driver_root),
         "hostNetwork": True,
         "apiServer": {"host": "127.0.0.1", "port": str(cp.ports["apiserver"])},
@@ -204,8 +204,8 @@ def test_helm_installs_gpudra_as_pods_that_register_through_the_plugin_registry(
     # the pod's UID (rolling-update sockets); the kubelet registered it (the node's
     # slices exist only once the plugin is there: presence, then publish).
     uid = pod["metadata"]["uid"]
-    registry = real.plugins_registry / f"{DRIVER}-{uid}-reg.sock"
-    dra = real.kubelet_root / "plugins" / DRIVER / f"dra-{uid}.sock"
+    registry = real.paths.registration_dir / f"{DRIVER}-{uid}-reg.sock"
+    dra = real.paths.plugin_dir / f"dra-{uid}.sock"
     assert registry.is_socket() and dra.is_socket()  # the pod is Ready only then (its probe)
     slices = wait(installed, lambda: [
         s for s in cp.kubectl_json("get", "resourceslices")["items"]
@@ -256,9 +256,9 @@ def _run_gpu_pod(installed: Installed, name: str) -> tuple[str, dict[str, Any]]:
 def _prepared(real: node.RealNode, uid: str) -> list[str]:
     """Where claim ``uid`` is prepared on the node: its CDI spec, gpudra's checkpoint."""
     found = []
-    if cdi.spec_path(real.cdi_dir, uid).exists():
+    if cdi.spec_path(real.paths.cdi_root, uid).exists():
         found.append("cdi")
-    checkpoint = real.kubelet_root / "plugins" / DRIVER / "checkpoint.json"
+    checkpoint = real.paths.plugin_dir / "checkpoint.json"
     if checkpoint.exists() and uid in checkpoint.read_text():
         found.append("checkpoint")
     return found
@@ -309,9 +309,9 @@ def test_helm_upgrade_to_a_changed_image_keeps_running_claims_prepared(
     # may be restarting here: nats-server and the auth callout roll in the same upgrade,
     # and a bus client refused during their restart exits and is started again.)
     uid, old_uid = new["metadata"]["uid"], old["metadata"]["uid"]
-    new_socket = real.plugins_registry / f"{DRIVER}-{uid}-reg.sock"
+    new_socket = real.paths.registration_dir / f"{DRIVER}-{uid}-reg.sock"
     wait(installed, new_socket.is_socket, "the new node pod's registration socket")
-    assert not (real.plugins_registry / f"{DRIVER}-{old_uid}-reg.sock").exists()
+    assert not (real.paths.registration_dir / f"{DRIVER}-{old_uid}-reg.sock").exists()
     # A new pod runs through the new plugin; the old pod's claim is unprepared by it.
     out, second = _run_gpu_pod(installed, "cuda-after-upgrade")
     assert [ln for ln in out.splitlines() if ln.startswith("GPU ")], out

@@ -85,7 +85,7 @@ def test_a_workload_pod_runs_once_its_daemon_joined_and_leaves_nothing(stack: St
     ids = json.loads(pod["metadata"]["annotations"]["gpudra.dev/cdi-devices"])["c"]
     assert len(ids) == 1 and ids[0].endswith("-channel-0"), ids
     claim_uid = ids[0].partition("=")[2].removesuffix("-channel-0")
-    spec_file = spec_path(stack.nodes[NODE].cdi_root, claim_uid)
+    spec_file = spec_path(stack.nodes[NODE].paths.cdi_root, claim_uid)
     nodes = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["deviceNodes"]
     assert [n["path"] for n in nodes] == ["/dev/nvidia-caps-imex-channels/channel0"]
     assert node_label(stack) == uid

@@ -107,7 +107,7 @@ def test_a_two_node_domain_runs_its_job_survives_a_daemon_crash_and_leaves_nothi
         ids = json.loads(pod["metadata"]["annotations"]["gpudra.dev/cdi-devices"])["c"]
         assert len(ids) == 1 and ids[0].endswith("-channel-0"), ids
         claim_uids[node] = ids[0].partition("=")[2].removesuffix("-channel-0")
-        spec_file = spec_path(stack.nodes[node].cdi_root, claim_uids[node])
+        spec_file = spec_path(stack.nodes[node].paths.cdi_root, claim_uids[node])
         devices = json.loads(spec_file.read_text())["devices"][0]["containerEdits"]["deviceNodes"]
         assert [d["path"] for d in devices] == [CHANNEL]
         assert node_label(stack, node) == uid
@@ -122,7 +122,7 @@ def test_a_two_node_domain_runs_its_job_survives_a_daemon_crash_and_leaves_nothi
     # Each node's daemon lists every name (nodes.cfg in its /imexd folder) and gives both
     # peers theirs in its pod's hosts file (IMEXDaemonsWithDNSNames, the default).
     for node in NODES:
-        folders = stack.nodes[node].kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
+        folders = stack.nodes[node].paths.kubelet_root / "plugins" / cd.CD_DRIVER / "domains"
         listed = (folders / uid / "nodes.cfg").read_text().split()
         assert listed == [dnsnames.name(i) for i in range(cd.MAX_NODES_PER_IMEX_DOMAIN)]
     hosts = sorted(stack.logs_dir.glob("imex-daemon-*.hosts"))

@@ -31,6 +31,7 @@ import pytest
 from services.allocator.structured import features
 from services.local import demoexamples
 from services.local.kubebinary import kube_version
+from services.local.nodepaths import NodePaths
 from services.local.stackprocs import recorded_pids, still_running
 from services.preparer import checkpointfile
 from services.preparer.devices.simulated import STATE_FILE, SimHost
@@ -105,11 +106,13 @@ def test_the_demo_and_the_claim_path_run_on_the_compatibility_tier(
     nodes = sorted((workdir / "nodes").iterdir())
     assert len(nodes) >= 2, nodes
     for node in nodes:
-        specs = [p.name for p in (node / "cdi").glob("*claim*")]
+        paths = NodePaths.under(node)
+        specs = [p.name for p in paths.cdi_root.glob("*claim*")]
         assert specs == [], (node.name, specs)
-        for path in (node / "kubelet" / "plugins").glob(f"*/{checkpointfile.FILENAME}"):
+        plugins = paths.kubelet_root / "plugins"
+        for path in plugins.glob(f"*/{checkpointfile.FILENAME}"):
             assert checkpointfile.decode(path.read_bytes()).claims == {}, path
-        for path in (node / "kubelet" / "plugins").glob(f"*/{STATE_FILE}"):
+        for path in plugins.glob(f"*/{STATE_FILE}"):
             host = msgspec.json.decode(path.read_bytes(), type=SimHost)
             assert not host.mps and not host.pci_driver, (path, host)
     assert still_running(recorded_pids(workdir)) == {}

@@ -407,7 +407,7 @@ def test_deleting_the_examples_unprepares_and_removes_the_containers(
     for trace in traces:
         wait_clean(stack, trace)
     for node in stack.nodes:
-        assert list(stack.nodes[node].cdi_root.glob("*.yaml")) == []
+        assert list(stack.nodes[node].paths.cdi_root.glob("*.yaml")) == []
         assert gpudra_checkpoint(stack, node) == {}
         assert kubelet_checkpoint(stack, node) == set()
 
@@ -429,7 +429,9 @@ def scratch(stack: Stack, request: pytest.FixtureRequest) -> Iterator[str]:
     )
     for node in stack.nodes.values():
         stack.wait_for(
-            functools.partial(no_specs, node.cdi_root), f"{node.name}: no CDI specs", timeout=60
+            functools.partial(no_specs, node.paths.cdi_root),
+            f"{node.name}: no CDI specs",
+            timeout=60,
         )
 
 
@@ -491,7 +493,7 @@ def test_kubelet_restarted_under_running_pods(stack: Stack, scratch: str) -> Non
     pod, uid = start_pod(stack, ns, "steady", node)
     traces = Traces.of(stack, pod)
     before = containerview.look(stack.cp, ns, "steady", "ctr")
-    spec = cdi.spec_path(stack.nodes[node].cdi_root, uid)
+    spec = cdi.spec_path(stack.nodes[node].paths.cdi_root, uid)
     assert spec.exists()
     stack.restart_kubelet(node)  # returns once the new kubelet wiped the node's slices
     stack.wait_for(
@@ -502,7 +504,7 @@ def test_kubelet_restarted_under_running_pods(stack: Stack, scratch: str) -> Non
     assert after_pod["status"]["containerStatuses"][0]["restartCount"] == 0
     after = containerview.look(stack.cp, ns, "steady", "ctr")
     assert after.smi_uuids() == before.smi_uuids() and after.devices == before.devices
-    assert [p.name for p in stack.nodes[node].cdi_root.glob("*.yaml")] == [spec.name]
+    assert [p.name for p in stack.nodes[node].paths.cdi_root.glob("*.yaml")] == [spec.name]
     assert claim_events(stack, uid).count("prepare.requested") == 1
     assert uid in kubelet_checkpoint(stack, node)
     warnings = [e for e in events_of(stack, ns, "steady") if e["type"] == "Warning"]
@@ -526,7 +528,7 @@ def test_cdi_spec_deleted_under_a_running_pod(stack: Stack, scratch: str) -> Non
     node, ns = A100, scratch
     pod, uid = start_pod(stack, ns, "orphan", node)
     traces = Traces.of(stack, pod)
-    spec = cdi.spec_path(stack.nodes[node].cdi_root, uid)
+    spec = cdi.spec_path(stack.nodes[node].paths.cdi_root, uid)
     spec.unlink()
     view = containerview.look(stack.cp, ns, "orphan", "ctr")
     assert len(view.gpu_nodes()) == 1, view.devices  # injected at creation, still there
@@ -554,7 +556,9 @@ def test_missing_image(stack: Stack, scratch: str) -> None:
     )
     assert missing in event["message"], event
     uid = claim_of(stack, ns, "noimage")["metadata"]["uid"]
-    assert cdi.spec_path(stack.nodes[node].cdi_root, uid).exists()  # prepared before the image
+    assert cdi.spec_path(
+        stack.nodes[node].paths.cdi_root, uid
+    ).exists()  # prepared before the image
     pod = pod_of(stack, ns, "noimage")
     assert pod["status"]["phase"] == "Pending"
     traces = Traces.of(stack, pod)

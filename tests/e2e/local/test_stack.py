@@ -178,19 +178,19 @@ def attribute(device: dict[str, Any], name: str) -> Any:
 
 
 def cdi_files(stack: Stack, node: str) -> list[Path]:
-    return sorted(stack.nodes[node].cdi_root.glob("*.yaml"))
+    return sorted(stack.nodes[node].paths.cdi_root.glob("*.yaml"))
 
 
 def cdi_spec(stack: Stack, node: str, uid: str) -> dict[str, Any]:
     """The claim's CDI spec, validated against the official CDI JSON schema."""
-    path = stack.nodes[node].cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
+    path = stack.nodes[node].paths.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
     assert path.exists(), f"no CDI spec for claim {uid} in {path.parent}"
     return validate_cdi_file(path)
 
 
 def prepared_claims(stack: Stack, node: str) -> dict[str, str]:
     """claim uid -> checkpoint state on ``node``."""
-    path = stack.nodes[node].plugin_dir / "checkpoint.json"
+    path = stack.nodes[node].paths.plugin_dir / "checkpoint.json"
     if not path.exists():
         return {}
     return {uid: c.state for uid, c in checkpointfile.decode(path.read_bytes()).claims.items()}
@@ -199,7 +199,7 @@ def prepared_claims(stack: Stack, node: str) -> dict[str, str]:
 def sim_host(stack: Stack, node: str) -> SimHost:
     """What the simulated node keeps outside NVML: compute modes, time slices,
     MPS daemons, PCI driver bindings."""
-    path = stack.nodes[node].plugin_dir / STATE_FILE
+    path = stack.nodes[node].paths.plugin_dir / STATE_FILE
     return msgspec.json.decode(path.read_bytes(), type=SimHost) if path.exists() else SimHost()
 
 
@@ -347,7 +347,7 @@ def test_example(stack: Stack, demo_result: demoview.DemoResult, example: str) -
 def assert_injects(stack: Stack, node: str, ids: list[str], who: str) -> None:
     """What a runtime gives the container for ``ids``: the GPUs named by them, and no others."""
     assert stack.cp.binary is not None
-    injected = inject(stack.cp.binary, stack.nodes[node].cdi_root, ids)
+    injected = inject(stack.cp.binary, stack.nodes[node].paths.cdi_root, ids)
     devices = [i.split("=", 1)[1].split("-", 5)[5] for i in ids]  # "<uid>-<device>" -> device
     gpus = {int(d.split("-")[1]) for d in devices if not d.startswith("gpu-vfio")}
     assert injected.gpu_minors == gpus, (who, injected.device_paths)
@@ -557,7 +557,7 @@ def test_shared_claim_is_unprepared_after_its_last_pod(stack: Stack, scratch: st
     )
     wait_running(stack, ns, "first", "second")
     uid = claim_of(stack, ns, "shared")["metadata"]["uid"]
-    spec_file = stack.nodes[H100].cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
+    spec_file = stack.nodes[H100].paths.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml"
     assert spec_file.exists()
 
     delete(stack, "pod", "first", "-n", ns)

@@ -48,7 +48,7 @@ def stack(request: pytest.FixtureRequest, controlplane_binary: Path) -> Iterator
 
 
 def sim_host(stack: Stack) -> dict[str, Any]:
-    path = stack.nodes[H100].plugin_dir / "simulated-host.json"
+    path = stack.nodes[H100].paths.plugin_dir / "simulated-host.json"
     return json.loads(path.read_text()) if path.exists() else {}
 
 
@@ -86,10 +86,10 @@ def test_three_pods_share_one_h100_a_fourth_waits_and_shares_are_released(stack:
         uid = claim["metadata"]["uid"]
         cdi_id = cdi.device_id(uid, r["device"], r["shareID"])
         assert view.cdi_devices == {"ctr": [cdi_id]}
-        path = cdi.spec_path(stack.nodes[H100].cdi_root, uid)
+        path = cdi.spec_path(stack.nodes[H100].paths.cdi_root, uid)
         spec_by_uid[uid] = json.loads(path.read_text())
         client = SimMpsClient.from_cdi(
-            stack.nodes[H100].plugin_dir, spec_by_uid[uid], cdi_id.partition("=")[2]
+            stack.nodes[H100].paths.plugin_dir, spec_by_uid[uid], cdi_id.partition("=")[2]
         )
         limits[view.pod.name] = client.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"].split("=")[1]
         [uuid] = client.daemon.device_uuids
@@ -133,4 +133,4 @@ def test_three_pods_share_one_h100_a_fourth_waits_and_shares_are_released(stack:
         lambda: sim_host(stack).get("mps") == {}, "the shared MPS daemon stopped", timeout=60
     )
     assert sim_host(stack).get("compute_mode") == {}
-    assert not list(stack.nodes[H100].cdi_root.glob("*.yaml"))
+    assert not list(stack.nodes[H100].paths.cdi_root.glob("*.yaml"))

@@ -83,7 +83,7 @@ async def setup(short_root: Path) -> AsyncIterator[Setup]:
             await node.start_discovery()
             await node.start_preparer(env={"GPUDRA_METRICS_PORT": str(metrics_port)})
             node.start_front()
-            async with FakeKubelet(node.kubelet_root) as kubelet:
+            async with FakeKubelet(node.paths.kubelet_root) as kubelet:
                 await kubelet.wait_for_registration_socket(timeout=30)
                 await kubelet.register()
                 yield Setup(cluster, node, kubelet, metrics_port)

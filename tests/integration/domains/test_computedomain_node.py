@@ -67,14 +67,14 @@ class Setup:
 
     @property
     def cd_root(self) -> Path:
-        return self.node.kubelet_root / "plugins" / cd.CD_DRIVER
+        return self.node.paths.kubelet_root / "plugins" / cd.CD_DRIVER
 
     def entries(self) -> dict[str, checkpoint.ClaimEntry]:
         path = self.cd_root / "checkpoint.json"
         return dict(checkpointfile.decode(path.read_bytes()).claims) if path.exists() else {}
 
     def specs(self) -> list[Path]:
-        root = self.node.cdi_root
+        root = self.node.paths.cdi_root
         return sorted(root.glob("k8s.compute-domain.nvidia.com-*")) if root.is_dir() else []
 
     async def label(self) -> str | None:
@@ -182,8 +182,8 @@ async def running(
             env=env,
         )  # fmt: skip
         node.start_front("--compute-domains", env=env)
-        registration = node.kubelet_root / "plugins_registry" / f"{cd.CD_DRIVER}-reg.sock"
-        async with FakeKubelet(node.kubelet_root, driver=cd.CD_DRIVER) as kubelet:
+        registration = node.paths.registration_dir / f"{cd.CD_DRIVER}-reg.sock"
+        async with FakeKubelet(node.paths.kubelet_root, driver=cd.CD_DRIVER) as kubelet:
             deadline = time.monotonic() + 20
             while not registration.is_socket() and time.monotonic() < deadline:
                 await asyncio.sleep(0.05)

@@ -48,7 +48,7 @@ async def test_the_node_services_stop_on_sigterm_with_status_0(node: Node) -> No
         await until_running(proc)
     for proc in (front, preparer, discovery):  # as the node pod stops them
         assert_stopped_cleanly(proc)
-    sockets = list((node.kubelet_root / "plugins_registry").glob("*.sock"))
+    sockets = list(node.paths.registration_dir.glob("*.sock"))
     assert sockets == [], sockets  # the front took its registration socket away
 
 

@@ -78,7 +78,7 @@ async def setup(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIte
         await node.start_discovery()
         await node.start_preparer(gates=GATES)
         node.start_front()
-        async with FakeKubelet(node.kubelet_root) as kubelet:
+        async with FakeKubelet(node.paths.kubelet_root) as kubelet:
             await kubelet.wait_for_registration_socket(timeout=20)
             await kubelet.register()
             yield Setup(node, kubelet, node.files(), await node.mig_uuids())

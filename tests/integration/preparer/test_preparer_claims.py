@@ -429,7 +429,9 @@ async def test_a_restart_keeps_completed_claims_and_removes_orphans(h100: Node) 
     claim = await h100.put_claim(make_claim(h100.name, [Dev("g", "gpu-7")]))
     uid = claim.metadata.uid or ""
     before = (await h100.prepare(claim)).claims[uid]
-    orphan = h100.cdi_root / "k8s.gpu.nvidia.com-claim_0b0e0d0c-0000-4000-8000-000000000000.yaml"
+    orphan = (
+        h100.paths.cdi_root / "k8s.gpu.nvidia.com-claim_0b0e0d0c-0000-4000-8000-000000000000.yaml"
+    )
     orphan.write_text("cdiVersion: 0.3.0\nkind: k8s.gpu.nvidia.com/claim\ndevices: []\n")
     proc.stop()
     await h100.start_preparer()

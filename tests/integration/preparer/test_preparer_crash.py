@@ -50,7 +50,7 @@ async def test_a_crash_at_any_step_is_repaired_by_the_next_call(node: Node, step
     claim = await node.put_claim(make_claim(node.name, [Dev("slice", MIG)], name="job"))
     r = ref(claim)
     kclaim = Claim(r.uid, r.namespace, r.name)
-    async with FakeKubelet(node.kubelet_root) as kubelet:
+    async with FakeKubelet(node.paths.kubelet_root) as kubelet:
         await kubelet.wait_for_registration_socket(timeout=20)
         await kubelet.register()
         await crash_once(node, step, kubelet, kclaim)
@@ -79,7 +79,7 @@ async def test_a_crash_at_any_step_is_repaired_by_the_next_call(node: Node, step
     assert await live_migs_on_gpu3(node) == []
     assert node.cdi_files() == []
     assert dict(node.checkpoint().claims) == {}
-    leftovers = sorted(p.name for p in node.plugin_dir.iterdir() if not p.is_socket())
+    leftovers = sorted(p.name for p in node.paths.plugin_dir.iterdir() if not p.is_socket())
     # The simulated node's driver installation stays, as a real node's driver does.
     assert leftovers == ["checkpoint.json", "preparer.lock", "simulated-driver-root"]
 
@@ -113,7 +113,7 @@ async def test_a_claim_without_side_effects_needs_no_started_entry(node: Node, s
         await node.request("prepare", [ref(claim)], timeout=3)
     assert preparer.wait(timeout=10) == EXIT_STATUS
     assert uid not in node.checkpoint().claims  # nothing recorded before the spec ...
-    assert [p.name for p in node.cdi_files()] == [cdi.spec_path(node.cdi_root, uid).name]
+    assert [p.name for p in node.cdi_files()] == [cdi.spec_path(node.paths.cdi_root, uid).name]
     await node.start_preparer(gates=GATES)  # ... which start-up removes as an orphan
     assert node.cdi_files() == []
     reply = await node.request("prepare", [ref(claim)], timeout=20)

@@ -45,15 +45,17 @@ def boot_id(node: Node) -> str:
 
 
 def leave_as_the_reference_did(node: Node, checkpoint: bytes, specs: dict[str, list[str]]) -> None:
-    node.plugin_dir.mkdir(parents=True, exist_ok=True)
+    node.paths.plugin_dir.mkdir(parents=True, exist_ok=True)
     node.checkpoint_path.write_bytes(checkpoint)
-    node.cdi_root.mkdir(parents=True, exist_ok=True)
+    node.paths.cdi_root.mkdir(parents=True, exist_ok=True)
     for uid, names in specs.items():
-        (node.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml").write_text(cdi_spec(uid, names))
+        (node.paths.cdi_root / f"k8s.gpu.nvidia.com-claim_{uid}.yaml").write_text(
+            cdi_spec(uid, names)
+        )
 
 
 def set_aside(node: Node, tag: str) -> list[Path]:
-    return sorted(node.plugin_dir.glob(f"checkpoint.json.{tag}-*"))
+    return sorted(node.paths.plugin_dir.glob(f"checkpoint.json.{tag}-*"))
 
 
 def spec_uids(node: Node) -> set[str]:
@@ -154,7 +156,7 @@ async def test_the_reference_s_claims_stay_prepared_and_unprepare_cleanly(node: 
         {uid_gpu: ["gpu-0"], uid_mig: [mig_name], uid_vfio: ["gpu-vfio-1"], uid_started: ["gpu-2"]},
     )
     host = {"time_slice": {gpu0.uuid: "Long"}, "pci_driver": {twin.pci_bus_id: "vfio-pci"}}
-    (node.plugin_dir / "simulated-host.json").write_text(json.dumps(host))
+    (node.paths.plugin_dir / "simulated-host.json").write_text(json.dumps(host))
 
     preparer = await node.start_preparer(gates=GATES)
 

@@ -53,7 +53,7 @@ def client(node: Node, claim: ResourceClaim) -> SimMpsClient:
     [path] = [p for p in node.cdi_files() if uid_of(claim) in p.name]
     spec = validate_cdi_file(path)
     return SimMpsClient.from_cdi(
-        node.plugin_dir, spec, cdi.device_name(uid_of(claim), "gpu-0", share_id(claim))
+        node.paths.plugin_dir, spec, cdi.device_name(uid_of(claim), "gpu-0", share_id(claim))
     )
 
 
@@ -218,7 +218,7 @@ async def test_a_share_of_a_static_mig_device_names_the_mig_uuid(
         [path] = node.cdi_files()
         spec = validate_cdi_file(path)
         mps = SimMpsClient.from_cdi(
-            node.plugin_dir, spec, cdi.device_name(uid_of(claim), name, dev.share)
+            node.paths.plugin_dir, spec, cdi.device_name(uid_of(claim), name, dev.share)
         )
         assert mps.env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == f"{mig.uuid}=1024M"
         assert node.sim_host()["compute_mode"] == {gpu.uuid: "EXCLUSIVE_PROCESS"}

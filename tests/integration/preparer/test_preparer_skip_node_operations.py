@@ -46,7 +46,7 @@ async def h100(
         await node.start_discovery()
         await node.start_preparer(gates=GATES)
         node.start_front()
-        async with FakeKubelet(node.kubelet_root) as kubelet:
+        async with FakeKubelet(node.paths.kubelet_root) as kubelet:
             await kubelet.wait_for_registration_socket(timeout=20)
             await kubelet.register()
             yield node, kubelet

@@ -39,7 +39,7 @@ async def start(node: Node, gates: str) -> FakeKubelet:
     await node.start_discovery()
     await node.start_preparer(gates=gates)
     node.start_front()
-    kubelet = FakeKubelet(node.kubelet_root)
+    kubelet = FakeKubelet(node.paths.kubelet_root)
     await kubelet.wait_for_registration_socket(timeout=20)
     await kubelet.register()
     assert kubelet.version == "v1.DRAPlugin"  # the kubelet's first choice
