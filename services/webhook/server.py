@@ -57,6 +57,8 @@ class Webhook:
             return self._refuse(413, f"request body over {MAX_BODY} bytes")
         try:
             req = review.parse(body)
+        except review.TooDeep as exc:  # denied by its uid: the user reads the reason
+            return self._answer(exc.request, admit.too_deep(exc.request, exc.body))
         except review.ReviewError as exc:
             return self._refuse(400, str(exc))
         try:
@@ -66,6 +68,9 @@ class Webhook:
             verdict = admit.Verdict(
                 False, f"gpudra webhook could not judge the request: {exc}", 500
             )
+        return self._answer(req, verdict)
+
+    def _answer(self, req: review.AdmissionRequest, verdict: admit.Verdict) -> web.Response:
         self._count("allowed" if verdict.allowed else "denied")
         if not verdict.allowed:
             log.info(

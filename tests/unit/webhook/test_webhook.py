@@ -265,3 +265,57 @@ def test_a_certificate_that_expires_while_serving_fails_readyz_by_name(tmp_path:
     renewed = admission.issue(tmp_path)  # cert-manager renews the files in place
     hook.refresh()
     assert hook.problem == "" and hook.served.stamp == certs.stamp(renewed.cert, renewed.key)
+
+
+def deep_review(
+    operation: str = "CREATE", old_params: str = "", kind: str = "ResourceClaim"
+) -> bytes:
+    """A review of a claim whose second config is nested 4,000 deep (the API server stores
+    it); ``old_params``: the JSON of that config's parameters in the old object, if any."""
+
+    def claim(params: str) -> dict[str, Any]:
+        obj = badconfigs.claim("team", "deep", {"apiVersion": badconfigs.API, "kind": "GpuConfig"})
+        good = obj["spec"]["devices"]["config"][0]
+        deep = {**good, "opaque": {"driver": "gpu.nvidia.com", "parameters": params}}
+        obj["spec"]["devices"]["config"] = [good, deep]
+        return obj
+
+    body = {"uid": "u-1", "kind": {"group": "resource.k8s.io", "version": "v1", "kind": kind},
+            "operation": operation, "namespace": "team", "name": "deep", "object": claim("DEEP"),
+            **({"oldObject": claim("OLD")} if old_params else {})}  # fmt: skip
+    text = json.dumps({"apiVersion": review.API_VERSION, "kind": review.KIND, "request": body})
+    text = text.replace('"OLD"', old_params)  # json.dumps of a deep value would recurse
+    return text.replace('"DEEP"', "[" * 4000 + "]" * 4000).encode()
+
+
+def test_a_claim_too_deep_to_read_is_denied_by_its_uid_naming_the_config() -> None:
+    """An HTTP 400 reached the user as "rejected for an unknown reason" (the API server
+    shows only an AdmissionReview's message); now the denial says which config."""
+    body = deep_review()
+    with pytest.raises(review.TooDeep) as err:
+        review.parse(body)
+    assert err.value.request.uid == "u-1"
+    verdict = admit.too_deep(err.value.request, body)
+    assert verdict == admit.Verdict(
+        False,
+        "ResourceClaim team/deep: config[1] (FromClaim): nested too deeply to read "
+        "(more than about 1,000 levels)",
+        422,
+    )
+
+
+def test_an_update_leaving_deep_configs_as_they_were_is_admitted() -> None:
+    """As for any claim admitted before the webhook: its finalizers must come off."""
+    deep = "[" * 4000 + "]" * 4000
+    same = deep_review("UPDATE", old_params=deep)
+    with pytest.raises(review.TooDeep) as err:
+        review.parse(same)
+    assert admit.too_deep(err.value.request, same).allowed
+    changed = deep_review("UPDATE", old_params="{}")
+    with pytest.raises(review.TooDeep) as err:
+        review.parse(changed)
+    assert not admit.too_deep(err.value.request, changed).allowed
+    pod = deep_review(kind="Pod")
+    with pytest.raises(review.TooDeep) as err:
+        review.parse(pod)
+    assert admit.too_deep(err.value.request, pod).code == 400
