@@ -69,21 +69,27 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
         *(("resource.nvidia.com", "computedomains", v) for v in ("list", "watch", "patch")),
         ("resource.nvidia.com", "computedomains/status", "patch"),
         *(
-            (g, r, v)
-            for g, r in (("resource.k8s.io", "resourceclaimtemplates"), ("apps", "daemonsets"))
+            ("resource.k8s.io", "resourceclaimtemplates", v)
             for v in ("get", "list", "create", "patch", "delete")
         ),
         *(("", "nodes", v) for v in ("list", "patch")),
-        *(
-            ("resource.nvidia.com", "computedomaincliques", v)
-            for v in ("list", "create", "patch", "delete")
-        ),
         ("", "events", "create"),
     },
     "kubeletplugin": set(),
     "discovery": set(),
     "nats-auth": {("authentication.k8s.io", "tokenreviews", "create")},
     "provision": set(),
+}
+# What a component writes only in the release's namespace (a Role there, never a ClusterRole):
+# the controller's IMEX DaemonSets and cliques, so its token makes no DaemonSet elsewhere.
+NAMESPACED: dict[str, set[tuple[str, str, str]]] = {
+    "domains": {
+        *(("apps", "daemonsets", v) for v in ("get", "list", "create", "patch", "delete")),
+        *(
+            ("resource.nvidia.com", "computedomaincliques", v)
+            for v in ("list", "create", "patch", "delete")
+        ),
+    },
 }
 # The nats-keygen hook's namespaced Role: (group, resource, verb, names) - create cannot be
 # limited by name, everything else is limited to the two objects it makes.
@@ -142,7 +148,9 @@ def test_rbac_rules_are_exactly_the_least_privilege_table() -> None:
     assert set(rules) == set(LEAST_PRIVILEGE)
     for component, expected in LEAST_PRIVILEGE.items():
         assert _grants(rules[component] or []) == expected, component
-    for component_rules in rules.values():
+    namespaced = _values()["rbac"]["namespacedRules"]
+    assert {c: _grants(r) for c, r in namespaced.items()} == NAMESPACED
+    for component_rules in [*rules.values(), *namespaced.values()]:
         for rule in component_rules or []:
             assert set(rule) == {"apiGroups", "resources", "verbs"}  # no resourceNames tricks
             words = {*rule["apiGroups"], *rule["resources"], *rule["verbs"]}
@@ -154,6 +162,7 @@ def test_templates_grant_nothing_beyond_values() -> None:
     for name, text in texts.items():
         assert "verbs:" not in text, f"{name} declares RBAC rules of its own"
     assert "toYaml $rules" in texts["rbac.yaml"] and ".Values.rbac.rules" in texts["rbac.yaml"]
+    assert ".Values.rbac.namespacedRules" in texts["rbac.yaml"]
     assert "tpl (toYaml $rules) $" in texts["rbac.yaml"] and "kind: Role\n" in texts["rbac.yaml"]
 
 
@@ -552,6 +561,21 @@ def test_rendered_rbac_is_the_least_privilege_table(
                                       "kind": "ClusterRole", "name": name}  # fmt: skip
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name,
                                         "namespace": NAMESPACE}]  # fmt: skip
+    # the namespaced Roles: the release's namespace only, bound to the component's account
+    hook = f"{full}-nats-keygen"
+    namespaced = {n: r for n, r in objects_by_kind(docs, "Role").items() if n != hook}
+    assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in namespaced.items()} == (
+        NAMESPACED
+    )
+    role_bindings = {n: b for n, b in objects_by_kind(docs, "RoleBinding").items() if n != hook}
+    assert set(role_bindings) == set(namespaced)
+    for name, binding in role_bindings.items():
+        assert namespaced[name]["metadata"]["namespace"] == NAMESPACE
+        assert binding["metadata"]["namespace"] == NAMESPACE
+        assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
+                                      "kind": "Role", "name": name}  # fmt: skip
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name,
+                                        "namespace": NAMESPACE}]  # fmt: skip
     for role in [*roles.values(), *objects_by_kind(docs, "Role").values()]:
         for rule in role["rules"]:
             words = {*rule["apiGroups"], *rule["resources"], *rule["verbs"]}
@@ -861,7 +885,8 @@ def test_every_namespaced_object_is_in_the_release_namespace(
 # --- Every value is documented and used ---------------------------------------------------
 
 # Maps whose keys are the user's (components, gates, streams): documented as one value.
-OPAQUE = {"rbac.rules", "rbac.hookRules", "retention", "featureGates", "metrics.ports"}
+OPAQUE = {"rbac.rules", "rbac.namespacedRules", "rbac.hookRules", "retention", "featureGates",
+          "metrics.ports"}  # fmt: skip
 
 
 def _leaves(values: dict[str, Any], prefix: str = "") -> Iterator[str]:
