@@ -337,12 +337,38 @@ def resolve(
         config = normalize(item.config, gates)
         validate(config, item.origin, gates)
         normalized.append(SourcedConfig(config, item.origin, item.requests))
+    _check_each_fits_a_device(normalized, results, kinds)
     groups: dict[int, ConfigGroup] = {}
     for result in results:
         index = _winner(normalized, result, kinds[result.device])
         chosen = normalized[index]
         groups.setdefault(index, ConfigGroup(chosen.config, chosen.origin)).results.append(result)
     return list(groups.values())
+
+
+def _check_each_fits_a_device(
+    configs: Sequence[SourcedConfig],
+    results: Sequence[DeviceRequestAllocationResult],
+    kinds: Mapping[str, DeviceKind],
+) -> None:
+    """A config naming no request applies to the claim's devices of its kind; one that fits
+    none of them (a MigDeviceConfig on a claim for a full GPU) would leave each device the
+    default config, the user's settings silently dropped, as the reference does. Refused,
+    unless the claim chose among alternatives (``firstAvailable``, results ``req/sub``):
+    there configs for the alternatives not chosen are expected to apply to nothing."""
+    if not results or any("/" in r.request for r in results):
+        return
+    present = {kinds[r.device] for r in results}
+    for item in configs:
+        kind = _FITS[item.config.kind]
+        if item.origin == "default" or item.requests or kind in present:
+            continue
+        devices = ", ".join(f"{r.device!r} of type {kinds[r.device]}" for r in results)
+        raise ConfigError(
+            f"{item.origin} {item.config.kind}: names no request and fits none of the claim's "
+            f"devices ({devices}): a {item.config.kind} applies to {kind} devices only; it "
+            "would be replaced by the default"
+        )
 
 
 def _winner(

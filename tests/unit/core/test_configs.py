@@ -364,6 +364,48 @@ def test_a_config_for_the_wrong_device_type_is_an_error() -> None:
     )
 
 
+MIG_NAME = "gpu-1-mig-1g10gb-19-0"
+
+
+@pytest.mark.parametrize(
+    ("params", "device", "kind", "words"),
+    [
+        ({"apiVersion": API, "kind": "MigDeviceConfig"}, "gpu-0", "gpu",
+         "config[0] (FromClaim) MigDeviceConfig: names no request and fits none of the "
+         "claim's devices ('gpu-0' of type gpu): a MigDeviceConfig applies to mig devices "
+         "only; it would be replaced by the default"),
+        (gpu(strategy="TimeSlicing"), MIG_NAME, "mig",
+         f"config[0] (FromClaim) GpuConfig: names no request and fits none of the claim's "
+         f"devices ('{MIG_NAME}' of type mig): a GpuConfig applies to gpu devices only"),
+        ({"apiVersion": API, "kind": "VfioDeviceConfig"}, "gpu-0", "gpu",
+         "config[0] (FromClaim) VfioDeviceConfig: names no request and fits none"),
+    ],
+    ids=["mig-config-on-a-gpu", "gpu-config-on-a-mig-device", "vfio-config-on-a-gpu"],
+)  # fmt: skip
+def test_a_config_of_a_kind_none_of_the_claims_devices_takes_is_an_error(
+    params: dict[str, Any], device: str, kind: configs.DeviceKind, words: str
+) -> None:
+    """The reference skips it and gives the device the default config: the user's
+    sharing settings silently vanish. gpudra says so (docs/differences.md)."""
+    gates = fg.parse("TimeSlicingSettings=true,PassthroughSupport=true")
+    with pytest.raises(ConfigError) as err:
+        configs.resolve([opaque(params)], [result("a", device)], {device: kind}, gates)
+    assert words in str(err.value)
+
+
+def test_a_config_for_an_alternative_not_chosen_is_not_an_error() -> None:
+    """With firstAvailable the user cannot know which alternative is allocated: configs
+    for each kind are expected, and the one for the kind not chosen applies to none."""
+    mig_config = {"apiVersion": API, "kind": "MigDeviceConfig"}
+    groups = configs.resolve(
+        [opaque(ts("Long")), opaque(mig_config)],
+        [result("gpu/full", "gpu-0")],
+        {"gpu-0": "gpu"},
+        ALL_SHARING,
+    )
+    assert [(g.origin, interval_of(g)) for g in groups] == [("config[0] (FromClaim)", "Long")]
+
+
 def test_other_drivers_configs_are_skipped_unread() -> None:
     foreign = opaque({"anything": "goes"})
     assert foreign.opaque is not None
