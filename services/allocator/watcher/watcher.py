@@ -13,8 +13,9 @@ keeps the claim, as the API server returned it (a msgpack
 
 The bucket doubles as the watcher's memory: on start the stored claims are
 what was reported before, so a restart repeats no event and notices claims
-deleted meanwhile. Each event carries ``Nats-Msg-Id`` = uid/event/resourceVersion,
-so JetStream drops a republished duplicate.
+deleted meanwhile. Each event carries ``Nats-Msg-Id`` = uid/event/resourceVersion
+and a tag only this process can compute (ClaimTrail), so JetStream drops a
+republished duplicate and nobody else can take the id first.
 
 Every ``check_interval`` it looks for claims whose pod has waited longer than
 ``pending_threshold``, runs our allocator over the caches and writes the

@@ -115,8 +115,16 @@ def claim_event(namespace: str, name: str, uid: str, node: str, event: str) -> s
 
 
 def claim_trail(namespace: str, name: str, uid: str) -> str:
-    """Every event of one claim: the filter its per-claim sequence is kept under."""
+    """Every event of one claim, on every node (any node's preparer may publish here)."""
     return ".".join((CLAIM_ROOT, *(escape_token(n) for n in (namespace, name, uid)), ">"))
+
+
+def claim_node_trail(namespace: str, name: str, uid: str, node: str) -> str:
+    """One claim's events on one node (``node`` empty: about no node): the subjects only
+    the allocator and that node's preparer may publish, over which their events are
+    numbered (services/core/bus/claimtrail.py)."""
+    names = (namespace, name, uid, node)
+    return ".".join((CLAIM_ROOT, *(escape_token(n) for n in names), ">"))
 
 
 def claim_events_all() -> str:

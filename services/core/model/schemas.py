@@ -347,9 +347,10 @@ ClaimEventName = Literal[
 class ClaimEvent(msgspec.Struct, frozen=True, kw_only=True):
     """One step of a claim's life, as auditors replay it from the CLAIMS stream.
 
-    ``seq`` numbers the claim's events 1, 2, 3, ... in the order the stream
-    stored them, whoever emitted them (see :mod:`services.core.bus.claimtrail`): a
-    missing number is a lost event. ``actor`` is the service, ``instance`` the
+    ``seq`` numbers the claim's events on one node (the allocator's and that node's
+    preparer's; those about no node on their own) 1, 2, 3, ... in the order the
+    stream stored them (see :mod:`services.core.bus.claimtrail`): a missing number
+    is a lost event. ``actor`` is the service, ``instance`` the
     process (pod or host, and pid); ``pods`` the consumers a ``reserved``
     event reserves the claim for. ``traceparent`` is the W3C trace context of
     the operation that emitted it (also in the message's headers).
@@ -361,7 +362,7 @@ class ClaimEvent(msgspec.Struct, frozen=True, kw_only=True):
     node: str
     actor: str  # which service said it
     instance: str = ""  # which process of it: "<pod or host>/<pid>"
-    seq: int = 0  # the claim's own event number, from 1 (0: emitted before numbering)
+    seq: int = 0  # the claim's event number on its node, from 1 (0: emitted before numbering)
     devices: list[DeviceRef] = []
     pods: list[PodRef] = []
     outcome: Literal["ok", "error"] = "ok"

@@ -372,7 +372,8 @@ async def test_the_node_rides_out_a_leader_kill_and_a_lost_quorum(setup: Setup) 
     assert len(set(ids)) == len(ids), "an event stored twice"
     numbers, instances = [], set()
     for (event, _), msg_id in zip(stored, ids, strict=True):
-        uid_, name, serial = msg_id.split("/")  # <claim uid>/<event>/<instance>-<number>
+        # <claim uid>/<event>/<instance>-<number>/<the process's tag: see claimtrail>
+        uid_, name, serial, _ = msg_id.split("/")
         assert (uid_, name) == (event.claim.uid, event.event), msg_id
         instance, number = serial.split("-")
         instances.add(instance)

@@ -1,0 +1,144 @@
+"""The audit trail is evidence against one compromised node (issue 22, point 4).
+
+The attacker holds the preparer identity of node ``n2`` (its real nkey, on the
+real nats-server with the production permissions) and plays by none of our
+rules: a raw NATS client. What it may publish is only its own node's preparer
+subjects, ``dra.claim.*.*.*.n2.{prepare.*,prepared,unprepare.*,unprepared}``,
+and it may read any claim's last event. Each test tries one attack that worked
+on the build before and asserts that the trail, and ``gpudra audit --verify``,
+still tell the truth about node ``n1``'s claim.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+import nats
+import pytest
+from nats.aio.client import Client
+
+from services.core.bus import subjects
+from services.core.bus.access import Identity, Role
+from services.core.bus.claimtrail import MSG_ID, SEQ_HEADER, ClaimTrail
+from services.core.bus.client import Bus
+from services.core.model.schemas import ClaimEvent, ClaimEventName, ClaimRef, encode
+from services.local.natsserver import NatsServer
+from tests.helpers.bus import connect
+from tests.helpers.events import stored_claim_subjects
+
+VICTIM = "n1"  # the node whose claim is attacked
+OTHER = "n2"  # the node whose preparer the attacker holds
+CLAIM = ClaimRef(uid="victim-uid", namespace="ns", name="train")
+
+Raw = Callable[[Role, str], Awaitable[Client]]
+
+
+@pytest.fixture
+async def raw(nats_server: NatsServer) -> AsyncIterator[Raw]:
+    """Raw NATS clients with an identity's credentials (not our Bus)."""
+    made: list[Client] = []
+
+    async def make(role: Role, node: str = "") -> Client:
+        creds = nats_server.credentials(role, node)
+        made.append(
+            await nats.connect(
+                nats_server.url,
+                nkeys_seed_str=creds.seed(),
+                tls=creds.tls(),
+                inbox_prefix=Identity(role, node).inbox_prefix,
+                max_reconnect_attempts=0,
+            )
+        )
+        return made[-1]
+
+    yield make
+    for nc in made:
+        await nc.close()
+
+
+@pytest.fixture
+async def emitters(nats_server: NatsServer) -> AsyncIterator[tuple[ClaimTrail, ClaimTrail]]:
+    """The claim's honest emitters: the allocator and the victim node's preparer."""
+    allocator = await connect(nats_server, Role.ALLOCATOR)
+    preparer = await connect(nats_server, Role.PREPARER, VICTIM)
+    try:
+        yield ClaimTrail(allocator), ClaimTrail(preparer)
+    finally:
+        await allocator.close()
+        await preparer.close()
+
+
+def event(name: ClaimEventName, node: str = VICTIM, claim: ClaimRef = CLAIM) -> ClaimEvent:
+    actor = "allocator" if name in ("allocated", "reserved", "released", "deleted") else "preparer"
+    return ClaimEvent(event=name, claim=claim, node=node, actor=actor)
+
+
+async def prepared_on_the_victim(emitters: tuple[ClaimTrail, ClaimTrail]) -> list[ClaimEvent]:
+    """The claim allocated to n1, reserved, prepared there: still in use."""
+    allocator, preparer = emitters
+    return [
+        await allocator.append(event("allocated"), "a/allocated"),
+        await allocator.append(event("reserved"), "a/reserved"),
+        await preparer.append(event("prepare.requested"), "p/prepare.requested"),
+        await preparer.append(event("prepared"), "p/prepared"),
+    ]
+
+
+async def forge(nc: Client, subject_event: str, payload: ClaimEvent, **headers: str) -> None:
+    """Publish on n2's own subject for the victim claim (the server lets it)."""
+    subject = subjects.claim_event(CLAIM.namespace, CLAIM.name, CLAIM.uid, OTHER, subject_event)
+    await nc.jetstream().publish(subject, encode(payload), headers=headers or None)
+
+
+async def test_a_foreign_identity_cannot_take_an_events_message_id(
+    bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+) -> None:
+    """JetStream drops a message whose ``Nats-Msg-Id`` it stored in the last two
+    minutes, on any subject. The allocator's ids were ``<uid>/<event>/<version>``,
+    the preparer's a counter after an id any preparer reads in the stream: n2
+    stored the next ones first, and the real events were "stored" as duplicates of
+    its decoys (the append answered, nothing was kept)."""
+    allocator, preparer = emitters
+    mallory = await raw(Role.PREPARER, OTHER)
+    await prepared_on_the_victim(emitters)
+    last = await mallory.jetstream().get_last_msg(
+        subjects.CLAIMS_STREAM, subjects.claim_trail(CLAIM.namespace, CLAIM.name, CLAIM.uid)
+    )
+    seen = (last.headers or {})[MSG_ID]  # the preparer's last id, readable by every preparer
+    next_one = seen.replace("p/prepared", "p/unprepare.requested")  # its tag, reused
+    guesses = ["p/unprepare.requested", "a/deleted/42", next_one]
+    for guess in guesses:
+        decoy = msgspec.structs.replace(event("prepared", OTHER), seq=1)
+        await forge(mallory, "prepared", decoy, **{MSG_ID: guess, SEQ_HEADER: "1"})
+
+    await preparer.append(event("unprepare.requested"), "p/unprepare.requested")
+    await allocator.append(event("deleted"), "a/deleted/42")
+    stored = [(s.split(".", 5)[-1], e.event) for s, e in await stored_claim_subjects(bus)]
+    assert (f"{VICTIM}.unprepare.requested", "unprepare.requested") in stored, stored
+    assert (f"{VICTIM}.deleted", "deleted") in stored, stored
+
+
+async def test_a_foreign_event_cannot_break_a_claims_numbering(
+    bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+) -> None:
+    """n2 stores an event numbered 9999 for n1's claim before each real one: the
+    build before numbered every real event after the claim's last stored one, so
+    five real events were all number 10000."""
+    allocator, preparer = emitters
+    mallory = await raw(Role.PREPARER, OTHER)
+    steps: list[tuple[ClaimTrail, ClaimEventName]] = [
+        (allocator, "allocated"),
+        (allocator, "reserved"),
+        (preparer, "prepare.requested"),
+        (preparer, "prepared"),
+        (preparer, "unprepare.requested"),
+    ]
+    numbers = []
+    for i, (trail, name) in enumerate(steps):
+        foreign = msgspec.structs.replace(event("prepared", OTHER), seq=9999)
+        await forge(mallory, "prepared", foreign, **{SEQ_HEADER: "9999", MSG_ID: f"m{i}"})
+        numbers.append((await trail.append(event(name), f"real/{name}")).seq)
+    assert numbers == [1, 2, 3, 4, 5]
+    real = [e for s, e in await stored_claim_subjects(bus) if f".{VICTIM}." in s]
+    assert [e.seq for e in real] == [1, 2, 3, 4, 5]
