@@ -50,7 +50,8 @@ def cluster(
     docs = helm(tmp_path_factory.mktemp("helm")).template(
         {"featureGates": {k: v == "true" for k, v in gates.items()}}, namespace="gpu"
     )
-    policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")]
+    policy = [d for d in docs if d["kind"].startswith("ValidatingAdmissionPolicy")
+              and d["metadata"]["name"] == "gpudra-opaque-configs"]  # fmt: skip
     assert len(policy) == 2
     with ControlPlane(controlplane_binary, runtime_config={"resource.k8s.io/v1beta1": True}) as cp:
         cp.apply(badconfigs.claim("default", "from-before", badconfigs.BAD[0][1]))

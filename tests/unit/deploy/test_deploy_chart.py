@@ -31,7 +31,7 @@ from services.cli import build_parser
 from services.core.bus import retention
 from services.core.bus.access import Role
 from services.core.kube import resource
-from services.core.model import computedomain, deviceclasses, nvidia
+from services.core.model import cliques, computedomain, deviceclasses, nvidia
 from services.domains import cli as domains_cli
 from services.domains import objects as daemon_objects
 from services.domains.objects import DaemonBus
@@ -567,9 +567,11 @@ def test_rendered_rbac_is_the_least_privilege_table(
     assert {n.removeprefix(f"{full}-"): _grants(r["rules"]) for n, r in namespaced.items()} == (
         NAMESPACED
     )
-    role_bindings = {n: b for n, b in objects_by_kind(docs, "RoleBinding").items() if n != hook}
-    assert set(role_bindings) == set(namespaced)
-    for name, binding in role_bindings.items():
+    namespaced_bindings = {
+        n: b for n, b in objects_by_kind(docs, "RoleBinding").items() if n != hook
+    }
+    assert set(namespaced_bindings) == set(namespaced)
+    for name, binding in namespaced_bindings.items():
         assert namespaced[name]["metadata"]["namespace"] == NAMESPACE
         assert binding["metadata"]["namespace"] == NAMESPACE
         assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io",
@@ -601,6 +603,55 @@ def test_rendered_rbac_is_the_least_privilege_table(
             has_api = spec["automountServiceAccountToken"] or bool(mounted & api_volumes)
             if has_api:
                 assert spec["serviceAccountName"] in with_rules, (workload, container["name"])
+
+
+NODE_NAME = "authentication.kubernetes.io/node-name"  # the API server's, on pod-bound tokens
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_api_policies_narrow_exactly_gpudra_accounts_writes(
+    rendered: dict[str, list[dict[str, Any]]], variant: str
+) -> None:
+    """What RBAC cannot scope (tests/e2e/deploy/test_chart_rbac.py tries it on a real API
+    server): the policies judge only the rendered accounts, with the model's names."""
+    docs, values = rendered[variant], VARIANTS[variant]
+    policies = objects_by_kind(docs, "ValidatingAdmissionPolicy")
+    bindings = objects_by_kind(docs, "ValidatingAdmissionPolicyBinding")
+    accounts = objects_by_kind(docs, "ServiceAccount")
+    for name in ("gpudra-publisher-slices", "gpudra-node-patches"):
+        assert bindings[name]["spec"] == {"policyName": name, "validationActions": ["Deny"]}
+        assert policies[name]["spec"]["failurePolicy"] == "Fail"
+
+    def users(policy: dict[str, Any]) -> set[str]:
+        (condition,) = policy["spec"]["matchConditions"]
+        named = set(re.findall(r"system:serviceaccount:[\w.-]+:[\w.-]+", condition["expression"]))
+        for user in named:  # each a rendered account of the release's namespace
+            assert user.split(":")[2] == NAMESPACE and user.split(":")[3] in accounts, user
+        return {u.rsplit(":", 1)[1] for u in named}
+
+    slices = policies["gpudra-publisher-slices"]["spec"]
+    assert users(policies["gpudra-publisher-slices"]) == {"gpudra-publisher"}
+    assert slices["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": ["resource.k8s.io"], "apiVersions": ["*"],
+        "operations": ["CREATE", "UPDATE", "DELETE"], "resources": ["resourceslices"]}]  # fmt: skip
+    drivers = [nvidia.DRIVER_NAME]
+    if values.get("computeDomains.enabled", True):
+        drivers.append(computedomain.CD_DRIVER)
+    quoted = "[" + ",".join(f"'{d}'" for d in drivers) + "]"
+    assert f"s.spec.driver in {quoted}" in slices["validations"][0]["expression"]
+
+    nodes = policies["gpudra-node-patches"]["spec"]
+    want = {"gpudra-preparer", "gpudra-domains"}
+    if values.get("publisher.gpuCliqueLabelEnabled"):
+        want.add("gpudra-publisher")
+    assert users(policies["gpudra-node-patches"]) == want
+    assert nodes["matchConstraints"]["resourceRules"] == [{
+        "apiGroups": [""], "apiVersions": ["v1"], "operations": ["UPDATE"],
+        "resources": ["nodes"]}]  # fmt: skip
+    label = {v["name"]: v["expression"] for v in nodes["variables"]}["label"]
+    assert f"'{cliques.GPU_CLIQUE_LABEL}'" in label and f"'{computedomain.DOMAIN_LABEL}'" in label
+    bound = nodes["validations"][0]["expression"]
+    assert f"request.userInfo.extra['{NODE_NAME}'] == [object.metadata.name]" in bound
 
 
 @pytest.mark.parametrize(
