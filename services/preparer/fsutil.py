@@ -80,18 +80,18 @@ def _write_and_rename(path: Path, data: bytes, mode: int, fsync: bool) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
     try:
-        os.fchmod(fd, mode)  # the umask must not narrow what readers (the runtime) need
-        view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view) :]
-        if fsync:
-            os.fsync(fd)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            os.fchmod(fd, mode)  # the umask must not narrow what readers (the runtime) need
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            if fsync:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         _put_in_place(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException:  # a full disk must not keep the half-written temp file too
+        with contextlib.suppress(OSError):  # the first error is the one to tell
             tmp.unlink()
         raise
     if fsync:

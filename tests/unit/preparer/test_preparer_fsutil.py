@@ -125,3 +125,20 @@ def test_a_refused_write_or_removal_names_the_folder_and_the_errno(tmp_path: Pat
     with pytest.raises(fsutil.FileError, match=rf"cannot remove d in {tmp_path}: .* \(EISDIR\)"):
         remove(tmp_path / "d")
     assert remove(tmp_path / "gone") is False
+
+
+def test_a_full_folder_fails_the_write_by_name_and_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ENOSPC mid-write: the claim's error names the folder; nothing half-written stays."""
+
+    def full(fd: int, data: bytes) -> int:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(fsutil.FileError) as err:
+        atomic_write(tmp_path / "spec.yaml", b"{}")
+    assert (
+        str(err.value) == f"cannot write spec.yaml in {tmp_path}: No space left on device (ENOSPC)"
+    )
+    assert list(tmp_path.iterdir()) == []  # the temp file was left behind, on a full disk
