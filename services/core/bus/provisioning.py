@@ -17,6 +17,14 @@ STREAMS: Mapping[str, list[str]] = {
     subjects.HEALTH_STREAM: [f"{subjects.HEALTH_ROOT}.>"],
     subjects.INVENTORY_EVENTS_STREAM: [f"{subjects.INVENTORY_ROOT}.>"],
 }
+#: Streams that refuse a new message when full instead of dropping their oldest. The
+#: audit trail is evidence: in one stream no limit is per identity, so with "discard
+#: old" one compromised node's flood (17,000 64 KB fake events in 33.5 s) dropped every
+#: other emitter's history. Refused, its flood evicts nobody's; new events then wait in
+#: their emitters (a 503, retried) until old ones age out or the limit is raised.
+REFUSE_WHEN_FULL = frozenset({subjects.CLAIMS_STREAM})
+DUPLICATE_WINDOW_S = 120.0  # JetStream's default; never longer than the stream's max age
+
 BUCKETS: Mapping[str, int] = {  # bucket -> history depth
     subjects.INVENTORY_BUCKET: 1,
     subjects.CLAIMS_BUCKET: 1,
@@ -31,17 +39,7 @@ BUCKETS: Mapping[str, int] = {  # bucket -> history depth
 async def provision_streams(js: JetStreamContext, replicas: int) -> None:
     """Create every stream we use, and keep their limits as configured."""
     for stream, subs in STREAMS.items():
-        limits = retention.limits(stream)
-        wanted = js_api.StreamConfig(
-            name=stream,
-            subjects=subs,
-            storage=js_api.StorageType.FILE,
-            num_replicas=replicas,
-            max_age=limits.max_age_s or None,
-            max_bytes=limits.max_bytes,
-            max_msg_size=limits.max_msg_size,
-            discard=js_api.DiscardPolicy.OLD,
-        )
+        wanted = _stream_config(stream, subs, replicas)
         try:
             info = await js.stream_info(stream)
         except NotFoundError:
@@ -50,8 +48,26 @@ async def provision_streams(js: JetStreamContext, replicas: int) -> None:
         if _limits_differ(info.config, wanted):
             await js.update_stream(
                 replace(info.config, max_age=wanted.max_age, max_bytes=wanted.max_bytes,
-                        max_msg_size=wanted.max_msg_size, discard=wanted.discard)
+                        max_msg_size=wanted.max_msg_size, discard=wanted.discard,
+                        duplicate_window=wanted.duplicate_window)
             )  # fmt: skip
+
+
+def _stream_config(stream: str, subs: list[str], replicas: int) -> js_api.StreamConfig:
+    limits = retention.limits(stream)
+    full = js_api.DiscardPolicy.NEW if stream in REFUSE_WHEN_FULL else js_api.DiscardPolicy.OLD
+    return js_api.StreamConfig(
+        name=stream,
+        subjects=subs,
+        storage=js_api.StorageType.FILE,
+        num_replicas=replicas,
+        max_age=limits.max_age_s or None,
+        max_bytes=limits.max_bytes,
+        max_msg_size=limits.max_msg_size,
+        discard=full,
+        # The server refuses a window longer than the max age (a trail kept minutes).
+        duplicate_window=min(DUPLICATE_WINDOW_S, limits.max_age_s or DUPLICATE_WINDOW_S),
+    )
 
 
 async def create_bucket(js: JetStreamContext, bucket: str, history: int, replicas: int) -> KeyValue:
@@ -91,9 +107,8 @@ def in_stream(subject: str) -> bool:
 
 
 def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
-    return (have.max_age or 0, have.max_bytes, have.max_msg_size, have.discard) != (
-        want.max_age or 0,
-        want.max_bytes,
-        want.max_msg_size,
-        want.discard,
-    )
+    def limits(config: js_api.StreamConfig) -> tuple[object, ...]:
+        return (config.max_age or 0, config.max_bytes, config.max_msg_size, config.discard,
+                config.duplicate_window)  # fmt: skip
+
+    return limits(have) != limits(want)

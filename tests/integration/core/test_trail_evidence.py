@@ -11,12 +11,15 @@ still tell the truth about node ``n1``'s claim.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
 import nats
+import nats.js.errors
 import pytest
 from nats.aio.client import Client
+from nats.js import api
 
 from services.core.bus import subjects
 from services.core.bus.access import Identity, Role
@@ -142,3 +145,56 @@ async def test_a_foreign_event_cannot_break_a_claims_numbering(
     assert numbers == [1, 2, 3, 4, 5]
     real = [e for s, e in await stored_claim_subjects(bus) if f".{VICTIM}." in s]
     assert [e.seq for e in real] == [1, 2, 3, 4, 5]
+
+
+async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
+    nats_server: NatsServer, raw: Raw, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """n2 published 17,000 fake complete trails of 64 KB in 33.5 s: CLAIMS (1 GiB,
+    discard old) dropped every real trail, and ``--verify`` said "8274 claims
+    complete, 0 incomplete". Here the stream holds 1 MiB: the flood is refused once
+    it is full, and nothing stored before is gone."""
+    monkeypatch.setenv("GPUDRA_CLAIMS_MAX_BYTES", "1Mi")
+    bus = await connect(nats_server, name="small")  # provisions the smaller stream
+    allocator = await connect(nats_server, Role.ALLOCATOR)
+    preparer = await connect(nats_server, Role.PREPARER, VICTIM)
+    try:
+        done = ClaimRef(uid="done-uid", namespace="ns", name="done")
+        for name in ("allocated", "reserved", "released", "deleted"):
+            await ClaimTrail(allocator).append(event(name, claim=done), f"done/{name}")
+        await prepared_on_the_victim((ClaimTrail(allocator), ClaimTrail(preparer)))
+        before = await stored_claim_subjects(bus)
+        mallory = (await raw(Role.PREPARER, OTHER)).jetstream()
+        refused = 0
+        for i in range(40):  # 2.5 MB of 64 KB fake events
+            fake = ClaimRef(uid=f"fake-{i}", namespace="ns", name=f"fake-{i}")
+            lie = ClaimEvent(event="prepared", claim=fake, node=OTHER, actor="preparer", seq=1,
+                             error="x" * 60_000)  # fmt: skip
+            subject = subjects.claim_event("ns", fake.name, fake.uid, OTHER, "prepared")
+            try:
+                await mallory.publish(subject, encode(lie), headers={SEQ_HEADER: "1"})
+            except nats.js.errors.APIError:
+                refused += 1
+        assert refused > 0  # refused once the stream was full
+        after = await stored_claim_subjects(bus)
+        assert after[: len(before)] == before  # nothing stored before is gone
+    finally:
+        await allocator.close()
+        await preparer.close()
+        await bus.close()
+
+
+async def test_a_claims_stream_of_an_earlier_release_refuses_floods_once_provisioned(
+    nats_server: NatsServer,
+) -> None:
+    """Streams made before dropped their oldest events when full; provisioning turns
+    ``CLAIMS`` to refusing new ones (and keeps what it holds)."""
+    bus = await connect(nats_server, name="upgrade")
+    try:
+        info = await bus.js.stream_info(subjects.CLAIMS_STREAM)
+        await bus.js.update_stream(dataclasses.replace(info.config, discard=api.DiscardPolicy.OLD))
+        await bus.provision()
+        info = await bus.js.stream_info(subjects.CLAIMS_STREAM)
+        assert info.config.discard == api.DiscardPolicy.NEW
+    finally:
+        await bus.close()
