@@ -29,27 +29,14 @@
 # default cc).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../gobuild/lib.sh
-. "$HERE/../gobuild/lib.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../gobuild/lib.sh"
 COMPONENTS=(etcd kube-apiserver kube-scheduler kube-controller-manager kubectl kubelet kubelet-dra reference-allocator)
 
-force=0
-version=""
-while [ $# -gt 0 ]; do
-	case "$1" in
-	--force) force=1 ;;
-	--version) version=${2:-}; shift ;;
-	--version=*) version=${1#--version=} ;;
-	-h | --help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-	*) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
-	esac
-	shift
-done
-
+gobuild_args --versions "$@"
 cd "$HERE"
 DEFAULT_MINOR=$(sed -n 's/^[[:space:]]*k8s.io\/kubernetes v1\.\([0-9]*\)\..*/\1/p' go.mod | head -1)
-MINOR=${version#v}
+MINOR=${VERSION#v}
 MINOR=${MINOR#1.}
 MINOR=${MINOR%%[!0-9]*}
 [ -n "$MINOR" ] || MINOR=$DEFAULT_MINOR
@@ -61,18 +48,16 @@ if [ "$MINOR" = "$DEFAULT_MINOR" ]; then
 else
 	MODDIR=versions/v1.$MINOR
 	[ -f "$MODDIR/go.mod" ] || {
-		echo "build.sh: no Kubernetes 1.$MINOR here (have: 1.$DEFAULT_MINOR$(ls versions 2>/dev/null | sed 's/^v/, /' | tr -d '\n'))" >&2
+		gobuild_say "no Kubernetes 1.$MINOR here (have: 1.$DEFAULT_MINOR$(ls versions 2>/dev/null | sed 's/^v/, /' | tr -d '\n'))"
 		exit 2
 	}
 	TAGS="k8s1$MINOR"
 	INPUTS=("$MODDIR/go.mod" "$MODDIR/go.sum" build.sh $(LC_ALL=C ls -- *.go))
 fi
-KEY=$(gobuild_key "${INPUTS[@]}")
-OUTDIR="$CACHE/controlplane/$KEY"
-BIN="$OUTDIR/controlplane"
+gobuild_cache controlplane "${INPUTS[@]}"
 
 complete() {
-	[ -x "$BIN" ] && [ -s "$OUTDIR/kubernetes-version" ] || return 1
+	[ -x "$OUTDIR/controlplane" ] && [ -s "$OUTDIR/kubernetes-version" ] || return 1
 	if [ "$MODDIR" = . ]; then
 		[ -x "$OUTDIR/reference-cdi" ] && [ -x "$OUTDIR/nvidia-cdi-hook" ] && [ -x "$OUTDIR/nvidia-ctk" ] || return 1
 	fi
@@ -80,21 +65,13 @@ complete() {
 	for c in "${COMPONENTS[@]}"; do [ -L "$OUTDIR/$c" ] || return 1; done
 }
 
-if [ "$force" = 0 ] && complete; then
-	echo "$BIN"
-	exit 0
-fi
-gobuild_lock controlplane
-if [ "$force" = 0 ] && complete; then
-	echo "$BIN"
-	exit 0
-fi
+gobuild_reuse controlplane "$OUTDIR/controlplane" complete
 gobuild_env
 CC=${CC:-cc}
-command -v "$CC" >/dev/null 2>&1 || { echo "build.sh: reference-cdi needs a C compiler (cgo); none at CC=$CC" >&2; exit 1; }
+command -v "$CC" >/dev/null 2>&1 || { gobuild_say "reference-cdi needs a C compiler (cgo); none at CC=$CC"; exit 1; }
 export CC
 
-K8S_VERSION=$(cd "$MODDIR" && "$GO" list -m -f '{{.Version}}' k8s.io/kubernetes)
+K8S_VERSION=$(gobuild_version k8s.io/kubernetes "$MODDIR")
 LDFLAGS="-s -w"
 # What the Kubernetes release build stamps in (hack/lib/version.sh), so that
 # /version and `kubectl version` report the real release.
@@ -104,36 +81,24 @@ for pkg in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
 done
 
 gobuild_snapshot controlplane "${INPUTS[@]}"
-OUTDIR="$CACHE/controlplane/$KEY"
-BIN="$OUTDIR/controlplane"
 [ "$MODDIR" = . ] || cp "$TMP/src/$MODDIR/go.mod" "$TMP/src/$MODDIR/go.sum" "$TMP/src/"
 
-echo "build.sh: building control plane ($K8S_VERSION, $("$GO" env GOVERSION), -p $JOBS) into $OUTDIR" >&2
-start=$(date +%s)
-(cd "$TMP/src" && nice -n 10 "$GO" build -p "$JOBS" -trimpath -tags "$TAGS" -ldflags "$LDFLAGS" -o "$TMP/out/controlplane" .) >&2
-echo "build.sh: built in $(($(date +%s) - start)) s" >&2
+gobuild_building "control plane" "$K8S_VERSION"
+gobuild_go "$TMP/src" -tags "$TAGS" -ldflags "$LDFLAGS" -o "$TMP/out/controlplane" .
+gobuild_took built
 echo "$K8S_VERSION" >"$TMP/out/kubernetes-version"
-if [ "$MODDIR" != . ]; then
-	for c in "${COMPONENTS[@]}"; do
-		ln -s controlplane "$TMP/out/$c"
-	done
-	gobuild_publish controlplane
-	echo "$BIN"
-	exit 0
+if [ "$MODDIR" = . ]; then
+	CGO_ENABLED=1 gobuild_go "$TMP/src/referencecdi" -ldflags "-s -w" -o "$TMP/out/reference-cdi" .
+	gobuild_took "reference-cdi built"
+	TOOLKIT=github.com/NVIDIA/nvidia-container-toolkit
+	TOOLKIT_VERSION=$(gobuild_version "$TOOLKIT" "$TMP/src/referencecdi")
+	CGO_ENABLED=1 gobuild_go "$TMP/src/referencecdi" \
+		-ldflags "-s -w -X $TOOLKIT/internal/info.version=${TOOLKIT_VERSION#v}" \
+		-o "$TMP/out/" "$TOOLKIT/cmd/nvidia-cdi-hook" "$TOOLKIT/cmd/nvidia-ctk"
+	gobuild_took "nvidia-cdi-hook, nvidia-ctk ($TOOLKIT_VERSION) built"
 fi
-start=$(date +%s)
-(cd "$TMP/src/referencecdi" && CGO_ENABLED=1 nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "-s -w" -o "$TMP/out/reference-cdi" .) >&2
-echo "build.sh: reference-cdi built in $(($(date +%s) - start)) s" >&2
-start=$(date +%s)
-TOOLKIT=github.com/NVIDIA/nvidia-container-toolkit
-TOOLKIT_VERSION=$(cd "$TMP/src/referencecdi" && "$GO" list -m -f '{{.Version}}' "$TOOLKIT")
-(cd "$TMP/src/referencecdi" && CGO_ENABLED=1 nice -n 10 "$GO" build -p "$JOBS" -trimpath \
-	-ldflags "-s -w -X $TOOLKIT/internal/info.version=${TOOLKIT_VERSION#v}" \
-	-o "$TMP/out/" "$TOOLKIT/cmd/nvidia-cdi-hook" "$TOOLKIT/cmd/nvidia-ctk") >&2
-echo "build.sh: nvidia-cdi-hook, nvidia-ctk ($TOOLKIT_VERSION) built in $(($(date +%s) - start)) s" >&2
-
 for c in "${COMPONENTS[@]}"; do
 	ln -s controlplane "$TMP/out/$c"
 done
 gobuild_publish controlplane
-echo "$BIN"
+echo "$OUTDIR/controlplane"

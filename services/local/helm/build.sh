@@ -16,39 +16,19 @@
 # (see services/local/gobuild/lib.sh for the layout, the lock and the environment).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../gobuild/lib.sh
-. "$HERE/../gobuild/lib.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../gobuild/lib.sh"
 
-force=0
-case "${1:-}" in
---force) force=1 ;;
-"") ;;
--h | --help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-*) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
-esac
-
+gobuild_args "$@"
 cd "$HERE"
 INPUTS=(go.mod go.sum build.sh)
-KEY=$(gobuild_key "${INPUTS[@]}")
-BIN="$CACHE/helm/$KEY/helm"
-
-if [ "$force" = 0 ] && [ -x "$BIN" ]; then
-	echo "$BIN"
-	exit 0
-fi
-gobuild_lock helm
-if [ "$force" = 0 ] && [ -x "$BIN" ]; then
-	echo "$BIN"
-	exit 0
-fi
+gobuild_cache helm "${INPUTS[@]}"
+gobuild_reuse helm "$OUTDIR/helm" test -x "$OUTDIR/helm"
 gobuild_env
 gobuild_snapshot helm "${INPUTS[@]}"
-BIN="$CACHE/helm/$KEY/helm"
 
-version() { (cd "$TMP/src" && "$GO" list -m -f '{{.Version}}' "$1"); }
-VERSION=$(version helm.sh/helm/v3)
-K8S=$(version k8s.io/client-go)  # v0.35.8 -> Kubernetes 1.35
+VERSION=$(gobuild_version helm.sh/helm/v3)
+K8S=$(gobuild_version k8s.io/client-go)  # v0.35.8 -> Kubernetes 1.35
 K8S_MINOR=${K8S#v0.}
 K8S_MINOR=${K8S_MINOR%%.*}
 LDFLAGS="-s -w -X helm.sh/helm/v3/internal/version.version=$VERSION"
@@ -57,10 +37,8 @@ for pkg in helm.sh/helm/v3/pkg/lint/rules helm.sh/helm/v3/pkg/chartutil; do
 	LDFLAGS+=" -X $pkg.k8sVersionMajor=1 -X $pkg.k8sVersionMinor=$K8S_MINOR"
 done
 
-echo "build.sh: building helm ($VERSION, Kubernetes libraries $K8S, $("$GO" env GOVERSION), -p $JOBS) into $CACHE/helm/$KEY" >&2
-start=$(date +%s)
-(cd "$TMP/src" && nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "$LDFLAGS" \
-	-o "$TMP/out/helm" helm.sh/helm/v3/cmd/helm) >&2
-echo "build.sh: built in $(($(date +%s) - start)) s" >&2
+gobuild_building helm "$VERSION, Kubernetes libraries $K8S"
+gobuild_go "$TMP/src" -ldflags "$LDFLAGS" -o "$TMP/out/helm" helm.sh/helm/v3/cmd/helm
+gobuild_took built
 gobuild_publish helm
-echo "$BIN"
+echo "$OUTDIR/helm"

@@ -14,41 +14,20 @@
 # (see services/local/gobuild/lib.sh for the layout, the lock and the environment).
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 # shellcheck source=../gobuild/lib.sh
-. "$HERE/../gobuild/lib.sh"
+. "$(dirname "${BASH_SOURCE[0]}")/../gobuild/lib.sh"
 
-force=0
-case "${1:-}" in
---force) force=1 ;;
-"") ;;
--h | --help) sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-*) echo "build.sh: unknown argument $1" >&2; exit 2 ;;
-esac
-
+gobuild_args "$@"
 cd "$HERE"
 INPUTS=(go.mod go.sum build.sh)
-KEY=$(gobuild_key "${INPUTS[@]}")
-BIN="$CACHE/jaeger/$KEY/jaeger"
-
-if [ "$force" = 0 ] && [ -x "$BIN" ]; then
-	echo "$BIN"
-	exit 0
-fi
-gobuild_lock jaeger
-if [ "$force" = 0 ] && [ -x "$BIN" ]; then
-	echo "$BIN"
-	exit 0
-fi
+gobuild_cache jaeger "${INPUTS[@]}"
+gobuild_reuse jaeger "$OUTDIR/jaeger" test -x "$OUTDIR/jaeger"
 gobuild_env
 gobuild_snapshot jaeger "${INPUTS[@]}"
-BIN="$CACHE/jaeger/$KEY/jaeger"
 
-VERSION=$(cd "$TMP/src" && "$GO" list -m -f '{{.Version}}' github.com/jaegertracing/jaeger)
-echo "build.sh: building jaeger ($VERSION, $("$GO" env GOVERSION), -p $JOBS) into $CACHE/jaeger/$KEY" >&2
-start=$(date +%s)
-(cd "$TMP/src" && nice -n 10 "$GO" build -p "$JOBS" -trimpath -ldflags "-s -w" \
-	-o "$TMP/out/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger) >&2
-echo "build.sh: built in $(($(date +%s) - start)) s" >&2
+VERSION=$(gobuild_version github.com/jaegertracing/jaeger)
+gobuild_building jaeger "$VERSION"
+gobuild_go "$TMP/src" -ldflags "-s -w" -o "$TMP/out/jaeger" github.com/jaegertracing/jaeger/cmd/jaeger
+gobuild_took built
 gobuild_publish jaeger
-echo "$BIN"
+echo "$OUTDIR/jaeger"
