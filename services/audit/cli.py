@@ -7,10 +7,12 @@
 
 Connects as the read-only ``auditor`` identity. Prints one JSON object per
 event (``-o json``, the default) or a table. ``--verify`` checks, instead of
-printing, that every claim's trail is complete and numbered without gaps
-(services/audit/verify.py), prints each claim's problems and exits 1 if there
-are any; with ``--wait S`` it keeps reading new events for up to S seconds
-until every claim is complete (events of a claim deleted a moment ago may
+printing, that every claim's trail is complete, numbered without gaps and
+its own (each event placed by its subject, which only its emitter may
+publish: services/audit/judge.py), says when the stream no longer holds a
+live claim's first events or is full, prints each claim's problems and exits
+1 if there are any; with ``--wait S`` it keeps reading new events for up to S
+seconds until every claim is complete (events of a claim deleted a moment ago may
 still be on their way).
 """
 
@@ -29,7 +31,6 @@ from services.core.process import config
 if TYPE_CHECKING:  # imported when run: every gpudra command builds this parser
     from services.audit.replay import Filters
     from services.core.bus.client import Bus
-    from services.core.model.schemas import ClaimEvent
 
 _AGO = re.compile(r"^(\d+(?:\.\d+)?)(s|m|h|d)$")
 
@@ -156,45 +157,7 @@ async def _audit(args: argparse.Namespace) -> int:
 
 
 async def _verify(bus: Bus, filters: Filters, args: argparse.Namespace) -> int:
-    """Read the trail (and, with ``--wait``, what arrives) until every claim is complete."""
-    from services.audit.replay import Stored, replay
-    from services.audit.verify import collect, verify
+    """Judge the trail (services/audit/judge.py)."""
+    from services.audit import judge
 
-    events: list[ClaimEvent] = []
-    unreadable = 0
-    source = replay(bus, filters, since=args.since, durable=args.durable, follow=args.wait > 0)
-
-    async def read() -> None:
-        nonlocal unreadable
-        async for item in source:
-            if isinstance(item, Stored):
-                events.append(item.event)
-            else:
-                unreadable += 1
-            # Done once every trail is complete, but never before the stream's end as it
-            # was: the first claims' trails may be complete before the last ones are read.
-            if args.wait > 0 and not item.pending and _all_complete(events, args):
-                return
-
-    # Closed here, while the bus is open: read() may return with the replay suspended
-    # mid-stream, and a replay left to the garbage collector unsubscribed its consumer
-    # during the bus's drain (ConnectionDrainingError, printed at exit).
-    async with contextlib.aclosing(source):
-        try:
-            await asyncio.wait_for(read(), timeout=args.wait if args.wait > 0 else None)
-        except TimeoutError:
-            pass  # what arrived in time is judged
-    report = verify(collect(events).values(), from_start=args.since is None)
-    print(f"{len(events)} events, {len(report.complete)} claims complete, "
-          f"{len(report.problems)} incomplete, {unreadable} unreadable")  # fmt: skip
-    for claim, problems in sorted(report.problems.items()):
-        print(f"INCOMPLETE {claim}:")
-        for problem in problems:
-            print(f"  - {problem}")
-    return 0 if report.ok and not unreadable else 1
-
-
-def _all_complete(events: list[ClaimEvent], args: argparse.Namespace) -> bool:
-    from services.audit.verify import collect, verify
-
-    return verify(collect(events).values(), from_start=args.since is None).ok
+    return await judge.run(bus, filters, since=args.since, durable=args.durable, wait=args.wait)

@@ -1,6 +1,6 @@
-"""The claim trail on a real nats-server: events numbered per claim whoever emits them,
-and ``gpudra audit`` (the real CLI, as the read-only auditor) replaying, filtering and
-verifying it."""
+"""The claim trail on a real nats-server: events numbered per claim and node, whoever
+emits them, and ``gpudra audit`` (the real CLI, as the read-only auditor) replaying,
+filtering and verifying it."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import msgspec
 import pytest
 
 from services.core.bus import subjects
-from services.core.bus.access import Role
+from services.core.bus.access import ALLOCATOR_EVENTS, Role
 from services.core.bus.claimtrail import SEQ_HEADER, ClaimTrail
 from services.core.bus.client import Bus
 from services.core.model.schemas import ClaimEvent, ClaimRef, DeviceRef, encode
@@ -27,7 +27,9 @@ REPO = Path(__file__).resolve().parents[3]
 HOSTILE_NS = "a.b>*"
 
 
-def ev(ref: ClaimRef, name: str, node: str = "n1", actor: str = "preparer") -> ClaimEvent:
+def ev(ref: ClaimRef, name: str, node: str = "n1", actor: str = "") -> ClaimEvent:
+    """An event said by the service its subject belongs to (``actor``: another)."""
+    actor = actor or ("allocator" if name in ALLOCATOR_EVENTS else "preparer")
     return ClaimEvent(event=name, claim=ref, node=node, actor=actor)  # type: ignore[arg-type]
 
 
@@ -73,7 +75,7 @@ async def life(bus: Bus, ref: ClaimRef, node: str, *, close: bool = True) -> Non
              "unprepared", "released", "deleted"]  # fmt: skip
     for name in names if close else names[:4]:
         dev = [DeviceRef(request="gpu", pool=node, device="gpu-0", gpu_uuid="GPU-1")]
-        event = ClaimEvent(event=name, claim=ref, node=node, actor="t", devices=dev)  # type: ignore[arg-type]
+        event = msgspec.structs.replace(ev(ref, name, node), devices=dev)
         await trail.append(event, f"{ref.uid}/{name}")
 
 

@@ -11,7 +11,9 @@ still tell the truth about node ``n1``'s claim.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
@@ -29,6 +31,8 @@ from services.core.model.schemas import ClaimEvent, ClaimEventName, ClaimRef, en
 from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_subjects
+from tests.helpers.preparer import Dev, make_claim
+from tests.integration.core.test_claim_trail import audit
 
 VICTIM = "n1"  # the node whose claim is attacked
 OTHER = "n2"  # the node whose preparer the attacker holds
@@ -88,10 +92,46 @@ async def prepared_on_the_victim(emitters: tuple[ClaimTrail, ClaimTrail]) -> lis
     ]
 
 
+async def live(bus: Bus, ref: ClaimRef) -> None:
+    """The claim in the ``claims`` bucket, allocated to n1, as the allocator keeps it."""
+    claim = make_claim(VICTIM, [Dev("gpu", "gpu-0")], uid=ref.uid, name=ref.name,
+                       namespace=ref.namespace)  # fmt: skip
+    await bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(VICTIM, ref.uid), claim)
+
+
 async def forge(nc: Client, subject_event: str, payload: ClaimEvent, **headers: str) -> None:
     """Publish on n2's own subject for the victim claim (the server lets it)."""
     subject = subjects.claim_event(CLAIM.namespace, CLAIM.name, CLAIM.uid, OTHER, subject_event)
     await nc.jetstream().publish(subject, encode(payload), headers=headers or None)
+
+
+async def test_a_nodes_preparer_cannot_end_another_nodes_claim_in_the_trail(
+    nats_server: NatsServer, bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+) -> None:
+    """n2's preparer "unprepares", "releases" and "deletes" n1's claim, each payload
+    saying node n1 and actor allocator, on subjects it may use: the build before took
+    every payload at its word and answered "1 claims complete"."""
+    await prepared_on_the_victim(emitters)
+    mallory = await raw(Role.PREPARER, OTHER)
+    lies: list[tuple[str, ClaimEventName]] = [
+        ("unprepare.requested", "unprepare.requested"),
+        ("unprepared", "unprepared"),
+        ("unprepared", "released"),
+        ("unprepared", "deleted"),
+    ]
+    for seq, (subject_event, said) in enumerate(lies, start=5):
+        lie = ClaimEvent(event=said, claim=CLAIM, node=VICTIM, actor="allocator", seq=seq)
+        await forge(mallory, subject_event, lie, **{SEQ_HEADER: str(seq)})
+
+    got = await audit(nats_server, "--verify")
+    assert got.returncode == 1, got.stdout
+    assert "0 claims complete, 1 incomplete" in got.stdout, got.stdout
+    out = got.stdout
+    assert "not closed: no 'deleted' event" in out
+    assert "prepared on n1 (event 4) and never unprepared" in out
+    assert "'unprepared' on n2: its payload says event 'released', node 'n1', actor " in out
+    assert "'unprepared' on n2: its payload says event 'deleted', node 'n1', actor " in out
+    assert "events on n2 from n2's preparer, but the claim was allocated to n1 only" in out
 
 
 async def test_a_foreign_identity_cannot_take_an_events_message_id(
@@ -123,7 +163,7 @@ async def test_a_foreign_identity_cannot_take_an_events_message_id(
 
 
 async def test_a_foreign_event_cannot_break_a_claims_numbering(
-    bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+    nats_server: NatsServer, bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
 ) -> None:
     """n2 stores an event numbered 9999 for n1's claim before each real one: the
     build before numbered every real event after the claim's last stored one, so
@@ -146,6 +186,11 @@ async def test_a_foreign_event_cannot_break_a_claims_numbering(
     real = [e for s, e in await stored_claim_subjects(bus) if f".{VICTIM}." in s]
     assert [e.seq for e in real] == [1, 2, 3, 4, 5]
 
+    got = await audit(nats_server, "--verify")
+    assert got.returncode == 1
+    assert "events 1-9998 missing" not in got.stdout  # n1's numbering is whole
+    assert "events on n2 from n2's preparer, but the claim was allocated to n1 only" in got.stdout
+
 
 async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
     nats_server: NatsServer, raw: Raw, monkeypatch: pytest.MonkeyPatch
@@ -153,7 +198,7 @@ async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
     """n2 published 17,000 fake complete trails of 64 KB in 33.5 s: CLAIMS (1 GiB,
     discard old) dropped every real trail, and ``--verify`` said "8274 claims
     complete, 0 incomplete". Here the stream holds 1 MiB: the flood is refused once
-    it is full, and nothing stored before is gone."""
+    it is full, nothing stored before is gone, and no fake trail passes."""
     monkeypatch.setenv("GPUDRA_CLAIMS_MAX_BYTES", "1Mi")
     bus = await connect(nats_server, name="small")  # provisions the smaller stream
     allocator = await connect(nats_server, Role.ALLOCATOR)
@@ -163,6 +208,7 @@ async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
         for name in ("allocated", "reserved", "released", "deleted"):
             await ClaimTrail(allocator).append(event(name, claim=done), f"done/{name}")
         await prepared_on_the_victim((ClaimTrail(allocator), ClaimTrail(preparer)))
+        await live(bus, CLAIM)
         before = await stored_claim_subjects(bus)
         mallory = (await raw(Role.PREPARER, OTHER)).jetstream()
         refused = 0
@@ -182,6 +228,53 @@ async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
         await allocator.close()
         await preparer.close()
         await bus.close()
+    got = await audit(nats_server, "--verify")
+    assert got.returncode == 1
+    assert "1 claims complete" in got.stdout, got.stdout
+    assert "FULL: CLAIMS refuses new events" in got.stdout, got.stdout
+    assert "events on n2 from n2's preparer, but the claim was never allocated" in got.stdout
+
+
+async def test_verify_names_live_claims_whose_first_events_the_window_no_longer_holds(
+    nats_server: NatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A trail that left the stream whole was never reported: ``--verify`` judged what
+    was left and said every claim was complete. Here the stream keeps events 10 s; two
+    claims still exist (the ``claims`` bucket says so), one with an event after the
+    window began, one with none left."""
+    monkeypatch.setenv("GPUDRA_CLAIMS_MAX_AGE", "10s")
+    bus = await connect(nats_server, name="short")  # provisions the shorter window
+    allocator = await connect(nats_server, Role.ALLOCATOR)
+    preparer = await connect(nats_server, Role.PREPARER, VICTIM)
+    quiet = ClaimRef(uid="quiet-uid", namespace="ns", name="quiet")
+    try:
+        trails = (ClaimTrail(allocator), ClaimTrail(preparer))
+        await prepared_on_the_victim(trails)
+        await trails[0].append(event("allocated", claim=quiet), "quiet/allocated")
+        await live(bus, CLAIM)
+        await live(bus, quiet)
+        deadline = time.monotonic() + 60
+        while (await bus.js.stream_info(subjects.CLAIMS_STREAM)).state.messages:
+            assert time.monotonic() < deadline, "the events never aged out"
+            await asyncio.sleep(0.5)
+        await trails[1].append(event("unprepare.requested"), "p/unprepare.requested")
+        got = await audit(nats_server, "--verify")
+    finally:
+        await allocator.close()
+        await preparer.close()
+        await bus.close()
+    out = got.stdout
+    assert got.returncode == 1, out
+    assert "1 events, 0 claims complete, 2 incomplete" in out, out
+    assert "WINDOW: CLAIMS holds events from " in out and "its first 5 are gone" in out, out
+    # All of its events on n1 aged out, so the next one is number 1 again: its allocation
+    # (in the bucket, written by the allocator alone) says the trail began before.
+    assert "INCOMPLETE ns/train (victim-uid):\n" in out, out
+    assert "  - its 'allocated' event on n1 is older than the stream's window" in out, out
+    assert (
+        "INCOMPLETE ns/quiet (quiet-uid):\n  - allocated to n1 (claims bucket), but none of "
+        "its events is in the stream" in out
+    ), out
 
 
 async def test_a_claims_stream_of_an_earlier_release_refuses_floods_once_provisioned(
