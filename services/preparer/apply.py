@@ -1,10 +1,13 @@
-"""Carrying out a claim's plan: its side effects, files and ``PrepareCompleted`` entry.
+"""Carrying out a claim's plan: ``PrepareStarted``, its side effects, files and
+``PrepareCompleted`` entry (:func:`carry_out`).
 
-Through the device backend, in order: each device (VFIO binding, dynamic MIG
-device, a share's MPS daemon), each config group's sharing (time-slicing, MPS),
-the KEP-5304 metadata files, the CDI spec (put in place by the checkpoint writer
-just before ``PrepareCompleted``). What this attempt did is recorded in
-:class:`Done`, so that :func:`abort` can take exactly that back.
+A dead attempt's leftovers are rolled back first, and ``PrepareStarted`` is written
+when a crash would leave something to undo. Then through the device backend, in
+order: each device (VFIO binding, dynamic MIG device, a share's MPS daemon), each
+config group's sharing (time-slicing, MPS), the KEP-5304 metadata files, the CDI
+spec (put in place by the checkpoint writer just before ``PrepareCompleted``). What
+this attempt did is recorded in :class:`Done`, so that :func:`abort` can take
+exactly that back.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from services.preparer.context import DRIVER, Context
 from services.preparer.devices.base import MpsRequest
 from services.preparer.inventory import DeviceNotFound, Target
 from services.preparer.plan import Plan
-from services.preparer.undo import stop_unused_share_daemons, undo
+from services.preparer.undo import rollback_started, stop_unused_share_daemons, undo
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +52,40 @@ class Done:
     mps: list[MpsState] = field(default_factory=list)
     share_daemons: set[str] = field(default_factory=set)  # shared daemons this attempt used
     files: bool = False
+
+
+async def carry_out(
+    ctx: Context,
+    ref: ClaimRef,
+    entry: ClaimEntry | None,
+    annotations: Mapping[str, str],
+    plan: Plan,
+) -> ClaimEntry:
+    """The plan carried out and recorded; the claim's ``PrepareCompleted`` entry.
+
+    ``entry``: the claim's ``PrepareStarted`` of an attempt that died half-way, if any.
+    A failure undoes what this attempt did before it goes on up."""
+    started = await _begin(ctx, ref, entry, plan)
+    done = Done()
+    try:
+        return await apply(ctx, ref, started, annotations, plan, done)
+    except BaseException:
+        await abort(ctx, ref.uid, done)
+        raise
+
+
+async def _begin(ctx: Context, ref: ClaimRef, entry: ClaimEntry | None, plan: Plan) -> ClaimEntry:
+    """PrepareStarted, written when there is anything to undo: a dead attempt's (rolled
+    back first) or this plan's side effects beyond the claim's own files."""
+    if entry is not None:  # PrepareStarted: a previous attempt died half-way
+        with ctx.steps.step("rollback.partial"):
+            await rollback_started(ctx, ref.uid, entry)
+    started = transaction.started(ref, plan.allocation)
+    if entry is not None or plan.side_effects(ctx.settings.gates):
+        with ctx.steps.step("checkpoint.started"):
+            await ctx.store.put(ref.uid, started)
+    ctx.faults.hit("after-prepare-started")
+    return started
 
 
 async def apply(

@@ -2,8 +2,9 @@
 
 For one claim, in order:
 
-1. checks that need no side effect: the claim's identity, its allocation,
-   the devices (on this node, not held by another claim), the configs;
+1. checks that need no side effect: the claim's identity (the service's, before
+   it asks), its allocation, the devices (on this node, not held by another
+   claim), the configs;
 2. checkpoint ``PrepareStarted`` (with the allocation, so a crash can be undone),
    when step 3 has anything to do: a claim of full GPUs without sharing has no
    side effect but its files, which start-up removes as orphans when no
@@ -24,18 +25,16 @@ Different claims run concurrently; one claim's operations run one at a time.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
 
 from opentelemetry import trace
 from prometheus_client import Counter
 
-from services.core.kube.resource import DeviceRequestAllocationResult, ResourceClaim
 from services.core.model.schemas import ClaimRef, PreparedDevice
 from services.core.telemetry import tracing
 from services.preparer import plan as planning
-from services.preparer import transaction, verify
-from services.preparer.apply import Done, abort, apply
-from services.preparer.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED, ClaimEntry
+from services.preparer import transaction
+from services.preparer.apply import carry_out
+from services.preparer.checkpoint import PREPARE_COMPLETED, PREPARE_STARTED
 from services.preparer.checkpointstore import CheckpointStore
 from services.preparer.claims import ClaimSource, describe
 from services.preparer.context import Context, Settings
@@ -45,7 +44,6 @@ from services.preparer.holds import Holds
 from services.preparer.inventory import InventoryView
 from services.preparer.keylocks import KeyedLocks
 from services.preparer.recovery import recover
-from services.preparer.transaction import Outcome, PrepareError
 from services.preparer.undo import rollback_started, stop_unused_share_daemons, undo_completed
 
 log = logging.getLogger(__name__)
@@ -56,7 +54,7 @@ UNPREPARES_OF_LIVE_PODS = Counter(
     "on this node (done: the kubelet unprepares before it reports the pod finished).",
 )
 
-__all__ = ["Engine", "Outcome", "Settings"]
+__all__ = ["Engine", "Settings"]
 
 
 class Engine:
@@ -101,75 +99,27 @@ class Engine:
 
     # ------------------------------------------------------------ prepare
 
-    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
-        """``deadline``: unix time by which the caller needs the answer (the kubelet's)."""
-        return await transaction.attempt(
-            self._claim_locks, ref, lambda: self._prepare(ref, deadline)
-        )
-
-    async def _prepare(self, ref: ClaimRef, deadline: float | None) -> list[PreparedDevice]:
+    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> list[PreparedDevice]:
+        """The claim's devices for the kubelet, in order: the claim read, checked and
+        planned (plan.py), its devices held (holds.py), the plan carried out and recorded
+        (apply.py). ``deadline``: unix time by which the kubelet needs the answer. A claim
+        that cannot be prepared raises the reason (a ClaimRefused) for the service."""
         ctx = self.ctx
-        entry = ctx.store.claims.get(ref.uid)
-        if entry is not None and entry.state == PREPARE_COMPLETED:
-            return transaction.reply_devices(entry)
-        with ctx.steps.step("claim.fetch"):
-            claim = await self.claims.get(ref, deadline)
-        results = self._our_results(claim)
-        allocation = claim.status.allocation if claim.status else None
-        assert allocation is not None  # checked by _our_results
-        inv = ctx.inventory.require()
-        targets = planning.locate_all(inv, results)
-        with ctx.steps.step("config.resolve"):
-            settings = ctx.settings
-            plan = planning.make(
-                ref.uid, allocation, results, targets, inv, settings.gates, settings.shares
-            )
-        who = f"{ref.namespace}/{ref.name}"
-        ctx.holds.reserve(ref.uid, who, results, plan.targets, plan.shares)
-        try:
-            return await self._carry_out(ref, entry, claim.metadata.annotations or {}, plan)
-        finally:
-            ctx.holds.release(ref.uid)
-
-    async def _carry_out(
-        self,
-        ref: ClaimRef,
-        entry: ClaimEntry | None,
-        annotations: Mapping[str, str],
-        plan: planning.Plan,
-    ) -> list[PreparedDevice]:
-        """PrepareStarted (when there is anything to undo), the plan, PrepareCompleted."""
-        ctx = self.ctx
-        if entry is not None:  # PrepareStarted: a previous attempt died half-way
-            with ctx.steps.step("rollback.partial"):
-                await rollback_started(ctx, ref.uid, entry)
-        started = transaction.started(ref, plan.allocation)
-        if entry is not None or plan.side_effects(ctx.settings.gates):
-            with ctx.steps.step("checkpoint.started"):
-                await ctx.store.put(ref.uid, started)
-        ctx.faults.hit("after-prepare-started")
-        done = Done()
-        try:
-            completed = await apply(ctx, ref, started, annotations, plan, done)
-        except BaseException:
-            await abort(ctx, ref.uid, done)
-            raise
-        return transaction.reply_devices(completed)
-
-    def _our_results(self, claim: ResourceClaim) -> list[DeviceRequestAllocationResult]:
-        """This driver's results, on this node (ClaimSource checked it; checked again here
-        so that no way of reading a claim can skip it)."""
-        problem = verify.allocation(claim, self.ctx.settings.node)
-        if problem is not None:
-            raise PrepareError(problem)
-        return verify.our_results(claim)
+        async with self._claim_locks.hold(ref.uid):
+            entry = ctx.store.claims.get(ref.uid)
+            if entry is not None and entry.state == PREPARE_COMPLETED:
+                return transaction.reply_devices(entry)
+            with ctx.steps.step("claim.fetch"):
+                claim = await self.claims.get(ref, deadline)
+            plan = planning.for_claim(ctx, ref.uid, claim)
+            annotations = claim.metadata.annotations or {}
+            with ctx.holds.holding(ref, plan.results, plan.targets, plan.shares):
+                completed = await carry_out(ctx, ref, entry, annotations, plan)
+            return transaction.reply_devices(completed)
 
     # ------------------------------------------------------------ unprepare
 
-    async def unprepare(self, ref: ClaimRef) -> Outcome:
-        return await transaction.attempt(self._claim_locks, ref, lambda: self._unprepare(ref))
-
-    async def _unprepare(self, ref: ClaimRef) -> None:
+    async def unprepare(self, ref: ClaimRef) -> None:
         """Undo a prepare, without the prepare's checks: the claim is usually deleted by now.
 
         An unprepare of a claim whose pod the API server still shows alive on this node is
@@ -178,6 +128,11 @@ class Engine:
         evicted pod, a pod past its deadline or a finished Job looks exactly like a running
         pod at that moment. Only the bus's permissions keep others from asking (security.md).
         """
+        async with self._claim_locks.hold(ref.uid):
+            await self._unprepare(ref)
+
+    async def _unprepare(self, ref: ClaimRef) -> None:
+        """What the claim's entry says was done, undone; then the entry and its files."""
         ctx = self.ctx
         entry = ctx.store.claims.get(ref.uid)
         if entry is None:

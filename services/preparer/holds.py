@@ -11,10 +11,11 @@ counts against the device's capacity (shareplan.check_fit). adminAccess holds no
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 
 from services.core.kube.resource import DeviceRequestAllocationResult
 from services.core.model import nvidia
+from services.core.model.schemas import ClaimRef
 from services.preparer import shareplan
 from services.preparer.checkpoint import PREPARE_COMPLETED, PreparedDeviceState, ShareState
 from services.preparer.checkpointstore import CheckpointStore
@@ -29,6 +30,23 @@ class Holds:
         self._devices: dict[str, tuple[str, str]] = {}  # device -> (uid, "ns/name") preparing it
         # (device, uid, share id) -> ("ns/name", share) for shares being prepared
         self._shares: dict[tuple[str, str, str], tuple[str, ShareState]] = {}
+
+    @contextlib.contextmanager
+    def holding(
+        self,
+        ref: ClaimRef,
+        results: Sequence[DeviceRequestAllocationResult],
+        targets: Mapping[str, Target],
+        plans: Mapping[str, shareplan.SharePlan],
+    ) -> Iterator[None]:
+        """The claim's devices and shares held against other prepares while the block
+        prepares them (:meth:`reserve` refuses what another claim holds); after it, the
+        claim's checkpoint entry holds them, if one was written."""
+        self.reserve(ref.uid, f"{ref.namespace}/{ref.name}", results, targets, plans)
+        try:
+            yield
+        finally:
+            self.release(ref.uid)
 
     def reserve(
         self,

@@ -1,10 +1,10 @@
 """What preparing one claim will do, decided before anything is done.
 
 The plan reads the claim's results, the node's inventory and the configs, and
-checks all it can without a side effect: every device found, every config
-resolved and valid for its devices, each share's fit, each MPS config's limits
-read once (by device UUID or index) for the daemon that will carry them. A claim
-whose plan fails changes nothing on the node.
+checks all it can without a side effect: the allocation (ours, on this node),
+every device found, every config resolved and valid for its devices, each share's
+fit, each MPS config's limits read once (by device UUID or index) for the daemon
+that will carry them. A claim whose plan fails changes nothing on the node.
 """
 
 from __future__ import annotations
@@ -13,13 +13,19 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from services.core.kube.resource import AllocationResult, DeviceRequestAllocationResult
+from services.core.kube.resource import (
+    AllocationResult,
+    DeviceRequestAllocationResult,
+    ResourceClaim,
+)
 from services.core.model import configs, nvidia
 from services.core.model import featuregates as fg
 from services.core.model.schemas import NodeInventory
 from services.core.model.shares import SharesMode
-from services.preparer import shareplan
+from services.preparer import shareplan, verify
+from services.preparer.context import Context
 from services.preparer.inventory import Target, locate
+from services.preparer.transaction import PrepareError
 
 
 @dataclass(frozen=True)
@@ -52,6 +58,24 @@ class Plan:
             ):
                 return True
         return any(getattr(g.config, "sharing", None) is not None for g in self.groups)
+
+
+def for_claim(ctx: Context, uid: str, claim: ResourceClaim) -> Plan:
+    """The claim checked and planned, or the refusal of the first thing that cannot be.
+
+    The allocation is checked here although the claim source checked it, so that no
+    way of reading a claim can skip it (verify.py)."""
+    problem = verify.allocation(claim, ctx.settings.node)
+    if problem is not None:
+        raise PrepareError(problem)
+    results = verify.our_results(claim)
+    allocation = claim.status.allocation if claim.status else None
+    assert allocation is not None  # checked by verify.allocation
+    inv = ctx.inventory.require()
+    targets = locate_all(inv, results)
+    with ctx.steps.step("config.resolve"):
+        settings = ctx.settings
+        return make(uid, allocation, results, targets, inv, settings.gates, settings.shares)
 
 
 def locate_all(

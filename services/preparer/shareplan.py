@@ -84,7 +84,8 @@ def plan(
             f"publish it with allowMultipleAllocations (feature gate {fg.CONSUMABLE_SHARES} "
             f"or {shares.FLAG} is off)"
         )
-    device = shares.advertise(published(target, inv, gates), mode)
+    as_published = published(target, inv, gates)
+    device = shares.advertise(as_published, mode)
     try:
         consumed = shares.check_consumed(device, result.consumed_capacity, where)
     except shares.SharesError as exc:

@@ -60,7 +60,6 @@ from services.preparer.computedomain.nodefacts import NodeFacts
 from services.preparer.fsutil import atomic_write, remove
 from services.preparer.inventory import InventoryView
 from services.preparer.keylocks import KeyedLocks
-from services.preparer.transaction import Outcome
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -148,10 +147,10 @@ class DomainEngine:
 
     # ------------------------------------------------------------ prepare
 
-    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> Outcome:
-        return await transaction.attempt(
-            self._claim_locks, ref, lambda: self._refused_by_api(self._prepare(ref, deadline))
-        )
+    async def prepare(self, ref: ClaimRef, deadline: float | None = None) -> list[PreparedDevice]:
+        """The claim's devices, under its lock; a ClaimRefused says why it cannot be."""
+        async with self._claim_locks.hold(ref.uid):
+            return await self._refused_by_api(self._prepare(ref, deadline))
 
     @staticmethod
     async def _refused_by_api(work: Awaitable[T], what: str = "the API server refused") -> T:
@@ -256,11 +255,10 @@ class DomainEngine:
     def _delete_spec(self, uid: str) -> None:
         remove(spec_path(self.cdi_root, uid))
 
-    async def unprepare(self, ref: ClaimRef) -> Outcome:
-        async def work() -> None:  # a label's removal refused: the kubelet retries
+    async def unprepare(self, ref: ClaimRef) -> None:
+        """Under the claim's lock; a label's removal refused fails it: the kubelet retries."""
+        async with self._claim_locks.hold(ref.uid):
             await self._refused_by_api(self._unprepare(ref), "node label not removed")
-
-        return await transaction.attempt(self._claim_locks, ref, work)
 
     async def _unprepare(self, ref: ClaimRef) -> None:
         entry = self.store.claims.get(ref.uid)
