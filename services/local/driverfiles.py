@@ -17,12 +17,9 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
+from services.local.driverlayout import DriverLayout
 from services.preparer.devices import simroot
-
-if TYPE_CHECKING:
-    from services.local.driverroot import DriverRoot
 
 MULTIARCH = "x86_64-linux-gnu"
 LIB_DIR = f"usr/lib/{MULTIARCH}"
@@ -137,8 +134,8 @@ def _install(src: Path, dst: Path, mode: int) -> None:
     os.chmod(dst, mode)
 
 
-def libraries(root: DriverRoot, stale_version: str | None) -> None:
-    libdir = root.lib_dir
+def libraries(root: DriverLayout, stale_version: str | None) -> None:
+    libdir = root.driver_root / LIB_DIR
     libdir.mkdir(parents=True)
     if "libraries" not in root.missing:
         for lib in DRIVER_LIBRARIES:
@@ -168,7 +165,7 @@ def libraries(root: DriverRoot, stale_version: str | None) -> None:
     )
 
 
-def binaries(root: DriverRoot) -> None:
+def binaries(root: DriverLayout) -> None:
     if "binaries" in root.missing:
         return
     for name in BINARIES:
@@ -177,7 +174,7 @@ def binaries(root: DriverRoot) -> None:
         _install(_executable(), root.driver_root / "usr" / "bin" / name, 0o755)
 
 
-def firmware(root: DriverRoot) -> None:
+def firmware(root: DriverLayout) -> None:
     if "firmware" in root.missing:
         return
     firmware = root.driver_root / "lib" / "firmware" / "nvidia" / root.version
@@ -201,7 +198,7 @@ def _unix_socket(path: Path) -> None:
     short.parent.rmdir()
 
 
-def sockets(root: DriverRoot, fabricmanager: bool, host_mps: bool) -> None:
+def sockets(root: DriverLayout, fabricmanager: bool, host_mps: bool) -> None:
     run = root.driver_root / "run"
     if "persistenced-socket" not in root.missing:
         _unix_socket(run / "nvidia-persistenced" / "socket")

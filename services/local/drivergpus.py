@@ -1,5 +1,5 @@
 """The GPUs of a fake driver installation (:mod:`services.local.driverroot`) and what
-NVML says about them.
+NVML says about them; they are described in :mod:`services.local.driverlayout`.
 
 They are the simulated fleet's GPUs (:mod:`services.discovery.sim`), booted with the
 node's name and seed, so that the files on disk and the facts the reference
@@ -8,54 +8,12 @@ generator's mock NVML reads (``facts.json``) describe the same node.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
 import msgspec
 
-from services.core.model.nvidia import mig_device_name
 from services.discovery.fleet import Fleet
 from services.discovery.models import get_model
 from services.discovery.sim import SimNvml
-
-if TYPE_CHECKING:
-    from services.local.driverroot import DriverRoot
-
-
-@dataclass(frozen=True)
-class FakeMig:
-    """A MIG device as NVML and /proc/driver/nvidia/capabilities describe it."""
-
-    uuid: str
-    parent_uuid: str
-    parent_minor: int
-    profile: str  # "1g.10gb"
-    gi_profile_id: int
-    placement_start: int
-    placement_size: int
-    gi_id: int
-    ci_id: int
-    gi_cap_minor: int  # /dev/nvidia-caps/nvidia-cap<N> of the GPU instance
-    ci_cap_minor: int  # ... and of the compute instance
-
-    @property
-    def device_name(self) -> str:
-        """The DRA device name, as the publisher names it."""
-        return mig_device_name(
-            self.parent_minor, self.profile, self.gi_profile_id, self.placement_start
-        )
-
-
-@dataclass(frozen=True)
-class FakeGpu:
-    index: int
-    uuid: str
-    minor: int
-    pci_bus_id: str
-    model: str
-    iommu_group: int
-    vfio_dev: str  # "vfio3": its /dev/vfio/devices cdev when IOMMUFD is on
-    migs: tuple[FakeMig, ...] = ()
+from services.local.driverlayout import DriverLayout, FakeGpu, FakeMig
 
 
 def gpus(fleet: Fleet, node: str, seed: int, mig: bool) -> tuple[FakeGpu, ...]:
@@ -110,7 +68,7 @@ def mig_cap_minors(gpu_minor: int, gi_id: int, ci_id: int) -> tuple[int, int]:
     return gi_minor, gi_minor + 1 + ci_id
 
 
-def facts(root: DriverRoot) -> dict[str, object]:
+def facts(root: DriverLayout) -> dict[str, object]:
     """What NVML says about this node, for the reference generator's mock NVML."""
     gpus = []
     for g in root.gpus:

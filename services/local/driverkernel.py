@@ -11,13 +11,10 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from services.discovery.models import get_model
 from services.local.drivergpus import mig_cap_minors
-
-if TYPE_CHECKING:
-    from services.local.driverroot import DriverRoot
+from services.local.driverlayout import DriverLayout
 
 # Char majors: 195 is fixed by the nvidia module, 10 is misc; the others are
 # dynamic on a real node, these are what one H100 node had.
@@ -37,7 +34,7 @@ def _mknod(path: Path, major: int, minor: int, mode: int) -> None:
     os.chmod(path, mode)  # the umask may have trimmed it
 
 
-def device_nodes(root: DriverRoot) -> None:
+def device_nodes(root: DriverLayout) -> None:
     dev, gone = root.dev_root / "dev", root.missing
     if "gpu-nodes" not in gone:
         for g in root.gpus:
@@ -68,7 +65,7 @@ def device_nodes(root: DriverRoot) -> None:
             _mknod(dev / "iommu", MISC_MAJOR, IOMMU_MISC_MINOR, 0o666)
 
 
-def sysfs(root: DriverRoot) -> None:
+def sysfs(root: DriverLayout) -> None:
     """PCI devices as go-nvlib's nvpci and our VFIO code read them (GPUs bound to vfio-pci)."""
     sys_root = root.sysfs
     devices = sys_root / "bus" / "pci" / "devices"
@@ -107,7 +104,7 @@ def sysfs(root: DriverRoot) -> None:
         os.symlink(os.path.relpath(device, devices), devices / g.pci_bus_id)
 
 
-def proc(root: DriverRoot) -> None:
+def proc(root: DriverLayout) -> None:
     proc = root.proc
     (proc / "devices").write_text(
         "Character devices:\n  1 mem\n  4 tty\n 10 misc\n"

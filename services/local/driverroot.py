@@ -22,9 +22,11 @@ Building needs root (mknod, ``ldconfig -r`` chroots): :func:`unavailable`
 says why not, for a clear ``pytest.skip``. Leave pieces out with ``missing``
 (see :data:`PIECES`) to build the broken installations bad-input tests need.
 
-The GPUs and their NVML facts: :mod:`services.local.drivergpus`; the files:
-:mod:`services.local.driverfiles`; device nodes, sysfs and /proc:
-:mod:`services.local.driverkernel`.
+What an installation is made of (paths, version, GPUs, ``missing``):
+:mod:`services.local.driverlayout`; the GPUs and their NVML facts:
+:mod:`services.local.drivergpus`; the files: :mod:`services.local.driverfiles`;
+device nodes, sysfs and /proc: :mod:`services.local.driverkernel`. Those builders
+take the layout, never this module.
 """
 
 from __future__ import annotations
@@ -33,12 +35,12 @@ import json
 import os
 import shutil
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from services.discovery.fleet import get_fleet
 from services.local import driverfiles, drivergpus, driverkernel
-from services.local.drivergpus import FakeGpu, FakeMig
+from services.local.driverlayout import DriverLayout, FakeGpu
 
 DEFAULT_VERSION = "580.95.05"
 DEFAULT_CUDA = 13000  # NVML's integer CUDA driver version for 580 (13.0)
@@ -66,22 +68,13 @@ PIECES = frozenset(
 )
 
 
-@dataclass(frozen=True)
-class DriverRoot:
+@dataclass(frozen=True, kw_only=True)
+class DriverRoot(DriverLayout):
     """A built fake installation; paths are absolute on this machine."""
 
     base: Path
-    driver_root: Path  # the host's driver root (as the toolkit's --driver-root)
-    dev_root: Path  # contains dev/ (as the toolkit's --dev-root)
-    proc: Path  # stands in for /proc
-    sysfs: Path  # stands in for /sys
     facts_file: Path  # NVML facts for the reference generator's mock NVML
-    version: str
-    cuda_version: int
     fleet: str
-    iommufd: bool
-    gpus: tuple[FakeGpu, ...]
-    missing: frozenset[str] = field(default_factory=frozenset)
 
     @property
     def hook_path(self) -> str:
@@ -103,9 +96,6 @@ class DriverRoot:
 
     def gpu(self, index: int) -> FakeGpu:
         return self.gpus[index]
-
-    def migs(self) -> list[FakeMig]:
-        return [m for g in self.gpus for m in g.migs]
 
 
 def unavailable() -> str | None:

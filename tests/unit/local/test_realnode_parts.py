@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from services.local import cli, drivergpus, driverroot, images, nodeconfig, nodetools, nvidiasmi
+from services.local import cli, driverlayout, driverroot, images, nodeconfig, nodetools, nvidiasmi
 from services.local import node as nodes
 
 # ---- containerd, kubelet, CNI ---------------------------------------------------------
@@ -190,15 +190,15 @@ def test_the_images_are_oci_layouts_ctr_can_import(tmp_path: Path) -> None:
 # ---- the stand-in nvidia-smi ----------------------------------------------------------
 
 GPUS = (
-    drivergpus.FakeGpu(0, "GPU-aaaa", 0, "0000:07:00.0", "A100-SXM4-40GB", 10, "vfio0"),
-    drivergpus.FakeGpu(
+    driverlayout.FakeGpu(0, "GPU-aaaa", 0, "0000:07:00.0", "A100-SXM4-40GB", 10, "vfio0"),
+    driverlayout.FakeGpu(
         1, "GPU-bbbb", 1, "0000:0f:00.0", "A100-SXM4-40GB", 11, "vfio1",
         migs=(
-            drivergpus.FakeMig("MIG-1111", "GPU-bbbb", 1, "1g.5gb", 19, 0, 1, 9, 0, 147, 148),
-            drivergpus.FakeMig("MIG-2222", "GPU-bbbb", 1, "1g.5gb", 19, 1, 1, 10, 0, 156, 157),
+            driverlayout.FakeMig("MIG-1111", "GPU-bbbb", 1, "1g.5gb", 19, 0, 1, 9, 0, 147, 148),
+            driverlayout.FakeMig("MIG-2222", "GPU-bbbb", 1, "1g.5gb", 19, 1, 1, 10, 0, 156, 157),
         ),
     ),
-    drivergpus.FakeGpu(2, "GPU-cccc", 2, "0000:47:00.0", "A100-SXM4-40GB", 12, "vfio2"),
+    driverlayout.FakeGpu(2, "GPU-cccc", 2, "0000:47:00.0", "A100-SXM4-40GB", 12, "vfio2"),
 )  # fmt: skip
 
 
