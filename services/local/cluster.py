@@ -16,9 +16,9 @@ everything by PID in reverse order. Every component logs to
 
 Command line::
 
-    python -m services.local.cluster up --nodes n1,n2 [--kubelet-dra] [--feature-gates G=true]
+    python -m services.local.clustercli up --nodes n1,n2 [--kubelet-dra] [--feature-gates G=true]
         [--kube-version 1.35]
-    python -m services.local.cluster build [--kube-version 1.35]
+    python -m services.local.clustercli build [--kube-version 1.35]
 
 ``up`` prints the kubeconfig path and keeps the cluster up until Ctrl-C
 (:mod:`services.local.clustercli`).
@@ -34,7 +34,6 @@ import json
 import shutil
 import ssl
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.request
@@ -416,9 +415,3 @@ class ControlPlane(ClusterAdmin):
         if self.kubelets.get(handle.node) is handle:
             del self.kubelets[handle.node]
         return code
-
-
-if __name__ == "__main__":
-    from services.local.clustercli import main
-
-    sys.exit(main())

@@ -1,4 +1,4 @@
-"""The command line of :mod:`services.local.cluster` (``python -m services.local.cluster``).
+"""The command line of :mod:`services.local.cluster`: ``python -m services.local.clustercli``.
 
 ``up`` keeps a control plane up until Ctrl-C or until one of its processes
 exits; ``build`` prints the control-plane binary's path.
@@ -29,7 +29,7 @@ def _parse_gates(text: str) -> dict[str, bool]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.local.cluster", description=cluster.__doc__
+        prog="python -m services.local.clustercli", description=cluster.__doc__
     )
     sub = parser.add_subparsers(dest="cmd", required=True)
     up = sub.add_parser("up", help="start a control plane and keep it up until Ctrl-C")
@@ -94,3 +94,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             cp.cleanup()
     return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
