@@ -16,6 +16,9 @@ prepared (CDI spec written, sharing applied, MIG device made), and ``data``:
 ``sharing``
     ``TimeSlicing`` or ``MPS`` when the claim's config shares the device, ``Shares``
     for a consumable share (with ``memoryLimitMiB`` and ``threadPercentage``);
+``pinnedMemoryLimitMiB``
+    under MPS, the pinned-memory limit the device's daemon was given: the config's,
+    or the device's memory where the config asked for more (configs.capped);
 ``cdiDeviceIDs``
     what the container runtime was given.
 
@@ -101,7 +104,12 @@ def _sharing(entry: ClaimEntry, device: PreparedDeviceState) -> dict[str, Any]:
     group = entry.groups[device.group] if 0 <= device.group < len(entry.groups) else None
     sharing = (group.config.get("sharing") if group is not None else None) or {}
     strategy = sharing.get("strategy") if isinstance(sharing, dict) else None
-    return {"sharing": strategy} if isinstance(strategy, str) and strategy else {}
+    out = {"sharing": strategy} if isinstance(strategy, str) and strategy else {}
+    uuid = device.mig.uuid if device.mig is not None else device.gpu_uuid
+    limit = group.mps.pinned_memory_limits_mib.get(uuid) if group and group.mps else None
+    if limit is not None:  # what MPS enforces, which a capped limit makes differ from the config
+        out["pinnedMemoryLimitMiB"] = limit
+    return out
 
 
 def device_data(entry: ClaimEntry, device: PreparedDeviceState) -> dict[str, Any]:

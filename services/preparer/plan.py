@@ -10,8 +10,11 @@ that will carry them. A claim whose plan fails changes nothing on the node.
 from __future__ import annotations
 
 import hashlib
+import logging
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from prometheus_client import Counter
 
 from services.core.kube.resource import (
     AllocationResult,
@@ -26,6 +29,13 @@ from services.preparer import shareplan, verify
 from services.preparer.context import Context
 from services.preparer.inventory import Target, locate
 from services.preparer.transaction import PrepareError
+
+log = logging.getLogger(__name__)
+
+LIMITS_CAPPED = Counter(
+    "gpudra_preparer_memory_limits_capped_total",
+    "MPS pinned-memory limits above the memory of their device, capped to it.",
+)
 
 
 @dataclass(frozen=True)
@@ -122,14 +132,34 @@ def _mps(uid: str, group: configs.ConfigGroup, targets: Mapping[str, Target]) ->
     members = [targets[r.device] for r in group.results]
     uuids = sorted(t.live.uuid if t.live else t.gpu.uuid for t in members)
     where = f"{group.origin} {group.config.kind}.sharing.mpsConfig"
+    asked = configs.per_device_limits(mps_config, uuids, where)
+    limits, lowered = configs.capped(asked, _memory_mib(members))
+    for cap in lowered:  # a ceiling the device already meets: kept, and said (configs.capped)
+        LIMITS_CAPPED.inc()
+        log.warning(
+            "pinned memory limit above the device's memory; capped to it",
+            extra={"uid": uid, "field": where, "device": cap.uuid,
+                   "asked_mib": cap.asked_mib, "applied_mib": cap.device_mib},
+        )  # fmt: skip
     return MpsPlan(
         daemon_id=mps_daemon_id(uid, uuids),
         device_uuids=uuids,
         gpu_uuids=sorted({t.gpu.uuid for t in members}),
         active_thread_percentage=mps_config.default_active_thread_percentage,
-        pinned_memory_limits_mib=configs.per_device_limits(mps_config, uuids, where),
+        pinned_memory_limits_mib=limits,
         multi_user=bool(mps_config.multi_user),
     )
+
+
+def _memory_mib(members: Sequence[Target]) -> dict[str, int]:
+    """Each device's memory in MiB, by the UUID its limit names: a MIG device's is its
+    profile's (one not made yet goes by its GPU's UUID: the smallest of those counts)."""
+    out: dict[str, int] = {}
+    for t in members:
+        uuid = t.live.uuid if t.live else t.gpu.uuid
+        mib = (t.profile.memory_bytes if t.profile else t.gpu.memory_bytes) // configs.MIB
+        out[uuid] = min(mib, out.get(uuid, mib))
+    return out
 
 
 def mps_daemon_id(claim_uid: str, uuids: Sequence[str]) -> str:

@@ -44,6 +44,7 @@ BACKEND_POLICIES = ("LegacyOnly", "PreferIommuFD")
 
 DeviceKind = Literal["gpu", "mig", "vfio"]
 MIB = 2**20
+MAX_MEMORY_LIMIT_BYTES = 2**63 - 1  # resource.Quantity.Value() is an int64
 _ATOI = re.compile(r"[+-]?[0-9]+")  # what Go's strconv.Atoi reads as a number
 
 
@@ -265,10 +266,15 @@ def _validate_mps(mps: MpsConfig, where: str) -> None:
 
 
 def memory_limit_mib(value: Quantity, where: str) -> int:
-    """A pinned-memory limit in whole MiB (what nvidia-cuda-mps-control takes); > 0.
+    """A pinned-memory limit in whole MiB (what nvidia-cuda-mps-control takes); > 0, and
+    at most :data:`MAX_MEMORY_LIMIT_BYTES`.
 
     Read as resource.Quantity's UnmarshalJSON reads it: the text of a string with
-    surrounding blanks trimmed, or of a JSON number however it is written.
+    surrounding blanks trimmed, or of a JSON number however it is written. Above
+    int64 the reference's ``Quantity.Value()`` keeps the low 64 bits of the number
+    (a limit it never meant, or "too low"); nothing that large is a device's memory
+    either, so it is refused here, at admission too. A limit above the memory of
+    the device it lands on is capped at prepare (:func:`capped`).
     """
     try:
         amount = quantity.parse(value.strip() if isinstance(value, str) else str(value))
@@ -276,6 +282,11 @@ def memory_limit_mib(value: Quantity, where: str) -> int:
         raise ConfigError(f"{where}: {exc}") from exc
     if amount <= 0:
         raise ConfigError(f"{where}: must be greater than zero, got {value}")
+    if amount > MAX_MEMORY_LIMIT_BYTES:
+        raise ConfigError(
+            f"{where}: {value} is more memory than any device has; a limit is at most "
+            "2^63-1 bytes (just under 8Ei, what a Kubernetes quantity's value holds)"
+        )
     mib = int(amount / Fraction(MIB))
     if mib < 1:
         raise ConfigError(f"{where}: must be at least 1Mi, got {value}")
@@ -311,6 +322,36 @@ def per_device_limits(mps: MpsConfig, uuids: Sequence[str], where: str) -> dict[
             )
         limits[uuid] = memory_limit_mib(value, path)
     return limits
+
+
+@dataclass(frozen=True)
+class Capped:
+    """A pinned-memory limit above its device's memory, lowered to that memory."""
+
+    uuid: str
+    asked_mib: int
+    device_mib: int
+
+
+def capped(
+    limits: Mapping[str, int], memory_mib: Mapping[str, int]
+) -> tuple[dict[str, int], list[Capped]]:
+    """``limits`` with each above its device's memory (``memory_mib``, by UUID) lowered to
+    it, and what was lowered.
+
+    A limit is a ceiling: "at most 40Gi" on a 24 GB device is no limit, the same as
+    its memory. Configs are written before the device is known (a DeviceClass for a
+    mixed fleet, a template, ``firstAvailable`` alternatives), so refusing would fail
+    a claim for a ceiling it already meets; capping keeps the user's intent and hands
+    MPS a number the device can hold (docs/differences.md). The caller says so.
+    """
+    out, lowered = dict(limits), []
+    for uuid, mib in limits.items():
+        device = memory_mib.get(uuid)
+        if device is not None and 0 < device < mib:
+            out[uuid] = device
+            lowered.append(Capped(uuid, mib, device))
+    return out, lowered
 
 
 # ------------------------------------------------------------------ resolution

@@ -23,6 +23,7 @@ from services.preparer.checkpoint import (
     ClaimEntry,
     GroupState,
     MigState,
+    MpsState,
     PreparedDeviceState,
     ShareState,
 )
@@ -107,6 +108,30 @@ def test_a_mig_device_names_its_own_uuid_its_gpu_and_its_profile() -> None:
     (e,) = devicestatus.entries(_entry(device))
     assert e["data"] == {"uuid": "MIG-bbb", "parentUUID": "GPU-aaa", "migProfile": "3g.40gb",
                          "pciBusID": "0000:3b:00.0"}  # fmt: skip
+
+
+def test_an_mps_device_says_the_pinned_limit_its_daemon_enforces() -> None:
+    """A limit above the device's memory is capped at prepare: the user reads here what
+    was applied (81559, not the 1Ti the config asked)."""
+    mps = MpsState(
+        daemon_id="u-1",
+        root_dir="/r",
+        pipe_dir="/p",
+        shm_dir="/s",
+        log_dir="/l",
+        device_uuids=["GPU-aaa"],
+        pinned_memory_limits_mib={"GPU-aaa": 81559},
+    )
+    group = GroupState(
+        kind="GpuConfig",
+        origin="config[0] (FromClaim)",
+        config={"sharing": {"strategy": "MPS"}},
+        mps=mps,
+    )
+    gpu = PreparedDeviceState(name="gpu-0", kind="gpu", requests=["r"], pool="n1",
+                              gpu_uuid="GPU-aaa")  # fmt: skip
+    (e,) = devicestatus.entries(_entry(gpu, groups=[group]))
+    assert e["data"] == {"uuid": "GPU-aaa", "sharing": "MPS", "pinnedMemoryLimitMiB": 81559}
 
 
 def test_a_consumable_share_is_keyed_by_its_share_id_and_says_its_limits() -> None:

@@ -292,6 +292,42 @@ def test_memory_limits_become_whole_mib_per_device() -> None:
         )
 
 
+def test_a_limit_beyond_what_a_quantity_holds_is_refused() -> None:
+    """99999999999999999999999Ei was accepted: a 36-digit MiB figure in the checkpoint;
+    the reference's Quantity.Value() would keep its low 64 bits."""
+    with pytest.raises(ConfigError) as err:
+        check(
+            gpu(
+                strategy="MPS",
+                mpsConfig={"defaultPinnedDeviceMemoryLimit": "99999999999999999999999Ei"},
+            )
+        )
+    assert str(err.value) == (
+        "config[1] (FromClaim) GpuConfig.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+        "99999999999999999999999Ei is more memory than any device has; a limit is at most "
+        "2^63-1 bytes (just under 8Ei, what a Kubernetes quantity's value holds)"
+    )
+    per_device = {"defaultPerDevicePinnedMemoryLimit": {"0": 2**63}}
+    with pytest.raises(
+        ConfigError, match=r"defaultPerDevicePinnedMemoryLimit\[0\]: 9223372036854775808 is"
+    ):
+        check(gpu(strategy="MPS", mpsConfig=per_device))
+    assert configs.memory_limit_mib(str(2**63 - 1), "x") == 2**43 - 1  # the most, in whole MiB
+
+
+def test_a_limit_above_the_devices_memory_is_capped_to_it() -> None:
+    limits, lowered = configs.capped(
+        {"GPU-a": 200_000, "GPU-b": 1024, "MIG-c": 20_480},
+        {"GPU-a": 81_559, "GPU-b": 81_559, "MIG-c": 9_856},
+    )
+    assert limits == {"GPU-a": 81_559, "GPU-b": 1024, "MIG-c": 9_856}
+    assert lowered == [
+        configs.Capped("GPU-a", 200_000, 81_559),
+        configs.Capped("MIG-c", 20_480, 9_856),
+    ]
+    assert configs.capped({"GPU-x": 5}, {}) == ({"GPU-x": 5}, [])  # memory unknown: as asked
+
+
 # ------------------------------------------------------------------ precedence
 
 

@@ -319,3 +319,16 @@ def test_an_update_leaving_deep_configs_as_they_were_is_admitted() -> None:
     with pytest.raises(review.TooDeep) as err:
         review.parse(pod)
     assert admit.too_deep(err.value.request, pod).code == 400
+
+
+def test_a_pinned_limit_no_device_can_have_is_denied_at_admission() -> None:
+    """It was admitted and prepared: a 36-digit MiB figure in the checkpoint."""
+    huge = {"defaultPinnedDeviceMemoryLimit": "99999999999999999999999Ei"}
+    params = {"apiVersion": badconfigs.API, "kind": "GpuConfig",
+              "sharing": {"strategy": "MPS", "mpsConfig": huge}}  # fmt: skip
+    verdict = admit.admit(request(badconfigs.claim("team", "huge", params)), GATES)
+    assert not verdict.allowed and verdict.code == 422
+    assert (
+        "config[0] (FromClaim) GpuConfig.sharing.mpsConfig.defaultPinnedDeviceMemoryLimit: "
+        "99999999999999999999999Ei is more memory than any device has"
+    ) in verdict.message
