@@ -60,13 +60,15 @@ class _Interrupted(BaseException):
     """SIGINT or SIGTERM while starting or running."""
 
 
-def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    parser = subparsers.add_parser(
+def register(subparsers: config.Subparsers) -> None:
+    parser = config.documented(
+        subparsers,
         "up",
-        help="run NATS, a real control plane and every gpudra service for two simulated nodes",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        "run NATS, a real control plane and every gpudra service for two simulated nodes",
+        __doc__,
     )
+    # Only --kube-version falls back to a variable (GPUDRA_KUBE_VERSION): the others
+    # read none, so they are not config.flag or config.switch, which would add one.
     parser.add_argument(
         "--workdir",
         type=Path,
@@ -104,12 +106,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="containerd and the real kubelet run the pods in real containers (needs root "
         "and cgroups; otherwise kubelet-dra, saying why)",
     )
-    parser.add_argument(
-        "--kube-version",
-        default=config.env("kube_version", "") or None,
-        metavar="1.N",
-        help="the Kubernetes release to run: 1.37 (default), or 1.34, 1.35, 1.36 (built on "
+    config.flag(
+        parser,
+        "kube-version",
+        str,
+        None,
+        "the Kubernetes release to run: 1.37 (default), or 1.34, 1.35, 1.36 (built on "
         "first use and cached)",
+        metavar="1.N",
     )
     parser.add_argument(
         "--no-webhook",
