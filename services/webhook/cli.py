@@ -1,7 +1,8 @@
 """``gpudra webhook``: the validating admission webhook (TLS only).
 
     gpudra webhook --cert-file /tls/tls.crt --key-file /tls/tls.key \\
-        [--address 0.0.0.0] [--port 9443] [--feature-gates MPSSupport=true,...]
+        [--address 0.0.0.0] [--port 9443] [--feature-gates MPSSupport=true,...] \\
+        [--compute-domains [--kubeconfig F] [--namespace gpudra] [--domains-account A]]
 
 ``--feature-gates`` must be the node's (the chart passes the same value to
 both): a config is refused at admission exactly when prepare would refuse it.
@@ -37,6 +38,21 @@ def _flags(parser: argparse.ArgumentParser) -> None:
     config.flag(parser, "key-file", Path, "/tls/tls.key", "PEM key of the serving certificate")
     config.flag(parser, "address", str, "127.0.0.1")
     config.flag(parser, "port", int, 9443)
+    config.add_compute_domains_flag(
+        parser,
+        "admit a channel or daemon claim only for a ComputeDomain that exists (looked up "
+        "through the API server), daemon claims only in --namespace and their templates "
+        "only from the controller",
+    )
+    config.add_kubeconfig_flag(parser)
+    config.flag(parser, "namespace", str, "gpudra", "the driver's namespace (--compute-domains)")
+    config.flag(
+        parser,
+        "domains-account",
+        str,
+        "gpudra-domains",
+        "the ComputeDomain controller's ServiceAccount in --namespace (--compute-domains)",
+    )
 
 
 def main(args: argparse.Namespace) -> int:

@@ -41,12 +41,19 @@ class GroupVersionKind(msgspec.Struct, frozen=True):
     kind: str = ""
 
 
+class UserInfo(msgspec.Struct, frozen=True):
+    """Who sent the request (as the API server authenticated them)."""
+
+    username: str = ""
+
+
 class AdmissionRequest(msgspec.Struct, frozen=True, rename="camel"):
     uid: str
     kind: GroupVersionKind
     operation: str
     name: str = ""
     namespace: str = ""
+    user_info: UserInfo = msgspec.field(default_factory=UserInfo)
     object: dict[str, Any] | None = None
     old_object: dict[str, Any] | None = None
     dry_run: bool = False
@@ -91,13 +98,16 @@ def _too_deep(body: bytes) -> ReviewError:
 
 
 def response(uid: str, allowed: bool, message: str = "", code: int = 200) -> bytes:
-    """The AdmissionReview answer; a denial carries ``message``, reason Invalid (422)."""
+    """The AdmissionReview answer; a denial carries ``message``, reason Invalid (422),
+    Forbidden (403), InternalError (500) or BadRequest."""
     answer: dict[str, Any] = {"uid": uid, "allowed": allowed}
     if not allowed:
         answer["status"] = {
             "status": "Failure",
             "message": message,
-            "reason": {422: "Invalid", 500: "InternalError"}.get(code, "BadRequest"),
+            "reason": {422: "Invalid", 403: "Forbidden", 500: "InternalError"}.get(
+                code, "BadRequest"
+            ),
             "code": code,
         }
     return msgspec.json.encode({"apiVersion": API_VERSION, "kind": KIND, "response": answer})

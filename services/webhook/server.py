@@ -21,6 +21,7 @@ from aiohttp import web
 from services.core.model import featuregates as fg
 from services.core.process.serve import Stack
 from services.webhook import admit, certs, review
+from services.webhook.domains import DomainCheck
 from services.webhook.metrics import REVIEWS
 
 log = logging.getLogger(__name__)
@@ -39,6 +40,7 @@ class Webhook:
     ctx: ssl.SSLContext | None = None
     served: certs.Served | None = None
     problem: str = ""  # why /readyz fails: the certificate being served has expired
+    domains: DomainCheck | None = None  # --compute-domains: a claim's ComputeDomain must exist
 
     def app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY)
@@ -63,7 +65,9 @@ class Webhook:
             return self._refuse(400, str(exc))
         try:
             verdict = admit.admit(req, self.gates)
-        except Exception as exc:  # a bug must deny, never admit or crash
+            if verdict.allowed and self.domains is not None:
+                verdict = await self.domains.judge(req)
+        except Exception as exc:  # a bug (or an unanswered lookup) must deny, never admit
             log.exception("judging failed", extra={"uid": req.uid})
             verdict = admit.Verdict(
                 False, f"gpudra webhook could not judge the request: {exc}", 500

@@ -61,11 +61,13 @@ class Account:
         ])  # fmt: skip
         return account
 
-    def can(self, verb: str, resource: str, timeout: float = 30.0) -> None:
-        """Wait until the authorizer grants ``verb`` on ``resource`` to the account."""
+    def can(self, verb: str, resource: str, timeout: float = 30.0, namespace: str = "") -> None:
+        """Wait until the authorizer grants ``verb`` on ``resource`` to the account (in
+        ``namespace``, else the default one or the cluster)."""
         deadline = time.monotonic() + timeout
+        where = ["-n", namespace] if namespace else []
         while True:
-            out = self.cp.kubectl("auth", "can-i", verb, resource, f"--as={self.user}",
+            out = self.cp.kubectl("auth", "can-i", verb, resource, *where, f"--as={self.user}",
                                   check=False).strip()  # fmt: skip
             if out == "yes":
                 return

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from services.core.model import computedomain as cd
 from services.local import admission
 from services.local.helm import Helm
 from services.webhook import certs
@@ -76,3 +77,56 @@ def test_cert_manager_issues_and_injects_and_the_policy_is_configurable(chart_he
     assert not [
         d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"].endswith("webhook-tls")
     ]
+
+
+@pytest.mark.parametrize("compute_domains", [True, False])
+def test_the_webhook_looks_up_compute_domains_with_its_own_list_only_right(
+    chart_helm: Helm, compute_domains: bool
+) -> None:
+    """With ComputeDomains a channel or daemon claim's domain is looked up
+    (services/webhook/domains.py): its account may list ComputeDomains and nothing else,
+    and it is told the driver's namespace and the controller's account as the chart
+    names them; without, it has no API token at all."""
+    docs = render(chart_helm, **{"webhook.enabled": True,
+                                 "computeDomains.enabled": compute_domains})  # fmt: skip
+    spec = one(docs, "Deployment", "g-gpudra-webhook")["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    roles = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ClusterRole"}
+    assert spec["automountServiceAccountToken"] is compute_domains
+    assert env["GPUDRA_COMPUTE_DOMAINS"] == str(compute_domains).lower()
+    if not compute_domains:
+        assert "g-gpudra-webhook" not in roles and "GPUDRA_NAMESPACE" not in env
+        return
+    assert roles["g-gpudra-webhook"]["rules"] == [
+        {"apiGroups": [cd.GROUP], "resources": [cd.PLURAL], "verbs": ["list"]}
+    ]
+    binding = one(docs, "ClusterRoleBinding", "g-gpudra-webhook")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "g-gpudra-webhook",
+                                    "namespace": "gpu"}]  # fmt: skip
+    assert env["GPUDRA_NAMESPACE"] == "gpu"
+    one(docs, "ServiceAccount", env["GPUDRA_DOMAINS_ACCOUNT"])  # the controller's, rendered
+    controller = one(docs, "Deployment", "g-gpudra-domains")["spec"]["template"]["spec"]
+    assert controller["serviceAccountName"] == env["GPUDRA_DOMAINS_ACCOUNT"]
+
+
+@pytest.mark.parametrize("webhook", [True, False])
+def test_the_compute_domain_claims_policy_names_the_models_classes_and_the_controller(
+    chart_helm: Helm, webhook: bool
+) -> None:
+    """Rendered with ComputeDomains, webhook or not (what needs no lookup holds without
+    it); tried on a real API server by tests/e2e/deploy/test_chart_domain_claims.py."""
+    docs = render(chart_helm, **{"webhook.enabled": webhook})
+    policy = one(docs, "ValidatingAdmissionPolicy", "g-gpudra-compute-domain-claims")["spec"]
+    binding = one(docs, "ValidatingAdmissionPolicyBinding", "g-gpudra-compute-domain-claims")
+    assert binding["spec"] == {"policyName": "g-gpudra-compute-domain-claims",
+                               "validationActions": ["Deny"]}  # fmt: skip
+    text = str(policy)
+    for name in (cd.CHANNEL_CLASS, cd.DAEMON_CLASS, cd.CHANNEL_CONFIG, cd.DAEMON_CONFIG,
+                 cd.CD_DRIVER):  # fmt: skip
+        assert f"'{name}'" in text, name
+    rules = [v["expression"] for v in policy["validations"]]
+    assert "request.namespace == 'gpu'" in rules[1]
+    assert "request.userInfo.username == 'system:serviceaccount:gpu:g-gpudra-domains'" in rules[2]
+    off = render(chart_helm, **{"computeDomains.enabled": False})
+    assert not [d for d in off if d["metadata"]["name"] == "g-gpudra-compute-domain-claims"]

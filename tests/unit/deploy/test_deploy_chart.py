@@ -79,6 +79,8 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
     "discovery": set(),
     "nats-auth": {("authentication.k8s.io", "tokenreviews", "create")},
     "provision": set(),
+    # with webhook.enabled and computeDomains.enabled: a claim's ComputeDomain, by UID
+    "webhook": {("resource.nvidia.com", "computedomains", "list")},
 }
 # What a component writes only in the release's namespace (a Role there, never a ClusterRole):
 # the controller's IMEX DaemonSets and cliques, so its token makes no DaemonSet elsewhere.
@@ -195,7 +197,7 @@ def test_each_workload_runs_as_its_own_account_and_only_components_with_rules_ca
         "publisher", "allocator", "preparer", "nats-auth", "provision", "nats-keygen", "webhook",
         "domains",
     }  # fmt: skip
-    assert with_rules == {"publisher", "allocator", "preparer", "nats-auth", "domains"}
+    assert with_rules == {"publisher", "allocator", "preparer", "nats-auth", "domains", "webhook"}
     rbac = _template_texts()["rbac.yaml"]
     assert '$accounts := list "publisher" "allocator" "preparer" "domains"' in rbac
     assert '(list "nats-auth" "provision")' in rbac  # the bus identities without API rules
@@ -534,6 +536,11 @@ def test_rendered_rbac_is_the_least_privilege_table(
         expected = {c: g for c, g in expected.items() if c not in ("nats-auth", "provision")}
     if variant == "preparer-without-api":
         del expected["preparer"]
+    if not (
+        VARIANTS[variant].get("webhook.enabled")
+        and VARIANTS[variant].get("computeDomains.enabled", True)
+    ):  # the webhook looks up ComputeDomains only when both are on
+        del expected["webhook"]
     if VARIANTS[variant].get("publisher.gpuCliqueLabelEnabled"):  # the clique label only
         expected["publisher"] = expected["publisher"] | {("", "nodes", "patch")}
     if VARIANTS[variant].get("computeDomains.enabled", True) and "preparer" in expected:
