@@ -25,3 +25,8 @@ NO_PREPARER_RETRIES = Counter(
     "Requests sent again because no preparer listened (it was reconnecting to NATS).",
     ["op"],
 )
+PRESENCE_REPAIRS = Counter(
+    "gpudra_kubeletplugin_presence_repairs_total",
+    "Presence records found deleted, rewritten or unreadable by someone else, and put back.",
+    ["reason"],
+)

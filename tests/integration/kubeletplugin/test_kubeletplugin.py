@@ -239,6 +239,29 @@ async def test_presence_follows_registration_and_sigterm(
     assert not is_there(info.endpoint)
 
 
+async def test_a_deleted_or_rewritten_presence_record_is_put_back_by_the_front(
+    front: Front, kubelet: FakeKubelet, bus: Bus
+) -> None:
+    """Only the admin identity (and the node's own front) may write the node's presence
+    key; whatever it deletes or rewrites the front puts back within its check interval,
+    logged, or the publisher would withdraw the node's devices."""
+    key = subjects.presence_key(NODE, DRIVER)
+    info = await kubelet.register()
+
+    async def ours() -> PluginPresence | None:
+        found = await bus.kv_get(subjects.PRESENCE_BUCKET, key, PluginPresence)
+        return found[0] if found and found[0].endpoint == info.endpoint else None
+
+    await wait_for(ours, what="presence record")
+    await bus.kv_delete(subjects.PRESENCE_BUCKET, key)
+    await wait_for(ours, timeout=30, what="the deleted record put back")
+    forged = PluginPresence(node=NODE, driver=DRIVER, endpoint="/forged.sock", registered_at=1)
+    await bus.kv_put(subjects.PRESENCE_BUCKET, key, forged)
+    await wait_for(ours, timeout=30, what="the rewritten record put back")
+    assert "presence record deleted by someone else; putting it back" in front.output()
+    assert "presence record rewritten by someone else; putting it back" in front.output()
+
+
 async def test_refused_registration_withdraws_presence(kubelet: FakeKubelet, bus: Bus) -> None:
     key = subjects.presence_key(NODE, DRIVER)
     await kubelet.register()
