@@ -69,6 +69,7 @@ from services.core.telemetry import metrics as core_metrics
 from services.core.telemetry import tracing
 
 log = logging.getLogger(__name__)
+PODS_PER_EVENT = 64  # at most about 25 KB of consumers in one event
 
 ACTOR = "allocator"
 INSTANCE = instance_name()
@@ -259,7 +260,8 @@ class ClaimWatcher:
             assert source is not None
             devices = [self.hardware.ref(r, p, d) for r, p, d in source.devices]
             pods = _new_consumers(claim, previous) if event == "reserved" else []
-            await self.publish(event, ref, source.node, devices, version, pods=pods)
+            for some in consumer_batches(pods):
+                await self.publish(event, ref, source.node, devices, version, pods=some)
         if step.tracked is not None:
             self.tracked[ref.uid] = step.tracked
         elif step.forget:
@@ -465,6 +467,14 @@ def _new_consumers(claim: ResourceClaim | None, previous: Tracked | None) -> lis
         for c in reserved
         if (c.uid or f"{c.resource}/{c.name}") not in before
     ]
+
+
+def consumer_batches(pods: list[PodRef]) -> list[list[PodRef]]:
+    """The new consumers in as many ``reserved`` events as it takes to keep each
+    under ``CLAIMS``' message size: a claim may be reserved for 256 pods, whose
+    names may be 253 characters (81 KB in one event, over the 64 KiB limit, which
+    the bus refuses). At least one batch, empty when there are no pods."""
+    return [pods[i : i + PODS_PER_EVENT] for i in range(0, len(pods), PODS_PER_EVENT)] or [[]]
 
 
 def _allocation(claim: ResourceClaim | None) -> tuple[str | None, bool]:

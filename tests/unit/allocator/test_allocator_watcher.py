@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -25,10 +26,13 @@ from services.allocator.watcher.pending import (
     verdict,
     waiting_claims,
 )
+from services.allocator.watcher.watcher import consumer_batches
+from services.core.bus import retention, subjects
 from services.core.kube.client import ApiError, Listing, RawEvent
 from services.core.kube.informer import Informer
 from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
 from services.core.model import deviceclasses
+from services.core.model.schemas import ClaimEvent, ClaimRef, DeviceRef, PodRef, encode
 
 DRIVER = "gpu.nvidia.com"
 
@@ -539,3 +543,27 @@ def test_cap_depth_keeps_the_shallow_part_and_strings_intact() -> None:
     assert json.loads(cap_depth(text, 10)) == json.loads(text)
     deep = b"[" * 5000 + b"]" * 5000
     assert cap_depth(deep, 3) == b"[[[null]]]"
+
+
+def test_a_claim_reserved_for_256_long_named_pods_fits_the_stream_in_batches() -> None:
+    """The API's limits at their worst (256 consumers, 253-character names, a
+    63-character resource; 32 devices with long names): one event was 81 KB, over
+    CLAIMS' message limit, and the bus refused it. Every batch fits, in order."""
+    pods = [PodRef(resource="r" * 63, name=f"{i:03}" + "p" * 250, uid=str(uuid.uuid4()))
+            for i in range(256)]  # fmt: skip
+    cdi = ["k8s.gpu.nvidia.com/claim=" + "x" * 200]
+    devices = [
+        DeviceRef(request="r" * 63, pool="p" * 253, device="d" * 63, gpu_uuid="GPU-" + "0" * 36,
+                  pci_bus_id="0000:00:00.0", cdi_device_ids=cdi)
+        for _ in range(32)
+    ]  # fmt: skip
+    claim_ref = ClaimRef(uid=str(uuid.uuid4()), namespace="n" * 63, name="c" * 253)
+    batches = consumer_batches(pods)
+    assert [p for batch in batches for p in batch] == pods
+    limit = retention.DEFAULTS[subjects.CLAIMS_STREAM].max_msg_size
+    for batch in batches:
+        event = ClaimEvent(event="reserved", claim=claim_ref, node="n" * 253, actor="allocator",
+                           instance="i" * 253, seq=10**6, devices=devices, pods=batch,
+                           traceparent="00-" + "0" * 32 + "-" + "0" * 16 + "-01")  # fmt: skip
+        assert len(encode(event)) < limit * 0.75
+    assert consumer_batches([]) == [[]]
