@@ -4,6 +4,11 @@ The publisher withdraws the twin of every held GPU (a GPU and its VFIO twin
 are mutually exclusive). Writes happen in the background after prepares and
 unprepares, coalesced, and only when the set changed, so they never add to a
 kubelet call's latency.
+
+The key is this node's word: deleted or rewritten by someone else (the admin
+identity may), the publisher would offer a held GPU's twin. Every ``CHECK_S`` the
+stored value is compared with what was written; a different one is put back,
+logged and counted (``gpudra_preparer_prepared_key_repairs_total``).
 """
 
 from __future__ import annotations
@@ -11,14 +16,22 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from prometheus_client import Counter
+
 from services.core.bus import subjects
 from services.core.bus.client import Bus
 from services.core.kit import supervisor
-from services.core.model.schemas import HeldDevice, NodePreparedDevices
+from services.core.model.schemas import HeldDevice, NodePreparedDevices, SchemaError
 from services.preparer.checkpoint import GPU_KINDS, PREPARE_COMPLETED
 from services.preparer.checkpointstore import CheckpointStore
 
 log = logging.getLogger(__name__)
+CHECK_S = 10.0  # how often the stored key is compared with what was written
+REPAIRS = Counter(
+    "gpudra_preparer_prepared_key_repairs_total",
+    "Times this node's prepared key was found deleted, rewritten or unreadable, and put back.",
+    ["reason"],
+)
 
 
 def held_devices(store: CheckpointStore) -> list[HeldDevice]:
@@ -45,6 +58,7 @@ class HoldingsPublisher:
     def start(self) -> None:
         self._dirty.set()  # publish what the checkpoint holds at start-up
         supervisor.current().spawn("holdings", self._publish_changes)
+        supervisor.current().spawn("holdings-guard", self._guard)
 
     def changed(self) -> None:
         self._dirty.set()
@@ -69,5 +83,40 @@ class HoldingsPublisher:
                 continue
             self._last = held
 
+    async def _guard(self, interval: float = CHECK_S) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            last = self._last
+            why = await self._wrong(last)
+            if why and self._last is last:  # not written again by us meanwhile
+                REPAIRS.labels(reason=why).inc()
+                log.warning(
+                    "the prepared key was %s by someone else; putting it back",
+                    why,
+                    extra={"node": self.node},
+                )
+                self._last = None
+                self._dirty.set()
+
+    async def _wrong(self, last: list[HeldDevice] | None) -> str:
+        """Why the stored value is not ``last``, what we wrote ("" when it is, or nothing is
+        written yet, or the bus is away: the next check tries again)."""
+        if last is None:
+            return ""
+        key = subjects.prepared_key(self.node)
+        try:
+            found = await self.bus.kv_get(subjects.PREPARED_BUCKET, key, NodePreparedDevices)
+        except SchemaError:
+            return "made unreadable"
+        except Exception as exc:
+            log.warning("could not check the prepared key", extra={"error": str(exc)})
+            return ""
+        if found is None:
+            return "deleted"
+        if found[0] != NodePreparedDevices(node=self.node, devices=last):
+            return "rewritten"
+        return ""
+
     async def close(self) -> None:
+        await supervisor.current().cancel("holdings-guard")
         await supervisor.current().cancel("holdings")

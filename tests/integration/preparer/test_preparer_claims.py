@@ -143,6 +143,34 @@ async def test_a_full_gpu_is_prepared_once_and_undone_completely(h100: Node, bus
     assert prepared.duration_ms is not None and prepared.duration_ms > 0
 
 
+async def test_a_deleted_or_rewritten_prepared_key_is_put_back_by_the_preparer(
+    h100: Node, bus: Bus
+) -> None:
+    """Only the admin identity (and the node's preparer) may write the node's prepared
+    key; deleted or emptied, the publisher would offer the held GPU's VFIO twin. The
+    preparer puts its word back within its check interval, logged."""
+    preparer = await h100.start_preparer()
+    claim = await h100.put_claim(make_claim(h100.name, [Dev("gpu", "gpu-2")], name="held"))
+    assert (await h100.prepare(claim)).claims[claim.metadata.uid or ""].error == ""
+    held = await wait_held(h100, lambda devices: [d.device for d in devices] == ["gpu-2"])
+    key = subjects.prepared_key(h100.name)
+
+    async def back() -> None:
+        for _ in range(600):
+            got = await bus.kv_get(subjects.PREPARED_BUCKET, key, NodePreparedDevices)
+            if got and got[0].devices == held:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the prepared key was not put back:\n{preparer.output()}")
+
+    await bus.kv_delete(subjects.PREPARED_BUCKET, key)
+    await back()
+    await bus.kv_put(subjects.PREPARED_BUCKET, key, NodePreparedDevices(node=h100.name))
+    await back()
+    for why in ("deleted", "rewritten"):
+        assert f"the prepared key was {why} by someone else; putting it back" in preparer.output()
+
+
 async def test_dynamic_mig_devices_appear_in_discovery_and_go_away(h100: Node) -> None:
     await h100.start_preparer(gates="DynamicMIG=true")
     name = nvidia.mig_device_name(2, "1g.10gb", 19, 6)
