@@ -150,7 +150,7 @@ class Daemon:
         try:
             if not self.settings.clique_id:
                 await self.key.set("Ready")  # no fabric: nothing to broker, as the reference
-                await asyncio.Event().wait()
+                await self.key.guard()  # no watch here: its word is checked on a timer
             imexcfg.write_atomic(self.settings.config_path, self.settings.imex_config().render())
             nodes = self.settings.imex_config().nodes_file
             if self.settings.dns_names:
@@ -183,6 +183,8 @@ class Daemon:
             else:
                 table[parsed[2]] = update.value  # type: ignore[assignment]
             self._render_peers()
+            if what == subjects.MEMBER and parsed[2] == self.settings.node:
+                await self.key.repair(update.value, update.revision)  # type: ignore[arg-type]
 
     def _render_peers(self) -> None:
         if self.settings.dns_names:

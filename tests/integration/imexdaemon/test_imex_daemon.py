@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from services.core.bus import subjects
@@ -201,6 +202,32 @@ async def test_a_node_outside_a_fabric_joins_ready_and_idles(setup: tuple[Daemon
     daemons.start("plain", uid=UID, clique="")
     found = await until(lambda: member(bus, "plain"))
     assert (found.status, found.clique_id, found.ip_address) == ("Ready", "", "127.0.0.9")
+
+
+@pytest.mark.parametrize("clique", [CLIQUE, ""], ids=["watched", "outside-a-fabric"])
+async def test_a_deleted_or_rewritten_member_key_is_put_back_by_its_daemon(
+    setup: tuple[Daemons, Bus], tmp_path: Path, clique: str
+) -> None:
+    """Only the admin identity (and the controller, for a deleted domain) may remove or
+    rewrite a daemon's member key; the daemon puts its word back (seen by its watch of
+    the members, or, outside a fabric, on its check timer), logged."""
+    daemons, bus = setup
+    daemons.start("tray-a", uid=UID, clique=clique)
+    mine = await until(lambda: member(bus, "tray-a"))
+    key = subjects.domain_member_key(UID, "tray-a")
+
+    async def back() -> bool:
+        found = await member(bus, "tray-a")
+        return found is not None and (found.ip_address, found.pod) == (mine.ip_address, mine.pod)
+
+    await bus.kv_delete(BUCKET, key)
+    await until(back)
+    forged = msgspec.structs.replace(mine, ip_address="6.6.6.6", updated_at=0.0)
+    await bus.kv_put(BUCKET, key, forged)
+    await until(back)
+    log = (tmp_path / "tray-a.log").read_text()
+    for why in ("deleted", "rewritten"):
+        assert f"the member key was {why} by someone else; putting it back" in log
 
 
 async def test_a_binary_that_cannot_start_marks_the_member_failed(
