@@ -145,7 +145,13 @@ class Discovery:
 
     async def _store(self, inv: NodeInventory) -> None:
         if self.stored is not None and self.stored.digest() == inv.digest():
-            return
+            if await self._still_stored(inv):
+                return
+            metrics.INVENTORY_REPAIRS.inc()
+            log.warning(
+                "the inventory key was gone or changed at the rescan; putting the scan back",
+                extra={"node": self.node},
+            )
         try:
             revision = await self.bus.kv_put(
                 subjects.INVENTORY_BUCKET, subjects.inventory_key(self.node), inv
@@ -185,6 +191,16 @@ class Discovery:
             )
             self.stored = None  # the next store writes whatever the scan says
             self.wake()
+
+    async def _still_stored(self, inv: NodeInventory) -> bool:
+        """Whether KV still holds ``inv``. The guard's watch sees a deletion or a rewrite;
+        this catches one it could not see (made while it was down, its marker expired)."""
+        try:
+            found = await self._load_stored()
+        except Exception as exc:  # the bus is away: the next rescan looks again
+            log.warning("could not read the inventory key", extra={"error": str(exc)})
+            return True
+        return found is not None and found.digest() == inv.digest()
 
     async def _load_stored(self) -> NodeInventory | None:
         try:
