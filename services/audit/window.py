@@ -17,7 +17,6 @@ from dataclasses import dataclass
 from services.audit.replay import Filters
 from services.core.bus import subjects
 from services.core.bus.client import Bus
-from services.core.bus.kvwatch import read_keys
 from services.core.kube.resource import ResourceClaim
 from services.core.model.schemas import SchemaError
 
@@ -66,7 +65,7 @@ async def read_window(bus: Bus) -> Window:
 async def live_claims(bus: Bus) -> dict[str, str]:
     """uid -> node of every claim in the ``claims`` bucket (keys ``<node>.<uid>``)."""
     live: dict[str, str] = {}
-    for key in await read_keys(bus.js, subjects.CLAIMS_BUCKET):
+    for key in await bus.kv_keys(subjects.CLAIMS_BUCKET):
         node, _, uid = key.partition(".")
         try:
             live[subjects.unescape_token(uid)] = subjects.unescape_token(node)

@@ -36,7 +36,6 @@ from nats.js.kv import KeyValue
 
 from services.core.bus import retention, subjects
 from services.core.bus.client import Bus
-from services.core.bus.kvwatch import open_watcher
 from services.core.kit import supervisor
 from services.publisher.tuning import DEFAULT_SHARDS
 
@@ -93,7 +92,7 @@ class Shards:
     async def run(self) -> None:
         """Hold a fair share of the leases until cancelled (then release them)."""
         kv = await self.bus.kv(subjects.PUBLISHERS_BUCKET)
-        watcher = asyncio.create_task(self._watch(kv))
+        watcher = asyncio.create_task(self._watch())
         try:
             # Announce, and watch a renewal period before taking anything: replicas
             # that start together then see each other and split the shards at once.
@@ -151,19 +150,12 @@ class Shards:
         seen = self._seen.get(_key(shard))
         return seen is None or now - seen[1] >= self.ttl
 
-    async def _watch(self, kv: KeyValue) -> None:
-        watcher = await open_watcher(kv, ">")
-        try:
-            async for entry in watcher:
-                if entry is None:
-                    continue
-                if entry.operation in ("DEL", "PURGE"):
-                    self._seen.pop(entry.key, None)
-                else:
-                    self._seen[entry.key] = (entry.value or b"", time.monotonic())
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+    async def _watch(self) -> None:
+        async for entry in self.bus.kv_entries(subjects.PUBLISHERS_BUCKET):
+            if entry.value is None:
+                self._seen.pop(entry.key, None)
+            else:
+                self._seen[entry.key] = (entry.value, time.monotonic())
 
     async def _release_all(self, kv: KeyValue) -> None:
         held, self.held = self.held, {}

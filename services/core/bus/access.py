@@ -17,7 +17,10 @@ needs. The rules, all derived from :mod:`services.core.bus.subjects`:
   writes its own ``inventory`` key; only a node's preparer its ``prepared`` key;
 - each service publishes only its own claim and device events;
 - nobody (the provisioning identity included) may purge or delete a stream or
-  bucket, or delete a message; auditors only read.
+  bucket, or delete a message; auditors only read;
+- consumers only on the streams an identity reads, and only under a few names of
+  its own (:mod:`services.core.bus.slots`): no identity can exhaust a stream's
+  consumers for the others.
 
 This module is pure data: :mod:`services.core.bus.natsauth` renders it into the
 nats-server configuration, the chart into its own.
@@ -29,7 +32,7 @@ import enum
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from services.core.bus import subjects
+from services.core.bus import slots, subjects
 from services.core.model.computedomain import CD_DRIVER
 from services.core.model.nvidia import DRIVER_NAME
 from services.core.model.schemas import ClaimEventName
@@ -120,6 +123,7 @@ class Identity:
 class _Grant:
     publish: list[str] = field(default_factory=list)
     subscribe: list[str] = field(default_factory=list)
+    read: list[str] = field(default_factory=list)  # streams it may have consumers on
 
     def kv_read(self, *buckets: str) -> _Grant:
         for bucket in buckets:
@@ -130,25 +134,31 @@ class _Grant:
         self.publish.append(f"$KV.{bucket}.{keys}")
         return self
 
-    def stream_read(self, stream: str, *, delete_consumers: bool = True) -> _Grant:
-        """Info, direct and stored gets, ephemeral and durable consumers, acks; and,
-        with ``delete_consumers``, deleting consumers (a KV watch deletes its own)."""
+    def stream_read(self, stream: str, *, replays: bool = False) -> _Grant:
+        """Info, direct and stored gets, flow control; consumers only under the
+        identity's own names (:mod:`services.core.bus.slots`, added by
+        :meth:`done`): a bounded few, whatever their kind. With ``replays`` (the
+        auditor's ``CLAIMS``, where no service has a consumer): consumers of any name,
+        durable ones too, pulled, acknowledged and deleted."""
         api = JS_API
-        if delete_consumers:
-            self.publish.append(f"{api}.CONSUMER.DELETE.{stream}.>")
         self.publish += [
             f"{api}.STREAM.INFO.{stream}",
             f"{api}.STREAM.MSG.GET.{stream}",
             f"{api}.DIRECT.GET.{stream}",
             f"{api}.DIRECT.GET.{stream}.>",
-            f"{api}.CONSUMER.CREATE.{stream}",
-            f"{api}.CONSUMER.CREATE.{stream}.>",
-            f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>",
-            f"{api}.CONSUMER.INFO.{stream}.>",
-            f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
-            f"$JS.ACK.{stream}.>",
             f"$JS.FC.{stream}.>",
         ]
+        if replays:
+            self.publish += [
+                f"{api}.CONSUMER.CREATE.{stream}",
+                f"{api}.CONSUMER.CREATE.{stream}.>",
+                f"{api}.CONSUMER.DURABLE.CREATE.{stream}.>",
+                f"{api}.CONSUMER.INFO.{stream}.>",
+                f"{api}.CONSUMER.DELETE.{stream}.>",
+                f"{api}.CONSUMER.MSG.NEXT.{stream}.>",
+                f"$JS.ACK.{stream}.>",
+            ]
+        self.read.append(stream)
         return self
 
     def answers(self, *requesters: Identity) -> _Grant:
@@ -157,7 +167,10 @@ class _Grant:
         return self
 
     def done(self, identity: Identity) -> Permissions:
-        publish = [f"{JS_API}.INFO", *self.publish]
+        ops = ("CREATE", "INFO", "DELETE")
+        own = [f"{JS_API}.CONSUMER.{op}.{stream}.{name}" for stream in self.read
+               for op in ops for name in slots.consumer_names(identity.name)]  # fmt: skip
+        publish = [f"{JS_API}.INFO", *self.publish, *own]
         subscribe = [f"{identity.inbox_prefix}.>", *self.subscribe]
         return Permissions(tuple(publish), tuple(subscribe))
 
@@ -237,14 +250,15 @@ def _front(who: Identity) -> Permissions:
 
 
 def _auditor(who: Identity) -> Permissions:
-    """Reads only. It may delete consumers on ``CLAIMS`` alone, where only auditors have
-    them (``gpudra audit``'s replays); a service's KV watch is never its to end."""
-    grant = _Grant().stream_read(subjects.CLAIMS_STREAM)
+    """Reads only. It replays ``CLAIMS`` with consumers of its own choosing (only auditors
+    have any there); elsewhere, as everyone, a few of its own names: a service's KV watch
+    is never its to end."""
+    grant = _Grant().stream_read(subjects.CLAIMS_STREAM, replays=True)
     for stream in (subjects.HEALTH_STREAM, subjects.INVENTORY_EVENTS_STREAM,
                    *(f"KV_{bucket}" for bucket in (subjects.CLAIMS_BUCKET,
                      subjects.INVENTORY_BUCKET, subjects.PRESENCE_BUCKET,
                      subjects.PREPARED_BUCKET))):  # fmt: skip
-        grant.stream_read(stream, delete_consumers=False)
+        grant.stream_read(stream)
     return grant.done(who)
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -27,11 +27,10 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.core.bus import connection, provisioning, retention, tokenrenew
+from services.core.bus import connection, kvwatch, ordered, provisioning, retention, tokenrenew
 from services.core.bus.access import Identity, Role
 from services.core.bus.failures import NotProvisioned, RequestFailed, RequestTimeout
 from services.core.bus.intake import decode_or_skip, foreign
-from services.core.bus.kvwatch import open_watcher, read_keys, settle_watchers
 from services.core.bus.natsauth import Credentials
 from services.core.kit import supervisor
 from services.core.kit.env import env
@@ -85,6 +84,7 @@ class Bus:
         self._slots = asyncio.Semaphore(self.max_inflight)
         self._closing = False  # set by close(): a close we asked for
         self._background: list[asyncio.Task[None]] = []  # the watchdog, the token renewal
+        self.consumer_names = ordered.Names(self.identity.name)  # see services.core.bus.slots
 
     @classmethod
     async def connect(
@@ -127,7 +127,7 @@ class Bus:
 
     async def close(self) -> None:
         self._closing = True
-        await settle_watchers()
+        await ordered.settle()  # our consumers deleted: their names free at once
         with contextlib.suppress(Exception):
             await self.nc.drain()
         await supervisor.cancel_and_wait(list(self._background))
@@ -183,27 +183,29 @@ class Bus:
 
     async def kv_keys(self, bucket: str) -> list[str]:
         await self.kv(bucket)  # provisioned, or NotProvisioned
-        return await read_keys(self.js, bucket)
+        return await kvwatch.read_keys(self.nc, self.consumer_names, bucket)
 
     async def watch_kv(
         self, bucket: str, kind: type[T], keys: str = ">"
     ) -> AsyncIterator[KvUpdate[T]]:
         """Current values first, then every change; malformed values are skipped."""
-        watcher = await open_watcher(await self.kv(bucket), keys)
-        try:
-            async for entry in watcher:
-                if entry is None:  # end of the initial values
-                    continue
-                revision = int(entry.revision or 0)
-                if entry.operation in ("DEL", "PURGE") or not entry.value:
-                    yield KvUpdate(entry.key, None, revision)
+        async with contextlib.aclosing(self.kv_entries(bucket, keys)) as entries:
+            async for entry in entries:
+                if not entry.value:
+                    yield KvUpdate(entry.key, None, entry.revision)
                     continue
                 value = decode_or_skip(entry.value, kind, f"kv:{bucket}", f"key {entry.key!r}")
                 if value is not None:
-                    yield KvUpdate(entry.key, value, revision)
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
+                    yield KvUpdate(entry.key, value, entry.revision)
+
+    async def kv_entries(self, bucket: str, keys: str = ">") -> AsyncGenerator[kvwatch.Entry, None]:
+        """The raw current values of ``keys``, then every change (a value None: removed)."""
+        await self.kv(bucket)  # provisioned, or NotProvisioned
+        async with contextlib.aclosing(
+            kvwatch.watch(self.nc, self.consumer_names, bucket, keys)
+        ) as entries:
+            async for entry in entries:
+                yield entry
 
     # ------------------------------------------------------------ messages
 

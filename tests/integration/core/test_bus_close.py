@@ -9,7 +9,7 @@ import pytest
 
 from services.core.bus import subjects
 from services.core.bus.client import Bus
-from services.core.bus.kvwatch import settle_watchers
+from services.core.bus.ordered import settle
 from services.core.model.schemas import PluginPresence
 from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
@@ -20,8 +20,8 @@ pytestmark = pytest.mark.integration
 async def test_a_watch_cancelled_while_it_is_made_leaves_no_subscription(
     nats_server: NatsServer,
 ) -> None:
-    """Cancelled at every moment of its making (0 to 10 ms in 0.25 ms steps): before
-    the fix, a watch cancelled after its subscribe kept the subscription, whose
+    """Cancelled at every moment of its making (0 to 10 ms in 0.25 ms steps): with
+    nats-py's watch, one cancelled after its subscribe kept the subscription, whose
     callback waited 5 s for a setup that never came, and the close's drain with it."""
     for step in range(40):
         bus = await connect(nats_server)
@@ -39,7 +39,7 @@ async def test_a_watch_cancelled_while_it_is_made_leaves_no_subscription(
         task.cancel()
         done, _ = await asyncio.wait([task], timeout=2)
         assert done, f"a watch cancelled after {step / 4} ms did not end"
-        await settle_watchers()
+        await settle()
         assert set(bus.nc._subs) == before, f"cancelled after {step / 4} ms"
         closing = asyncio.create_task(bus.close())
         done, _ = await asyncio.wait([closing], timeout=3)
