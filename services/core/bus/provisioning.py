@@ -24,6 +24,12 @@ STREAMS: Mapping[str, list[str]] = {
 #: their emitters (a 503, retried) until old ones age out or the limit is raised.
 REFUSE_WHEN_FULL = frozenset({subjects.CLAIMS_STREAM})
 DUPLICATE_WINDOW_S = 120.0  # JetStream's default; never longer than the stream's max age
+#: Consumers a stream or bucket takes. nats-server 2.15 allows 1,000 per stream unless
+#: the stream says otherwise, and every node's front, preparer and discovery watch
+#: ``inventory``: a fleet of 334 nodes would be refused its watches. One identity
+#: holds at most services.core.bus.slots.SLOTS of them whatever this says, so the
+#: limit only has to leave room for every identity's (5,000 nodes x 3 x 4 over it).
+MAX_CONSUMERS = 1 << 16
 
 BUCKETS: Mapping[str, int] = {  # bucket -> history depth
     subjects.INVENTORY_BUCKET: 1,
@@ -49,7 +55,8 @@ async def provision_streams(js: JetStreamContext, replicas: int) -> None:
             await js.update_stream(
                 replace(info.config, max_age=wanted.max_age, max_bytes=wanted.max_bytes,
                         max_msg_size=wanted.max_msg_size, discard=wanted.discard,
-                        duplicate_window=wanted.duplicate_window)
+                        duplicate_window=wanted.duplicate_window,
+                        max_consumers=wanted.max_consumers)
             )  # fmt: skip
 
 
@@ -65,6 +72,7 @@ def _stream_config(stream: str, subs: list[str], replicas: int) -> js_api.Stream
         max_bytes=limits.max_bytes,
         max_msg_size=limits.max_msg_size,
         discard=full,
+        max_consumers=MAX_CONSUMERS,
         # The server refuses a window longer than the max age (a trail kept minutes).
         duplicate_window=min(DUPLICATE_WINDOW_S, limits.max_age_s or DUPLICATE_WINDOW_S),
     )
@@ -87,7 +95,8 @@ async def create_bucket(js: JetStreamContext, bucket: str, history: int, replica
 
 
 async def close_bucket(js: JetStreamContext, bucket: str) -> None:
-    """No rollup headers and no purge on ``bucket``'s stream.
+    """No rollup headers and no purge on ``bucket``'s stream; room for every identity's
+    consumers (:data:`MAX_CONSUMERS`).
 
     nats-py creates every bucket with ``allow_rollup_hdrs``: a writer of one key
     could then send ``Nats-Rollup: all`` on it and wipe every other writer's keys
@@ -97,8 +106,10 @@ async def close_bucket(js: JetStreamContext, bucket: str) -> None:
     closed by the next provisioning.
     """
     config = (await js.stream_info(f"KV_{bucket}")).config
-    if config.allow_rollup_hdrs or not config.deny_purge:
-        await js.update_stream(replace(config, allow_rollup_hdrs=False, deny_purge=True))
+    closed = (config.allow_rollup_hdrs, config.deny_purge, config.max_consumers)
+    if closed != (False, True, MAX_CONSUMERS):
+        await js.update_stream(replace(config, allow_rollup_hdrs=False, deny_purge=True,
+                                       max_consumers=MAX_CONSUMERS))  # fmt: skip
 
 
 def in_stream(subject: str) -> bool:
@@ -109,6 +120,6 @@ def in_stream(subject: str) -> bool:
 def _limits_differ(have: js_api.StreamConfig, want: js_api.StreamConfig) -> bool:
     def limits(config: js_api.StreamConfig) -> tuple[object, ...]:
         return (config.max_age or 0, config.max_bytes, config.max_msg_size, config.discard,
-                config.duplicate_window)  # fmt: skip
+                config.duplicate_window, config.max_consumers)  # fmt: skip
 
     return limits(have) != limits(want)

@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import api
 
-from services.core.bus import ordered, slots, subjects
+from services.core.bus import ordered, provisioning, slots, subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.client import Bus
 from services.core.model.schemas import NodeInventory, PluginPresence
@@ -240,3 +240,12 @@ async def test_a_watch_refused_by_the_streams_consumer_limit_opens_once_there_is
         await watch.aclose()
         await front.close()
 
+
+async def test_every_stream_and_bucket_takes_every_identitys_consumers(bus: Bus) -> None:
+    """nats-server 2.15 allows 1,000 consumers per stream that sets no limit: the
+    watches of 334 nodes (front, preparer and discovery each watch ``inventory``). One
+    identity's few names are the bound; the streams leave room for all of them."""
+    streams = [*provisioning.STREAMS, *(f"KV_{b}" for b in provisioning.BUCKETS)]
+    for stream in streams:
+        config = (await bus.js.stream_info(stream)).config
+        assert config.max_consumers == provisioning.MAX_CONSUMERS, stream
