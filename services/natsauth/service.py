@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from prometheus_client import Counter
 
-from services.core.bus import natsjwt
+from services.core.bus import natsjwt, payloads
 from services.core.kit import supervisor
 from services.natsauth.authorize import Authorizer, Decision
 
@@ -92,6 +92,7 @@ class Callout:
             account=self.account,
             name=who.name,
             expires=decision.expires,
+            payload=payloads.limit(who.role),
         )
         return natsjwt.response_claims(
             request.user_nkey, request.server_id, user_jwt=natsjwt.encode(user, self.signer)

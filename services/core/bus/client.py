@@ -27,7 +27,15 @@ from nats.js import api as js_api
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
-from services.core.bus import connection, kvwatch, ordered, provisioning, retention, tokenrenew
+from services.core.bus import (
+    connection,
+    kvwatch,
+    ordered,
+    payloads,
+    provisioning,
+    retention,
+    tokenrenew,
+)
 from services.core.bus.access import Identity, Role
 from services.core.bus.failures import NotProvisioned, RequestFailed, RequestTimeout
 from services.core.bus.intake import decode_or_skip, foreign
@@ -157,7 +165,9 @@ class Bus:
     # ------------------------------------------------------------ KV
 
     async def kv_put(self, bucket: str, key: str, value: msgspec.Struct) -> int:
-        return int(await (await self.kv(bucket)).put(key, encode(value)))
+        data = encode(value)
+        payloads.check(self.identity.role, f"$KV.{bucket}.{key}", data)
+        return int(await (await self.kv(bucket)).put(key, data))
 
     async def kv_get(self, bucket: str, key: str, kind: type[T]) -> tuple[T, int] | None:
         """The value and its revision, or None if absent or deleted."""
@@ -187,7 +197,7 @@ class Bus:
 
     async def watch_kv(
         self, bucket: str, kind: type[T], keys: str = ">"
-    ) -> AsyncIterator[KvUpdate[T]]:
+    ) -> AsyncGenerator[KvUpdate[T], None]:
         """Current values first, then every change; malformed values are skipped."""
         async with contextlib.aclosing(self.kv_entries(bucket, keys)) as entries:
             async for entry in entries:
@@ -214,6 +224,7 @@ class Bus:
     ) -> None:
         """Publish to JetStream (acknowledged) when a stream holds the subject."""
         data = encode(value)
+        payloads.check(self.identity.role, subject, data, headers)
         if provisioning.in_stream(subject):
             await self.js.publish(subject, data, headers=headers or None)
         else:
@@ -223,7 +234,9 @@ class Bus:
         self, subject: str, value: msgspec.Struct, headers: dict[str, str]
     ) -> js_api.PubAck:
         """Publish to JetStream and return its acknowledgement (stream sequence, duplicate)."""
-        return await self.js.publish(subject, encode(value), headers=headers)
+        data = encode(value)
+        payloads.check(self.identity.role, subject, data, headers)
+        return await self.js.publish(subject, data, headers=headers)
 
     async def request(
         self,
@@ -233,8 +246,10 @@ class Bus:
         timeout: float,
         headers: dict[str, str] | None = None,
     ) -> T:
+        data = encode(value)
+        payloads.check(self.identity.role, subject, data, headers)
         try:
-            msg = await self.nc.request(subject, encode(value), timeout=timeout, headers=headers)
+            msg = await self.nc.request(subject, data, timeout=timeout, headers=headers)
         except NoRespondersError as exc:
             raise RequestFailed(f"no responder on {subject}") from exc
         except (TimeoutError, NatsTimeoutError) as exc:
@@ -268,7 +283,7 @@ class Bus:
                     return
                 reply = await handler(value, dict(msg.headers or {}))
                 if msg.reply:
-                    await msg.respond(encode(reply))
+                    await self._respond(msg, encode(reply))
             finally:
                 self._slots.release()
 
@@ -280,6 +295,15 @@ class Bus:
 
         self._served.append(await self.nc.subscribe(subject, queue=queue, cb=spawn))
         await self.nc.flush()  # the server knows it: a request sent from now on finds us
+
+    async def _respond(self, msg: Msg, data: bytes) -> None:
+        """Answer ``msg``; an answer too large for this identity is not sent (logged and
+        counted): the requester times out, as for any answer that never came."""
+        try:
+            payloads.check(self.identity.role, msg.reply, data)
+        except payloads.PayloadTooLarge:
+            return
+        await msg.respond(data)
 
     @property
     def inflight(self) -> int:

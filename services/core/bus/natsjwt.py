@@ -168,9 +168,16 @@ def jwt_permissions(perms: Permissions) -> dict[str, Any]:
 
 
 def user_claims(
-    user_nkey: str, perms: Permissions, *, account: str, name: str, expires: int
+    user_nkey: str,
+    perms: Permissions,
+    *,
+    account: str,
+    name: str,
+    expires: int,
+    payload: int = NO_LIMIT,
 ) -> dict[str, Any]:
-    """A user JWT's claims: ``account`` (aud) is where nats-server places the user."""
+    """A user JWT's claims: ``account`` (aud) is where nats-server places the user;
+    ``payload`` the largest message it may publish (services.core.bus.payloads)."""
     return {
         "aud": account,
         "exp": expires,
@@ -180,7 +187,7 @@ def user_claims(
             **jwt_permissions(perms),
             "subs": NO_LIMIT,
             "data": NO_LIMIT,
-            "payload": NO_LIMIT,
+            "payload": payload,
             "type": USER,
             "version": VERSION,
         },

@@ -19,12 +19,20 @@ from dataclasses import dataclass, field
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import api
 
-from services.core.bus import ordered, provisioning, slots, subjects
+from services.core.bus import ordered, payloads, provisioning, slots, subjects
 from services.core.bus.access import Identity, Role
 from services.core.bus.client import Bus
-from services.core.model.schemas import NodeInventory, PluginPresence
+from services.core.bus.failures import RequestFailed
+from services.core.model.schemas import (
+    ClaimRef,
+    NodeInventory,
+    NodeReply,
+    NodeRequest,
+    PluginPresence,
+)
 from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
 
@@ -90,7 +98,7 @@ async def _flood(raw: Raw, stream: str, count: int) -> dict[str, str]:
     replies = raw.nc.new_inbox()
     answered: list[bool] = []
 
-    async def on_reply(msg: nats.aio.msg.Msg) -> None:
+    async def on_reply(msg: Msg) -> None:
         answered.append("error" not in json.loads(msg.data))
 
     await raw.nc.subscribe(f"{replies}.>", cb=on_reply)
@@ -249,3 +257,29 @@ async def test_every_stream_and_bucket_takes_every_identitys_consumers(bus: Bus)
     for stream in streams:
         config = (await bus.js.stream_info(stream)).config
         assert config.max_consumers == provisioning.MAX_CONSUMERS, stream
+
+
+async def test_a_message_over_the_identitys_payload_is_not_sent_and_the_bus_stays_up(
+    nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A front may publish 512 KiB (its largest real request, 512 claims with the longest
+    names, is 237 KiB). A larger one is refused before it is sent, logged and counted;
+    the connection stays (nats-server closes one that exceeds a payload limit)."""
+    front = await connect(nats_server, Role.FRONT, "n1", name="front")
+    try:
+        subject = subjects.node_prepare("n1")
+        refused = payloads.REFUSED.labels(root="dra.node")
+        before = refused._value.get()
+        claims = [ClaimRef(uid=f"{i:036d}", namespace="n" * 63, name="c" * 253)
+                  for i in range(2000)]  # fmt: skip
+        huge = NodeRequest(node="n1", claims=claims, deadline=0)
+        with pytest.raises(payloads.PayloadTooLarge, match="kubeletplugin may publish 524288"):
+            await front.request(subject, huge, NodeReply, timeout=1)
+        assert refused._value.get() == before + 1
+        assert "message too large for this identity; not sent" in caplog.text
+        with pytest.raises(RequestFailed):  # sent: nobody answers here
+            await front.request(subject, NodeRequest(node="n1", claims=[], deadline=0),
+                                NodeReply, timeout=1)  # fmt: skip
+        assert front.nc.is_connected
+    finally:
+        await front.close()

@@ -8,7 +8,7 @@ import time
 
 import nkeys
 
-from services.core.bus import natsjwt
+from services.core.bus import natsjwt, payloads
 from services.core.bus.access import Identity, Role
 from services.core.bus.natsauth import new_seed, public_key
 from services.natsauth.authorize import Decision
@@ -63,6 +63,7 @@ async def test_an_allowed_connection_gets_its_identitys_user_jwt() -> None:
     user = natsjwt.decode(response["nats"]["jwt"], kind="user", issuer_prefix="A")
     assert (user["sub"], user["aud"], user["name"]) == (USER, "GPUDRA", "preparer.n1")
     assert user["nats"]["sub"]["allow"] == list(who.permissions().subscribe)
+    assert user["nats"]["payload"] == payloads.limit(Role.PREPARER) == 512 * 1024
     assert "tok" not in answer.decode()  # the token is not echoed back
 
 
