@@ -13,6 +13,7 @@ from services.core.bus.natsjwt import Signer
 from services.core.process import config
 from services.core.process.serve import Stack
 from services.natsauth import grants as g
+from services.natsauth.adminpod import ProvisionJob
 from services.natsauth.authorize import Authorizer
 from services.natsauth.service import Callout
 from services.natsauth.tokenreview import TokenReviewer
@@ -27,7 +28,8 @@ async def start(
     stack: Stack,
 ) -> None:
     api = await stack.kube(args.kubeconfig)
-    authorizer = Authorizer(TokenReviewer(api), grants, args.audience)
+    admin = ProvisionJob(api, args.admin_job_prefix)
+    authorizer = Authorizer(TokenReviewer(api), grants, args.audience, admin)
     callout = Callout(authorizer, signer, account=args.account, max_inflight=args.max_inflight)
     stack.closing(callout.close, "the callout")
     creds = config.nats_credentials(args)
@@ -43,5 +45,9 @@ async def start(
     await callout.serve(nc)
     log.info(
         "answering authorization requests",
-        extra={"issuer": signer.public_key, "grants": g.describe(grants)},
+        extra={
+            "issuer": signer.public_key,
+            "grants": g.describe(grants),
+            "admin_job_prefix": args.admin_job_prefix,
+        },
     )

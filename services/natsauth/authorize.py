@@ -3,7 +3,8 @@
 The order of checks is the order of trust: the token's claimed role (its
 audience) means nothing until the API server has confirmed the token for that
 audience; the account it names must be granted that role; a node role takes its
-node from the pod the token is bound to, never from anything the client says.
+node from the pod the token is bound to, never from anything the client says; the
+admin role is only for a pod of the provision Job while it runs (:mod:`.adminpod`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 from services.core.bus.access import NODE_ROLES, AccessError, Identity, Role
 from services.core.bus.natsjwt import unverified_claims
 from services.natsauth import grants as g
+from services.natsauth.adminpod import ProvisionJob
 from services.natsauth.tokenreview import Reviewer
 
 
@@ -34,10 +36,12 @@ class Authorizer:
         reviewer: Reviewer,
         grants: Mapping[g.Account, frozenset[Role]],
         audience: str,
+        admin: ProvisionJob | None = None,
     ) -> None:
         self.reviewer = reviewer
         self.grants = grants
         self.audience = audience
+        self.admin = admin  # None: nobody is admin
 
     async def decide(self, token: str, *, now: float | None = None) -> Decision:
         if not token:
@@ -71,6 +75,12 @@ class Authorizer:
             return refuse("the token has no expiry or has expired")
         if role in NODE_ROLES and not review.node:
             return refuse("a node role needs a token bound to a pod on a node")
+        if role is Role.ADMIN:
+            why = "no provision Job is configured: nobody may be admin"
+            if self.admin is not None:
+                why = await self.admin.refusal(account.namespace, review.pod, review.pod_uid)
+            if why:
+                return refuse(why)
         try:
             identity = Identity(role, review.node if role in NODE_ROLES else "")
         except AccessError as exc:

@@ -66,6 +66,14 @@ def _auth_flags(parser: argparse.ArgumentParser) -> None:
         "GPUDRA",
         "the nats-server account every gpudra identity is placed in",
     )
+    config.flag(
+        parser,
+        "admin-job-prefix",
+        str,
+        "",
+        "admin only for a token bound to a running pod of a Job named PREFIX* that has not "
+        "finished (the chart's <release>-provision-); empty: nobody may be admin",
+    )
     config.add_kubeconfig_flag(parser, "for TokenReviews (empty: the pod's service account)")
 
 

@@ -16,6 +16,7 @@ from services.core.kube.client import ApiError, KubeApi
 PATH = "/apis/authentication.k8s.io/v1/tokenreviews"
 NODE_NAME = "authentication.kubernetes.io/node-name"  # ServiceAccountTokenPodNodeInfo
 POD_NAME = "authentication.kubernetes.io/pod-name"
+POD_UID = "authentication.kubernetes.io/pod-uid"
 
 
 class _User(msgspec.Struct):
@@ -43,6 +44,7 @@ class Review(msgspec.Struct, frozen=True):
     node: str = ""  # the node of the pod the token is bound to
     pod: str = ""
     error: str = ""
+    pod_uid: str = ""
 
 
 class Reviewer(Protocol):
@@ -79,4 +81,5 @@ def _review(status: _Status) -> Review:
         node=next(iter(extra.get(NODE_NAME, [])), ""),
         pod=next(iter(extra.get(POD_NAME, [])), ""),
         error=status.error,
+        pod_uid=next(iter(extra.get(POD_UID, [])), ""),
     )

@@ -44,6 +44,7 @@ NS = "gpudra-auth-e2e"
 N1, N2 = "e2e-node-1", "e2e-node-2"  # the session's Nodes
 AUD = "gpudra-nats"
 DENIED = "permissions violation"
+PROVISION = "gpudra-provision-"  # the chart's Job of each release revision: <release>-provision-<n>
 GRANTS = [
     f"discovery={NS}/gpudra-node",
     f"preparer={NS}/gpudra-node",
@@ -81,6 +82,29 @@ class Bed:
     def token_text(self, account: str, role: str, pod: str = "") -> str:
         return self.token(account, role, pod).read_text()
 
+    def provision_job(self, revision: int, node: str = N1) -> str:
+        """The chart's provision Job of one release revision and its pod, as the Job
+        controller makes them (none runs here: the pod stays Pending); the pod's name."""
+        job = f"{PROVISION}{revision}"
+        spec = {"serviceAccountName": "gpudra-provision", "restartPolicy": "OnFailure",
+                "automountServiceAccountToken": False,
+                "containers": [{"name": "provision", "image": "gpudra:e2e"}]}  # fmt: skip
+        self.cp.apply({"apiVersion": "batch/v1", "kind": "Job",
+                       "metadata": {"name": job, "namespace": NS},
+                       "spec": {"template": {"spec": spec}}})  # fmt: skip
+        owner = {"apiVersion": "batch/v1", "kind": "Job", "name": job, "controller": True,
+                 "uid": self.cp.get("job", job, NS)["metadata"]["uid"]}  # fmt: skip
+        pod = f"{job}-x2k4p"
+        self.cp.apply({"apiVersion": "v1", "kind": "Pod",
+                       "metadata": {"name": pod, "namespace": NS, "ownerReferences": [owner]},
+                       "spec": {**spec, "nodeName": node}})  # fmt: skip
+        return pod
+
+    def pod_done(self, pod: str) -> None:
+        """The pod's container exited 0: what the kubelet reports when the Job is done."""
+        self.cp.kubectl("patch", "pod", pod, "-n", NS, "--subresource=status", "--type=merge",
+                        "-p", '{"status":{"phase":"Succeeded"}}')  # fmt: skip
+
     def pod(self, name: str, node: str, account: str = "gpudra-node") -> None:
         """A pod scheduled on ``node`` (no kubelet runs it: the binding is what counts)."""
         self.cp.apply({
@@ -101,6 +125,11 @@ def _setup_cluster(cp: ControlPlane) -> None:
     cp.kubectl("create", "clusterrolebinding", "gpudra-e2e-nats-auth",
                "--clusterrole=gpudra-e2e-nats-auth",
                f"--serviceaccount={NS}:gpudra-nats-auth")  # fmt: skip
+    # who may be admin: a running pod of the provision Job (the chart's namespaced Role)
+    cp.kubectl("create", "role", "gpudra-e2e-nats-auth", "-n", NS, "--verb=get",
+               "--resource=pods,jobs.batch")  # fmt: skip
+    cp.kubectl("create", "rolebinding", "gpudra-e2e-nats-auth", "-n", NS, "--role",
+               "gpudra-e2e-nats-auth", f"--serviceaccount={NS}:gpudra-nats-auth")  # fmt: skip
 
 
 def _run_keygen(cp: ControlPlane) -> dict[str, str]:
@@ -153,7 +182,7 @@ def bed(controlplane: ControlPlane, tmp_path_factory: pytest.TempPathFactory) ->
     argv = ["--nats-url", server.url, "--nats-creds", str(user_file),
             "--nats-ca", str(server.access.ca), "--issuer-seed-file", str(issuer_file),
             "--kubeconfig", str(_auth_kubeconfig(controlplane, root)),
-            f"--grants={','.join(GRANTS)}"]  # fmt: skip
+            f"--grants={','.join(GRANTS)}", "--admin-job-prefix", PROVISION]  # fmt: skip
     auth = AuthService(argv, root / "nats-auth.log")
     try:
         auth.start()
@@ -293,9 +322,9 @@ async def test_an_imex_daemon_pod_as_the_controller_makes_it_is_its_nodes_daemon
 
 
 async def test_provision_as_admin_then_components_use_jetstream(bed):
-    """``gpudra provision`` with the provisioning Job's token; then the allocator's claims
-    bucket exists in the GPUDRA account and the allocator may write it."""
-    token = bed.token("gpudra-provision", "admin")
+    """``gpudra provision`` with the token of the provision Job's pod; then the allocator's
+    claims bucket exists in the GPUDRA account and the allocator may write it."""
+    token = bed.token("gpudra-provision", "admin", bed.provision_job(1))
     creds = bed.nats.client(token_file=token)
     await asyncio.to_thread(
         subprocess.run,
@@ -310,6 +339,34 @@ async def test_provision_as_admin_then_components_use_jetstream(bed):
         assert await kv.put("e2e", b"{}") > 0
     finally:
         await bus.close()
+
+
+async def test_admin_only_from_a_pod_of_the_provision_job_while_it_runs(bed):
+    """The attack: the provisioning identity set CLAIMS to max_msgs=1 after the install,
+    with a token of its ServiceAccount that anyone allowed to mint tokens for it gets
+    (``kubectl create token``). Now such a token, one bound to another pod of that
+    account, or one bound to the Job's pod once it has finished, is refused; while the
+    Job's pod runs it is admin."""
+    unbound = bed.token_text("gpudra-provision", "admin")
+    assert "Authorization Violation" in await _refused_at_connect(bed, unbound)
+    assert "bound to a pod of the provision Job" in bed.auth.decisions()[-1]["reason"]
+    bed.pod("not-the-job", N1, "gpudra-provision")
+    other = bed.token_text("gpudra-provision", "admin", "not-the-job")
+    assert "Authorization Violation" in await _refused_at_connect(bed, other)
+    assert f"is no pod of a Job {PROVISION}*" in bed.auth.decisions()[-1]["reason"]
+
+    pod = bed.provision_job(2)
+    token = bed.token_text("gpudra-provision", "admin", pod)
+    nc = await nats.connect(bed.nats.url, token=token, tls=bed.nats.client().tls(),
+                            allow_reconnect=False, connect_timeout=5)  # fmt: skip
+    try:
+        assert (await nc.jetstream().account_info()).limits  # admin: the JetStream API
+    finally:
+        await nc.close()
+    assert bed.auth.decisions()[-1]["identity"] == "admin"
+    bed.pod_done(pod)
+    assert "Authorization Violation" in await _refused_at_connect(bed, token)
+    assert "is Succeeded: its provision Job is done" in bed.auth.decisions()[-1]["reason"]
 
 
 @pytest.mark.parametrize(

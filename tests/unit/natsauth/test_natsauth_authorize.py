@@ -9,7 +9,9 @@ import json
 import pytest
 
 from services.core.bus.access import Identity, Role
+from services.core.kube.client import ApiError
 from services.natsauth import grants as g
+from services.natsauth.adminpod import ProvisionJob
 from services.natsauth.authorize import Authorizer
 from services.natsauth.tokenreview import Review
 
@@ -97,3 +99,87 @@ def test_only_service_accounts_have_an_account() -> None:
     assert g.account_of("system:serviceaccount:ns:x") == g.Account("ns", "x")
     assert g.account_of("system:node:n1") is None
     assert g.account_of("system:serviceaccount:ns") is None
+
+
+# ---------------------------------------------------------------- admin: the provision Job
+
+
+Obj = dict[str, object]
+
+
+class Objects:
+    """The API server's pods and jobs, by path (the callout only GETs them)."""
+
+    def __init__(self, pod: Obj | None, job: Obj | None) -> None:
+        self.objects = {
+            f"/api/v1/namespaces/{NS}/pods/provision-7-x2k4p": pod,
+            f"/apis/batch/v1/namespaces/{NS}/jobs/gpudra-provision-7": job,
+        }
+
+    async def get(self, path: str) -> bytes:
+        found = self.objects.get(path)
+        if found is None:
+            raise ApiError(404, "not found", "NotFound")
+        return json.dumps(found).encode()
+
+
+def _pod(phase: str = "Running", owner: str = "gpudra-provision-7", **meta: object) -> Obj:
+    refs = [{"apiVersion": "batch/v1", "kind": "Job", "name": owner, "uid": "job-uid",
+             "controller": True}]  # fmt: skip
+    return {"metadata": {"uid": "pod-uid", "ownerReferences": refs, **meta},
+            "status": {"phase": phase}}  # fmt: skip
+
+
+def _job(*conditions: str, uid: str = "job-uid") -> Obj:
+    done = [{"type": c, "status": "True"} for c in conditions]
+    return {"metadata": {"uid": uid}, "status": {"conditions": done}}
+
+
+def admin_review(pod: str = "provision-7-x2k4p", pod_uid: str = "pod-uid") -> Review:
+    return Review(True, f"system:serviceaccount:{NS}:gpudra-provision", ("gpudra-nats:admin",),
+                  pod=pod, pod_uid=pod_uid)  # fmt: skip
+
+
+async def decide_admin(review: Review, objects: Objects | None, prefix: str = "gpudra-provision-"):
+    job = ProvisionJob(objects, prefix) if objects is not None else None  # type: ignore[arg-type]
+    authorizer = Authorizer(Apiserver(review), GRANTS, "gpudra-nats", job)
+    return await authorizer.decide(token("gpudra-nats:admin"), now=NOW)
+
+
+async def test_a_running_pod_of_the_provision_job_is_admin() -> None:
+    decision = await decide_admin(admin_review(), Objects(_pod(), _job()))
+    assert decision.identity == Identity(Role.ADMIN)
+    pending = await decide_admin(admin_review(), Objects(_pod("Pending"), _job()))
+    assert pending.identity == Identity(Role.ADMIN)
+
+
+@pytest.mark.parametrize(
+    "review, objects, prefix, reason",
+    [
+        (admin_review(pod="", pod_uid=""), Objects(_pod(), _job()), "gpudra-provision-",
+         "bound to a pod of the provision Job"),  # kubectl create token: no pod
+        (admin_review(), Objects(_pod("Succeeded"), _job("Complete")), "gpudra-provision-",
+         "is Succeeded: its provision Job is done"),
+        (admin_review(), Objects(_pod("Failed"), _job()), "gpudra-provision-", "is Failed"),
+        (admin_review(), Objects(_pod(deletionTimestamp="2030-01-01T00:00:00Z"), _job()),
+         "gpudra-provision-", "being deleted"),
+        (admin_review(), Objects(_pod(), _job("Complete")), "gpudra-provision-",
+         "has finished"),
+        (admin_review(), Objects(_pod(), _job("Failed")), "gpudra-provision-", "has finished"),
+        (admin_review(), Objects(_pod(), _job(uid="another")), "gpudra-provision-",
+         "not the pod's owner"),
+        (admin_review(), Objects(_pod(owner="mine"), _job()), "gpudra-provision-",
+         "no pod of a Job gpudra-provision-*"),
+        (admin_review(pod_uid="older"), Objects(_pod(), _job()), "gpudra-provision-",
+         "not the one the token is bound to"),
+        (admin_review(), Objects(None, _job()), "gpudra-provision-", "404"),
+        (admin_review(), Objects(_pod(), None), "gpudra-provision-", "404"),
+        (admin_review(), Objects(_pod(), _job()), "", "nobody may be admin"),
+        (admin_review(), None, "", "nobody may be admin"),
+    ],
+)  # fmt: skip
+async def test_admin_is_refused_outside_a_running_provision_job(
+    review: Review, objects: Objects | None, prefix: str, reason: str
+) -> None:
+    decision = await decide_admin(review, objects, prefix)
+    assert decision.identity is None and reason in decision.reason, decision.reason
