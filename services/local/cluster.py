@@ -220,7 +220,9 @@ class ControlPlane(ClusterAdmin):
                 cwd=self.workdir,
                 start_new_session=True,  # Ctrl-C goes to us; we stop children by PID
             )
-        return Process(name=log_name or name, proc=proc, log_path=log_path, args=argv)
+        return Process(
+            name=log_name or name, proc=proc, log_path=log_path, args=argv, cwd=self.workdir
+        )
 
     def _wait(self, process: Process, check: Callable[[], bool], what: str) -> None:
         def probe() -> bool:
@@ -393,6 +395,7 @@ class ControlPlane(ClusterAdmin):
             proc=process.proc,
             log_path=process.log_path,
             args=process.args,
+            cwd=process.cwd,
             node=node,
             root=root,
         )

@@ -13,7 +13,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -55,12 +55,15 @@ def wait_until(
 
 @dataclass
 class Process:
-    """One component process that we started."""
+    """One component process that we started: ``args``, ``cwd`` and ``env`` (None:
+    ours) are how it was started, so that :meth:`respawn` starts it again the same way."""
 
     name: str
     proc: subprocess.Popen[bytes]
     log_path: Path
     args: list[str] = field(default_factory=list)
+    cwd: Path | None = None
+    env: Mapping[str, str] | None = None
 
     @property
     def pid(self) -> int:
@@ -75,6 +78,27 @@ class Process:
         except OSError:
             return ""
         return "\n".join(text.splitlines()[-lines:])
+
+    def respawn(self) -> None:
+        """Start the same command again in place of the exited one (same arguments,
+        working directory, environment and log, appended to); this handle then names
+        the new process."""
+        if self.running():
+            raise ControlPlaneError(f"{self.name} is running (pid {self.pid})")
+        if not self.args:
+            raise ControlPlaneError(f"{self.name}: no command to start again")
+        with open(self.log_path, "ab") as log:
+            log.write(f"+ {' '.join(self.args)}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                self.args,
+                cwd=self.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=None if self.env is None else dict(self.env),
+                start_new_session=True,  # stopped by its PID, as the first one
+            )
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; only this process, by PID."""

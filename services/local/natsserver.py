@@ -25,6 +25,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import IO
 
 import nkeys
 
@@ -113,12 +114,11 @@ class NatsServer:
         self._granted.add(Identity(Role.ADMIN))
         self._write_config()
         args = [server_binary(), "-c", str(self.config_file)]
-        out = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL
-        # Own session: a terminal's Ctrl-C reaches only our parent, which stops
-        # the server by PID after the clients that still need it (gpudra up).
-        self.proc = subprocess.Popen(
-            args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
-        )
+        if self.log_file is None:
+            self.proc = _spawn(args, subprocess.DEVNULL)
+        else:
+            with open(self.log_file, "ab") as out:
+                self.proc = _spawn(args, out)
         admin = self.access.credentials(Identity(Role.ADMIN))
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -129,7 +129,7 @@ class NatsServer:
             if _listening(self.port) and probe(self.port, admin) is None:
                 return
             time.sleep(0.05)
-        self.stop()
+        _terminate(self.proc)  # kept as our (dead) server: a supervisor sees it failed
         raise RuntimeError(f"nats-server did not accept clients on {self.port} within {timeout}s")
 
     def _log_tail(self, lines: int = 5) -> str:
@@ -156,14 +156,8 @@ class NatsServer:
 
     def stop(self, timeout: float = 5.0) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait()
+        if proc is not None:
+            _terminate(proc, timeout)
 
     def kill(self) -> None:
         """SIGKILL, as a crash or a lost machine: no goodbye to clients or peers."""
@@ -273,6 +267,24 @@ class NatsCluster:
 
     def __exit__(self, *_: object) -> None:
         self.stop()
+
+
+def _spawn(args: list[str], out: IO[bytes] | int) -> subprocess.Popen[bytes]:
+    # Own session: a terminal's Ctrl-C reaches only our parent, which stops
+    # the server by PID after the clients that still need it (gpudra up).
+    return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def _terminate(proc: subprocess.Popen[bytes], timeout: float = 5.0) -> None:
+    """SIGTERM, SIGKILL after ``timeout``; by its PID, only if it still runs."""
+    if proc.poll() is not None:
+        return
+    os.kill(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 
 def _provision(url: str, admin: Credentials, replicas: int | None = None) -> None:

@@ -361,6 +361,7 @@ class RealNode:
     def _spawn(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> Process:
         full = self.argv(argv)
         log_path = self.logs_dir / f"{name}.log"
+        environ = {**os.environ, **(env or {})}
         with open(log_path, "ab") as log:
             log.write(f"+ {' '.join(full)}\n".encode())
             log.flush()
@@ -370,10 +371,10 @@ class RealNode:
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                env={**os.environ, **(env or {})},
+                env=environ,
                 start_new_session=True,
             )
-        return Process(name, proc, log_path, full)
+        return Process(name, proc, log_path, full, cwd=REPO, env=environ)
 
     def _wait(self, process: Process, check: Callable[[], Any], what: str) -> Any:
         def probe() -> Any:

@@ -39,10 +39,19 @@ Everything listens on 127.0.0.1. The work directory holds::
     images/                          real nodes only: the OCI archives imported on each node
     jaeger/jaeger.yaml               Jaeger's config (with ``jaeger=True``)
     logs/<component>.log             one log per process
-    processes.json                   {name: pid} of every process started
+    processes.json                   {name: pid} of every process started (current PIDs)
+    supervision.json                 with ``supervise``: each process's PID, state, restarts
 
 Every gpudra process serves its own metrics on a port of its own
 (``metrics_ports``, on 127.0.0.1).
+
+With ``supervise=True`` (what `gpudra up` runs) every process the stack started is
+watched once it is up, as a cluster's kubelet watches its pods: a death is reported
+at once (``say``, one line: process, PID, exit status or signal, its log's tail)
+and the process is started again with the same command, nats-server on the same
+port and store, after a back-off of 1 s doubling to 30 s
+(:mod:`services.local.supervision`; restarts counted in ``supervision.json``).
+Stopping the stack ends the supervision first.
 
 :class:`Stack` starts and stops it all; beside it are its processes by name
 (:mod:`services.local.stackprocs`), its nodes' kubelets
@@ -55,7 +64,7 @@ from __future__ import annotations
 import shutil
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +137,9 @@ class Stack(StackKubelets):
     their binaries (default: found beside the control plane, containerd built).
     ``kube_version``: the Kubernetes release to run (``1.34`` to ``1.36``, built on
     demand; default the newest, 1.37) when no ``binary`` is given.
+    ``supervise``: once started, every process is watched and restarted when it dies
+    (:meth:`~services.local.stackprocs.StackProcesses.supervise`), each death and
+    restart reported to ``say`` (default: the log).
     """
 
     def __init__(
@@ -147,6 +159,8 @@ class Stack(StackKubelets):
         node_tools: NodeTools | None = None,
         webhook: bool = False,
         kube_version: str | None = None,
+        supervise: bool = False,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         names = [n.name for n in nodes]
         if len(set(names)) != len(names):
@@ -178,6 +192,8 @@ class Stack(StackKubelets):
         self.node_tools = node_tools
         self.webhook = webhook  # gpudra webhook + its ValidatingWebhookConfiguration
         self.kube_version = kube_version
+        self.supervised = supervise
+        self.say = say
         self.real: dict[str, RealNode] = {}  # node name -> its runner, with real_nodes
         self.images: tuple[images.ImageArchive, ...] = ()
         self.metrics_ports: dict[str, int] = {}  # gpudra process name -> its /metrics port
@@ -194,6 +210,8 @@ class Stack(StackKubelets):
     def start(self) -> Stack:
         try:
             self._start()
+            if self.supervised:
+                self.supervise(self.say)
         except BaseException:
             self.stop()
             raise
@@ -243,7 +261,9 @@ class Stack(StackKubelets):
             self.wait_slices(name)
 
     def stop(self) -> None:
-        """Stop everything started, newest first, each by its PID."""
+        """End the supervision (nothing is restarted from here on), then stop
+        everything started, newest first, each by its PID."""
+        self.stop_supervision()
         while self._started:
             name = self._started.pop()
             if name == "nats":

@@ -50,6 +50,9 @@ class StackKubelets(StackProcesses):
             real.wait_host()
             assert real.holder is not None
             self.processes[real.holder.name] = real.holder  # its exit is a failure
+            # The node's processes run in its namespace (nsenter by the holder's PID):
+            # a new holder would be a new, empty node.
+            self._unrestartable.add(real.holder.name)
             self._write_pids()
 
     def start_kubelets(self, nodes: Sequence[str]) -> list[Process]:
@@ -62,10 +65,13 @@ class StackKubelets(StackProcesses):
         sentinels = [self._plant_sentinel(node) for node in nodes]
         handles: list[Process] = []
         for node in nodes:
-            handle = self.cp.start_kubelet_dra(node, self.nodes[node].paths.kubelet_root)
-            self.processes[f"kubelet-dra-{node}"] = handle
-            if f"kubelet-dra-{node}" not in self._started:
-                self._started.append(f"kubelet-dra-{node}")
+            name = f"kubelet-dra-{node}"
+            with self._lock:
+                handle = self.cp.start_kubelet_dra(node, self.nodes[node].paths.kubelet_root)
+                self.processes[name] = handle
+                self._paused.discard(name)
+                if name not in self._started:
+                    self._started.append(name)
             handles.append(handle)
         self._write_pids()
         for node, sentinel, started in zip(nodes, sentinels, handles, strict=True):
@@ -104,23 +110,29 @@ class StackKubelets(StackProcesses):
     def kill_containerd(self, node: str) -> None:
         """SIGKILL a real node's containerd (its shims and containers live on)."""
         real = self.real[node]
-        if real.containerd is not None:
-            self._paused.add(real.containerd.name)
-        real.kill_containerd()
+        with self._lock:
+            if real.containerd is not None:
+                self._paused.add(real.containerd.name)
+            real.kill_containerd()
 
     def start_containerd(self, node: str) -> Process:
         """Start a real node's containerd again (same root, same config)."""
-        process = self.real[node].start_containerd()
-        self.processes[process.name] = process
-        self._paused.discard(process.name)
-        self._write_pids()
+        process = self.real[node].start_containerd()  # the old one stays paused meanwhile
+        with self._lock:
+            self.processes[process.name] = process
+            self._paused.discard(process.name)
+            self._write_pids()
         return process
 
     def restart_kubelet(self, node: str) -> Process:
+        with self._lock:  # paused first: a supervisor restarts no kubelet stopped on purpose
+            if node in self.real:
+                kubelet = self.real[node].kubelet
+                if kubelet is not None:
+                    self._paused.add(kubelet.name)
+            else:
+                self._paused.add(f"kubelet-dra-{node}")
         if node in self.real:
-            kubelet = self.real[node].kubelet
-            if kubelet is not None:
-                self._paused.add(kubelet.name)
             self.real[node].stop_kubelet()
         else:
             self.cp.stop_kubelet_dra(node)

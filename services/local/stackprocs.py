@@ -1,4 +1,5 @@
-"""The processes of a stack, by name: started, stopped on purpose, dead, waited on.
+"""The processes of a stack, by name: started, stopped on purpose, dead, waited on,
+supervised.
 
 Every process a :class:`~services.local.stack.Stack` starts is kept here under its
 name (``preparer-<node>``, ``publisher``, ``kubelet-dra-<node>``, ...) and its PID
@@ -6,14 +7,22 @@ is written to ``processes.json`` in the work directory, so that whoever started 
 stack can check that stopping it left nothing behind (:func:`recorded_pids`,
 :func:`still_running`). A process that exits although nobody stopped it is
 :meth:`StackProcesses.dead`, and a wait fails at once, with its log, when one dies.
+
+:meth:`StackProcesses.watched` lists every process with the way to start it again
+(nats-server on its port and store, Jaeger, the control plane's components, the
+kubelets, every gpudra service with its own arguments and identity): under
+:meth:`StackProcesses.supervise` (:mod:`services.local.supervision`) a death is
+reported and the process restarted, and only what cannot be restarted is dead.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -24,6 +33,10 @@ from services.local.cluster import ControlPlane, KubeletDRA
 from services.local.component import Process
 from services.local.jaeger import Jaeger
 from services.local.natsserver import NatsServer
+from services.local.supervision import Backoff, Supervisor, Watched
+
+#: The supervisor's status file in the work directory (services/local/supervision.py).
+SUPERVISION_FILE = "supervision.json"
 
 
 class StackError(RuntimeError):
@@ -53,34 +66,40 @@ class StackProcesses:
         self._argv: dict[str, list[str]] = {}
         self._started: list[str] = []  # what stop() undoes, in start order
         self._paused: set[str] = set()  # stopped on purpose, to be started again
+        self._unrestartable: set[str] = set()  # whose death no restart can mend
+        # Between the supervisor's thread and whoever starts or stops processes by hand.
+        self._lock = threading.RLock()
+        self.supervisor: Supervisor | None = None
 
     def start_service(
         self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
     ) -> Process:
         """(Re)start a gpudra process by name (``preparer-<node>``, ``publisher``, ...);
         ``ready`` is a text its log shows once it serves."""
-        old = self.processes.get(name)
-        if old is not None and old.running():
-            raise StackError(f"{name} is already running (pid {old.pid})")
-        argv = self._argv[name]
-        log_path = self.logs_dir / f"{name}.log"
-        with open(log_path, "ab") as log:
-            log.write(f"+ {' '.join(argv)}\n".encode())
-            log.flush()
-            offset = log.tell()  # only what this run writes counts as ready
-            proc = subprocess.Popen(
-                argv,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env={**os.environ, **self.service_env, **(env or {})},
-                start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
-            )
-        process = Process(name=name, proc=proc, log_path=log_path, args=argv)
-        self.processes[name] = process
-        self._paused.discard(name)
-        self._write_pids()
+        with self._lock:
+            old = self.processes.get(name)
+            if old is not None and old.running():
+                raise StackError(f"{name} is already running (pid {old.pid})")
+            argv = self._argv[name]
+            log_path = self.logs_dir / f"{name}.log"
+            environ = {**os.environ, **self.service_env, **(env or {})}
+            with open(log_path, "ab") as log:
+                log.write(f"+ {' '.join(argv)}\n".encode())
+                log.flush()
+                offset = log.tell()  # only what this run writes counts as ready
+                proc = subprocess.Popen(
+                    argv,
+                    cwd=REPO,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=environ,
+                    start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
+                )
+            process = Process(name, proc, log_path, argv, cwd=REPO, env=environ)
+            self.processes[name] = process
+            self._paused.discard(name)
+            self._write_pids()
         if ready:
             self.wait_for(
                 lambda: ready in _read_from(log_path, offset), f"{name} to log {ready}", process
@@ -89,12 +108,14 @@ class StackProcesses:
 
     def stop_service(self, name: str, timeout: float = 15.0) -> int | None:
         """SIGTERM (SIGKILL after ``timeout``); the exit status."""
-        self._paused.add(name)
+        with self._lock:  # first: a supervisor restarts no process stopped on purpose
+            self._paused.add(name)
         return self.processes[name].stop(timeout)
 
     def expect_exit(self, name: str) -> None:
         """``name`` is about to exit on purpose (e.g. an injected crash): not a failure."""
-        self._paused.add(name)
+        with self._lock:
+            self._paused.add(name)
 
     def restart_service(
         self, name: str, *, env: Mapping[str, str] | None = None, ready: str = ""
@@ -103,27 +124,114 @@ class StackProcesses:
         return self.start_service(name, env=env, ready=ready)
 
     def _write_pids(self) -> None:
-        pids: dict[str, int] = {}
-        if self.nats.proc is not None:
-            pids["nats"] = self.nats.proc.pid
-        if self.jaeger is not None and self.jaeger.proc is not None:
-            pids["jaeger"] = self.jaeger.proc.pid
-        pids.update({p.name: p.pid for p in self.cp.processes})
-        pids.update({name: p.pid for name, p in self.processes.items()})
-        (self.workdir / "processes.json").write_text(json.dumps(pids, indent=2) + "\n")
+        with self._lock:
+            pids: dict[str, int] = {}
+            if self.nats.proc is not None:
+                pids["nats"] = self.nats.proc.pid
+            if self.jaeger is not None and self.jaeger.proc is not None:
+                pids["jaeger"] = self.jaeger.proc.pid
+            pids.update({p.name: p.pid for p in self.cp.processes})
+            pids.update({name: p.pid for name, p in self.processes.items()})
+            path = self.workdir / "processes.json"
+            tmp = path.with_suffix(".tmp")  # whoever reads it never sees half a file
+            tmp.write_text(json.dumps(pids, indent=2) + "\n")
+            tmp.replace(path)
 
     def all_processes(self) -> list[Process]:
         return [*self.cp.processes, *self.processes.values()]
 
+    # ---- supervision -----------------------------------------------------------------
+
+    def watched(self) -> list[Watched]:
+        """Every process of the stack that should be running, and how to start it again:
+        nats-server (same port, store and users: JetStream's state survives), Jaeger,
+        the control plane's components and the kubelets (same command), every gpudra
+        service (same arguments: identity, credentials, ports). Not those stopped on
+        purpose; a real node's namespace holder cannot be restarted (its node's
+        processes live in its namespace)."""
+        with self._lock:
+            units: list[Watched] = []
+            if self.jaeger is not None and self.jaeger.proc is not None:
+                jaeger = Process("jaeger", self.jaeger.proc, self.jaeger.log_path)
+                units.append(Watched(jaeger, self._restart_jaeger))
+            nats = self._nats_process()
+            if nats is not None:
+                units.append(Watched(nats, self._restart_nats))
+            units += [Watched(p, functools.partial(self._respawn, p)) for p in self.cp.processes]
+            kubelets = list(self.cp.kubelets.values())  # those stopped on purpose are gone
+            for name, p in self.processes.items():
+                if name in self._paused:
+                    continue
+                if isinstance(p, KubeletDRA) and not any(p is k for k in kubelets):
+                    continue
+                if name in self._unrestartable:
+                    units.append(Watched(p))
+                else:
+                    units.append(Watched(p, functools.partial(self._respawn, p)))
+            return units
+
+    def _nats_process(self) -> Process | None:
+        proc = self.nats.proc
+        if proc is None:  # not started, or stopped on purpose
+            return None
+        return Process("nats", proc, self.nats.log_file or self.logs_dir / "nats.log")
+
+    def _restart_nats(self) -> Process:
+        with self._lock:
+            try:
+                self.nats.start()
+            finally:
+                self._write_pids()
+            process = self._nats_process()
+            assert process is not None
+            return process
+
+    def _restart_jaeger(self) -> Process:
+        assert self.jaeger is not None
+        with self._lock:
+            try:
+                self.jaeger.start()
+            finally:
+                self._write_pids()
+            assert self.jaeger.proc is not None
+            return Process("jaeger", self.jaeger.proc, self.jaeger.log_path)
+
+    def _respawn(self, process: Process) -> Process:
+        with self._lock:
+            if process.running():  # started again meanwhile, by hand
+                return process
+            process.respawn()
+            self._write_pids()
+            return process
+
+    def supervise(
+        self, say: Callable[[str], None] | None = None, backoff: Backoff | None = None
+    ) -> Supervisor:
+        """Watch every process from now on: a death is reported (``say``, default the
+        log) and the process restarted with ``backoff``; :meth:`stop_supervision`
+        ends it (a stack's stop does that first)."""
+        if self.supervisor is None or not self.supervisor.running:
+            self.supervisor = Supervisor(
+                self.watched,
+                say=say,
+                backoff=backoff,
+                status_path=self.workdir / SUPERVISION_FILE,
+            ).start()
+        return self.supervisor
+
+    def stop_supervision(self) -> None:
+        """No restart from now on (a restart under way finishes first)."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+
     def dead(self) -> list[Process]:
-        """Processes of the stack that exited although nobody stopped them."""
-        kubelets = list(self.cp.kubelets.values())  # those stopped on purpose are gone
+        """Processes of the stack that exited although nobody stopped them (under
+        supervision: those that cannot be restarted)."""
+        supervised = self.supervisor is not None and self.supervisor.running
         return [
-            p
-            for p in self.all_processes()
-            if not p.running()
-            and p.name not in self._paused
-            and (not isinstance(p, KubeletDRA) or any(p is k for k in kubelets))
+            w.process
+            for w in self.watched()
+            if not w.process.running() and not (supervised and w.restart is not None)
         ]
 
     def wait_for(
