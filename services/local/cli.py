@@ -15,6 +15,14 @@ nodes of one NVLink clique, ``gpu-node-gb200-1`` and ``-2``, whose IMEX daemon p
 run as local processes; on real nodes such examples are left out.
 Then it stays up until Ctrl-C or SIGTERM and stops everything it started.
 
+Every process it started (nats-server, the control plane's components, the
+kubelets, each gpudra service) is watched, as a cluster's kubelet watches its
+pods: one that dies is reported at once (its PID, exit status or signal and the
+tail of its log) and started again the same way (same arguments, identity, ports;
+nats-server on the same port and store) after 1 s, doubling to 30 s if it keeps
+dying; the stack stays up. Restarts are counted in ``supervision.json`` in the work
+directory and listed when it stops. Stopping ends the watch first.
+
 ``--kube-version`` runs another Kubernetes release than the default 1.37: 1.34, 1.35
 or 1.36, the compatibility tier (each built from the Go module proxy on first use
 and cached); the allocator's explanations follow the release it runs.
@@ -166,6 +174,8 @@ def run(args: argparse.Namespace) -> int:
             node_tools=tools,
             kube_version=args.kube_version,
             webhook=not args.no_webhook,
+            supervise=True,
+            say=lambda line: _say(f"gpudra up: {line}"),
         )
     except stackprocs.StackError as exc:
         print(f"gpudra up: {exc}", file=sys.stderr)
@@ -216,7 +226,7 @@ def _real_node_tools(kube_version: str | None = None) -> NodeTools | None:
 
 
 def _up(stack: Stack, examples: list[Example], args: argparse.Namespace) -> int:
-    from services.local import demo, demoreport
+    from services.local import demo, demoreport, stackprocs
 
     started = time.monotonic()
     _say(f"gpudra up: starting in {stack.workdir} (driver gates {stack.gates})")
@@ -239,6 +249,11 @@ def _up(stack: Stack, examples: list[Example], args: argparse.Namespace) -> int:
         _say("  admission       gpudra webhook (ValidatingWebhookConfiguration gpudra-webhook)")
     if stack.jaeger is not None:
         _say(f"  jaeger          query API and UI {stack.jaeger.ui}, OTLP {stack.jaeger.otlp_grpc}")
+    _say(
+        "  supervised      every process above: a death is reported here and the process "
+        "restarted (1s, doubling to 30s)"
+    )
+    _say(f"                  restarts counted in {stack.workdir / stackprocs.SUPERVISION_FILE}")
     _say("metrics (Prometheus, OpenMetrics with exemplars), one port per process:")
     for name, port in stack.metrics_ports.items():
         _say(f"  {name:36} http://127.0.0.1:{port}/metrics")
@@ -268,12 +283,7 @@ def _up(stack: Stack, examples: list[Example], args: argparse.Namespace) -> int:
             ok = _close_examples(stack, examples, args) and ok
         return 0 if ok else 1
     _say("up; Ctrl-C stops everything")
-    while True:
-        dead = stack.dead()
-        if dead:
-            for p in dead:
-                print(f"gpudra up: {p.name} exited ({p.proc.returncode}); log {p.log_path}")
-            return 1
+    while True:  # the supervisor's thread reports and restarts; we wait for a signal
         time.sleep(1)
 
 
@@ -293,7 +303,9 @@ def _close_examples(stack: Stack, examples: list[Example], args: argparse.Namesp
 
 def _stop(stack: Stack, keep: bool) -> None:
     started = time.monotonic()
-    stack.stop()
+    stack.stop()  # the supervision first: nothing restarts while it stops
+    if stack.supervisor is not None:
+        _say(f"restarts while up: {stack.supervisor.summary()}")
     if keep:
         _say(f"stopped after {time.monotonic() - started:.1f}s; work dir kept: {stack.workdir}")
     else:

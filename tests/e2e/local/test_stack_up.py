@@ -101,6 +101,8 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
     assert "claim unsatisfiable/two-big-gpus: pending; gpudra explains:" in out
     assert "pod unsatisfiable/too-big: Pending (as expected)" in out
     assert f"kubeconfig: {workdir}/kubeconfig" in out
+    assert "supervised      every process above: a death is reported here" in out, out
+    assert "restarts while up: none" in out, out
     # --jaeger: Jaeger listed, and every claim shown with the URL of its own trace.
     [ui] = re.findall(r"jaeger          query API and UI (http://127\.0\.0\.1:\d+),", out)
     claims = re.findall(r"^  claim (\S+):", out, re.MULTILINE)
@@ -122,7 +124,8 @@ def test_exit_after_demo_runs_every_example_and_stops_everything(workdir: Path) 
 
 
 def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path) -> None:
-    """A failing example is reported without stopping the stack."""
+    """A failing example is reported without stopping the stack, and so is kill -9 of
+    nats-server or a service: `gpudra up` restarts it."""
     examples = tmp_path / "examples"
     examples.mkdir()
     shutil.copy(demoexamples.EXAMPLES_DIR / "01-single-gpu-template.yaml", examples)
@@ -168,11 +171,31 @@ def test_stays_up_for_kubectl_and_stops_on_sigterm(workdir: Path, tmp_path: Path
             time.sleep(0.5)
         pids = recorded_pids(workdir)
         assert still_running(pids, timeout=0) == pids  # everything is up
+        # kill -9 of nats-server and of the publisher: each reported at once and started
+        # again by `gpudra up` itself, which stays up; nats on its port and store.
+        for name in ("nats", "publisher"):
+            os.kill(pids[name], signal.SIGKILL)
+            said = read_until(proc, f"gpudra up: {name} restarted (pid ", timeout=60)
+            assert re.search(
+                rf"^gpudra up: {name} \(pid {pids[name]}\) killed by SIGKILL; restarting it "
+                rf"in 1s; log {workdir}/logs/{name}\.log: .+$",
+                said,
+                re.M,
+            ), said
+        # The restarted nats-server kept JetStream's store: the trail is still there.
+        trail = subprocess.run([sys.executable, "-m", "services.cli", *audit[1:]], cwd=REPO,
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert re.search(r" prepared +single-gpu/cuda-gpu-", trail.stdout), trail
+        restarted = recorded_pids(workdir)
+        assert {n for n in pids if restarted[n] != pids[n]} == {"nats", "publisher"}
+        pids = restarted
+        assert still_running(pids, timeout=0) == pids
     finally:
         proc.send_signal(signal.SIGTERM)
         rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest
     assert "SIGTERM: stopping" in rest
+    assert "restarts while up: 2 (nats 1, publisher 1)" in rest, rest
     assert f"work dir kept: {workdir}" in rest
     assert still_running(pids) == {}
 
