@@ -15,6 +15,7 @@ import pytest
 
 from services.core.bus.client import Bus
 from services.local.natsserver import NatsServer
+from tests.helpers.attacker import MakeAttacker, attackers
 from tests.helpers.preparer import Node
 
 
@@ -36,3 +37,10 @@ async def node(short_root: Path, nats_server: NatsServer, bus: Bus) -> AsyncIter
         yield running
     finally:
         await running.close()
+
+
+@pytest.fixture
+async def attacker(nats_server: NatsServer) -> AsyncIterator[MakeAttacker]:
+    """Raw clients with a role's real credentials (tests.helpers.attacker)."""
+    async with attackers(nats_server) as make:
+        yield make

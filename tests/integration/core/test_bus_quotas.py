@@ -13,17 +13,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
 
 import nats
 import pytest
-from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import api
 
 from services.core.bus import ordered, payloads, provisioning, slots, subjects
-from services.core.bus.access import Identity, Role
+from services.core.bus.access import Role
 from services.core.bus.client import Bus
 from services.core.bus.failures import RequestFailed
 from services.core.model.schemas import (
@@ -34,83 +31,44 @@ from services.core.model.schemas import (
     PluginPresence,
 )
 from services.local.natsserver import NatsServer
+from tests.helpers.attacker import Attacker, MakeAttacker
 from tests.helpers.bus import connect
 
 pytestmark = pytest.mark.integration
 
-DENIED = "permissions violation"
 FLOOD = 1000
 
 
-@dataclass
-class Raw:
-    """A raw NATS client with one identity's credentials (an attacker need not use our Bus)."""
-
-    nc: Client
-    identity: Identity
-    errors: list[str] = field(default_factory=list)
-
-    def denied(self, subject: str) -> bool:
-        return any(DENIED in e and subject.lower() in e.lower() for e in self.errors)
-
-
-MakeRaw = Callable[..., Awaitable[Raw]]
-
-
-@pytest.fixture
-async def raw(nats_server: NatsServer) -> AsyncIterator[MakeRaw]:
-    made: list[Raw] = []
-
-    async def make(role: Role, node: str = "") -> Raw:
-        creds = nats_server.credentials(role, node)
-        who = Identity(role, node)
-        errors: list[str] = []
-
-        async def on_error(exc: Exception) -> None:
-            errors.append(str(exc))
-
-        nc = await nats.connect(
-            nats_server.url, nkeys_seed_str=creds.seed(), tls=creds.tls(),
-            inbox_prefix=who.inbox_prefix, error_cb=on_error, max_reconnect_attempts=0,
-        )  # fmt: skip
-        made.append(Raw(nc, who, errors))
-        return made[-1]
-
-    yield make
-    for one in made:
-        await one.nc.close()
-
-
-def _config(raw: Raw, name: str = "", durable: bool = True) -> dict[str, object]:
+def _config(attacker: Attacker, name: str = "", durable: bool = True) -> dict[str, object]:
     config = api.ConsumerConfig(
         name=name or None,
         durable_name=name if durable and name else None,
-        deliver_subject=raw.nc.new_inbox(),  # push, to its own inbox: it never goes idle
+        deliver_subject=attacker.nc.new_inbox(),  # push, to its own inbox: it never goes idle
         ack_policy=api.AckPolicy.NONE,
         inactive_threshold=365 * 86400.0,
     )
     return config.as_dict()
 
 
-async def _flood(raw: Raw, stream: str, count: int) -> dict[str, str]:
+async def _flood(attacker: Attacker, stream: str, count: int) -> dict[str, str]:
     """``count`` creation requests of every kind, sent at once (a refused request is never
     answered); one subject of each kind."""
-    replies = raw.nc.new_inbox()
+    replies = attacker.nc.new_inbox()
     answered: list[bool] = []
 
     async def on_reply(msg: Msg) -> None:
         answered.append("error" not in json.loads(msg.data))
 
-    await raw.nc.subscribe(f"{replies}.>", cb=on_reply)
-    own = slots.consumer_names(raw.identity.name)
+    await attacker.nc.subscribe(f"{replies}.>", cb=on_reply)
+    own = slots.consumer_names(attacker.identity.name)
     api_ = f"$JS.API.CONSUMER.{{}}.{stream}"
     kinds = {
-        "durable": lambda i: (api_.format("DURABLE.CREATE") + f".d{i}", _config(raw, f"d{i}")),
-        "ephemeral": lambda i: (api_.format("CREATE"), _config(raw, durable=False)),
-        "named": lambda i: (api_.format("CREATE") + f".n{i}", _config(raw, f"n{i}")),
+        "durable": lambda i: (api_.format("DURABLE.CREATE") + f".d{i}", _config(attacker, f"d{i}")),
+        "ephemeral": lambda i: (api_.format("CREATE"), _config(attacker, durable=False)),
+        "named": lambda i: (api_.format("CREATE") + f".n{i}", _config(attacker, f"n{i}")),
         "own names": lambda i: (
             api_.format("CREATE") + f".{own[i % len(own)]}",
-            _config(raw, own[i % len(own)]),
+            _config(attacker, own[i % len(own)]),
         ),
     }
     first: dict[str, str] = {}
@@ -119,8 +77,8 @@ async def _flood(raw: Raw, stream: str, count: int) -> dict[str, str]:
         subject, config = kinds[kind](i)
         first.setdefault(kind, subject)
         body = json.dumps({"stream_name": stream, "config": config}).encode()
-        await raw.nc.publish(subject, body, reply=f"{replies}.{i}")
-    await raw.nc.flush()
+        await attacker.nc.publish(subject, body, reply=f"{replies}.{i}")
+    await attacker.nc.flush()
     deadline = time.monotonic() + 10
     while len(answered) < count // len(kinds) and time.monotonic() < deadline:
         await asyncio.sleep(0.05)  # its own names are answered (granted, or updated)
@@ -132,7 +90,7 @@ async def _consumers(bus: Bus, stream: str) -> int:
 
 
 async def test_a_front_holds_at_most_its_own_few_consumers_and_the_publisher_still_watches(
-    raw: MakeRaw, bus: Bus, nats_server: NatsServer
+    attacker: MakeAttacker, bus: Bus, nats_server: NatsServer
 ) -> None:
     """1,000 creations of every kind (durable, ephemeral, named, its own names over and
     over) by one node's front on KV_inventory: its own names are granted, nothing else;
@@ -140,14 +98,14 @@ async def test_a_front_holds_at_most_its_own_few_consumers_and_the_publisher_sti
     inventory = f"KV_{subjects.INVENTORY_BUCKET}"
     n2 = NodeInventory(node="n2", driver_version="", cuda_driver_version="", gpus=[])
     await bus.kv_put(subjects.INVENTORY_BUCKET, subjects.inventory_key("n2"), n2)
-    mallory = await raw(Role.FRONT, "n1")
+    mallory = await attacker(Role.FRONT, "n1")
     started = time.monotonic()
     first = await _flood(mallory, inventory, FLOOD)
     took = time.monotonic() - started
     held = await _consumers(bus, inventory)
     assert held <= slots.SLOTS, f"{held} consumers made in {took:.1f} s"
     for kind in ("durable", "ephemeral", "named"):
-        assert mallory.denied(first[kind]), (kind, mallory.errors[-3:])
+        assert mallory.refused(first[kind]), (kind, mallory.errors[-3:])
     publisher = await connect(nats_server, Role.PUBLISHER, name="publisher")
     try:
         watch = publisher.watch_kv(subjects.INVENTORY_BUCKET, NodeInventory)
@@ -172,9 +130,9 @@ async def test_a_front_holds_at_most_its_own_few_consumers_and_the_publisher_sti
     ],
 )
 async def test_no_service_identity_creates_a_durable_or_unnamed_consumer(
-    raw: MakeRaw, bus: Bus, role: Role, node: str, stream: str
+    attacker: MakeAttacker, bus: Bus, role: Role, node: str, stream: str
 ) -> None:
-    mallory = await raw(role, node)
+    mallory = await attacker(role, node)
     manager = mallory.nc.jetstream(timeout=1)
     for config in (
         api.ConsumerConfig(durable_name="mallory"),  # $JS.API.CONSUMER.DURABLE.CREATE
@@ -185,11 +143,11 @@ async def test_no_service_identity_creates_a_durable_or_unnamed_consumer(
             await manager.add_consumer(stream, config)
     assert await _consumers(bus, stream) == 0
     for subject in ("DURABLE.CREATE", "CREATE"):
-        assert mallory.denied(f"$JS.API.CONSUMER.{subject}.{stream}"), mallory.errors
+        assert mallory.refused(f"$JS.API.CONSUMER.{subject}.{stream}"), mallory.errors
 
 
 async def test_a_watch_refused_a_consumer_waits_logged_and_counted_then_opens(
-    raw: MakeRaw, bus: Bus, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
+    attacker: MakeAttacker, bus: Bus, nats_server: NatsServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Every name of the publisher's identity held (a crashed replica's consumers, or a
     thief with its key), then the stream's consumer limit reached: its watch neither
@@ -197,7 +155,7 @@ async def test_a_watch_refused_a_consumer_waits_logged_and_counted_then_opens(
     presence = f"KV_{subjects.PRESENCE_BUCKET}"
     await bus.kv_put(subjects.PRESENCE_BUCKET, "n1.gpu", PluginPresence(
         node="n1", driver="gpu", endpoint="/e"))  # fmt: skip
-    thief = await raw(Role.PUBLISHER)
+    thief = await attacker(Role.PUBLISHER)
     manager = thief.nc.jetstream(timeout=5)
     names = slots.consumer_names(thief.identity.name)
     for name in names:

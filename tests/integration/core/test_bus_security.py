@@ -14,15 +14,13 @@ import contextlib
 import socket
 import ssl
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from nats.aio.client import Client
 from nats.js import api
 
 from services.core.bus import provisioning, subjects
@@ -49,52 +47,6 @@ from tests.helpers.waiting import until
 
 VICTIM = "n1"  # the node attacked
 OTHER = "n2"  # a node whose components the attacker has compromised
-DENIED = "permissions violation"
-
-
-@dataclass
-class Attacker:
-    """A raw NATS client (not our Bus: an attacker need not play by its rules)."""
-
-    nc: Client
-    errors: list[str] = field(default_factory=list)
-
-    async def denied(self, what: str, timeout: float = 5.0) -> None:
-        """Wait until the server has said no to ``what`` (a subject)."""
-        deadline = time.monotonic() + timeout
-        while not any(DENIED in e and what.lower() in e.lower() for e in self.errors):
-            assert time.monotonic() < deadline, f"no refusal of {what}; errors: {self.errors}"
-            await asyncio.sleep(0.02)
-
-
-MakeAttacker = Callable[..., Awaitable[Attacker]]
-
-
-@pytest.fixture
-async def attacker(nats_server: NatsServer) -> AsyncIterator[MakeAttacker]:
-    made: list[Attacker] = []
-
-    async def make(role: Role, node: str = "") -> Attacker:
-        creds = nats_server.credentials(role, node)
-        errors: list[str] = []
-
-        async def on_error(exc: Exception) -> None:
-            errors.append(str(exc))
-
-        nc = await nats.connect(
-            nats_server.url,
-            nkeys_seed_str=creds.seed(),
-            tls=creds.tls(),
-            inbox_prefix=Identity(role, node).inbox_prefix,
-            error_cb=on_error,
-            max_reconnect_attempts=0,
-        )
-        made.append(Attacker(nc, errors))
-        return made[-1]
-
-    yield make
-    for one in made:
-        await one.nc.close()
 
 
 async def test_no_credentials_or_no_tls_gets_nothing(nats_server: NatsServer) -> None:

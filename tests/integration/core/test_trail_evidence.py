@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 
 import msgspec
 import nats
@@ -24,11 +24,12 @@ from nats.aio.client import Client
 from nats.js import api
 
 from services.core.bus import subjects
-from services.core.bus.access import Identity, Role
+from services.core.bus.access import Role
 from services.core.bus.claimtrail import MSG_ID, SEQ_HEADER, ClaimTrail
 from services.core.bus.client import Bus
 from services.core.model.schemas import ClaimEvent, ClaimEventName, ClaimRef, encode
 from services.local.natsserver import NatsServer
+from tests.helpers.attacker import MakeAttacker
 from tests.helpers.bus import connect
 from tests.helpers.events import stored_claim_subjects
 from tests.helpers.preparer import Dev, make_claim
@@ -37,31 +38,6 @@ from tests.integration.core.test_claim_trail import audit
 VICTIM = "n1"  # the node whose claim is attacked
 OTHER = "n2"  # the node whose preparer the attacker holds
 CLAIM = ClaimRef(uid="victim-uid", namespace="ns", name="train")
-
-Raw = Callable[[Role, str], Awaitable[Client]]
-
-
-@pytest.fixture
-async def raw(nats_server: NatsServer) -> AsyncIterator[Raw]:
-    """Raw NATS clients with an identity's credentials (not our Bus)."""
-    made: list[Client] = []
-
-    async def make(role: Role, node: str = "") -> Client:
-        creds = nats_server.credentials(role, node)
-        made.append(
-            await nats.connect(
-                nats_server.url,
-                nkeys_seed_str=creds.seed(),
-                tls=creds.tls(),
-                inbox_prefix=Identity(role, node).inbox_prefix,
-                max_reconnect_attempts=0,
-            )
-        )
-        return made[-1]
-
-    yield make
-    for nc in made:
-        await nc.close()
 
 
 @pytest.fixture
@@ -106,13 +82,16 @@ async def forge(nc: Client, subject_event: str, payload: ClaimEvent, **headers: 
 
 
 async def test_a_nodes_preparer_cannot_end_another_nodes_claim_in_the_trail(
-    nats_server: NatsServer, bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+    nats_server: NatsServer,
+    bus: Bus,
+    attacker: MakeAttacker,
+    emitters: tuple[ClaimTrail, ClaimTrail],
 ) -> None:
     """n2's preparer "unprepares", "releases" and "deletes" n1's claim, each payload
     saying node n1 and actor allocator, on subjects it may use: the build before took
     every payload at its word and answered "1 claims complete"."""
     await prepared_on_the_victim(emitters)
-    mallory = await raw(Role.PREPARER, OTHER)
+    mallory = (await attacker(Role.PREPARER, OTHER)).nc
     lies: list[tuple[str, ClaimEventName]] = [
         ("unprepare.requested", "unprepare.requested"),
         ("unprepared", "unprepared"),
@@ -135,7 +114,7 @@ async def test_a_nodes_preparer_cannot_end_another_nodes_claim_in_the_trail(
 
 
 async def test_a_foreign_identity_cannot_take_an_events_message_id(
-    bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+    bus: Bus, attacker: MakeAttacker, emitters: tuple[ClaimTrail, ClaimTrail]
 ) -> None:
     """JetStream drops a message whose ``Nats-Msg-Id`` it stored in the last two
     minutes, on any subject. The allocator's ids were ``<uid>/<event>/<version>``,
@@ -143,7 +122,7 @@ async def test_a_foreign_identity_cannot_take_an_events_message_id(
     stored the next ones first, and the real events were "stored" as duplicates of
     its decoys (the append answered, nothing was kept)."""
     allocator, preparer = emitters
-    mallory = await raw(Role.PREPARER, OTHER)
+    mallory = (await attacker(Role.PREPARER, OTHER)).nc
     await prepared_on_the_victim(emitters)
     last = await mallory.jetstream().get_last_msg(
         subjects.CLAIMS_STREAM, subjects.claim_trail(CLAIM.namespace, CLAIM.name, CLAIM.uid)
@@ -163,13 +142,16 @@ async def test_a_foreign_identity_cannot_take_an_events_message_id(
 
 
 async def test_a_foreign_event_cannot_break_a_claims_numbering(
-    nats_server: NatsServer, bus: Bus, raw: Raw, emitters: tuple[ClaimTrail, ClaimTrail]
+    nats_server: NatsServer,
+    bus: Bus,
+    attacker: MakeAttacker,
+    emitters: tuple[ClaimTrail, ClaimTrail],
 ) -> None:
     """n2 stores an event numbered 9999 for n1's claim before each real one: the
     build before numbered every real event after the claim's last stored one, so
     five real events were all number 10000."""
     allocator, preparer = emitters
-    mallory = await raw(Role.PREPARER, OTHER)
+    mallory = (await attacker(Role.PREPARER, OTHER)).nc
     steps: list[tuple[ClaimTrail, ClaimEventName]] = [
         (allocator, "allocated"),
         (allocator, "reserved"),
@@ -193,7 +175,7 @@ async def test_a_foreign_event_cannot_break_a_claims_numbering(
 
 
 async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
-    nats_server: NatsServer, raw: Raw, monkeypatch: pytest.MonkeyPatch
+    nats_server: NatsServer, attacker: MakeAttacker, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """n2 published 17,000 fake complete trails of 64 KB in 33.5 s: CLAIMS (1 GiB,
     discard old) dropped every real trail, and ``--verify`` said "8274 claims
@@ -210,7 +192,7 @@ async def test_a_flood_from_one_node_evicts_no_other_nodes_history(
         await prepared_on_the_victim((ClaimTrail(allocator), ClaimTrail(preparer)))
         await live(bus, CLAIM)
         before = await stored_claim_subjects(bus)
-        mallory = (await raw(Role.PREPARER, OTHER)).jetstream()
+        mallory = (await attacker(Role.PREPARER, OTHER)).nc.jetstream()
         refused = 0
         for i in range(40):  # 2.5 MB of 64 KB fake events
             fake = ClaimRef(uid=f"fake-{i}", namespace="ns", name=f"fake-{i}")
