@@ -261,11 +261,22 @@ class OrderedConsumer:
     # ------------------------------------------------------------ receiving
 
     async def _receive(self, timeout: float) -> Msg | None:
+        """The next message, or None after ``timeout``.
+
+        nats-py's next_msg waits in a task of its own under ``wait_for``, which
+        returns a message that arrives with a cancel and drops the cancel (CPython
+        gh-86296): a watch cancelled just then went on waiting. A cancel requested
+        while we waited is raised here whatever next_msg returned."""
         assert self._sub is not None, "open() first"
+        task = asyncio.current_task()
+        asked = task.cancelling() if task is not None else 0
         try:
-            return await self._sub.next_msg(timeout=max(timeout, 0.001))
+            msg: Msg | None = await self._sub.next_msg(timeout=max(timeout, 0.001))
         except (TimeoutError, NatsTimeoutError):
-            return None
+            msg = None
+        if task is not None and task.cancelling() > asked:
+            raise asyncio.CancelledError
+        return msg
 
     async def _take(self, msg: Msg) -> bool:
         """True for a data message in order; handles control messages and gaps."""
