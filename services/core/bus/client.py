@@ -46,7 +46,6 @@ from services.core.model.schemas import decode, encode
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-KV_OPERATION = "KV-Operation"
 
 DEFAULT_MAX_INFLIGHT = 64
 
@@ -187,7 +186,7 @@ class Bus:
         await self.js.publish(
             f"$KV.{bucket}.{key}",
             b"",
-            headers={KV_OPERATION: "DEL"},
+            headers={kvwatch.KV_OPERATION: "DEL"},
             msg_ttl=self.delete_marker_ttl,
         )
 

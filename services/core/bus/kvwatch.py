@@ -28,6 +28,9 @@ class Entry:
     revision: int
 
 
+KV_OPERATION = "KV-Operation"  # what a KV message is: a value, or DEL or PURGE
+
+
 async def watch(
     nc: Client, names: Names, bucket: str, keys: str = ">"
 ) -> AsyncGenerator[Entry, None]:
@@ -77,4 +80,4 @@ async def read_keys(nc: Client, names: Names, bucket: str, idle: float = 1.0) ->
 
 def _removed(msg: Msg) -> bool:
     headers = msg.headers or {}
-    return headers.get("KV-Operation") in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
+    return headers.get(KV_OPERATION) in ("DEL", "PURGE") or "Nats-Marker-Reason" in headers
