@@ -121,6 +121,7 @@ class KubeletPlugin:
         for front in reversed(self.fronts):
             await front.registration_server.stop(None)
             self._unbind(front.paths.registration)
+            front.registration.deregistered()
             await front.presence.withdraw()
             await front.grpc_health.enter_graceful_shutdown()
             await front.dra_server.stop(grace)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 CALLS = Counter(
     "gpudra_kubeletplugin_calls_total",
@@ -29,4 +29,10 @@ PRESENCE_REPAIRS = Counter(
     "gpudra_kubeletplugin_presence_repairs_total",
     "Presence records found deleted, rewritten or unreadable by someone else, and put back.",
     ["reason"],
+)
+REGISTERED = Gauge(
+    "gpudra_kubeletplugin_registered",
+    "1 while the kubelet has this driver's plugin registered (its last NotifyRegistrationStatus "
+    "said so), 0 before, after a refusal and from shutdown on.",
+    ["driver"],
 )

@@ -15,6 +15,7 @@ from typing import Any
 
 import grpc
 
+from services.kubeletplugin import metrics
 from services.kubeletplugin.presence import Presence
 from services.proto_gen.kubelet.pluginregistration.v1 import api_pb2 as pb
 from services.proto_gen.kubelet.pluginregistration.v1 import api_pb2_grpc as pb_grpc
@@ -34,6 +35,7 @@ class RegistrationServicer:
         self.presence = presence
         self.registered = False
         self.last_error = ""
+        metrics.REGISTERED.labels(driver).set(0)
 
     async def GetInfo(self, request: Any, context: grpc.aio.ServicerContext) -> pb.PluginInfo:
         return self.info
@@ -43,6 +45,7 @@ class RegistrationServicer:
     ) -> pb.RegistrationStatusResponse:
         self.registered = request.plugin_registered
         self.last_error = request.error
+        metrics.REGISTERED.labels(self.info.name).set(1 if self.registered else 0)
         if request.plugin_registered:
             log.info("registered with the kubelet", extra={"endpoint": self.info.endpoint})
             await self.presence.announce()
@@ -50,6 +53,11 @@ class RegistrationServicer:
             log.error("the kubelet refused the registration", extra={"error": request.error})
             await self.presence.withdraw()
         return pb.RegistrationStatusResponse()
+
+    def deregistered(self) -> None:
+        """The registration socket is gone (shutdown): the kubelet deregisters the plugin."""
+        self.registered = False
+        metrics.REGISTERED.labels(self.info.name).set(0)
 
 
 def add_to_server(server: grpc.aio.Server, servicer: RegistrationServicer) -> None:
