@@ -1,13 +1,17 @@
-"""The claim watcher's wiring: the API server's release to follow, the bus, the watcher."""
+"""The claim watcher's wiring: the API server's release to follow, the bus, the watcher,
+and how full its streams are."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import re
 
 from services.allocator.structured import features as kube_features
+from services.allocator.watcher import auditwindow
 from services.allocator.watcher.watcher import ClaimWatcher, WatcherConfig
+from services.core.bus import subjects, usage
 from services.core.bus.access import Identity, Role
 from services.core.kube.client import server_version
 from services.core.kube.resourceapi import versioned
@@ -27,7 +31,13 @@ async def start(args: argparse.Namespace, stack: Stack) -> int | None:
     log.info("explaining as kube-scheduler %s (gates: %s)", features.version, features.spec())
     settings = WatcherConfig(pending_threshold=args.pending_threshold, features=features)
     bus = await stack.bus(args.nats_url, name="allocator", identity=Identity(Role.ALLOCATOR))
-    stack.spawn("claim-watcher", ClaimWatcher(versioned(raw_api), bus, settings).run)
+    watcher = ClaimWatcher(versioned(raw_api), bus, settings)
+    stack.spawn("claim-watcher", watcher.run)
+    # How full CLAIMS and the claims bucket are, and whether CLAIMS still reaches back to
+    # the first events of every claim allocated now (services/core/bus/usage.py).
+    streams = [subjects.CLAIMS_STREAM, usage.bucket(subjects.CLAIMS_BUCKET)]
+    then = functools.partial(auditwindow.record, watcher)
+    stack.spawn("bus usage", functools.partial(usage.watch, bus, streams, then=then), fatal=False)
     return None
 
 

@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import functools
 
+from services.core.bus import subjects, usage
 from services.core.bus.access import Identity, Role
 from services.core.kube.resourceapi import versioned
 from services.core.model import featuregates
@@ -16,6 +17,13 @@ from services.core.process.serve import Stack
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.render import RenderOptions
 from services.publisher.service import Publisher, PublisherConfig
+
+#: The buckets the publisher reads, whose fill it reports (services/core/bus/usage.py).
+BUCKETS = [
+    usage.bucket(b)
+    for b in (subjects.INVENTORY_BUCKET, subjects.PRESENCE_BUCKET, subjects.PREPARED_BUCKET,
+              subjects.PUBLISHERS_BUCKET)
+]  # fmt: skip
 
 
 def settings(args: argparse.Namespace) -> PublisherConfig:
@@ -55,6 +63,7 @@ async def start(args: argparse.Namespace, stack: Stack) -> None:
         _shard(stack, bus, args, publishers)
     for each in publishers:
         stack.spawn(f"publisher {each.config.driver}", functools.partial(each.run, bus))
+    stack.spawn("bus usage", functools.partial(usage.watch, bus, BUCKETS), fatal=False)
 
 
 def _shard(

@@ -189,6 +189,9 @@ def _admin(who: Identity) -> Permissions:
 def _allocator(who: Identity) -> Permissions:
     grant = _Grant().kv_read(subjects.CLAIMS_BUCKET).kv_write(subjects.CLAIMS_BUCKET, ">")
     grant.publish += _events("*", ALLOCATOR_EVENTS)
+    # How full CLAIMS is and how far back it reaches (services/core/bus/usage.py): its
+    # state, no message (those it may read already, one by one, to number its events).
+    grant.publish.append(f"{JS_API}.STREAM.INFO.{subjects.CLAIMS_STREAM}")
     return grant.done(who)
 
 
