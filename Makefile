@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-16)
 
 .PHONY: venv up test lint fmt typecheck unit integration e2e e2e-real controlplane controlplanes \
-	jaeger containerd \
+	jaeger containerd prometheus \
 	node-packages realnode helm image bench clean proto pciids
 
 venv: $(STAMP)
@@ -31,13 +31,13 @@ fmt: venv
 typecheck: venv
 	$(BIN)/mypy
 
-unit: venv helm
+unit: venv helm prometheus
 	$(BIN)/pytest tests/unit
 
 integration: venv helm image
 	$(BIN)/pytest tests/integration
 
-e2e: venv controlplanes jaeger realnode helm image
+e2e: venv controlplanes jaeger realnode helm image prometheus
 	$(BIN)/pytest tests/e2e
 
 # Only the e2e tests on real nodes (real kubelet, containerd, runc, containers).
@@ -62,6 +62,13 @@ jaeger:
 # helm v3, which the chart tests lint, render and install the chart with (cached the same way).
 helm:
 	services/local/helm/build.sh
+
+# Debian's Prometheus (prometheus and promtool, from its package, unpacked into the cache;
+# nothing installed): the alert rule tests check and evaluate the chart's alerts with it.
+# Best effort, like pciids: without apt-get those tests skip, saying so.
+prometheus:
+	@services/local/prometheus/build.sh >/dev/null \
+		|| echo "Debian's prometheus package not available: the alert tests skip"
 
 # The gpudra container image (OCI archive for `ctr images import`) from Debian packages and
 # the locked wheels, cached in layers (services/local/image.py). As root, mmdebstrap is
@@ -93,7 +100,7 @@ node-packages:
 # at once nearly halve the wall time on two cores; tests/conftest.py says what runs together.
 TEST_WORKERS ?= 2
 
-test: lint typecheck controlplanes jaeger realnode helm image pciids
+test: lint typecheck controlplanes jaeger realnode helm image pciids prometheus
 	$(BIN)/pytest -n $(TEST_WORKERS) --dist loadfile tests
 
 # Debian's PCI ID database, which tests/unit/discovery/test_pciids.py checks the built-in subset
