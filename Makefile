@@ -120,6 +120,7 @@ bench: venv
 	$(BIN)/python bench/trail.py
 	$(BIN)/python bench/domains.py
 	$(BIN)/python bench/domains.py --pods
+	$(BIN)/python bench/podstart.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
