@@ -1,6 +1,7 @@
 """The chart as real helm renders it (helm from services/local/helm/build.sh, see
-tests/helpers/helm.py): metrics and tracing settings. tests/unit/deploy/test_deploy_chart.py
-lints and renders the whole chart with default and other values."""
+tests/helpers/helm.py): metrics, alert rules and tracing settings.
+tests/unit/deploy/test_deploy_chart.py lints and renders the whole chart with default and
+other values."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 import yaml
 
 from services.local.helm import Helm
+from services.local.prometheus import RULES
 from tests.helpers.helm import CHART, helm
 
 WORKLOADS = ("DaemonSet", "Deployment")
@@ -20,10 +22,14 @@ def chart_helm(tmp_path_factory: pytest.TempPathFactory) -> Helm:
     return helm(tmp_path_factory.mktemp("helm"))
 
 
+#: What a cluster with the Prometheus Operator serves (helm install finds it there).
+OPERATOR = ("--api-versions", "monitoring.coreos.com/v1/PrometheusRule")
+
+
 @pytest.fixture
 def render(chart_helm: Helm) -> Any:
-    def render(**values: object) -> list[dict[str, Any]]:
-        return chart_helm.template(values, release="g", namespace="default")
+    def render(*extra: str, **values: object) -> list[dict[str, Any]]:
+        return chart_helm.template(values, release="g", namespace="default", extra=extra)
 
     return render
 
@@ -69,6 +75,33 @@ def test_metrics_off_leaves_no_port_monitor_or_variable(render: Any) -> None:
     assert not [d for d in docs if d["kind"] == "PodMonitor" or "metrics" in d["metadata"]["name"]]
     for container in containers(docs).values():
         assert "ports" not in container and "GPUDRA_METRICS_PORT" not in env(container)
+
+
+def test_the_prometheus_rule_carries_exactly_the_rule_file_where_the_operator_is(
+    render: Any,
+) -> None:
+    assert not [d for d in render() if d["kind"] == "PrometheusRule"]  # no Operator: no CRD
+    docs = render(*OPERATOR, **{"metrics.prometheusRule.labels": {"release": "prometheus"}})
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["apiVersion"] == "monitoring.coreos.com/v1"
+    assert rule["metadata"]["name"] == "g-gpudra"
+    assert rule["metadata"]["namespace"] == "default"
+    assert rule["metadata"]["labels"]["release"] == "prometheus"
+    assert rule["spec"] == yaml.safe_load(RULES.read_text())  # groups, word for word
+
+
+def test_the_prometheus_rule_follows_its_switch_and_metrics(render: Any) -> None:
+    for values in ({"metrics.prometheusRule.enabled": False}, {"metrics.enabled": False}):
+        assert not [d for d in render(*OPERATOR, **values) if d["kind"] == "PrometheusRule"]
+
+
+def test_the_podmonitor_labels_each_series_with_its_node(render: Any) -> None:
+    docs = render(**{"metrics.podMonitor.enabled": True})
+    (monitor,) = [d for d in docs if d["kind"] == "PodMonitor"]
+    for endpoint in monitor["spec"]["podMetricsEndpoints"]:
+        assert {"sourceLabels": ["__meta_kubernetes_pod_node_name"], "targetLabel": "node"} in (
+            endpoint["relabelings"]
+        )
 
 
 def test_otlp_settings_become_the_standard_variables_only_when_an_endpoint_is_set(
