@@ -7,8 +7,9 @@ kubelet call's latency.
 
 The key is this node's word: deleted or rewritten by someone else (the admin
 identity may), the publisher would offer a held GPU's twin. Every ``CHECK_S`` the
-stored value is compared with what was written; a different one is put back,
-logged and counted (``gpudra_preparer_prepared_key_repairs_total``).
+stored value is compared with what was written (node and devices: ``updated_at`` is
+when it was written, never the same twice); a different one is put back, logged and
+counted (``gpudra_preparer_prepared_key_repairs_total``).
 """
 
 from __future__ import annotations
@@ -48,17 +49,22 @@ def held_devices(store: CheckpointStore) -> list[HeldDevice]:
 
 
 class HoldingsPublisher:
-    def __init__(self, bus: Bus, node: str, store: CheckpointStore) -> None:
+    def __init__(
+        self, bus: Bus, node: str, store: CheckpointStore, check_s: float = CHECK_S
+    ) -> None:
         self.bus = bus
         self.node = node
         self.store = store
+        self.check_s = check_s
+        self.checks = 0  # comparisons made (tests wait on it)
         self._dirty = asyncio.Event()
         self._last: list[HeldDevice] | None = None
 
     def start(self) -> None:
         self._dirty.set()  # publish what the checkpoint holds at start-up
-        supervisor.current().spawn("holdings", self._publish_changes)
-        supervisor.current().spawn("holdings-guard", self._guard)
+        # Named by node: a process hosting several nodes (bench/scalenodes.py) runs one each.
+        supervisor.current().spawn(f"holdings {self.node}", self._publish_changes)
+        supervisor.current().spawn(f"holdings-guard {self.node}", self._guard)
 
     def changed(self) -> None:
         self._dirty.set()
@@ -83,11 +89,12 @@ class HoldingsPublisher:
                 continue
             self._last = held
 
-    async def _guard(self, interval: float = CHECK_S) -> None:
+    async def _guard(self) -> None:
         while True:
-            await asyncio.sleep(interval)
+            await asyncio.sleep(self.check_s)
             last = self._last
             why = await self._wrong(last)
+            self.checks += 1
             if why and self._last is last:  # not written again by us meanwhile
                 REPAIRS.labels(reason=why).inc()
                 log.warning(
@@ -113,10 +120,10 @@ class HoldingsPublisher:
             return ""
         if found is None:
             return "deleted"
-        if found[0] != NodePreparedDevices(node=self.node, devices=last):
+        if (found[0].node, found[0].devices) != (self.node, last):
             return "rewritten"
         return ""
 
     async def close(self) -> None:
-        await supervisor.current().cancel("holdings-guard")
-        await supervisor.current().cancel("holdings")
+        await supervisor.current().cancel(f"holdings-guard {self.node}")
+        await supervisor.current().cancel(f"holdings {self.node}")
