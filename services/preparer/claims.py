@@ -6,7 +6,9 @@ able to write the bus could forge (issue 9). So, with an API server:
 
 - the claims of every pod bound to this node are read from the API server when
   the node's pod watch first sees the pod (:meth:`ClaimSource.on_pod`), before
-  the kubelet asks: a prepare finds the API server's copy in memory;
+  the kubelet asks: a prepare finds the API server's copy in memory (when the
+  kubelet was faster than the watch, the prepare's own read is kept instead:
+  the claim is not read twice);
 - a prepare checks that copy (:mod:`services.preparer.verify`: UID, allocation
   on this node, reserved for a pod running here, from the pod watch); a copy
   that fails, or none at all, costs one GET of the claim before refusing;
@@ -172,6 +174,7 @@ class ClaimSource:
         self._copies: dict[str, ResourceClaim] = {}  # "ns/name" -> the API server's copy
         self._users: dict[str, set[str]] = {}  # "ns/name" -> uids of this node's pods naming it
         self._fetching: dict[str, asyncio.Task[ResourceClaim | None]] = {}
+        self._reading: dict[str, int] = {}  # "ns/name" -> prepares reading it from the API now
         self._limit = asyncio.Semaphore(PREFETCH_CONCURRENCY)
         if pods is not None and pods.on_change is None:
             pods.on_change = self.on_pod
@@ -250,7 +253,8 @@ class ClaimSource:
             users = self._users.setdefault(key, set())
             if uid not in users:
                 users.add(uid)
-                self._prefetch(key)
+                if key not in self._reading:  # a prepare reading it now stands for the
+                    self._prefetch(key)  # read ahead: its copy is kept
 
     def _drop_user(self, pod: Pod) -> None:
         for name in pod.claim_names():
@@ -298,9 +302,19 @@ class ClaimSource:
         return await self._fetch_now(ref), True
 
     async def _fetch_now(self, ref: ClaimRef) -> ResourceClaim | None:
+        """The claim read for a prepare; kept as the copy if a pod of this node names it by
+        the time it arrives (the kubelet may call before the pod watch sees the pod: then
+        the watch's read ahead is not made, this read is)."""
         assert self.api is not None
-        claim = await self.api.get_claim(ref.namespace, ref.name)
         key = f"{ref.namespace}/{ref.name}"
+        self._reading[key] = self._reading.get(key, 0) + 1
+        try:
+            claim = await self.api.get_claim(ref.namespace, ref.name)
+        finally:
+            if self._reading[key] == 1:
+                del self._reading[key]
+            else:
+                self._reading[key] -= 1
         if claim is not None and key in self._users:
             self._copies[key] = claim
         return claim

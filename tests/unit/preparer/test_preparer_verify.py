@@ -8,6 +8,7 @@ API server in tests/integration/preparer/test_preparer_checks.py.
 
 from __future__ import annotations
 
+import asyncio
 from typing import cast
 
 import msgspec
@@ -305,3 +306,37 @@ async def test_without_an_api_server_nothing_is_prepared_unless_the_bucket_is_tr
         await blind.get(ref(claim))
     with pytest.raises(ValueError, match="go together"):
         ClaimSource(cast(Bus, None), NODE, Api())
+
+
+class SlowApi(Api):
+    """GETs that wait for ``answer`` (a read in flight while the pod watch catches up)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.answer = asyncio.Event()
+
+    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
+        self.gets += 1
+        await self.answer.wait()
+        return self.claims.get(name)
+
+
+async def test_a_claim_read_for_a_prepare_is_not_read_ahead_again(pods: Pods) -> None:
+    """The kubelet called before the pod watch saw the pod: the prepare reads the claim;
+    the pod arriving meanwhile costs no second read, and the prepare's copy is kept."""
+    api = SlowApi()
+    source = ClaimSource(cast(Bus, None), NODE, api, cast(NodePods, pods))
+    claim = make_claim(NODE, [Dev("gpu", "gpu-0")], name="c")
+    pod = pod_for(claim, NODE)
+    api.put(reserved(claim, pod))
+    prepare = asyncio.create_task(source.get(ref(claim)))
+    while api.gets == 0:
+        await asyncio.sleep(0)
+    await pods.bind(pod)  # the watch catches up while the prepare's read is in flight
+    api.answer.set()
+    assert (await prepare).metadata.uid == claim.metadata.uid
+    await settle(source)
+    assert (api.gets, pods.gets) == (1, 0)
+    assert source.copy_of("default", "c", claim.metadata.uid or "") is not None
+    await source.get(ref(claim))  # the kubelet asks again: the copy answers
+    assert api.gets == 1
