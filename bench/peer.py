@@ -1,4 +1,4 @@
-"""gpudra's claim path beside another DRA kubelet plugin's, in one run.
+"""gpudra's node path beside another DRA kubelet plugin's, like for like, in one run.
 
     python bench/peer.py --peer /path/to/dra-example-kubeletplugin
                          [--cycles 1000] [--concurrency 1 16] [--repeat 3]
@@ -6,23 +6,66 @@
 The peer is any kubelet plugin binary with the flags of kubernetes-sigs'
 dra-example-driver (``--kubeconfig``, ``--node-name``, ``--cdi-root``, the
 kubelet's registrar and plugins folders, ``--num-devices``); build it yourself
-from its source, nothing here fetches or builds it. It runs on its production
-path against a real kube-apiserver (the local control plane,
-services.local.cluster): its claims are created there, allocated to its
-devices, and it reads each one there when the kubelet asks (its client's rate
-limit raised with ``--kube-api-qps``: at its default of 5 QPS each prepare
-waits about 200 ms for it). gpudra runs as
-bench/prepare.py runs it (front, preparer, discovery and nats-server as
-separate processes; claims read ahead by the preparer's pod watch). Both are
-driven by the same gRPC client (services.local.kubelet.FakeKubelet) through
-their DRA sockets, one prepare then one unprepare per cycle, with the same
-concurrency; their phases alternate (the order flipping each repeat), so the
-machine's load weighs on both alike.
+from its source, nothing here fetches or builds it. gpudra runs as its node
+DaemonSet does (discovery, preparer and front as separate processes, the
+preparer checking claims against the API server) with nats-server beside it
+(the chart runs NATS apart from the nodes), as bench/prepare.py starts them.
 
-Printed per phase and driver: p50/p99 of prepare and unprepare, cycles/s, CPU
-ms per cycle (gpudra: front + preparer + nats-server; the peer: its one
-process, and what its GETs cost the API server, apart), peak RSS; then the
-medians over the repeats and gpudra/peer ratios.
+Like for like:
+
+- **One real kube-apiserver** (the local control plane, services.local.cluster)
+  serves both: every claim of a phase is created there, allocated to a device
+  of the driver's node (each driver has a node of its own, so that gpudra's pod
+  watch neither sees nor reads ahead the peer's pods) and reserved for a pod of
+  its own, as the scheduler leaves them. gpudra's preparer reads claims and
+  pods from it (``--kubeconfig``); the peer GETs each claim from it when the
+  kubelet asks (its client's rate limit raised with ``--kube-api-qps``: at its
+  default of 5 QPS each prepare waits about 200 ms for it). gpudra's claims
+  also go into the claims bucket before the phase, as the allocator's watcher
+  puts them there when the scheduler allocates (the preparer only compares
+  them). With more workers than GPUs, gpudra's claims ask for adminAccess (in
+  a namespace labelled for it) so that two may hold one GPU; the peer's share
+  GPUs without it.
+- **The timer starts when the pod is bound.** The pods are created unscheduled
+  (a schedulerName no scheduler serves); each cycle binds its pod to its node
+  (``pods/binding``, as the scheduler does), and the prepare's timer starts when
+  the binding returns; after the unprepare the pod is deleted (untimed). The
+  kubelet here calls NodePrepareResources at once, while on a node it first
+  learns of the pod by its own watch and admits it: the bench gives gpudra's
+  read-ahead no head start. Chosen over moving gpudra's reads into the prepare
+  because it measures gpudra as it runs (its pod watch learns of the pod as the
+  kubelet does and its read-ahead races the kubelet's call; a prepare that
+  finds no copy reads the claim itself), and it costs the peer nothing it would
+  not pay on a node: both drivers' cycles bind and delete their pods alike.
+- **Log levels as the charts ship them**: gpudra ``--log-level info`` (the
+  chart's ``logLevel``), the peer without ``-v`` (its chart sets none: klog's
+  0); both log to files, and the bytes logged per cycle are printed. Other
+  settings are each binary's defaults (gpudra's claim device status: auto,
+  which a claim unprepared at once never reaches; compute domains off).
+- **CPU per cycle of the node's processes only**: gpudra's discovery, preparer
+  and front; the peer's one process. Beside them, apart: nats-server (gpudra's;
+  central in the chart, not on the node) and the API server's share during the
+  phase (kube-apiserver, etcd; it includes the bench's bindings and pod
+  deletions, the same for both). The bench process (kubelet, workload) is not
+  counted. The API server's GETs of claims and pods per cycle come from its
+  ``apiserver_request_total``.
+- **Footprint**: peak RSS (VmHWM) of the whole node DaemonSet (discovery +
+  preparer + front) against the peer's process.
+- **Durability** differs by design, and is printed with the figures, the sync
+  calls per prepare or unprepare counted by strace (when installed) over ten
+  untimed cycles: gpudra fsyncs nothing on the claim path
+  (docs/operations.md#durability: a reboot voids prepared state, so a sync would
+  only keep what is thrown away); the peer writes its whole checkpoint with an
+  fsync on every prepare and unprepare under one global lock (``writeCheckpoint``
+  calls ``tmp.Sync()``, cmd/dra-example-kubeletplugin/checkpoint.go;
+  ``DeviceState.Prepare`` and ``Unprepare`` hold its mutex, state.go).
+
+Both are driven by the same gRPC client (services.local.kubelet.FakeKubelet)
+through their DRA sockets, one prepare then one unprepare per cycle, with the
+same concurrency; their phases alternate (the order flipping each repeat), so
+the machine's load weighs on both alike. Printed per phase and driver: p50/p99
+of prepare and unprepare, cycles/s, CPU ms per cycle, GETs, log bytes; then the
+medians over the repeats with gpudra/peer ratios, peak RSS and durability.
 """
 
 from __future__ import annotations
@@ -30,81 +73,190 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
+import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench import prepare  # noqa: E402
 from bench.prepare import Phase, Proc, cpu_seconds, pct, peak_rss_mb, report  # noqa: E402
+from services.core.bus import subjects  # noqa: E402
+from services.core.bus.client import Bus  # noqa: E402
 from services.core.kube.client import KubeApi, http_api  # noqa: E402
+from services.core.kube.resource import ResourceClaim  # noqa: E402
 from services.core.kube.resourceapi import versioned  # noqa: E402
+from services.core.model.nvidia import DRIVER_NAME  # noqa: E402
 from services.local.cluster import ControlPlane  # noqa: E402
 from services.local.kubebinary import build_controlplane  # noqa: E402
 from services.local.kubelet import Claim, FakeKubelet  # noqa: E402
 
+NODE = prepare.NODE  # gpudra's node
+PEER_NODE = "bench-peer-node"  # the peer's: gpudra's pod watch does not see its pods
 PEER_DRIVER = "gpu.example.com"
-NAMESPACE = "bench-peer"
-CLAIMS = f"/apis/resource.k8s.io/v1/namespaces/{NAMESPACE}/resourceclaims"
+NO_SCHEDULER = "bench-none"  # no scheduler serves it: the bench binds the pods itself
+ADMIN_ACCESS_LABEL = "resource.kubernetes.io/admin-access"
+SYNCS = "fsync,fdatasync,sync_file_range,syncfs,sync"  # what strace counts as syncs
+_REQUESTS = re.compile(r"^apiserver_request_total\{(?P<labels>[^}]*)\} (?P<n>[0-9.e+]+)$")
 
 
 @dataclass
-class Peer:
+class Driver:
+    """One driver on the bench node, its claims in the shared kube-apiserver."""
+
+    name: str  # "gpudra" or "peer"
     kubelet: FakeKubelet
-    api: KubeApi
-    pid: int
-    apiserver_pid: int
+    driver: str  # its claims' device results
+    node_name: str  # its node (and its pool's name)
+    namespace: str
     gpus: list[str]
+    procs: dict[str, int]  # its node DaemonSet's processes: CPU per cycle, peak RSS
+    logs: list[Path]  # what its node processes log to
+    central: dict[str, int] = field(default_factory=dict)  # off the node (nats-server)
+    bus: Bus | None = None  # gpudra: the claims bucket, written as the allocator's watcher does
+    admin_access: bool = False  # more workers than GPUs: claims share GPUs by adminAccess
 
 
-async def _claim(api: KubeApi, gpu: str) -> Claim:
-    """A claim allocated to ``gpu`` of the peer's node pool, as the scheduler leaves it."""
-    name = f"peer-{uuid.uuid4().hex[:12]}"
+@dataclass
+class Cluster:
+    cp: ControlPlane
+    api: KubeApi
+    pids: dict[str, int]  # kube-apiserver, etcd
+
+
+@dataclass
+class Run:
+    """One phase of one driver, with what it cost beside the node."""
+
+    phase: Phase
+    beside: dict[str, float]  # CPU ms per cycle: nats-server, kube-apiserver, etcd
+    log_bytes: float  # what the node processes logged, per cycle
+
+
+def _pod(namespace: str, name: str) -> dict[str, Any]:
+    """An unscheduled pod using the claim of its own name (bound by the bench, per cycle)."""
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"schedulerName": NO_SCHEDULER,
+                     "containers": [{"name": "main", "image": "bench",
+                                     "resources": {"claims": [{"name": "gpu"}]}}],
+                     "resourceClaims": [{"name": "gpu", "resourceClaimName": name}]}}  # fmt: skip
+
+
+async def _claim(api: KubeApi, d: Driver, gpu: str) -> Claim:
+    """A pod, and its claim allocated to ``gpu`` and reserved for it, as the scheduler leaves
+    them just before it binds the pod (gpudra's also in the claims bucket)."""
+    name = f"{d.name}-{uuid.uuid4().hex[:12]}"
+    pods = f"/api/v1/namespaces/{d.namespace}/pods"
+    claims = f"/apis/resource.k8s.io/v1/namespaces/{d.namespace}/resourceclaims"
+    pod = msgspec.json.decode(await api.create(pods, _pod(d.namespace, name)))
+    request: dict[str, Any] = {"deviceClassName": d.driver}
+    result: dict[str, Any] = {"request": "gpu", "driver": d.driver, "pool": d.node_name,
+                              "device": gpu}  # fmt: skip
+    if d.admin_access:
+        request["adminAccess"] = result["adminAccess"] = True
     body = {"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": NAMESPACE},
-            "spec": {"devices": {"requests": [
-                {"name": "gpu", "exactly": {"deviceClassName": "gpu.example.com"}}]}}}  # fmt: skip
-    made = json.loads(await api.create(CLAIMS, body))
-    result = {"request": "gpu", "driver": PEER_DRIVER, "pool": prepare.NODE, "device": gpu}
-    status = {"status": {"allocation": {"devices": {"results": [result]}}}}
-    await api.patch(f"{CLAIMS}/{name}/status", status)
-    return Claim(made["metadata"]["uid"], NAMESPACE, name)
+            "metadata": {"name": name, "namespace": d.namespace},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": request}]}}}  # fmt: skip
+    await api.create(claims, body)
+    named = {"key": "metadata.name", "operator": "In", "values": [d.node_name]}
+    here = {"nodeSelectorTerms": [{"matchFields": [named]}]}
+    user = {"resource": "pods", "name": name, "uid": pod["metadata"]["uid"]}
+    status = {"status": {"allocation": {"devices": {"results": [result]}, "nodeSelector": here},
+                         "reservedFor": [user]}}  # fmt: skip
+    answer = await api.patch(f"{claims}/{name}/status", status)
+    made = msgspec.json.decode(answer, type=ResourceClaim)
+    uid = made.metadata.uid or ""
+    if d.bus is not None:
+        await d.bus.kv_put(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, uid), made)
+    return Claim(uid, d.namespace, name)
 
 
-async def _claims(api: KubeApi, gpus: list[str], count: int, concurrency: int) -> list[Claim]:
+async def _claims(api: KubeApi, d: Driver, count: int, concurrency: int) -> list[Claim]:
     gate = asyncio.Semaphore(16)
 
     async def one(i: int) -> Claim:
         async with gate:
-            return await _claim(api, gpus[(i % concurrency) % len(gpus)])
+            return await _claim(api, d, d.gpus[(i % concurrency) % len(d.gpus)])
 
     return list(await asyncio.gather(*(one(i) for i in range(count))))
 
 
-async def peer_phase(peer: Peer, cycles: int, concurrency: int) -> tuple[Phase, float]:
-    """One phase on the peer; also the API server's CPU ms per cycle during it."""
-    claims = await _claims(peer.api, peer.gpus, cycles, concurrency)
+async def _remove(api: KubeApi, d: Driver, claims: list[Claim]) -> None:
+    gate = asyncio.Semaphore(16)
+    path = f"/apis/resource.k8s.io/v1/namespaces/{d.namespace}/resourceclaims"
+
+    async def one(c: Claim) -> None:
+        async with gate:
+            await api.delete(f"{path}/{c.name}")
+            if d.bus is not None:
+                await d.bus.kv_delete(subjects.CLAIMS_BUCKET, subjects.claim_key(NODE, c.uid))
+
+    await asyncio.gather(*(one(c) for c in claims))
+
+
+async def api_requests(api: KubeApi) -> dict[str, float]:
+    """GETs the API server has answered so far, by resource (its apiserver_request_total)."""
+    counts: dict[str, float] = {}
+    for line in (await api.get("/metrics")).decode().splitlines():
+        found = _REQUESTS.match(line)
+        if found is None:
+            continue
+        labels = dict(re.findall(r'(\w+)="([^"]*)"', found["labels"]))
+        if labels.get("verb") == "GET" and labels.get("resource") and not labels.get("subresource"):
+            counts[labels["resource"]] = counts.get(labels["resource"], 0) + float(found["n"])
+    return counts
+
+
+async def run_phase(cluster: Cluster, d: Driver, cycles: int, concurrency: int) -> Run:
+    """One phase: the claims and their unscheduled pods made, then per cycle the pod bound,
+    the claim prepared (timed from the binding's answer) and unprepared, the pod deleted."""
+    api = cluster.api
+    claims = await _claims(api, d, cycles, concurrency)
     plan = [claims[slot::concurrency] for slot in range(concurrency)]
-    before = cpu_seconds(peer.pid), cpu_seconds(peer.apiserver_pid)
-    phase = await prepare.timed_cycles(peer.kubelet, plan)
-    plugin_ms = (cpu_seconds(peer.pid) - before[0]) * 1000 / cycles
-    apiserver_ms = (cpu_seconds(peer.apiserver_pid) - before[1]) * 1000 / cycles
-    phase.cpu_ms_per_cycle = {"plugin": plugin_ms}
-    return phase, apiserver_ms
+
+    node = {"apiVersion": "v1", "kind": "Node", "name": d.node_name}
+
+    async def bind(c: Claim) -> None:
+        binding = {"apiVersion": "v1", "kind": "Binding", "metadata": {"name": c.name},
+                   "target": node}  # fmt: skip
+        await api.create(f"/api/v1/namespaces/{c.namespace}/pods/{c.name}/binding", binding)
+
+    async def release(c: Claim) -> None:
+        pod = f"/api/v1/namespaces/{c.namespace}/pods/{c.name}"
+        await api.delete(pod, {"gracePeriodSeconds": 0})
+
+    gets = await api_requests(api)
+    logged = sum(log.stat().st_size for log in d.logs)
+    procs = {**d.procs, **d.central, **cluster.pids}
+    before = {name: cpu_seconds(pid) for name, pid in procs.items()}
+    phase = await prepare.timed_cycles(d.kubelet, plan, bind=bind, release=release)
+    ms = {name: (cpu_seconds(pid) - before[name]) * 1000 / cycles for name, pid in procs.items()}
+    logged = sum(log.stat().st_size for log in d.logs) - logged
+    after = await api_requests(api)
+    await _remove(api, d, claims)
+    phase.cpu_ms_per_cycle = {name: ms[name] for name in d.procs}
+    phase.api_gets = {kind: int(n - gets.get(kind, 0)) for kind, n in after.items()
+                      if kind in ("resourceclaims", "pods") and n > gets.get(kind, 0)}  # fmt: skip
+    return Run(phase, {name: ms[name] for name in (*d.central, *cluster.pids)}, logged / cycles)
 
 
 def start_peer(binary: Path, cp: ControlPlane, root: Path, gpus: int, qps: float) -> Proc:
-    """The peer's kubelet plugin for the bench node, its kubelet folders under ``root``."""
+    """The peer's kubelet plugin for the bench node, its kubelet folders under ``root``;
+    its log level its default (no -v: klog's 0, as its chart runs it)."""
     kubelet_root = root / "kubelet"
     for folder in ("plugins_registry", "plugins"):
         (kubelet_root / folder).mkdir(parents=True)
@@ -112,7 +264,7 @@ def start_peer(binary: Path, cp: ControlPlane, root: Path, gpus: int, qps: float
     log = root / "peer.log"
     with open(log, "wb") as out:
         popen = subprocess.Popen(
-            [str(binary), "--kubeconfig", str(cp.kubeconfig), "--node-name", prepare.NODE,
+            [str(binary), "--kubeconfig", str(cp.kubeconfig), "--node-name", PEER_NODE,
              "--cdi-root", str(root / "cdi"), "--num-devices", str(gpus),
              "--kubelet-registrar-directory-path", str(kubelet_root / "plugins_registry"),
              "--kubelet-plugins-directory-path", str(kubelet_root / "plugins"),
@@ -124,76 +276,184 @@ def start_peer(binary: Path, cp: ControlPlane, root: Path, gpus: int, qps: float
 
 
 @contextlib.asynccontextmanager
-async def peer_stack(binary: Path, gpus: int, qps: float) -> AsyncIterator[Peer]:
-    root = Path(tempfile.mkdtemp(prefix="gpudra-bench-peer-", dir="/tmp"))
-    with ControlPlane(build_controlplane(), nodes=[prepare.NODE], verbosity=0) as cp:
-        cp.kubectl("create", "namespace", NAMESPACE)
-        proc = start_peer(binary, cp, root, gpus, qps)
+async def cluster_stack() -> AsyncIterator[Cluster]:
+    """The control plane both drivers use, with a namespace for each."""
+    with ControlPlane(build_controlplane(), nodes=[NODE, PEER_NODE], verbosity=0) as cp:
+        for namespace in ("bench-gpudra", "bench-peer"):
+            cp.kubectl("create", "namespace", namespace)
+        cp.kubectl("label", "namespace", "bench-gpudra", f"{ADMIN_ACCESS_LABEL}=true")
         api = versioned(await http_api(str(cp.kubeconfig)))
-        apiserver = next(p for p in cp.processes if p.name == "kube-apiserver")
+        pids = {p.name: p.proc.pid for p in cp.processes if p.name in ("kube-apiserver", "etcd")}
         try:
-            async with FakeKubelet(root / "kubelet", driver=PEER_DRIVER) as kubelet:
-                await kubelet.wait_for_registration_socket(timeout=60)
-                await kubelet.register()
-                names = [f"gpu-{i}" for i in range(gpus)]
-                peer = Peer(kubelet, api, proc.popen.pid, apiserver.proc.pid, names)
-                warm, _ = await peer_phase(peer, 20, 1)
-                if warm.errors:
-                    raise SystemExit(f"peer warm-up failed: {warm.errors[0]}")
-                print(f"peer: {binary.name}, pid {peer.pid}, {gpus} GPUs, claims GET from "
-                      f"kube-apiserver pid {peer.apiserver_pid}, client QPS {qps:g}")  # fmt: skip
-                yield peer
+            yield Cluster(cp, api, pids)
         finally:
             await api.close()
-            proc.stop()
-            shutil.rmtree(root, ignore_errors=True)
 
 
-def _median(phases: Sequence[Phase], figure: str) -> float:
-    values: Callable[[Phase], float] = {
-        "prepare p50": lambda p: pct(p.prepare_ms, 50),
-        "prepare p99": lambda p: pct(p.prepare_ms, 99),
-        "unprepare p50": lambda p: pct(p.unprepare_ms, 50),
-        "unprepare p99": lambda p: pct(p.unprepare_ms, 99),
-        "cycles/s": lambda p: p.throughput,
-        "CPU ms/cycle": lambda p: sum(p.cpu_ms_per_cycle.values()),
-    }[figure]
-    return statistics.median(values(p) for p in phases)
+async def warm_up(cluster: Cluster, d: Driver) -> None:
+    warm = await run_phase(cluster, d, 20, 1)
+    if warm.phase.errors:
+        raise SystemExit(f"{d.name} warm-up failed: {warm.phase.errors[0]}")
 
 
-def summary(ours: dict[int, list[Phase]], theirs: dict[int, list[Phase]]) -> None:
-    print("\nmedians over the repeats (gpudra CPU: front + preparer + nats-server)")
-    print(f"{'figure':<16}{'c':>4}{'gpudra':>10}{'peer':>10}{'gpudra/peer':>13}")
+@contextlib.asynccontextmanager
+async def peer_stack(
+    cluster: Cluster, binary: Path, gpus: int, qps: float
+) -> AsyncIterator[Driver]:
+    root = Path(tempfile.mkdtemp(prefix="gpudra-bench-peer-", dir="/tmp"))
+    proc = start_peer(binary, cluster.cp, root, gpus, qps)
+    try:
+        async with FakeKubelet(root / "kubelet", driver=PEER_DRIVER) as kubelet:
+            await kubelet.wait_for_registration_socket(timeout=60)
+            await kubelet.register()
+            names = [f"gpu-{i}" for i in range(gpus)]
+            peer = Driver("peer", kubelet, PEER_DRIVER, PEER_NODE, "bench-peer", names,
+                          {"plugin": proc.popen.pid}, [proc.log])  # fmt: skip
+            await warm_up(cluster, peer)
+            print(f"peer: {binary.name}, pid {proc.popen.pid}, {gpus} GPUs, log level: its "
+                  f"default; client QPS {qps:g}")  # fmt: skip
+            yield peer
+    finally:
+        proc.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@contextlib.asynccontextmanager
+async def gpudra_stack(cluster: Cluster, fleet: str) -> AsyncIterator[Driver]:
+    args = prepare.parse_args(["--fleet", fleet])
+    async with prepare.node_stack(
+        args, "", kubeconfig=cluster.cp.kubeconfig, log_level="info"
+    ) as node:
+        assert isinstance(node.caller, FakeKubelet)
+        pids = node.pids
+        logs = [node.front.log, node.preparer.log, node.front.log.parent / "discovery.log"]
+        ours = Driver("gpudra", node.caller, DRIVER_NAME, NODE, "bench-gpudra", node.gpus,
+                      {name: pids[name] for name in ("discovery", "preparer", "front")}, logs,
+                      {"nats-server": pids["nats-server"]}, node.bus)  # fmt: skip
+        await warm_up(cluster, ours)
+        print("gpudra: log level info")
+        yield ours
+
+
+FIGURES: dict[str, Callable[[Run], float]] = {
+    "prepare p50": lambda r: pct(r.phase.prepare_ms, 50),
+    "prepare p99": lambda r: pct(r.phase.prepare_ms, 99),
+    "unprepare p50": lambda r: pct(r.phase.unprepare_ms, 50),
+    "unprepare p99": lambda r: pct(r.phase.unprepare_ms, 99),
+    "cycles/s": lambda r: r.phase.throughput,
+    "node CPU ms/cyc": lambda r: sum(r.phase.cpu_ms_per_cycle.values()),
+    "nats-server": lambda r: r.beside.get("nats-server", 0.0),
+    "kube-apiserver": lambda r: r.beside["kube-apiserver"],
+    "etcd": lambda r: r.beside["etcd"],
+    "claim GETs/cyc": lambda r: r.phase.api_gets.get("resourceclaims", 0) / len(r.phase.prepare_ms),
+    "pod GETs/cyc": lambda r: r.phase.api_gets.get("pods", 0) / len(r.phase.prepare_ms),
+    "log bytes/cyc": lambda r: r.log_bytes,
+}
+
+
+def print_run(run: Run, cycles: int) -> None:
+    report(run.phase, cycles, shared=False)
+    beside = ", ".join(f"{name} {ms:.2f}" for name, ms in run.beside.items())
+    print(f"  beside the node, CPU ms per cycle: {beside}")
+    print(f"  logged by the node: {run.log_bytes:.0f} bytes per cycle")
+
+
+def summary(
+    ours: Mapping[int, Sequence[Run]], theirs: Mapping[int, Sequence[Run]], rss: str, sync: str
+) -> None:
+    print("\nmedians over the repeats; node CPU: gpudra discovery + preparer + front, the "
+          "peer its process; nats-server, kube-apiserver, etcd: CPU ms per cycle beside the "
+          "node")  # fmt: skip
+    print(f"{'figure':<17}{'c':>4}{'gpudra':>10}{'peer':>10}{'gpudra/peer':>13}")
     for c in sorted(ours):
-        for figure in ("prepare p50", "prepare p99", "unprepare p50", "unprepare p99",
-                       "cycles/s", "CPU ms/cycle"):  # fmt: skip
-            a, b = _median(ours[c], figure), _median(theirs[c], figure)
-            print(f"{figure:<16}{c:>4}{a:>10.2f}{b:>10.2f}{a / b:>12.2f}x")
+        for figure, value in FIGURES.items():
+            a = statistics.median(value(r) for r in ours[c])
+            b = statistics.median(value(r) for r in theirs[c])
+            ratio = f"{a / b:>12.2f}x" if b else f"{'-':>13}"
+            print(f"{figure:<17}{c:>4}{a:>10.2f}{b:>10.2f}{ratio}")
+    print(rss)
+    print(sync)
+
+
+async def syncs_per_call(cluster: Cluster, d: Driver, cycles: int = 10) -> float | None:
+    """fsync and its kin per prepare or unprepare, as strace counts them on the driver's
+    node processes over ``cycles`` untimed cycles (None: no strace, or it could not attach)."""
+    strace = shutil.which("strace")
+    if strace is None:
+        return None
+    folder = Path(tempfile.mkdtemp(prefix="gpudra-bench-strace-", dir="/tmp"))
+    tracers = []
+    for name, pid in d.procs.items():
+        out = folder / f"{name}.txt"
+        argv = ["-f", "-c", "-e", f"trace={SYNCS}", "-o", str(out), "-p", str(pid)]
+        tracer = await asyncio.create_subprocess_exec(strace, *argv, stderr=subprocess.DEVNULL)
+        tracers.append((tracer, out))
+    try:
+        await asyncio.sleep(1)  # attached to every thread
+        if any(tracer.returncode is not None for tracer, _ in tracers):
+            return None
+        run = await run_phase(cluster, d, cycles, 1)
+    finally:
+        for tracer, _ in tracers:
+            if tracer.returncode is None:
+                tracer.send_signal(signal.SIGINT)
+            await tracer.wait()
+    calls = 0
+    for _, out in tracers:  # "% time seconds usecs/call calls [errors] syscall" rows
+        for row in out.read_text().splitlines() if out.exists() else []:
+            fields = row.split()
+            if len(fields) >= 5 and fields[-1] in SYNCS.split(",") and fields[3].isdigit():
+                calls += int(fields[3])
+    shutil.rmtree(folder, ignore_errors=True)
+    return None if run.phase.errors else calls / (2 * cycles)
+
+
+def durability(ours: float | None, theirs: float | None) -> str:
+    def measured(n: float | None) -> str:
+        return "not measured: no strace" if n is None else f"{n:.2f} per call, strace"
+
+    return (
+        f"durability: gpudra no fsync ({measured(ours)}; a reboot voids prepared state by "
+        f"design, docs/operations.md#durability) / peer fsync per call ({measured(theirs)}; "
+        "its whole checkpoint under one global lock: tmp.Sync() in writeCheckpoint, "
+        "dra-example-driver cmd/dra-example-kubeletplugin/checkpoint.go)"
+    )
+
+
+def footprint(ours: Driver, theirs: Driver) -> str:
+    sizes = {name: peak_rss_mb(pid) for name, pid in ours.procs.items()}
+    node = sum(sizes.values())
+    parts = " + ".join(f"{name} {mb:.1f}" for name, mb in sizes.items())
+    peer = peak_rss_mb(theirs.procs["plugin"])
+    central = peak_rss_mb(ours.central["nats-server"])
+    return (f"peak RSS: gpudra node DaemonSet {node:.1f} MB ({parts}); peer {peer:.1f} MB; "
+            f"ratio {node / peer:.2f}x (nats-server, central: {central:.1f} MB)")  # fmt: skip
 
 
 async def run(args: argparse.Namespace) -> int:
-    prepare_args = prepare.parse_args(["--cycles", str(args.cycles), "--fleet", args.fleet])
-    ours: dict[int, list[Phase]] = {c: [] for c in args.concurrency}
-    theirs: dict[int, list[Phase]] = {c: [] for c in args.concurrency}
-    async with prepare.node_stack(prepare_args, "") as node:
-        async with peer_stack(args.peer, len(node.gpus), args.peer_qps) as peer:
-            for repeat in range(args.repeat):
-                for c in args.concurrency:
-                    order = ("gpudra", "peer") if repeat % 2 == 0 else ("peer", "gpudra")
-                    for who in order:
-                        print(f"\n[{who}, repeat {repeat + 1}, load {os.getloadavg()[0]:.1f}]")
-                        if who == "gpudra":
-                            phase = await node.phase(args.cycles, c)
-                            ours[c].append(phase)
-                            report(phase, args.cycles, shared=c > len(node.gpus))
-                        else:
-                            phase, api_ms = await peer_phase(peer, args.cycles, c)
-                            theirs[c].append(phase)
-                            report(phase, args.cycles, shared=False)
-                            print(f"  kube-apiserver CPU ms per cycle (its GETs): {api_ms:.2f}")
-            print(f"\n{node.peak_rss()}")
-            print(f"peer peak RSS: {peak_rss_mb(peer.pid):.1f} MB")
-    summary(ours, theirs)
+    ours: dict[int, list[Run]] = {c: [] for c in args.concurrency}
+    theirs: dict[int, list[Run]] = {c: [] for c in args.concurrency}
+    async with cluster_stack() as cluster:
+        async with gpudra_stack(cluster, args.fleet) as gpudra:
+            gpus = len(gpudra.gpus)
+            async with peer_stack(cluster, args.peer, gpus, args.peer_qps) as peer:
+                print(f"API server: kube-apiserver pid {cluster.pids['kube-apiserver']}, "
+                      f"etcd pid {cluster.pids['etcd']}")  # fmt: skip
+                sync = durability(*[await syncs_per_call(cluster, d) for d in (gpudra, peer)])
+                print(sync)
+                for repeat in range(args.repeat):
+                    for c in args.concurrency:
+                        order = (gpudra, peer) if repeat % 2 == 0 else (peer, gpudra)
+                        for d in order:
+                            load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+                            print(f"\n[{d.name}, repeat {repeat + 1}, load average {load}]")
+                            d.admin_access = d is gpudra and c > gpus
+                            result = await run_phase(cluster, d, args.cycles, c)
+                            (ours if d is gpudra else theirs)[c].append(result)
+                            print_run(result, args.cycles)
+                rss = footprint(gpudra, peer)
+    print(f"\nload average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    summary(ours, theirs, rss, sync)
     return 0
 
 

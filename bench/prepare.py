@@ -15,9 +15,9 @@ socket. Prints per phase: p50/p99 latency of NodePrepareResources and
 NodeUnprepareResources as the kubelet sees it, prepares/s, and the peak RSS
 (VmHWM) of the front and the preparer. With ``--repeat N`` each phase runs N
 times and the median of each figure is printed too (the machine is shared:
-one run says little). CPU milliseconds per cycle of the front, the preparer
-and nats-server are printed per phase: they move much less with the load of
-other processes than latencies do.
+one run says little). CPU milliseconds per cycle of the front, the preparer,
+nats-server and discovery are printed per phase: they move much less with the
+load of other processes than latencies do.
 
 Claims are put into the ``claims`` bucket before timing starts, as the
 allocator's watcher would, and into an in-memory API server
@@ -77,7 +77,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -138,9 +138,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def spawn(root: Path, name: str, *args: str, otlp: str = "", repo: Path = REPO) -> Proc:
+def spawn(
+    root: Path, name: str, *args: str, otlp: str = "", repo: Path = REPO, log_level: str = "warning"
+) -> Proc:
     """``otlp``: tracing on, spans exported there (tracing off without it); ``repo``:
-    the tree whose code runs (another commit's worktree for ``--compare``)."""
+    the tree whose code runs (another commit's worktree for ``--compare``); ``log_level``:
+    its ``--log-level`` (the chart's default is info; warning here keeps logs out of the
+    figures, bench/peer.py runs info)."""
     log = root / f"{name}.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
     if otlp:
@@ -149,7 +153,7 @@ def spawn(root: Path, name: str, *args: str, otlp: str = "", repo: Path = REPO) 
     with open(log, "wb") as out:
         popen = subprocess.Popen(
             [sys.executable, "-m", "services.cli", name, "--node-name", NODE,
-             "--log-level", "warning", *args],
+             "--log-level", log_level, *args],
             cwd=repo, stdout=out, stderr=subprocess.STDOUT, env=env,
         )  # fmt: skip
     return Proc(name, popen, log)
@@ -282,15 +286,29 @@ async def run_phase(
     return phase
 
 
-async def timed_cycles(kubelet: Caller, plan: list[list[Claim]], hold_s: float = 0.0) -> Phase:
+Hook = Callable[[Claim], Awaitable[None]]
+
+
+async def timed_cycles(
+    kubelet: Caller,
+    plan: list[list[Claim]],
+    hold_s: float = 0.0,
+    bind: Hook | None = None,
+    release: Hook | None = None,
+) -> Phase:
     """One worker per list of ``plan``: each claim prepared, then unprepared, timed (held
-    ``hold_s`` in between, untimed: a pod's life)."""
+    ``hold_s`` in between, untimed: a pod's life). ``bind``, awaited before each prepare,
+    and ``release``, after each unprepare, are untimed (bench/peer.py: the claim's pod is
+    bound to the node, the prepare's timer starts when the binding returns; the pod is
+    deleted); their time still counts in the phase's seconds."""
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
     errors: list[str] = []
 
     async def worker(claims: list[Claim]) -> None:
         for c in claims:
+            if bind is not None:
+                await bind(c)
             t0 = time.perf_counter()
             result = (await kubelet.prepare([c]))[c.uid]
             t1 = time.perf_counter()
@@ -300,6 +318,8 @@ async def timed_cycles(kubelet: Caller, plan: list[list[Claim]], hold_s: float =
                 t1 = time.perf_counter()  # the unprepare is timed on its own
             error = (await kubelet.unprepare([c]))[c.uid]
             unprepare_ms.append((time.perf_counter() - t1) * 1000)
+            if release is not None:
+                await release(c)
             if result.error or len(result.devices) != 1 or error:
                 errors.append(result.error or error or f"{len(result.devices)} devices")
 
@@ -488,11 +508,19 @@ def private_mb(pid: int) -> float:
 
 @contextlib.asynccontextmanager
 async def node_stack(
-    args: argparse.Namespace, otlp: str, repo: Path = REPO, status: bool = False
+    args: argparse.Namespace,
+    otlp: str,
+    repo: Path = REPO,
+    status: bool = False,
+    *,
+    kubeconfig: Path | None = None,
+    log_level: str = "warning",
 ) -> AsyncIterator[NodeStack]:
     """Start a node's processes (tracing on when ``otlp``; ``repo``: whose code; ``status``:
     an API server that takes claim status writes, so the preparer writes them), warm
-    them up; stop them after."""
+    them up; stop them after. ``kubeconfig``: the preparer checks claims against that API
+    server instead of the in-memory one, and the caller warms the node up (bench/peer.py:
+    a real kube-apiserver); ``log_level``: every process's ``--log-level``."""
     root = Path(tempfile.mkdtemp(prefix="gpudra-bench-", dir="/tmp"))
     nats = NatsServer(root / "nats", log_file=root / "nats.log")
     procs: list[Proc] = []
@@ -510,12 +538,14 @@ async def node_stack(
         boot_id.write_text(f"{uuid.uuid4()}\n")
         discovery = spawn(root, "discovery", *nats.client_argv(Role.DISCOVERY, NODE),
                           "--fleet", args.fleet, "--rescan-interval", "3600",
-                          otlp=otlp, repo=repo)  # fmt: skip
+                          otlp=otlp, repo=repo, log_level=log_level)  # fmt: skip
         procs.append(discovery)
         inventory = await wait_for_inventory(bus, discovery)
         gpus = [gpu_device_name(g.minor) for g in inventory.gpus if not g.mig_enabled]
         kubelet_root = root / "kubelet"
-        if args.trust_claims_bucket:
+        if kubeconfig is not None:
+            claims = ["--kubeconfig", str(kubeconfig)]
+        elif args.trust_claims_bucket:
             claims = ["--trust-claims-bucket"]
         else:
             await api.start()
@@ -524,15 +554,22 @@ async def node_stack(
                          "--fleet", args.fleet,
                          "--kubelet-root", str(kubelet_root), "--cdi-root", str(root / "cdi"),
                          "--boot-id-file", str(boot_id), *claims, *share_flags(args),
-                         otlp=otlp, repo=repo)  # fmt: skip
+                         otlp=otlp, repo=repo, log_level=log_level)  # fmt: skip
         front = spawn(root, "kubeletplugin", *nats.client_argv(Role.FRONT, NODE),
-                      "--kubelet-root", str(kubelet_root), otlp=otlp, repo=repo)  # fmt: skip
+                      "--kubelet-root", str(kubelet_root), otlp=otlp, repo=repo,
+                      log_level=log_level)  # fmt: skip
         procs += [preparer, front]
         async with FakeKubelet(kubelet_root) as kubelet:
             await kubelet.wait_for_registration_socket(timeout=30)
             await kubelet.register()
             front.check_alive()
-            checks = "bucket trusted" if args.trust_claims_bucket else "claims checked via API"
+            checks = (
+                f"claims checked via the API server of {kubeconfig}"
+                if kubeconfig is not None
+                else "bucket trusted"
+                if args.trust_claims_bucket
+                else "claims checked via API"
+            )
             tracing = f"tracing on ({otlp})" if otlp else "tracing off"
             tree = "this tree" if repo == REPO else f"{repo}"
             print(
@@ -540,9 +577,12 @@ async def node_stack(
                 f"{tracing}; front pid {front.popen.pid}, preparer pid {preparer.popen.pid}"
             )
             await wait_for_preparer(kubelet, preparer)
-            warm = await run_phase(kubelet, bus, api, gpus, args.warmup, 1)
-            if warm.errors:
-                raise SystemExit(f"warm-up failed: {warm.errors[0]}\n{preparer.log.read_text()}")
+            if kubeconfig is None:
+                warm = await run_phase(kubelet, bus, api, gpus, args.warmup, 1)
+                if warm.errors:
+                    raise SystemExit(
+                        f"warm-up failed: {warm.errors[0]}\n{preparer.log.read_text()}"
+                    )
             caller: Caller = kubelet
             if args.direct:  # the preparer answers only its node's front
                 caller = DirectCaller(
@@ -557,6 +597,7 @@ async def node_stack(
             assert nats.proc is not None
             pids = {"front": front.popen.pid, "preparer": preparer.popen.pid}
             pids["nats-server"] = nats.proc.pid
+            pids["discovery"] = discovery.popen.pid  # the node DaemonSet's third container
             pids["bench"] = os.getpid()  # the kubelet's client and the API server
             if otlp and args.sink_pid:
                 pids["sink"] = args.sink_pid
