@@ -3,7 +3,8 @@
 Used by ``gpudra nats``, ``gpudra up`` and the test suite, always with the
 production rules: TLS, one nkey identity per component and each identity's
 permissions (:mod:`services.core.bus.access`). It listens on 127.0.0.1 only, has no
-monitoring port, and is stopped by the PID we started.
+monitoring port unless asked for one (``monitor=True``: benchmarks read ``/varz``), and
+is stopped by the PID we started.
 
 :class:`NatsCluster` runs three of them as one JetStream cluster (routes over
 mutual TLS with the same CA, the same users on every server), for the tests of
@@ -55,9 +56,11 @@ class NatsServer:
         log_file: Path | None = None,
         access_dir: Path | None = None,
         cluster: Route | None = None,
+        monitor: bool = False,
     ) -> None:
         self.store_dir = store_dir
         self.port = port or free_port()
+        self.monitor_port = free_port() if monitor else None
         self.log_file = log_file
         self.access = AccessDir(access_dir or store_dir.with_name(store_dir.name + "-access"))
         self.name = f"gpudra-{self.port}"  # JetStream's server name (unique in a cluster)
@@ -94,6 +97,8 @@ class NatsServer:
             name=self.name,
             cluster=self.cluster,
         )
+        if self.monitor_port is not None:
+            conf["http"] = f"127.0.0.1:{self.monitor_port}"
         tmp = self.config_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(conf, indent=1))
         tmp.replace(self.config_file)
@@ -184,7 +189,12 @@ class NatsCluster:
     """
 
     def __init__(
-        self, root: Path, size: int = 3, name: str = "gpudra", access_dir: Path | None = None
+        self,
+        root: Path,
+        size: int = 3,
+        name: str = "gpudra",
+        access_dir: Path | None = None,
+        monitor: bool = False,
     ) -> None:
         self.root = root
         self.name = name
@@ -201,6 +211,7 @@ class NatsCluster:
                     log_file=root / f"s{i}.log",
                     access_dir=self.access.root,
                     cluster=Route(name, f"127.0.0.1:{route_port}", peers),
+                    monitor=monitor,
                 )
             )
 

@@ -17,6 +17,12 @@ EXPLANATIONS = Counter(
     "Pending claims explained, by outcome of our allocator (allocated, unschedulable, error).",
     ["status"],
 )
+EXPLAIN_CPU = Counter(
+    "gpudra_allocator_explain_cpu_seconds_total",
+    "CPU seconds spent explaining pending claims: taking a snapshot of the caches "
+    "(snapshot) and running our allocator over it (allocate).",
+    ["phase"],
+)
 K8S_EVENTS = Counter(
     "gpudra_allocator_kubernetes_events_total",
     "Kubernetes Events written on claims (create, update, failed).",
