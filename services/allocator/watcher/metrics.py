@@ -23,6 +23,11 @@ EXPLAIN_CPU = Counter(
     "(snapshot) and running our allocator over it (allocate).",
     ["phase"],
 )
+EXPLANATIONS_DUE = Gauge(
+    "gpudra_allocator_explanations_due",
+    "Pending claims whose explanation is due in the current check and not yet written "
+    "(set at the check's start, down by one per explanation; 0 once it is through).",
+)
 K8S_EVENTS = Counter(
     "gpudra_allocator_kubernetes_events_total",
     "Kubernetes Events written on claims (create, update, failed).",

@@ -51,6 +51,7 @@ from services.allocator.watcher.lifecycle import Step, Tracked
 from services.allocator.watcher.pending import (
     ClusterAllocator,
     PodClock,
+    Waiting,
     concerns_driver,
     verdict,
     waiting_claims,
@@ -350,22 +351,24 @@ class ClaimWatcher:
             threshold,
             now,
         )
-        for item in waiting:
-            uid = item.claim.metadata.uid or ""
-            last = self.explained.get(uid)
-            if last is not None and now - last < threshold:
-                continue
-            self.explained[uid] = now
-            await self.explain(item.claim, item.waited)
-        for item in waiting_extended(
+        extended = waiting_extended(
             self.pods.items.values(), self.classes_by_name(), self.clock, threshold, now
-        ):
-            uid = item.claim.metadata.uid or ""  # the pod's: the claim does not exist yet
-            last = self.explained.get(uid)
-            if last is not None and now - last < threshold:
-                continue
-            self.explained[uid] = now
-            await self.explain(item.claim, item.waited, pod=item.pod)
+        )
+        # An extended resource's claim does not exist yet: its uid is the pod's.
+        due: list[tuple[Waiting, Pod | None]] = [
+            (item, None) for item in waiting if self._due(item.claim, now)
+        ]
+        due += [(item, item.pod) for item in extended if self._due(item.claim, now)]
+        metrics.EXPLANATIONS_DUE.set(len(due))
+        for item, pod in due:
+            self.explained[item.claim.metadata.uid or ""] = now
+            await self.explain(item.claim, item.waited, pod=pod)
+            metrics.EXPLANATIONS_DUE.dec()
+
+    def _due(self, claim: ResourceClaim, now: float) -> bool:
+        """Whether ``claim``'s explanation is due: none written within the threshold."""
+        last = self.explained.get(claim.metadata.uid or "")
+        return last is None or now - last >= self.config.pending_threshold
 
     async def on_unreadable_claim(self, claim: ResourceClaim, reason: str) -> None:
         """A claim of ours gpudra cannot read (its nesting, say): said on the claim itself.

@@ -12,8 +12,9 @@ What fires: GpudraPreparesFailing. The test is the kubelet asking the node's rea
 the API server) and the front counts the errors, until Prometheus's /api/v1/alerts shows
 the alert firing for that node. What does not: the front is registered (kubelet-dra
 registered both drivers), no stream is near its limit (the allocator, publisher and
-ComputeDomain controller report their streams' fill) and no live claim is outside the
-audit window. About 25 s on two cores, most of it the stack's start.
+ComputeDomain controller report their streams' fill), no live claim is outside the
+audit window and no explanation is due. About 25 s on two cores, most of it the stack's
+start.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ QUIET = (
     "GpudraBusStreamNearLimit",
     "GpudraBusStreamFull",
     "GpudraAuditWindowShort",
+    "GpudraExplanationBacklogStuck",
 )
 
 
@@ -138,7 +140,10 @@ async def test_failing_prepares_fire_their_alert_and_nothing_else_fires(
     }
     for stream in OWNED:
         assert limits[stream] == retention.limits(stream.removeprefix("KV_")).max_bytes, stream
-    for gauge in ("gpudra_allocator_claims_before_audit_window",):
+    for gauge in (
+        "gpudra_allocator_claims_before_audit_window",
+        "gpudra_allocator_explanations_due",
+    ):
         assert [s["value"][1] for s in prometheus.query(gauge)] == ["0"], gauge
     states = {(a["labels"]["alertname"], a["state"]) for a in prometheus.alerts()}
     assert not [s for s in states if s[0] in QUIET], states
