@@ -16,20 +16,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from prometheus_client import Gauge
-
+from services.allocator.watcher import metrics
 from services.allocator.watcher.lifecycle import Tracked
 from services.allocator.watcher.pending import parse_time
 from services.core.bus import subjects
 from services.core.bus.usage import StreamUsage
 from services.core.kube.informer import Informer
 from services.core.kube.resource import ResourceClaim
-
-CLAIMS_BEFORE_AUDIT_WINDOW = Gauge(
-    "gpudra_allocator_claims_before_audit_window",
-    "Claims allocated now that were created before the oldest event CLAIMS still holds, "
-    "once it has dropped any: their first events may be gone (gpudra audit --verify).",
-)
 
 
 class Watcher(Protocol):
@@ -64,4 +57,4 @@ def record(watcher: Watcher, usage: StreamUsage) -> None:
     """Set ``gpudra_allocator_claims_before_audit_window`` from a reading of ``CLAIMS``."""
     if usage.stream == subjects.CLAIMS_STREAM:
         found = before_window(watcher.claims.items.values(), watcher.tracked, usage)
-        CLAIMS_BEFORE_AUDIT_WINDOW.set(found)
+        metrics.CLAIMS_BEFORE_AUDIT_WINDOW.set(found)

@@ -28,6 +28,11 @@ EXPLANATIONS_DUE = Gauge(
     "Pending claims whose explanation is due in the current check and not yet written "
     "(set at the check's start, down by one per explanation; 0 once it is through).",
 )
+CLAIMS_BEFORE_AUDIT_WINDOW = Gauge(
+    "gpudra_allocator_claims_before_audit_window",
+    "Claims allocated now that were created before the oldest event CLAIMS still holds, "
+    "once it has dropped any: their first events may be gone (gpudra audit --verify).",
+)
 K8S_EVENTS = Counter(
     "gpudra_allocator_kubernetes_events_total",
     "Kubernetes Events written on claims (create, update, failed).",

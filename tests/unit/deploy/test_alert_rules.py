@@ -14,7 +14,6 @@ import yaml
 from prometheus_client import REGISTRY
 
 # Every module that registers a metric an alert reads (imported: registered).
-import services.allocator.watcher.auditwindow
 import services.allocator.watcher.metrics
 import services.core.bus.usage
 import services.kubeletplugin.metrics  # noqa: F401
