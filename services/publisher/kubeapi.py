@@ -84,6 +84,11 @@ class KubeSliceApi:
             raise
         return _decode(body, _Named, "Node").metadata.uid or None
 
+    async def node_uids(self) -> dict[str, str]:
+        listing = await self.api.list("/api/v1/nodes", {})
+        named = (_decode(raw, _Named, "Node").metadata for raw in listing.items)
+        return {meta.name: meta.uid for meta in named if meta.name and meta.uid}
+
     async def list_slices(self, node: str | None = None) -> SliceList:
         listing = await self.api.list(SLICES_PATH, _selector(node, self.driver))
         items = [_decode(raw, ResourceSlice, "ResourceSlice") for raw in listing.items]

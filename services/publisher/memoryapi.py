@@ -114,6 +114,10 @@ class MemorySliceApi:
             self.nodes[node] = str(uuid.uuid5(uuid.NAMESPACE_URL, f"node/{node}"))
         return self.nodes.get(node)
 
+    async def node_uids(self) -> dict[str, str]:
+        self._count("list_nodes")
+        return {n: uid for n, uid in self.nodes.items() if n not in self.missing_nodes}
+
     async def list_slices(self, node: str | None = None) -> SliceList:
         self._count("list")
         items = [self._load(s) for s in self._objects.values() if node in (None, s.node)]

@@ -34,7 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-from collections.abc import Awaitable, Iterable, Sequence
+from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from services.core.kube.client import ApiError
@@ -113,11 +113,23 @@ class Reconciler:
         self.deleted: set[str] = set()  # slice names we deleted, until the watch reports it
         self.dropped: frozenset[DropKind] = frozenset()  # fields the server does not store
         self._owners: dict[str, OwnerReference] = {}
+        # Nodes the last full listing found without slices of ours: their first sync
+        # creates without listing them again (a first publish is one write per slice).
+        self.unsliced: set[str] = set()
 
     def forget(self, node: str) -> None:
         """Someone else touched the node's slices: the next sync must look, and re-read the Node."""
         self.synced.pop(node, None)
         self._owners.pop(node, None)
+        self.unsliced.discard(node)
+
+    def learn(self, unsliced: set[str], uids: Mapping[str, str]) -> None:
+        """What a full listing showed: nodes with no slices of ours, and Node UIDs (one
+        list instead of a list and a GET per node). A node changed since is forgotten by
+        the watch; a write on a stale view fails (409, a dangling owner) and is re-read."""
+        self.unsliced = set(unsliced)
+        for node, uid in uids.items():
+            self._owners.setdefault(node, node_owner(node, uid))
 
     def is_current(self, node: str, contents: Sequence[SliceContent] | None) -> bool:
         return self.synced.get(node) == fingerprint(contents)
@@ -129,6 +141,8 @@ class Reconciler:
         actual: Sequence[ResourceSlice] | None = None,
     ) -> SyncResult:
         """Make the API server hold ``desired`` for ``node``; retry what can succeed later."""
+        if actual is None and node in self.unsliced:
+            actual = []
         for attempt in range(self.retry.attempts):
             try:
                 result = await self._sync_once(node, desired, actual)
@@ -146,6 +160,7 @@ class Reconciler:
                 await asyncio.sleep(self.retry.delay(attempt))
                 continue
             self.synced[node] = fingerprint(desired)
+            self.unsliced.discard(node)
             return result
         raise AssertionError("unreachable")
 

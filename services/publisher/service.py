@@ -273,9 +273,16 @@ class Publisher:
         self.reconciler.deleted.clear()  # events before this listing no longer matter
         self.reconciler.retry_list_attributes()  # the server may store lists by now
         nodes = listing.nodes
+        try:
+            uids = await self.api.node_uids()
+        except ApiError as exc:  # a chart that grants no list: one GET per node, as before
+            log.warning("listing Nodes failed; reading each one", extra={"error": str(exc)})
+            uids = {}
         self.seen |= nodes
         for node in nodes | self.nodes:
             self.reconciler.forget(node)
+        self.reconciler.learn(self.nodes - nodes, uids)
+        for node in nodes | self.nodes:
             self.mark(node)
         return listing.resource_version
 

@@ -60,6 +60,10 @@ class SliceApi(Protocol):
         """The Node's UID, or None when no such Node exists."""
         ...
 
+    async def node_uids(self) -> dict[str, str]:
+        """Every Node's UID, by name (one list)."""
+        ...
+
     async def list_slices(self, node: str | None = None) -> SliceList:
         """Our driver's slices, of one node or of all."""
         ...

@@ -59,6 +59,7 @@ class FakeKube:
         self.app = web.Application()
         self.app.router.add_get("/version", self.version)
         self.app.router.add_get("/version/", self.version)
+        self.app.router.add_get("/api/v1/nodes", self.node_list)
         self.app.router.add_get("/api/v1/nodes/{name}", self.node)
         self.app.router.add_get("/apis/resource.k8s.io", self.group)
         self.app.router.add_get(SLICES, self.list_or_watch)
@@ -113,6 +114,12 @@ class FakeKube:
         if uid is None:
             return status(404, "NotFound", f'nodes "{name}" not found')
         return web.json_response({"kind": "Node", "metadata": {"name": name, "uid": uid}})
+
+    async def node_list(self, request: web.Request) -> web.Response:
+        uids = await self.api.node_uids()
+        items = [{"metadata": {"name": n, "uid": uid}} for n, uid in sorted(uids.items())]
+        meta = {"resourceVersion": str(len(items))}
+        return web.json_response({"kind": "NodeList", "metadata": meta, "items": items})
 
     async def list_or_watch(self, request: web.Request) -> web.StreamResponse:
         node = selected_node(request)
