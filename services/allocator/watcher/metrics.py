@@ -17,6 +17,11 @@ EXPLANATIONS = Counter(
     "Pending claims explained, by outcome of our allocator (allocated, unschedulable, error).",
     ["status"],
 )
+EXPLANATIONS_REUSED = Counter(
+    "gpudra_allocator_explanations_reused_total",
+    "Pending claims told the outcome of a claim like them (same namespace and spec, same "
+    "devices, at most a minute old) instead of running the allocator again.",
+)
 EXPLAIN_CPU = Counter(
     "gpudra_allocator_explain_cpu_seconds_total",
     "CPU seconds spent explaining pending claims: taking a snapshot of the caches "

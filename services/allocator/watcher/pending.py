@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
+import msgspec
+
 from services.allocator.structured.features import Features
 from services.allocator.structured.pools import Node
 from services.allocator.structured.requests import alternatives
@@ -30,6 +32,7 @@ from services.allocator.watcher.lifecycle import DRIVER
 from services.core.kube.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: core/v1 Event message limit (NoteLengthLimit)
+REUSE_S = 60.0  # longest a claim's "no node fits" is told again without running the engine
 
 
 def parse_time(text: str | None) -> float | None:
@@ -188,6 +191,41 @@ class ClusterAllocator:
         if outcome.status == "allocated":
             self._version = None  # the snapshot now holds this allocation: rebuild next time
         return outcome
+
+
+class Reuse:
+    """Outcomes of claims that fit nowhere, by what decides them, to tell claims like them.
+
+    Most pending claims in a large cluster come from a few templates: the same spec in
+    the same namespace gets the same answer while the devices (classes, slices, nodes,
+    taint rules) are the same. Running the engine over every node for each of them cost
+    the whole cluster per claim (bench/scale.py: 175 ms per explanation at 1,000 nodes).
+    Allocations are left out of the key, since every scheduled claim changes them: a
+    reused "no node fits" is at most ``ttl`` seconds old (a claim that fits meanwhile is
+    scheduled, and no longer explained). Outcomes that fit are never reused: the next
+    claim like it may not fit where this one would.
+    """
+
+    def __init__(self, ttl: float = REUSE_S) -> None:
+        self.ttl = ttl
+        self._found: dict[bytes, tuple[object, float, ClaimOutcome]] = {}
+
+    @staticmethod
+    def _key(claim: ResourceClaim) -> bytes:
+        return (claim.metadata.namespace or "").encode() + b"/" + msgspec.json.encode(claim.spec)
+
+    def get(self, claim: ResourceClaim, devices: object, now: float) -> ClaimOutcome | None:
+        found = self._found.get(self._key(claim))
+        if found is None or found[0] != devices or now - found[1] > self.ttl:
+            return None
+        return found[2]
+
+    def put(self, claim: ResourceClaim, devices: object, now: float, outcome: ClaimOutcome) -> None:
+        if outcome.status == "allocated":
+            return
+        if len(self._found) >= 1024:  # a sweep now and then keeps only the fresh ones
+            self._found = {k: v for k, v in self._found.items() if now - v[1] <= self.ttl}
+        self._found[self._key(claim)] = (devices, now, outcome)
 
 
 @dataclass(frozen=True, slots=True)

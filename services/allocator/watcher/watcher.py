@@ -51,6 +51,7 @@ from services.allocator.watcher.lifecycle import Step, Tracked
 from services.allocator.watcher.pending import (
     ClusterAllocator,
     PodClock,
+    Reuse,
     Waiting,
     concerns_driver,
     verdict,
@@ -121,6 +122,7 @@ class ClaimWatcher:
         self.tracked: dict[str, Tracked] = {}  # claim uid -> what was reported
         self.recorder = ClaimEventRecorder(api, self.config.event_rate, self.config.event_burst)
         self.cluster = ClusterAllocator(self.config.features)
+        self.reuse = Reuse()
         self.clock = PodClock()
         self.explained: dict[str, float] = {}  # claim uid -> when last explained
         self.pending: dict[str, tuple[ClaimRef, str]] = {}  # uid -> (claim, last reason published)
@@ -391,25 +393,7 @@ class ClaimWatcher:
         trail yet, and the Event is on the pod."""
         ref = lifecycle.claim_ref(claim)
         with spans.explain_span(ref, waited) as span:
-            rules = self.taint_rules
-            version = (
-                self.classes.version,
-                self.slices.version,
-                self.nodes.version,
-                rules.version if rules else 0,
-                self.allocations_version,
-            )
-            started = time.thread_time()
-            self.cluster.update(
-                version,
-                self.classes.items.values(),
-                self.slices.items.values(),
-                self.claims.items.values(),
-                self.nodes.items.values(),
-                rules.items.values() if rules else (),
-            )
-            metrics.EXPLAIN_CPU.labels("snapshot").inc(time.thread_time() - started)
-            outcome = await asyncio.to_thread(self._explain, claim)
+            outcome = await self._outcome(claim)
             result = verdict(outcome)
             spans.pending(span, result.reason, result.status, result.message)
             metrics.EXPLANATIONS.labels(status=result.status).inc()
@@ -432,6 +416,35 @@ class ClaimWatcher:
                 )  # fmt: skip
                 self.pending[ref.uid] = (ref, result.message)
             await self.recorder.record(claim, result.reason, result.type, result.message)
+
+    async def _outcome(self, claim: ResourceClaim) -> ClaimOutcome:
+        """Our engine's answer for ``claim``: one given to a claim like it (pending.Reuse),
+        or the engine run over a snapshot of the caches."""
+        rules = self.taint_rules
+        devices = (
+            self.classes.version,
+            self.slices.version,
+            self.nodes.version,
+            rules.version if rules else 0,
+        )
+        now = time.monotonic()
+        reused = self.reuse.get(claim, devices, now)
+        if reused is not None:
+            metrics.EXPLANATIONS_REUSED.inc()
+            return reused
+        started = time.thread_time()
+        self.cluster.update(
+            (*devices, self.allocations_version),
+            self.classes.items.values(),
+            self.slices.items.values(),
+            self.claims.items.values(),
+            self.nodes.items.values(),
+            rules.items.values() if rules else (),
+        )
+        metrics.EXPLAIN_CPU.labels("snapshot").inc(time.thread_time() - started)
+        outcome = await asyncio.to_thread(self._explain, claim)
+        self.reuse.put(claim, devices, now, outcome)
+        return outcome
 
     def _explain(self, claim: ResourceClaim) -> ClaimOutcome:
         """Our allocator over the snapshot (in a worker thread), its CPU counted."""
