@@ -241,6 +241,7 @@ class Phase:
     errors: list[str]
     cpu_ms_per_cycle: dict[str, float] = field(default_factory=dict)
     api_gets: dict[str, int] = field(default_factory=dict)  # answered during the phase
+    call_ms: list[float] = field(default_factory=list)  # NodePrepareResources alone
 
     @property
     def throughput(self) -> float:
@@ -295,14 +296,19 @@ async def timed_cycles(
     hold_s: float = 0.0,
     bind: Hook | None = None,
     release: Hook | None = None,
+    admit: Hook | None = None,
 ) -> Phase:
     """One worker per list of ``plan``: each claim prepared, then unprepared, timed (held
     ``hold_s`` in between, untimed: a pod's life). ``bind``, awaited before each prepare,
     and ``release``, after each unprepare, are untimed (bench/peer.py: the claim's pod is
     bound to the node, the prepare's timer starts when the binding returns; the pod is
-    deleted); their time still counts in the phase's seconds."""
+    deleted); their time still counts in the phase's seconds. ``admit``, awaited inside
+    the prepare's timer just before the call, is what the kubelet does between the pod's
+    binding and NodePrepareResources (bench/peer.py: it GETs the claim); the call alone
+    is timed too (``call_ms``)."""
     prepare_ms: list[float] = []
     unprepare_ms: list[float] = []
+    call_ms: list[float] = []
     errors: list[str] = []
 
     async def worker(claims: list[Claim]) -> None:
@@ -310,9 +316,13 @@ async def timed_cycles(
             if bind is not None:
                 await bind(c)
             t0 = time.perf_counter()
+            if admit is not None:
+                await admit(c)
+            called = time.perf_counter()
             result = (await kubelet.prepare([c]))[c.uid]
             t1 = time.perf_counter()
             prepare_ms.append((t1 - t0) * 1000)
+            call_ms.append((t1 - called) * 1000)
             if hold_s:
                 await asyncio.sleep(hold_s)
                 t1 = time.perf_counter()  # the unprepare is timed on its own
@@ -326,7 +336,7 @@ async def timed_cycles(
     started = time.perf_counter()
     await asyncio.gather(*(worker(claims) for claims in plan))
     seconds = time.perf_counter() - started
-    return Phase(len(plan), prepare_ms, unprepare_ms, seconds, errors)
+    return Phase(len(plan), prepare_ms, unprepare_ms, seconds, errors, call_ms=call_ms)
 
 
 def pct(values: list[float], p: float) -> float:
