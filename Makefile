@@ -121,6 +121,7 @@ bench: venv
 	$(BIN)/python bench/domains.py
 	$(BIN)/python bench/domains.py --pods
 	$(BIN)/python bench/podstart.py
+	$(BIN)/python bench/scale.py
 
 clean:
 	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache
