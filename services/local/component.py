@@ -2,7 +2,8 @@
 
 Every control-plane component, real node process and gpudra service of a local
 stack is one :class:`Process`: stopped by its PID, never by a name, so that
-nothing else on the machine is touched. :func:`wait_until` polls a readiness
+nothing else on the machine is touched. A :class:`Server` (Jaeger, Prometheus)
+starts its own and is stopped the same way. :func:`wait_until` polls a readiness
 check and gives up at once when a component is known to have exited.
 """
 
@@ -16,7 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 T = TypeVar("T")
 
@@ -53,6 +54,15 @@ def wait_until(
         time.sleep(interval)
 
 
+def log_tail(path: Path, lines: int) -> str:
+    """The last ``lines`` of a log, for an error message ("" when there is none yet)."""
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:])
+
+
 @dataclass
 class Process:
     """One component process that we started: ``args``, ``cwd`` and ``env`` (None:
@@ -73,11 +83,7 @@ class Process:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.splitlines()[-lines:])
+        return log_tail(self.log_path, lines)
 
     def respawn(self) -> None:
         """Start the same command again in place of the exited one (same arguments,
@@ -112,3 +118,50 @@ class Process:
                     os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+
+class Server:
+    """A tool's own server process (Jaeger, Prometheus): its subclass writes the config
+    and says when it is ready; it is started and stopped here, by the PID we started,
+    as a :class:`Process` is, so that a context manager never leaves one behind."""
+
+    def __init__(self, name: str, log_path: Path) -> None:
+        self.name = name
+        self.log_path = log_path
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> Self:
+        raise NotImplementedError
+
+    def _ready(self) -> bool:
+        raise NotImplementedError
+
+    def _launch(self, args: list[str], what: str, timeout: float) -> None:
+        """Start ``args`` (output appended to the log) and wait for :meth:`_ready`;
+        stopped again if it never is."""
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,  # Ctrl-C goes to our owner, which stops us by PID
+            )
+        try:
+            wait_until(self._ready, timeout, what, interval=0.1)
+        except BaseException:
+            self.stop()
+            raise
+
+    def log_tail(self, lines: int = 30) -> str:
+        return log_tail(self.log_path, lines)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is not None:
+            Process(self.name, self.proc, self.log_path).stop(timeout)
+
+    def __enter__(self) -> Self:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

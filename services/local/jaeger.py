@@ -12,8 +12,6 @@ the e2e tests assert on.
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 import urllib.error
@@ -21,10 +19,10 @@ import urllib.parse
 import urllib.request
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from services.local import REPO
-from services.local.component import wait_until
+from services.local.component import Server
 from services.local.ports import free_port
 
 BUILD_SCRIPT = REPO / "services" / "local" / "jaeger" / "build.sh"
@@ -89,7 +87,7 @@ def build_jaeger(*, force: bool = False) -> Path:
     return Path(lines[-1])
 
 
-class Jaeger:
+class Jaeger(Server):
     """One Jaeger all-in-one process with in-memory storage, on free 127.0.0.1 ports.
 
     ``store=False`` makes it a sink: spans are received (decoded) and dropped, the
@@ -105,6 +103,7 @@ class Jaeger:
         tls: tuple[Path, Path] | None = None,
     ) -> None:
         """``tls``: (certificate, key) for the OTLP/gRPC receiver (then ``https://``)."""
+        super().__init__("jaeger", workdir / "jaeger.log")
         self.workdir = workdir
         self.binary = binary
         self.store = store
@@ -112,8 +111,6 @@ class Jaeger:
         self.ports = {
             name: free_port() for name in ("grpc", "http", "query", "query_grpc", "health")
         }
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / "jaeger.log"
 
     @property
     def otlp_grpc(self) -> str:
@@ -133,7 +130,7 @@ class Jaeger:
     def trace_url(self, trace_id: str) -> str:
         return f"{self.ui}/trace/{trace_id}"
 
-    def start(self, timeout: float = 60.0) -> Jaeger:
+    def start(self, timeout: float = 60.0) -> Self:
         if self.binary is None:
             self.binary = build_jaeger()
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -148,19 +145,9 @@ class Jaeger:
             cert, key = self.tls
             grpc_tls = f"\n        tls:\n          cert_file: {cert}\n          key_file: {key}"
         config.write_text(_CONFIG.format(**self.ports, **pipeline, grpc_tls=grpc_tls))
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [str(self.binary), "--config", f"file:{config}"],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C goes to our owner, which stops us by PID
-            )
-        try:
-            wait_until(self._ready, timeout, "Jaeger's query API", interval=0.1)
-        except BaseException:
-            self.stop()
-            raise
+        self._launch(
+            [str(self.binary), "--config", f"file:{config}"], "Jaeger's query API", timeout
+        )
         return self
 
     def _ready(self) -> bool:
@@ -168,28 +155,6 @@ class Jaeger:
             raise JaegerError(f"jaeger exited; log {self.log_path}:\n{self.log_tail()}")
         self.get("/api/services")
         return True
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def __enter__(self) -> Jaeger:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ---- the query API (what the UI reads) ------------------------------------
 

@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import urllib.parse
 import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 from services.local import REPO
-from services.local.component import ComponentExited, wait_until
+from services.local.component import ComponentExited, Server
 from services.local.ports import free_port
 
 BUILD_SCRIPT = REPO / "services" / "local" / "prometheus" / "build.sh"
@@ -60,7 +59,7 @@ def promtool(prometheus: Path) -> Path:
     return prometheus.with_name("promtool")
 
 
-class Prometheus:
+class Prometheus(Server):
     """One Prometheus server on a free 127.0.0.1 port, scraping ``targets`` (a name ->
     ``host:port`` serving /metrics, labelled ``pod=<name>`` and with ``labels[name]``, as
     a PodMonitor labels a pod's series) and evaluating ``rule_files``, both every
@@ -76,6 +75,7 @@ class Prometheus:
         labels: Mapping[str, Mapping[str, str]] | None = None,
         interval: float = 1.0,
     ) -> None:
+        super().__init__("prometheus", workdir / "prometheus.log")
         self.workdir = workdir
         self.binary = binary
         self.targets = dict(targets)
@@ -83,8 +83,6 @@ class Prometheus:
         self.labels = {name: dict(more) for name, more in (labels or {}).items()}
         self.interval = interval
         self.port = free_port()
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.log_path = workdir / "prometheus.log"
 
     @property
     def url(self) -> str:
@@ -110,29 +108,18 @@ class Prometheus:
             ],
         }
 
-    def start(self, timeout: float = 60.0) -> Prometheus:
+    def start(self, timeout: float = 60.0) -> Self:
         self.workdir.mkdir(parents=True, exist_ok=True)
         config = self.workdir / "prometheus.yml"
         config.write_text(json.dumps(self.config(), indent=1))  # JSON is YAML
-        with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    str(self.binary),
-                    f"--config.file={config}",
-                    f"--storage.tsdb.path={self.workdir / 'data'}",
-                    f"--web.listen-address=127.0.0.1:{self.port}",
-                    "--log.level=warn",
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,  # Ctrl-C goes to our owner, which stops us by PID
-            )
-        try:
-            wait_until(self._ready, timeout, "Prometheus's /-/ready", interval=0.1)
-        except BaseException:
-            self.stop()
-            raise
+        args = [
+            str(self.binary),
+            f"--config.file={config}",
+            f"--storage.tsdb.path={self.workdir / 'data'}",
+            f"--web.listen-address=127.0.0.1:{self.port}",
+            "--log.level=warn",
+        ]
+        self._launch(args, "Prometheus's /-/ready", timeout)
         return self
 
     def _ready(self) -> bool:
@@ -140,28 +127,6 @@ class Prometheus:
             raise ComponentExited(f"prometheus exited; log {self.log_path}:\n{self.log_tail()}")
         with urllib.request.urlopen(f"{self.url}/-/ready", timeout=5) as response:
             return bool(response.status == 200)
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
-
-    def stop(self, timeout: float = 10.0) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        os.kill(self.proc.pid, signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.kill(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-
-    def __enter__(self) -> Prometheus:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
     # ---- the HTTP API ----------------------------------------------------------
 
