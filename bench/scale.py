@@ -204,6 +204,7 @@ class Cluster:
     nats: NatsCluster
     central: Central
     gates: str
+    publisher_args: list[str]
     procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
 
@@ -259,7 +260,8 @@ def cluster(n: int, args: argparse.Namespace) -> Iterator[Cluster]:
         verbosity=1,
         extra_args={name: CLIENT_BUDGET for name in ("kube-controller-manager", "kube-scheduler")},
     )
-    c = Cluster(root, n, cp, nats, Central(), args.publisher_gates)
+    workers = ["--workers", str(args.publisher_workers)] if args.publisher_workers else []
+    c = Cluster(root, n, cp, nats, Central(), args.publisher_gates, workers)
     try:
         start = time.perf_counter()
         nats.start(timeout=120)
@@ -358,7 +360,7 @@ async def first_publish(c: Cluster, api: kube.KubeApi) -> float:
     """The publisher's start, until it says every node is published."""
     before = apiserver_cpu(c)
     start = time.perf_counter()
-    c.service(Role.PUBLISHER, "--feature-gates", c.gates)
+    c.service(Role.PUBLISHER, "--feature-gates", c.gates, *c.publisher_args)
 
     async def written() -> bool:
         return await count_slices(api) > 0
@@ -689,6 +691,8 @@ async def run_size(n: int, args: argparse.Namespace) -> None:
             limit = await plain_ingest(c, api, args.ingest_concurrency)
             print(f"  first publish / limit: {rate / limit:.2f}x")
             await change_burst(c, args.changes, limit)
+            if not args.rate * args.duration:
+                return  # no churn asked for
             threshold = f"{args.pending_threshold}s"
             c.service(Role.ALLOCATOR, "--pending-threshold", threshold)
             await until(lambda: _logged(c, "allocator", "claim watcher synced"), 600)
@@ -728,6 +732,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="NVMLDeviceHealthCheck=true",
         help="the publisher's --feature-gates (health on: an XID becomes a device taint)",
     )
+    parser.add_argument("--publisher-workers", type=int, default=0, help="0: its default")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
     return parser.parse_args(argv)
 
