@@ -51,6 +51,7 @@ LEAST_PRIVILEGE: dict[str, set[tuple[str, str, str]]] = {
         *(("resource.k8s.io", "resourceslices", v) for v in ("list", "watch", "create")),
         *(("resource.k8s.io", "resourceslices", v) for v in ("update", "delete")),
         ("", "nodes", "get"),
+        ("", "nodes", "list"),  # every owner UID in one list at a full resync
     },
     "allocator": {
         *(
