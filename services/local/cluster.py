@@ -33,7 +33,6 @@ from __future__ import annotations
 import json
 import shutil
 import ssl
-import subprocess
 import tempfile
 import time
 import urllib.request
@@ -209,20 +208,7 @@ class ControlPlane(ClusterAdmin):
     def _spawn(self, name: str, args: list[str], log_name: str | None = None) -> Process:
         log_path = self.logs_dir / f"{log_name or name}.log"
         argv = [*self.command(name), *args, *self.extra_args.get(name, [])]
-        with open(log_path, "ab") as log:
-            log.write(f"+ {' '.join(argv)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                argv,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                cwd=self.workdir,
-                start_new_session=True,  # Ctrl-C goes to us; we stop children by PID
-            )
-        return Process(
-            name=log_name or name, proc=proc, log_path=log_path, args=argv, cwd=self.workdir
-        )
+        return Process.start(log_name or name, argv, log_path, cwd=self.workdir)
 
     def _wait(self, process: Process, check: Callable[[], bool], what: str) -> None:
         def probe() -> bool:

@@ -74,6 +74,21 @@ class Process:
     args: list[str] = field(default_factory=list)
     cwd: Path | None = None
     env: Mapping[str, str] | None = None
+    log_offset: int = 0  # where this run's output begins in the log
+
+    @classmethod
+    def start(
+        cls,
+        name: str,
+        args: list[str],
+        log_path: Path,
+        *,
+        cwd: Path | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Process:
+        """Start ``args``, its output appended to ``log_path`` after a ``+ command`` line."""
+        proc, offset = _launch(args, log_path, cwd, env)
+        return cls(name, proc, log_path, args, cwd, env, offset)
 
     @property
     def pid(self) -> int:
@@ -93,18 +108,7 @@ class Process:
             raise ControlPlaneError(f"{self.name} is running (pid {self.pid})")
         if not self.args:
             raise ControlPlaneError(f"{self.name}: no command to start again")
-        with open(self.log_path, "ab") as log:
-            log.write(f"+ {' '.join(self.args)}\n".encode())
-            log.flush()
-            self.proc = subprocess.Popen(
-                self.args,
-                cwd=self.cwd,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=None if self.env is None else dict(self.env),
-                start_new_session=True,  # stopped by its PID, as the first one
-            )
+        self.proc, self.log_offset = _launch(self.args, self.log_path, self.cwd, self.env)
 
     def stop(self, timeout: float = 10.0) -> int | None:
         """SIGTERM, then SIGKILL after ``timeout``; only this process, by PID."""
@@ -118,6 +122,28 @@ class Process:
                     os.kill(self.proc.pid, signal.SIGKILL)
                 self.proc.wait()
         return self.proc.returncode
+
+
+def _launch(
+    args: list[str], log_path: Path, cwd: Path | None, env: Mapping[str, str] | None
+) -> tuple[subprocess.Popen[bytes], int]:
+    """The process and where its output begins in the log (after the ``+`` line).
+
+    Its own session: a terminal's Ctrl-C reaches only us, and we stop it by its PID."""
+    with open(log_path, "ab") as log:
+        log.write(f"+ {' '.join(args)}\n".encode())
+        log.flush()
+        offset = log.tell()
+        proc = subprocess.Popen(
+            args,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=None if env is None else dict(env),
+            start_new_session=True,
+        )
+    return proc, offset
 
 
 class Server:

@@ -362,19 +362,7 @@ class RealNode:
         full = self.argv(argv)
         log_path = self.logs_dir / f"{name}.log"
         environ = {**os.environ, **(env or {})}
-        with open(log_path, "ab") as log:
-            log.write(f"+ {' '.join(full)}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(
-                full,
-                cwd=REPO,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=environ,
-                start_new_session=True,
-            )
-        return Process(name, proc, log_path, full, cwd=REPO, env=environ)
+        return Process.start(name, full, log_path, cwd=REPO, env=environ)
 
     def _wait(self, process: Process, check: Callable[[], Any], what: str) -> Any:
         def probe() -> Any:

@@ -21,7 +21,6 @@ import contextlib
 import functools
 import json
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -83,26 +82,15 @@ class StackProcesses:
             argv = self._argv[name]
             log_path = self.logs_dir / f"{name}.log"
             environ = {**os.environ, **self.service_env, **(env or {})}
-            with open(log_path, "ab") as log:
-                log.write(f"+ {' '.join(argv)}\n".encode())
-                log.flush()
-                offset = log.tell()  # only what this run writes counts as ready
-                proc = subprocess.Popen(
-                    argv,
-                    cwd=REPO,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    env=environ,
-                    start_new_session=True,  # Ctrl-C goes to `gpudra up`, which stops us by PID
-                )
-            process = Process(name, proc, log_path, argv, cwd=REPO, env=environ)
+            process = Process.start(name, argv, log_path, cwd=REPO, env=environ)
             self.processes[name] = process
             self._paused.discard(name)
             self._write_pids()
         if ready:
             self.wait_for(
-                lambda: ready in _read_from(log_path, offset), f"{name} to log {ready}", process
+                lambda: ready in _read_from(log_path, process.log_offset),  # this run's only
+                f"{name} to log {ready}",
+                process,
             )
         return process
 
