@@ -70,7 +70,6 @@ import asyncio
 import contextlib
 import json
 import os
-import signal
 import statistics
 import sys
 import time
@@ -78,7 +77,6 @@ from collections import Counter, defaultdict
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import aiohttp
@@ -88,7 +86,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from bench.domains import proc_usage  # noqa: E402
-from bench.prepare import cpu_seconds, pct, peak_rss_mb  # noqa: E402
+from bench.prepare import cpu_seconds, interrupt_on_sigterm, pct, peak_rss_mb  # noqa: E402
 from services.core.kube.client import ApiError, KubeApi, http_api  # noqa: E402
 from services.core.model.nvidia import DRIVER_NAME  # noqa: E402
 from services.local import admission, images, nodetools  # noqa: E402
@@ -669,10 +667,6 @@ def real_stack(count: int) -> Iterator[Stack]:
         stack.cleanup()
 
 
-def _stop(signum: int, _frame: FrameType | None) -> None:
-    raise KeyboardInterrupt(signal.Signals(signum).name)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -692,7 +686,7 @@ def main() -> None:
     if reason is not None:  # a benchmark of `make bench`: says why, fails nothing
         print(f"podstart: nothing measured: real nodes cannot run here: {reason}")
         return
-    signal.signal(signal.SIGTERM, _stop)  # stopped: the stack too, by PID
+    interrupt_on_sigterm()  # stopped: the stack too, by PID
     started = time.monotonic()
     try:
         with real_stack(args.nodes) as stack:

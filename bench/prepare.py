@@ -80,6 +80,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Any, Protocol
 
 REPO = Path(__file__).resolve().parents[1]
@@ -130,6 +131,16 @@ class Proc:
             except subprocess.TimeoutExpired:
                 os.kill(self.popen.pid, signal.SIGKILL)
                 self.popen.wait()
+
+
+def interrupt_on_sigterm() -> None:
+    """SIGTERM (``timeout``, a CI's stop) as Ctrl-C: the bench's ``finally`` blocks run
+    and stop what it started, by PID, instead of leaving it behind."""
+
+    def interrupt(signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, interrupt)
 
 
 def cpu_seconds(pid: int) -> float:

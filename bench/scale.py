@@ -52,12 +52,12 @@ import random
 import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -68,7 +68,7 @@ import msgspec
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from bench.prepare import cpu_seconds, peak_rss_mb  # noqa: E402
+from bench.prepare import cpu_seconds, interrupt_on_sigterm, peak_rss_mb  # noqa: E402
 from bench.scalenodes import fleet_of, node_name  # noqa: E402
 from services.core.bus import subjects  # noqa: E402
 from services.core.bus.access import Identity, Role  # noqa: E402
@@ -83,6 +83,7 @@ from services.core.model.schemas import (  # noqa: E402
 )
 from services.local.cluster import ControlPlane  # noqa: E402
 from services.local.clusteradmin import ready_node  # noqa: E402
+from services.local.component import Process  # noqa: E402
 from services.local.kubebinary import build_controlplane  # noqa: E402
 from services.local.natsserver import NatsCluster  # noqa: E402
 from services.local.ports import free_port  # noqa: E402
@@ -170,11 +171,11 @@ class Central:
     def cpu(self) -> dict[str, float]:
         return {name: _cpu(pid) for name, pid in self.pids.items()}
 
-    def report(self, since: dict[str, float], wall: float) -> None:
+    def report(self, wall: float) -> None:
         print("  process           peak RSS      CPU (s)   CPU share of one core")
         now = self.cpu()
         for name, pid in self.pids.items():
-            used = now[name] - since.get(name, 0.0)
+            used = now[name]
             rss = _rss(pid)
             print(f"  {name:<16} {rss:8.0f} MiB {used:9.1f}   {used / wall:6.1%}")
 
@@ -205,37 +206,35 @@ class Cluster:
     central: Central
     gates: str
     publisher_args: list[str]
-    procs: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    procs: list[Process] = field(default_factory=list)
     ports: dict[str, int] = field(default_factory=dict)
 
-    def spawn(self, name: str, argv: list[str], pid_name: str = "") -> subprocess.Popen[bytes]:
-        log = open(self.root / f"{name}.log", "ab")
-        proc = subprocess.Popen(
-            argv, stdout=log, stderr=subprocess.STDOUT, cwd=REPO, start_new_session=True
-        )
-        log.close()
-        self.procs.append(proc)
+    def spawn(self, name: str, argv: list[str], pid_name: str = "") -> Process:
+        process = Process.start(name, argv, self.root / f"{name}.log", cwd=REPO)
+        self.procs.append(process)
         if pid_name:
-            self.central.pids[pid_name] = proc.pid
-        return proc
+            self.central.pids[pid_name] = process.pid
+        return process
 
-    def service(self, role: Role, *args: str) -> subprocess.Popen[bytes]:
+    def service(self, role: Role, *args: str) -> Process:
         port = self.ports[str(role)] = free_port()
         argv = [sys.executable, "-m", "services.cli", str(role),
                 *self.nats.client_argv(role), "--log-level", "info", "--metrics-port",
                 str(port), "--kubeconfig", str(self.cp.kubeconfig), *args]  # fmt: skip
         return self.spawn(str(role), argv, str(role))
 
+    async def connect(self, role: Role, node: str = "") -> Bus:
+        """A bus client as ``role`` (of ``node``), with that identity's permissions."""
+        identity = Identity(role, node)
+        credentials = self.nats.access.credentials(identity)
+        return await Bus.connect(
+            self.nats.url, name=f"bench-{identity.name}", identity=identity, credentials=credentials
+        )
+
     def stop(self) -> None:
-        for proc in reversed(self.procs):
-            if proc.poll() is None:
-                proc.terminate()
-        for proc in reversed(self.procs):
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        """Every process started here at once (a node host closes 1,250 nodes' buses)."""
+        with ThreadPoolExecutor(max(1, len(self.procs))) as pool:
+            list(pool.map(lambda p: p.stop(20), reversed(self.procs)))
         self.nats.stop()
         self.cp.stop()
 
@@ -318,14 +317,13 @@ async def list_slices(api: kube.KubeApi) -> list[dict[str, Any]]:
             return found
 
 
-async def until(check: Any, timeout: float, every: float = 0.5) -> float:
-    """Seconds until ``await check()`` is true; raises after ``timeout``."""
-    start = time.perf_counter()
+async def until(check: Callable[[], Awaitable[bool]], timeout: float, every: float = 0.5) -> None:
+    """Until ``await check()`` is true; raises after ``timeout``."""
+    deadline = time.perf_counter() + timeout
     while not await check():
-        if time.perf_counter() - start > timeout:
+        if time.perf_counter() > deadline:
             raise TimeoutError(f"not done within {timeout} s")
         await asyncio.sleep(every)
-    return time.perf_counter() - start
 
 
 def apiserver_cpu(c: Cluster) -> float:
@@ -348,7 +346,7 @@ async def start_node_hosts(c: Cluster, per_host: int) -> None:
     for name, proc in hosts:
         log = c.root / f"{name}.log"
         while "ready " not in log.read_text(errors="replace"):
-            if proc.poll() is not None:
+            if not proc.running():
                 raise RuntimeError(f"{name} exited: {log.read_text()[-2000:]}")
             await asyncio.sleep(0.5)
         c.central.pids[name] = proc.pid
@@ -437,11 +435,7 @@ async def change_burst(c: Cluster, count: int, limit: float) -> None:
     rng = random.Random(7)
     chosen = rng.sample(range(c.nodes), min(count, c.nodes))
     invs = {i: changed(fleet_inventory(fleet_of(i), node_name(i), seed=i), rng) for i in chosen}
-    buses = {}
-    for i in chosen:
-        identity = Identity(Role.DISCOVERY, node_name(i))
-        buses[i] = await Bus.connect(c.nats.url, name=f"change-{i}", identity=identity,
-                                     credentials=c.nats.access.credentials(identity))  # fmt: skip
+    buses = {i: await c.connect(Role.DISCOVERY, node_name(i)) for i in chosen}
     writes_before = metric(scrape(c.ports["publisher"]), "gpudra_publisher_slice_writes_total")
     start = time.perf_counter()
     await asyncio.gather(*(
@@ -542,9 +536,7 @@ async def claim_events(c: Cluster) -> list[tuple[ClaimEvent, float, int]]:
     """Every stored claim event, with its store time and size, oldest first."""
     from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-    identity = Identity(Role.AUDITOR)
-    bus = await Bus.connect(c.nats.url, name="bench-auditor", identity=identity,
-                            credentials=c.nats.access.credentials(identity))  # fmt: skip
+    bus = await c.connect(Role.AUDITOR)
     try:
         config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE)
         sub = await bus.js.pull_subscribe(
@@ -564,9 +556,7 @@ async def claim_events(c: Cluster) -> list[tuple[ClaimEvent, float, int]]:
 
 
 async def stream_bytes(c: Cluster) -> tuple[int, int]:
-    identity = Identity(Role.AUDITOR)
-    bus = await Bus.connect(c.nats.url, name="bench-streams", identity=identity,
-                            credentials=c.nats.access.credentials(identity))  # fmt: skip
+    bus = await c.connect(Role.AUDITOR)
     try:
         info = await bus.js.stream_info(subjects.CLAIMS_STREAM)
         return info.state.bytes, info.state.messages
@@ -702,7 +692,7 @@ async def run_size(n: int, args: argparse.Namespace) -> None:
             after = await Reading.take(c)
             report_churn(run, await claim_events(c), args)
             report_costs(before, after, idle, len(run.created), args.rate, limit)
-            c.central.report({}, time.perf_counter() - run_start)
+            c.central.report(time.perf_counter() - run_start)
         finally:
             await api.close()
 
@@ -744,4 +734,5 @@ async def main(args: argparse.Namespace) -> None:
 
 
 if __name__ == "__main__":
+    interrupt_on_sigterm()  # stopped: every process it started too, by PID
     asyncio.run(main(parse_args()))
