@@ -71,6 +71,7 @@ class Engine:
             list_attributes=features.list_type_attributes and features.minor >= 36,
         )
         self._views: dict[str | None, NodeView] = {}
+        self._pool_nodes: dict[tuple[str, str], set[str | None]] = {}  # pool -> nodes seeing it
         self._index = SliceIndex(slices)
         self._pools: PoolCache = {}
         self._activations: dict[int, Any] = {}
@@ -110,7 +111,13 @@ class Engine:
                     for d in s.spec.devices or []
                 ]
             cached = self._views[key] = NodeView(node, pools, candidates, stop)
+            for pool in pools:
+                self._pool_nodes.setdefault(pool.key, set()).add(key)
         return cached
+
+    def nodes_seeing(self, pools: set[tuple[str, str]]) -> set[str | None]:
+        """The nodes whose view (built so far) holds any of ``pools``."""
+        return set().union(*(self._pool_nodes.get(p, ()) for p in pools))
 
     # ------------------------------------------------------------ selectors
 
@@ -273,6 +280,16 @@ class Engine:
         return baseline
 
     # ------------------------------------------------------------ allocations
+
+    def use_state(self, state: AllocatedState) -> None:
+        """Start over from ``state`` (allocations went away, which :meth:`commit` cannot
+        say): what follows from the state is dropped; the views, selector results and
+        facts, which follow from the devices alone, are kept."""
+        self.state = state
+        self._available.clear()
+        self._counter_users.clear()
+        self._groups.clear()
+        self._slice_versions.clear()
 
     def commit(self, allocation: AllocationResult) -> None:
         """Record a new allocation: its devices are in use from now on."""

@@ -5,11 +5,14 @@ others are allocated in input order, each seeing the ones before it. With a
 node, only that node is tried; without, every node the inputs name, in name
 order, and the first that fits wins. Because allocations only ever add load,
 a claim shape that did not fit a node never fits it later: such (shape, node)
-pairs are remembered and skipped, which keeps large what-if runs fast.
+pairs are remembered and skipped, which keeps large what-if runs fast. When
+allocations go (:meth:`OfflineAllocator.use`), only the nodes that could see a
+freed device forget theirs.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
@@ -102,7 +105,10 @@ class OfflineAllocator:
         slices = taintrules.apply(inputs.slices, inputs.taint_rules, features, origins)
         self.engine = Engine(inputs.classes, slices, features, state)
         self.engine.taint_origins = origins
-        self._misfits: set[tuple[bytes, str | None]] = set()
+        # (shape, node) -> the node's epoch when the shape did not fit there; a node's
+        # epoch moves on when a device it sees is freed (use).
+        self._misfits: dict[tuple[bytes, str | None], int] = {}
+        self._epochs: dict[str | None, int] = {}
         # Per claim shape: the node list it was last tried on and how many of its
         # first nodes are known misfits, so a long run skips full nodes at once.
         self._frontier: dict[bytes, tuple[list[Node | None], int]] = {}
@@ -121,7 +127,38 @@ class OfflineAllocator:
             if not (claim.status and claim.status.allocation)
         ]
 
-    def allocate(self, claim: ResourceClaim, nodes: list[Node | None]) -> ClaimOutcome:
+    def add(self, allocation: AllocationResult) -> None:
+        """Another claim's allocation is now in use (what did not fit still does not)."""
+        self.engine.commit(allocation)
+
+    def use(
+        self, allocations: Iterable[AllocationResult], freed: Iterable[AllocationResult]
+    ) -> None:
+        """The allocations in use are now ``allocations``; ``freed`` went away.
+
+        The state starts over from ``allocations`` while the engine's per-device
+        caches stay; nodes that could see a freed device try again every shape
+        that did not fit them.
+        """
+        state = AllocatedState()
+        for allocation in allocations:
+            state.add(allocation, self.features.consumable_capacity)
+        self.engine.use_state(state)
+        pools = {
+            (r.driver, r.pool)
+            for allocation in freed
+            for r in (allocation.devices.results if allocation.devices else None) or []
+        }
+        for name in self.engine.nodes_seeing(pools):
+            self._epochs[name] = self._epochs.get(name, 0) + 1
+        self._frontier.clear()
+
+    def allocate(
+        self, claim: ResourceClaim, nodes: list[Node | None], commit: bool = True
+    ) -> ClaimOutcome:
+        """``claim`` on the first of ``nodes`` where it fits; with ``commit`` its devices
+        are in use from then on (what-if runs), without it nothing is kept (explanations).
+        """
         blocked = self.precheck(claim)
         if blocked is not None:
             outcome = ClaimOutcome(claim, "unschedulable")
@@ -134,8 +171,9 @@ class OfflineAllocator:
             skip = 0
         for index in range(skip, len(nodes)):
             node = nodes[index]
-            key = (shape, node.name if node else None)
-            if key in self._misfits:
+            name = node.name if node else None
+            key = (shape, name)
+            if self._misfits.get(key, -1) == self._epochs.get(name, 0):
                 if index == skip:
                     skip += 1
                 continue
@@ -148,11 +186,10 @@ class OfflineAllocator:
                 return outcome
             if allocation is not None:
                 self._frontier[shape] = (nodes, skip)
-                self.engine.commit(allocation)
-                return ClaimOutcome(
-                    claim, "allocated", node=node.name if node else None, allocation=allocation
-                )
-            self._misfits.add(key)
+                if commit:
+                    self.engine.commit(allocation)
+                return ClaimOutcome(claim, "allocated", node=name, allocation=allocation)
+            self._misfits[key] = self._epochs.get(name, 0)
             if index == skip:
                 skip += 1
         self._frontier[shape] = (nodes, skip)

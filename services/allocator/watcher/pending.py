@@ -29,7 +29,13 @@ from services.allocator.structured.snapshot import ClaimOutcome, Inputs, Offline
 from services.allocator.watcher.extended import extended_claim
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.lifecycle import DRIVER
-from services.core.kube.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
+from services.core.kube.resource import (
+    AllocationResult,
+    DeviceClass,
+    DeviceTaintRule,
+    ResourceClaim,
+    ResourceSlice,
+)
 
 EVENT_MESSAGE_LIMIT = 1024  # bytes: core/v1 Event message limit (NoteLengthLimit)
 REUSE_S = 60.0  # longest a claim's "no node fits" is told again without running the engine
@@ -148,25 +154,45 @@ def waiting_extended(
 
 
 class ClusterAllocator:
-    """Our engine over a snapshot of the caches, rebuilt when the snapshot changes."""
+    """Our engine over a snapshot of the caches, kept while the devices stay the same.
+
+    The engine (slices indexed by node, each node's candidates, selector results per
+    device) is built once per version of the devices: classes, slices, nodes, taint
+    rules. Allocations change with every scheduled or deleted claim; they are applied
+    to the kept engine instead of rebuilding it (bench/scale.py: the rebuild was 27 ms
+    of each 46 ms explanation at 5,000 nodes). :meth:`update` and :meth:`explain` take
+    turns (the watcher awaits each explanation before the next update).
+    """
 
     def __init__(self, features: Features) -> None:
         self.features = features
-        self._version: object = None
+        self._devices: object = None
+        self._allocations: object = None
         self._allocator: OfflineAllocator | None = None
+        self._nodes: list[Node | None] = []
+        self._in_use: dict[str, AllocationResult] = {}  # claim uid -> its allocation
 
     def update(
         self,
-        version: object,
+        devices: object,
+        allocations: object,
         classes: Iterable[DeviceClass],
         slices: Iterable[ResourceSlice],
         claims: Iterable[ResourceClaim],
         nodes: Iterable[NodeObject],
         taint_rules: Iterable[DeviceTaintRule] = (),
     ) -> None:
-        """Take a snapshot (call from the event loop: the caches change there)."""
-        if version == self._version and self._allocator is not None:
+        """Take a snapshot (call from the event loop: the caches change there).
+
+        ``devices`` and ``allocations`` are versions: the engine is rebuilt when the
+        first changes, and follows the claims' allocations when only the second does.
+        """
+        if self._allocator is not None and devices == self._devices:
+            if allocations != self._allocations:
+                self._follow(claims)
+                self._allocations = allocations
             return
+        self._in_use = _in_use(claims)
         inputs = Inputs(
             classes={c.metadata.name: c for c in classes},
             slices=list(slices),
@@ -180,17 +206,41 @@ class ClusterAllocator:
             taint_rules=list(taint_rules),
         )
         self._allocator = OfflineAllocator(inputs, self.features, explain=True)
-        self._version = version
+        self._nodes = self._allocator.nodes(None)
+        self._devices, self._allocations = devices, allocations
+
+    def _follow(self, claims: Iterable[ResourceClaim]) -> None:
+        """The kept engine, told which allocations appeared and which went."""
+        assert self._allocator is not None
+        now = _in_use(claims)
+        before = self._in_use
+        freed = [a for uid, a in before.items() if not _same(now.get(uid), a)]
+        if freed:
+            self._allocator.use(now.values(), freed)
+        else:
+            for uid, allocation in now.items():
+                if uid not in before:
+                    self._allocator.add(allocation)
+        self._in_use = now
 
     def explain(self, claim: ResourceClaim) -> ClaimOutcome:
         """Allocate ``claim`` on the snapshot (any thread); nothing is kept."""
         allocator = self._allocator
         if allocator is None:
             raise RuntimeError("ClusterAllocator.explain before update")
-        outcome = allocator.allocate(claim, allocator.nodes(None))
-        if outcome.status == "allocated":
-            self._version = None  # the snapshot now holds this allocation: rebuild next time
-        return outcome
+        return allocator.allocate(claim, self._nodes, commit=False)
+
+
+def _in_use(claims: Iterable[ResourceClaim]) -> dict[str, AllocationResult]:
+    return {
+        c.metadata.uid or f"{c.metadata.namespace}/{c.metadata.name}": c.status.allocation
+        for c in claims
+        if c.status and c.status.allocation
+    }
+
+
+def _same(a: AllocationResult | None, b: AllocationResult) -> bool:
+    return a is b or a == b
 
 
 class Reuse:

@@ -434,7 +434,8 @@ class ClaimWatcher:
             return reused
         started = time.thread_time()
         self.cluster.update(
-            (*devices, self.allocations_version),
+            devices,
+            self.allocations_version,
             self.classes.items.values(),
             self.slices.items.values(),
             self.claims.items.values(),

@@ -8,10 +8,13 @@
 * Gathering a node's pools through the slice index keeps input order.
 * A claim shape skips the nodes already known not to fit it, and still falls
   through to the first node that fits, in name order.
+* The claim watcher keeps one engine while only allocations change (they come
+  and go with every pod); it must answer as an engine built afresh each time.
 """
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 import msgspec
@@ -27,7 +30,13 @@ from services.allocator.structured.pools import Node, gather_pools
 from services.allocator.structured.search import allocate
 from services.allocator.structured.snapshot import Inputs, OfflineAllocator
 from services.allocator.structured.state import AllocatedState
-from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
+from services.allocator.watcher.pending import ClusterAllocator
+from services.core.kube.resource import (
+    DeviceClass,
+    ResourceClaim,
+    ResourceClaimStatus,
+    ResourceSlice,
+)
 
 DRIVER = "gpu.nvidia.com"
 
@@ -236,3 +245,61 @@ def test_full_nodes_are_skipped_but_first_fit_in_name_order_holds() -> None:
     last = outcomes[-1]
     assert last.status == "unschedulable"
     assert last.explanation is not None and last.explanation.nodes == 3
+
+
+def _mixed_cluster() -> list[ResourceSlice]:
+    """Plain GPUs on three nodes, partitions drawing on counters on a fourth, and a
+    pool every node sees (a freed device there concerns every node)."""
+    slices = [_slice(n, [_gpu("g0", "40Gi"), _gpu("g1", "80Gi")]) for n in ("n1", "n2", "n3")]
+    slices += _partitionable("n4")
+    slices.append(_slice("any", [_gpu("shared", "80Gi")], pool="everywhere", allNodes=True))
+    return slices
+
+
+def _in_use(claim: ResourceClaim, uid: str, outcome_allocation: Any) -> ResourceClaim:
+    used = msgspec.structs.replace(claim, status=ResourceClaimStatus(allocation=outcome_allocation))
+    used.metadata = msgspec.structs.replace(claim.metadata, name=uid, uid=uid)
+    return used
+
+
+PROBES = [
+    _claim("p1"),
+    _claim("p2", count=2),
+    _claim("p3", count=3),
+    _claim("p80", MEMORY_40.replace("40Gi", "80Gi")),
+    _claim("p2x80", MEMORY_40.replace("40Gi", "80Gi"), count=2),
+]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_kept_engine_answers_as_a_fresh_one_while_allocations_come_and_go(
+    seed: int,
+) -> None:
+    rng = random.Random(seed)
+    features = Features(partitionable_devices=True)
+    classes, slices = [_class()], _mixed_cluster()
+    kept = ClusterAllocator(features)
+    in_use: dict[str, ResourceClaim] = {}
+    for step in range(120):
+        kept.update(1, step, classes, slices, list(in_use.values()), [])
+        fresh = ClusterAllocator(features)
+        fresh.update(1, step, classes, slices, list(in_use.values()), [])
+        for probe in PROBES:
+            a, b = kept.explain(probe), fresh.explain(probe)
+            assert (a.status, a.node, a.allocation) == (b.status, b.node, b.allocation), step
+            lines = (a.explanation.lines() if a.explanation else None) == (
+                b.explanation.lines() if b.explanation else None
+            )
+            assert lines, (step, probe.metadata.name)
+        # Next: a claim scheduled, or one deleted, or one moved (same uid, new devices).
+        action = rng.random()
+        if in_use and action < 0.4:
+            del in_use[rng.choice(sorted(in_use))]
+            continue
+        uid = rng.choice(sorted(in_use)) if in_use and action < 0.5 else f"c{step}"
+        others = [c for u, c in in_use.items() if u != uid]
+        placer = ClusterAllocator(features)
+        placer.update(1, 0, classes, slices, others, [])
+        placed = placer.explain(rng.choice(PROBES))
+        if placed.status == "allocated":
+            in_use[uid] = _in_use(placed.claim, uid, placed.allocation)
