@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import shutil
 import signal
 import sys
 import tempfile
@@ -265,8 +266,15 @@ async def start_nodes(nodes: Iterable[SimNode], url: str, access: AccessDir) -> 
 
 async def run(args: argparse.Namespace) -> None:
     access = AccessDir(Path(args.access))
-    claims: dict[str, ResourceClaim] = {}
     root = Path(tempfile.mkdtemp(prefix="scalenodes-"))
+    try:
+        await _serve(args, access, root)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)  # every node's checkpoint and CDI files
+
+
+async def _serve(args: argparse.Namespace, access: AccessDir, root: Path) -> None:
+    claims: dict[str, ResourceClaim] = {}
     nodes = {
         n.name: n
         for n in (SimNode(i, claims, root) for i in range(args.first, args.first + args.count))
