@@ -117,7 +117,7 @@ class ClaimWatcher:
         )
         self.classes = Informer(api, "deviceclasses", CLASSES_PATH, DeviceClass)
         self.slices = Informer(api, "resourceslices", SLICES_PATH, ResourceSlice)
-        self.nodes = Informer(api, "nodes", NODES_PATH, NodeObject)
+        self.nodes = Informer(api, "nodes", NODES_PATH, NodeObject, on_change=self.on_node)
         self.taint_rules: Informer[DeviceTaintRule] | None = None  # set by run() if applied
         self.tracked: dict[str, Tracked] = {}  # claim uid -> what was reported
         self.recorder = ClaimEventRecorder(api, self.config.event_rate, self.config.event_burst)
@@ -129,6 +129,7 @@ class ClaimWatcher:
         self.trail = ClaimTrail(bus)
         self.hardware = DeviceIndex()
         self.allocations_version = 0  # bumped when any claim's allocation appears or goes
+        self.nodes_version = 0  # bumped when what the allocator reads of a Node changes
 
     # ------------------------------------------------------------ run
 
@@ -208,6 +209,16 @@ class ClaimWatcher:
     async def resync(self) -> None:
         for claim in list(self.claims.items.values()):
             await self.on_claim(None, claim)
+
+    # ------------------------------------------------------------ node changes
+
+    async def on_node(self, old: NodeObject | None, new: NodeObject | None) -> None:
+        """Every Node is rewritten every few minutes (its kubelet's status), about 17 a
+        second at 5,000 nodes; only a Node that comes, goes, or changes what the
+        allocator reads of it (labels, declared features) makes explanations start over.
+        """
+        if old is None or new is None or _node_facts(old) != _node_facts(new):
+            self.nodes_version += 1
 
     # ------------------------------------------------------------ claim changes
 
@@ -424,7 +435,7 @@ class ClaimWatcher:
         devices = (
             self.classes.version,
             self.slices.version,
-            self.nodes.version,
+            self.nodes_version,
             rules.version if rules else 0,
         )
         now = time.monotonic()
@@ -509,3 +520,9 @@ def _allocation(claim: ResourceClaim | None) -> tuple[str | None, bool]:
     if claim is None or claim.status is None or claim.status.allocation is None:
         return (None, False)
     return (claim.metadata.uid, True)
+
+
+def _node_facts(node: NodeObject) -> tuple[object, ...]:
+    """What the allocator reads of a Node: its labels (node selectors) and the features
+    its kubelet declares (1.37 optional node operations)."""
+    return (node.metadata.labels or {}, node.declared_features)

@@ -1,7 +1,8 @@
 """A pending claim like one explained before is told the same answer (pending.Reuse):
 same namespace and spec, same devices, a "no node fits" at most ``ttl`` old. Anything
 else runs the engine again: other devices (a slice, class, node or taint rule changed),
-another namespace, an older answer, or an answer that fits."""
+another namespace, an older answer, or an answer that fits. A Node rewritten by its
+kubelet's status, what the allocator reads of it unchanged, is the same devices."""
 
 from __future__ import annotations
 
@@ -104,3 +105,29 @@ async def test_a_claim_that_fits_is_never_reused_for_the_next() -> None:
     first = await w._outcome(claim("a", count=1))
     await w._outcome(claim("b", count=1))
     assert first.status == "allocated" and engine.runs == 2
+
+
+def node(rv: str, labels: dict[str, str] | None = None, declared: list[str] | None = None) -> Any:
+    body: dict[str, Any] = {"metadata": {"name": "n1", "resourceVersion": rv, "labels": labels}}
+    if declared is not None:
+        body["status"] = {"declaredFeatures": declared}
+    return msgspec.convert(body, NodeObject)
+
+
+async def test_a_node_status_heartbeat_keeps_the_answer_a_label_does_not() -> None:
+    w, engine = watcher()
+    on_change = w.nodes.on_change
+    assert on_change is not None
+    await w._outcome(claim("a"))
+    await on_change(node("1", {"zone": "a"}), node("2", {"zone": "a"}))  # status only
+    await w._outcome(claim("b"))
+    assert engine.runs == 1
+    await on_change(node("2", {"zone": "a"}), node("3", {"zone": "b"}))
+    await w._outcome(claim("c"))
+    await on_change(
+        node("3", {"zone": "b"}), node("4", {"zone": "b"}, ["DRAOptionalNodeOperations"])
+    )
+    await w._outcome(claim("d"))
+    await on_change(None, node("5"))  # a node joins
+    await w._outcome(claim("e"))
+    assert engine.runs == 4
