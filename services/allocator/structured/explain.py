@@ -18,8 +18,10 @@ names and domains the devices actually have.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from services.allocator.cel.selector import CelError, Reference, split_name
 from services.allocator.structured.engine import Engine
@@ -73,18 +75,38 @@ class Explanation:
 
 
 class _Tally:
-    """Unique devices per (cause, message), across nodes."""
+    """Unique devices per (cause, message), across nodes (a device every node sees counts
+    once), each with how many nodes saw it so that a node's part can be taken back."""
 
     def __init__(self) -> None:
-        self.devices: dict[tuple[str, str, str | None], set[object]] = {}
-        self.candidates: set[object] = set()
+        self.devices: dict[tuple[str, str, str | None], Counter[object]] = {}
+        self.candidates: Counter[object] = Counter()
 
     def add(self, code: str, message: str, key: object, suggestion: str | None = None) -> None:
-        self.devices.setdefault((code, message, suggestion), set()).add(key)
+        self.devices.setdefault((code, message, suggestion), Counter())[key] += 1
+
+    def merge(self, other: _Tally, sign: int) -> None:
+        for cause, keys in other.devices.items():
+            mine = self.devices.setdefault(cause, Counter())
+            _shift(mine, keys, sign)
+            if not mine:
+                del self.devices[cause]
+        _shift(self.candidates, other.candidates, sign)
 
     def causes(self) -> list[Cause]:
-        ranked = sorted(self.devices.items(), key=lambda kv: -len(kv[1]))
+        """Most devices first; ties by code and message, whatever order nodes came in."""
+        ranked = sorted(self.devices.items(), key=lambda kv: (-len(kv[1]), kv[0][0], kv[0][1]))
         return [Cause(code, len(keys), msg, hint) for (code, msg, hint), keys in ranked]
+
+
+def _shift(into: dict[Any, int], counts: Mapping[Any, int], sign: int) -> None:
+    """Add (sign 1) or take back (sign -1) ``counts``; what reaches zero goes."""
+    for key, n in counts.items():
+        left = into.get(key, 0) + sign * n
+        if left:
+            into[key] = left
+        else:
+            into.pop(key, None)
 
 
 def _distance(a: str, b: str) -> int:
@@ -151,6 +173,7 @@ class Explainer:
         self.nodes = 0
 
     def node(self, node: Node | None) -> None:
+        """Classify every device ``node`` sees, for every request."""
         self.nodes += 1
         try:
             view = self.engine.view(node)
@@ -172,6 +195,21 @@ class Explainer:
             for spec in alternatives(request):
                 self._classify(spec, view.candidates, node)
 
+    def part(self, node: Node | None) -> Explainer:
+        """What ``node`` adds to this explanation, on its own (merged with :meth:`merge`)."""
+        part = Explainer(self.engine, self.claim)
+        part.node(node)
+        return part
+
+    def merge(self, part: Explainer, sign: int = 1) -> None:
+        """Add a node's :meth:`part`, or (``sign`` -1) take one back that no longer holds."""
+        self.nodes += sign * part.nodes
+        for name, tally in part.tallies.items():
+            self.tallies.setdefault(name, _Tally()).merge(tally, sign)
+        self.specs.update(part.specs)
+        _shift(self.claim_causes, part.claim_causes, sign)
+        self.seen.update(part.seen)
+
     def _claim_cause(self, code: str, message: str, suggestion: str | None = None) -> None:
         key = (code, message, suggestion)
         self.claim_causes[key] = self.claim_causes.get(key, 0) + 1
@@ -190,7 +228,7 @@ class Explainer:
         for candidate in candidates:
             rejection = rules.first(candidate)
             if rejection is None:
-                tally.candidates.add(candidate.id)
+                tally.candidates[candidate.id] += 1
                 continue
             hint = None
             if rejection.cel_error is not None and rejection.selector is not None:
@@ -223,7 +261,8 @@ class Explainer:
                 short = True
             total += count if needed is None else needed
             out.requests.append(RequestExplanation(name, needed, count, tally.causes()))
-        claim = [Cause(c, n, m, h) for (c, m, h), n in self.claim_causes.items()]
+        causes = sorted(self.claim_causes.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+        claim = [Cause(c, n, m, h) for (c, m, h), n in causes]
         if not short and self.tallies:
             claim.extend(self._combination_causes(total))
         out.claim = claim

@@ -92,6 +92,21 @@ class ClaimOutcome:
         }
 
 
+STUDIES = 8  # claim shapes whose explanations are kept node by node (~2 KB a node each)
+
+
+@dataclass(slots=True)
+class _Study:
+    """One claim shape's explanation over one node list, kept as each node's part and
+    their sum. Explanation messages name the requests, never the claim, so claims of
+    the same shape share it; a watcher explaining the same few templates over 5,000
+    nodes classifies only the nodes whose devices' use changed."""
+
+    nodes: list[Node | None]
+    total: Explainer
+    parts: dict[str | None, tuple[int, Explainer]] = field(default_factory=dict)
+
+
 class OfflineAllocator:
     def __init__(self, inputs: Inputs, features: Features, explain: bool = True) -> None:
         self.inputs = inputs
@@ -109,6 +124,10 @@ class OfflineAllocator:
         # epoch moves on when a device it sees is freed (use).
         self._misfits: dict[tuple[bytes, str | None], int] = {}
         self._epochs: dict[str | None, int] = {}
+        # A node's other epoch moves on with any change in the use of a device it sees:
+        # what an explanation kept of that node (_Study) is made again.
+        self._changes: dict[str | None, int] = {}
+        self._studies: dict[bytes, _Study] = {}  # by claim shape, the most recent last
         # Per claim shape: the node list it was last tried on and how many of its
         # first nodes are known misfits, so a long run skips full nodes at once.
         self._frontier: dict[bytes, tuple[list[Node | None], int]] = {}
@@ -130,11 +149,15 @@ class OfflineAllocator:
     def add(self, allocation: AllocationResult) -> None:
         """Another claim's allocation is now in use (what did not fit still does not)."""
         self.engine.commit(allocation)
+        self._touch([allocation], self._changes)
 
     def use(
-        self, allocations: Iterable[AllocationResult], freed: Iterable[AllocationResult]
+        self,
+        allocations: Iterable[AllocationResult],
+        freed: list[AllocationResult],
+        added: list[AllocationResult],
     ) -> None:
-        """The allocations in use are now ``allocations``; ``freed`` went away.
+        """The allocations in use are now ``allocations``: ``freed`` went, ``added`` came.
 
         The state starts over from ``allocations`` while the engine's per-device
         caches stay; nodes that could see a freed device try again every shape
@@ -144,14 +167,19 @@ class OfflineAllocator:
         for allocation in allocations:
             state.add(allocation, self.features.consumable_capacity)
         self.engine.use_state(state)
+        self._touch(freed, self._epochs)
+        self._touch(freed + added, self._changes)
+        self._frontier.clear()
+
+    def _touch(self, allocations: list[AllocationResult], epochs: dict[str | None, int]) -> None:
+        """Move on the epoch of every node that sees a device of ``allocations``."""
         pools = {
             (r.driver, r.pool)
-            for allocation in freed
+            for allocation in allocations
             for r in (allocation.devices.results if allocation.devices else None) or []
         }
         for name in self.engine.nodes_seeing(pools):
-            self._epochs[name] = self._epochs.get(name, 0) + 1
-        self._frontier.clear()
+            epochs[name] = epochs.get(name, 0) + 1
 
     def allocate(
         self, claim: ResourceClaim, nodes: list[Node | None], commit: bool = True
@@ -187,7 +215,7 @@ class OfflineAllocator:
             if allocation is not None:
                 self._frontier[shape] = (nodes, skip)
                 if commit:
-                    self.engine.commit(allocation)
+                    self.add(allocation)
                 return ClaimOutcome(claim, "allocated", node=name, allocation=allocation)
             self._misfits[key] = self._epochs.get(name, 0)
             if index == skip:
@@ -195,11 +223,33 @@ class OfflineAllocator:
         self._frontier[shape] = (nodes, skip)
         outcome = ClaimOutcome(claim, "unschedulable")
         if self.explain:
-            explainer = Explainer(self.engine, claim)
-            for node in nodes:  # every node was tried (or known not to fit)
-                explainer.node(node)
-            outcome.explanation = explainer.explanation()
+            outcome.explanation = self._explained(claim, shape, nodes)
         return outcome
+
+    def _explained(
+        self, claim: ResourceClaim, shape: bytes, nodes: list[Node | None]
+    ) -> Explanation:
+        """Why ``claim`` fits none of ``nodes``: the shape's study brought up to date,
+        each node classified again only when the use of a device it sees changed."""
+        study = self._studies.pop(shape, None)
+        if study is None or study.nodes is not nodes:
+            study = _Study(nodes, Explainer(self.engine, claim))
+        self._studies[shape] = study
+        if len(self._studies) > STUDIES:
+            del self._studies[next(iter(self._studies))]
+        total = study.total
+        for node in nodes:  # every node was tried (or known not to fit)
+            name = node.name if node else None
+            epoch = self._changes.get(name, 0)
+            held = study.parts.get(name)
+            if held is not None and held[0] == epoch:
+                continue
+            part = total.part(node)
+            if held is not None:
+                total.merge(held[1], -1)
+            total.merge(part)
+            study.parts[name] = (epoch, part)
+        return total.explanation()
 
     def precheck(self, claim: ResourceClaim) -> Cause | None:
         """kube-scheduler's PreFilter: what keeps the pod waiting before any node is tried.

@@ -215,12 +215,12 @@ class ClusterAllocator:
         now = _in_use(claims)
         before = self._in_use
         freed = [a for uid, a in before.items() if not _same(now.get(uid), a)]
+        added = [a for uid, a in now.items() if not _same(before.get(uid), a)]
         if freed:
-            self._allocator.use(now.values(), freed)
+            self._allocator.use(now.values(), freed, added)
         else:
-            for uid, allocation in now.items():
-                if uid not in before:
-                    self._allocator.add(allocation)
+            for allocation in added:
+                self._allocator.add(allocation)
         self._in_use = now
 
     def explain(self, claim: ResourceClaim) -> ClaimOutcome:
@@ -239,7 +239,7 @@ def _in_use(claims: Iterable[ResourceClaim]) -> dict[str, AllocationResult]:
     }
 
 
-def _same(a: AllocationResult | None, b: AllocationResult) -> bool:
+def _same(a: AllocationResult | None, b: AllocationResult | None) -> bool:
     return a is b or a == b
 
 

@@ -291,15 +291,19 @@ def test_the_kept_engine_answers_as_a_fresh_one_while_allocations_come_and_go(
                 b.explanation.lines() if b.explanation else None
             )
             assert lines, (step, probe.metadata.name)
-        # Next: a claim scheduled, or one deleted, or one moved (same uid, new devices).
-        action = rng.random()
-        if in_use and action < 0.4:
-            del in_use[rng.choice(sorted(in_use))]
-            continue
-        uid = rng.choice(sorted(in_use)) if in_use and action < 0.5 else f"c{step}"
-        others = [c for u, c in in_use.items() if u != uid]
-        placer = ClusterAllocator(features)
-        placer.update(1, 0, classes, slices, others, [])
-        placed = placer.explain(rng.choice(PROBES))
-        if placed.status == "allocated":
-            in_use[uid] = _in_use(placed.claim, uid, placed.allocation)
+        # Next: a few claims deleted, scheduled or moved (same uid, new devices) at once,
+        # each placed on a node drawn at random.
+        for _ in range(rng.randint(1, 3)):
+            action = rng.random()
+            if in_use and action < 0.4:
+                del in_use[rng.choice(sorted(in_use))]
+                continue
+            uid = rng.choice(sorted(in_use)) if in_use and action < 0.55 else f"c{step}-{action}"
+            others = [c for u, c in in_use.items() if u != uid]
+            placer = OfflineAllocator(
+                Inputs(classes={"gpu": classes[0]}, slices=slices, claims=others), features
+            )
+            node = rng.choice(placer.nodes(None))
+            placed = placer.allocate(rng.choice(PROBES), [node])
+            if placed.status == "allocated":
+                in_use[uid] = _in_use(placed.claim, uid, placed.allocation)
