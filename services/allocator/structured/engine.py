@@ -115,6 +115,14 @@ class Engine:
                 self._pool_nodes.setdefault(pool.key, set()).add(key)
         return cached
 
+    def seen_as_in(self, old: Engine) -> None:
+        """Count the nodes that saw a pool in ``old`` as seeing it here too: what was
+        learnt of them there is kept (snapshot.OfflineAllocator.carry), and a device
+        freed in that pool must still reach them. More nodes than see it only costs
+        their classification again."""
+        for pool, nodes in old._pool_nodes.items():
+            self._pool_nodes.setdefault(pool, set()).update(nodes)
+
     def nodes_seeing(self, pools: set[tuple[str, str]]) -> set[str | None]:
         """The nodes whose view (built so far) holds any of ``pools``."""
         return set().union(*(self._pool_nodes.get(p, ()) for p in pools))

@@ -167,9 +167,28 @@ class OfflineAllocator:
         for allocation in allocations:
             state.add(allocation, self.features.consumable_capacity)
         self.engine.use_state(state)
+        self.moved(freed, added)
+
+    def moved(self, freed: list[AllocationResult], added: list[AllocationResult]) -> None:
+        """Allocations went and came (the state already says so): nodes that could see a
+        freed device try again every shape that did not fit them, and nodes that see
+        either are classified again in explanations."""
         self._touch(freed, self._epochs)
         self._touch(freed + added, self._changes)
         self._frontier.clear()
+
+    def carry(self, old: OfflineAllocator, changed: set[str | None]) -> None:
+        """Keep what ``old`` (built from the same classes, nodes and taint rules, over the
+        same node list) learnt of every node but ``changed``, whose slices changed: the
+        shapes that did not fit them and their parts of each explanation."""
+        self.engine.seen_as_in(old.engine)
+        self._misfits, self._epochs = old._misfits, old._epochs
+        self._changes, self._studies = old._changes, old._studies
+        for name in changed:
+            self._epochs[name] = self._epochs.get(name, 0) + 1
+            self._changes[name] = self._changes.get(name, 0) + 1
+        for study in self._studies.values():
+            study.total.engine = self.engine  # parts of changed nodes are made again here
 
     def _touch(self, allocations: list[AllocationResult], epochs: dict[str | None, int]) -> None:
         """Move on the epoch of every node that sees a device of ``allocations``."""

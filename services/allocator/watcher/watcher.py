@@ -432,12 +432,8 @@ class ClaimWatcher:
         """Our engine's answer for ``claim``: one given to a claim like it (pending.Reuse),
         or the engine run over a snapshot of the caches."""
         rules = self.taint_rules
-        devices = (
-            self.classes.version,
-            self.slices.version,
-            self.nodes_version,
-            rules.version if rules else 0,
-        )
+        others = (self.classes.version, self.nodes_version, rules.version if rules else 0)
+        devices = (*others, self.slices.version)
         now = time.monotonic()
         reused = self.reuse.get(claim, devices, now)
         if reused is not None:
@@ -445,7 +441,8 @@ class ClaimWatcher:
             return reused
         started = time.thread_time()
         self.cluster.update(
-            devices,
+            others,
+            self.slices.version,
             self.allocations_version,
             self.classes.items.values(),
             self.slices.items.values(),

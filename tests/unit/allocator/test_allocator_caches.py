@@ -262,6 +262,20 @@ def _in_use(claim: ResourceClaim, uid: str, outcome_allocation: Any) -> Resource
     return used
 
 
+def _other_memory(slice_: ResourceSlice) -> ResourceSlice:
+    """A copy whose first GPU has the other memory size (40 <-> 80 Gi), and whose second
+    GPU is gone, or back."""
+    copy = msgspec.convert(msgspec.to_builtins(slice_), ResourceSlice)
+    devices = copy.spec.devices or []
+    memory = (devices[0].capacity or {})["memory"]
+    memory.value = "80Gi" if memory.value == "40Gi" else "40Gi"
+    if len(devices) > 1:
+        copy.spec.devices = devices[:1]
+    elif copy.spec.node_name:
+        copy.spec.devices = [*devices, msgspec.convert(_gpu("g1", "80Gi"), type(devices[0]))]
+    return copy
+
+
 PROBES = [
     _claim("p1"),
     _claim("p2", count=2),
@@ -275,15 +289,22 @@ PROBES = [
 def test_the_kept_engine_answers_as_a_fresh_one_while_allocations_come_and_go(
     seed: int,
 ) -> None:
+    """Also while slices change: a node's own (its GPUs' memory, a GPU gone or back), or
+    the pool every node sees (the engine then starts over)."""
     rng = random.Random(seed)
     features = Features(partitionable_devices=True)
     classes, slices = [_class()], _mixed_cluster()
     kept = ClusterAllocator(features)
     in_use: dict[str, ResourceClaim] = {}
-    for step in range(120):
-        kept.update(1, step, classes, slices, list(in_use.values()), [])
+    version = 0
+    for step in range(100):
+        if rng.random() < 0.25:
+            index = rng.choice([0, 1, 2, len(slices) - 1])
+            slices[index] = _other_memory(slices[index])
+            version += 1
+        kept.update(1, version, step, classes, slices, list(in_use.values()), [])
         fresh = ClusterAllocator(features)
-        fresh.update(1, step, classes, slices, list(in_use.values()), [])
+        fresh.update(1, version, step, classes, slices, list(in_use.values()), [])
         for probe in PROBES:
             a, b = kept.explain(probe), fresh.explain(probe)
             assert (a.status, a.node, a.allocation) == (b.status, b.node, b.allocation), step

@@ -343,7 +343,7 @@ def test_a_pod_created_in_our_future_waits_from_when_we_saw_it() -> None:
 def _cluster(devices: int) -> ClusterAllocator:
     cluster = ClusterAllocator(Features())
     node = msgspec.convert({"metadata": {"name": "n1"}}, NodeObject)
-    cluster.update(1, 1, [device_class()], [slice_(devices=devices)], [], [node])
+    cluster.update(1, 1, 1, [device_class()], [slice_(devices=devices)], [], [node])
     return cluster
 
 
@@ -370,7 +370,7 @@ def test_a_nodes_declared_features_reach_the_1_37_allocator(declared: list[str])
     )
     skipping = slice_(devices=1)
     skipping.spec.skip_node_operations = ["*"]
-    cluster.update(1, 1, [device_class()], [skipping], [], [node])
+    cluster.update(1, 1, 1, [device_class()], [skipping], [], [node])
     outcome = cluster.explain(claim(count=1))
     assert outcome.status == ("allocated" if declared else "unschedulable"), outcome
 
