@@ -315,6 +315,15 @@ async def _serve(args: argparse.Namespace, access: AccessDir, root: Path) -> Non
     await api.close()
 
 
+class _WithError(logging.Formatter):
+    """The bus logs what went wrong as an ``error`` field: said on the line too."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        error = getattr(record, "error", None)
+        return f"{text}: {error}" if error else text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nats-url", required=True)
@@ -323,6 +332,7 @@ def main() -> None:
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--count", type=int, required=True)
     logging.basicConfig(level=logging.WARNING)
+    logging.getLogger().handlers[0].setFormatter(_WithError())
     asyncio.run(run(parser.parse_args()))
 
 
