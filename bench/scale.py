@@ -704,8 +704,8 @@ def report_costs(
     total = b.cpu["allocator"] - a.cpu["allocator"]
     print(f"  watcher: {ev:.0f} claim events, {ex:.0f} explanations; CPU "
           f"{(total - ex_cpu) / max(ev, 1) * 1e3:.2f} ms per claim event, "
-          f"{ex_cpu / max(ex, 1) * 1e3:.1f} ms per explanation "
-          f"({snap / max(ex, 1) * 1e3:.1f} ms of it the snapshot); "
+          f"{ex_cpu / max(ex, 1) * 1e3:.2f} ms per explanation "
+          f"({snap / max(ex, 1) * 1e3:.2f} ms of it the snapshot); "
           f"{total / wall:.1%} of a core")  # fmt: skip
     writes = _delta(b.publisher, a.publisher, "gpudra_publisher_slice_writes_total")
     print(f"  publisher during churn: {writes:.0f} slice writes "
