@@ -128,6 +128,9 @@ class OfflineAllocator:
         # what an explanation kept of that node (_Study) is made again.
         self._changes: dict[str | None, int] = {}
         self._studies: dict[bytes, _Study] = {}  # by claim shape, the most recent last
+        # Every claim shape allocated or explained here: what is kept grows with them
+        # (misfits, selector results), so a long-lived owner starts over past a bound.
+        self.shapes: set[bytes] = set()
         # Per claim shape: the node list it was last tried on and how many of its
         # first nodes are known misfits, so a long run skips full nodes at once.
         self._frontier: dict[bytes, tuple[list[Node | None], int]] = {}
@@ -184,6 +187,7 @@ class OfflineAllocator:
         self.engine.seen_as_in(old.engine)
         self._misfits, self._epochs = old._misfits, old._epochs
         self._changes, self._studies = old._changes, old._studies
+        self.shapes = old.shapes
         for name in changed:
             self._epochs[name] = self._epochs.get(name, 0) + 1
             self._changes[name] = self._changes.get(name, 0) + 1
@@ -213,6 +217,7 @@ class OfflineAllocator:
                 outcome.explanation = Explanation(nodes=0, claim=[blocked])
             return outcome
         shape = msgspec.json.encode(claim.spec)
+        self.shapes.add(shape)
         known, skip = self._frontier.get(shape, (nodes, 0))
         if known is not nodes:
             skip = 0

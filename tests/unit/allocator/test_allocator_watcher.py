@@ -19,6 +19,7 @@ from services.allocator.watcher import lifecycle
 from services.allocator.watcher.events import ClaimEventRecorder, event_name
 from services.allocator.watcher.kubeobjects import NodeObject, Pod
 from services.allocator.watcher.pending import (
+    SHAPES_KEPT,
     ClusterAllocator,
     PodClock,
     concerns_driver,
@@ -345,6 +346,23 @@ def _cluster(devices: int) -> ClusterAllocator:
     node = msgspec.convert({"metadata": {"name": "n1"}}, NodeObject)
     cluster.update(1, 1, 1, [device_class()], [slice_(devices=devices)], [], [node])
     return cluster
+
+
+def test_the_engine_starts_over_past_so_many_claim_shapes() -> None:
+    """What the kept engine learns grows with the claim shapes it sees: past
+    SHAPES_KEPT of them the next update builds a fresh one (and answers the same)."""
+    cluster = _cluster(devices=2)
+    node = msgspec.convert({"metadata": {"name": "n1"}}, NodeObject)
+    first = cluster._allocator
+    for count in range(1, SHAPES_KEPT + 2):
+        cluster.explain(claim(count=count))
+    cluster.update(1, 1, 1, [device_class()], [slice_(devices=2)], [], [node])
+    assert cluster._allocator is not first
+    assert verdict(cluster.explain(claim(count=2))).reason == "AllocationExplained"
+    kept = cluster._allocator
+    cluster.explain(claim(count=3))
+    cluster.update(1, 1, 1, [device_class()], [slice_(devices=2)], [], [node])
+    assert cluster._allocator is kept  # two shapes: kept
 
 
 def test_verdict_for_an_unsatisfiable_claim_names_the_shortfall() -> None:
