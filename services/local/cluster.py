@@ -127,10 +127,11 @@ class ControlPlane(ClusterAdmin):
         startup_timeout: float = 120.0,
         verbosity: int = 2,
     ) -> None:
+        own = workdir is None  # ours to remove in cleanup()
         workdir = Path(workdir or tempfile.mkdtemp(prefix="gpudra-e2e-")).resolve()
         super().__init__(binary, workdir, nodes)
         self.service_accounts = service_accounts
-        self._own_workdir = workdir is None
+        self._own_workdir = own
         self.logs_dir = self.workdir / "logs"
         self.feature_gates = dict(feature_gates or {})
         self.runtime_config: dict[str, bool] = {"resource.k8s.io/v1": True}
