@@ -204,7 +204,7 @@ class ControlPlane(ClusterAdmin):
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        self.stop()
+        self.cleanup()
 
     def _spawn(self, name: str, args: list[str], log_name: str | None = None) -> Process:
         log_path = self.logs_dir / f"{log_name or name}.log"
