@@ -211,11 +211,12 @@ class ClusterAllocator:
             old = None
         now = {s.metadata.name: s for s in slices}
         changed = _changed_nodes(self._slices, now, old) if old is not None else None
-        before, self._in_use = self._in_use, _in_use(claims)
+        allocated = [c for c in claims if c.status and c.status.allocation]  # read once
+        before, self._in_use = self._in_use, _in_use(allocated)
         inputs = Inputs(
             classes={c.metadata.name: c for c in classes},
             slices=list(now.values()),
-            claims=[c for c in claims if c.status and c.status.allocation],
+            claims=allocated,
             nodes={
                 n.metadata.name: Node(
                     n.metadata.name, dict(n.metadata.labels or {}), n.declared_features
