@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import functools
+import gc
 
 from services.core.bus import subjects, usage
 from services.core.bus.access import Identity, Role
@@ -17,6 +18,7 @@ from services.core.process.serve import Stack
 from services.publisher.kubeapi import KubeSliceApi
 from services.publisher.render import RenderOptions
 from services.publisher.service import Publisher, PublisherConfig
+from services.publisher.tuning import GC_GEN0
 
 #: The buckets the publisher reads, whose fill it reports (services/core/bus/usage.py).
 BUCKETS = [
@@ -42,6 +44,7 @@ def settings(args: argparse.Namespace) -> PublisherConfig:
 
 
 async def start(args: argparse.Namespace, stack: Stack) -> None:
+    gc.set_threshold(GC_GEN0, *gc.get_threshold()[1:])  # tuning.py: why
     bus = await stack.bus(args.nats_url, name="publisher", identity=Identity(Role.PUBLISHER))
     raw = await stack.kube(args.kubeconfig, qps=args.kube_api_qps, burst=args.kube_api_burst)
     manager = f"gpudra-publisher-{args.replica_id}" if args.replica_id else ""

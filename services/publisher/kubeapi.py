@@ -14,7 +14,7 @@ from typing import TypeVar
 import msgspec
 
 from services.core.kube.client import ApiError, KubeApi, server_minor
-from services.core.kube.resource import ResourceSlice, to_builtins
+from services.core.kube.resource import ResourceSlice
 from services.core.model import nvidia
 from services.publisher.sliceapi import SliceList, SliceNodes, WatchEvent
 
@@ -101,12 +101,12 @@ class KubeSliceApi:
         return SliceNodes(nodes, listing.resource_version)
 
     async def create(self, obj: ResourceSlice) -> ResourceSlice:
-        body = await self.api.create(SLICES_PATH + self._query, to_builtins(obj))
+        body = await self.api.create(SLICES_PATH + self._query, obj)
         return _decode(body, ResourceSlice, "ResourceSlice")
 
     async def replace(self, obj: ResourceSlice) -> ResourceSlice:
         path = f"{SLICES_PATH}/{obj.metadata.name}{self._query}"
-        body = await self.api.replace(path, to_builtins(obj))
+        body = await self.api.replace(path, obj)
         return _decode(body, ResourceSlice, "ResourceSlice")
 
     async def delete(self, name: str, *, uid: str | None, resource_version: str | None) -> None:

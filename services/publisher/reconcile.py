@@ -131,16 +131,19 @@ class Reconciler:
         for node, uid in uids.items():
             self._owners.setdefault(node, node_owner(node, uid))
 
-    def is_current(self, node: str, contents: Sequence[SliceContent] | None) -> bool:
-        return self.synced.get(node) == fingerprint(contents)
+    def is_current(self, node: str, digest: str) -> bool:
+        """Whether ``node`` holds the contents of ``digest`` (:func:`fingerprint`)."""
+        return self.synced.get(node) == digest
 
     async def sync(
         self,
         node: str,
         desired: Sequence[SliceContent] | None,
         actual: Sequence[ResourceSlice] | None = None,
+        digest: str | None = None,
     ) -> SyncResult:
-        """Make the API server hold ``desired`` for ``node``; retry what can succeed later."""
+        """Make the API server hold ``desired`` for ``node``; retry what can succeed later.
+        ``digest``: ``fingerprint(desired)`` when the caller has it already."""
         if actual is None and node in self.unsliced:
             actual = []
         for attempt in range(self.retry.attempts):
@@ -159,7 +162,7 @@ class Reconciler:
                 actual = None  # re-read before the next try
                 await asyncio.sleep(self.retry.delay(attempt))
                 continue
-            self.synced[node] = fingerprint(desired)
+            self.synced[node] = digest or fingerprint(desired)
             self.unsliced.discard(node)
             return result
         raise AssertionError("unreachable")

@@ -37,6 +37,7 @@ from services.core.model.schemas import NodeInventory
 from services.core.telemetry import tracing
 from services.publisher import metrics
 from services.publisher.inputs import BusInputs
+from services.publisher.poolplan import fingerprint
 from services.publisher.reconcile import NodeNotFound, Reconciler, SyncFailed
 from services.publisher.render import (
     NO_HOLDINGS,
@@ -178,10 +179,11 @@ class Publisher:
             return
         if contents is None and node not in self.published and node not in self.seen:
             return  # nothing of ours can exist for it
-        if self.reconciler.is_current(node, contents):
+        digest = fingerprint(contents)
+        if self.reconciler.is_current(node, digest):
             return
         try:
-            result = await self.reconciler.sync(node, contents)
+            result = await self.reconciler.sync(node, contents, digest=digest)
         except (NodeNotFound, SyncFailed) as exc:
             reason = "node-missing" if isinstance(exc, NodeNotFound) else "api"
             metrics.SYNC_FAILURES.labels(reason=reason).inc()

@@ -70,6 +70,11 @@ class RawEvent:
     object: msgspec.Raw
 
 
+#: A request's JSON body: plain data, or a model (:mod:`services.core.kube.resource`)
+#: that is encoded straight from its struct (no copy into dicts first).
+Body = dict[str, Any] | msgspec.Struct
+
+
 class KubeApi(Protocol):
     """Every call the services make; :class:`HttpKubeApi` is the real one."""
 
@@ -81,9 +86,9 @@ class KubeApi(Protocol):
 
     async def get(self, path: str) -> bytes: ...
 
-    async def create(self, path: str, body: dict[str, Any]) -> bytes: ...
+    async def create(self, path: str, body: Body) -> bytes: ...
 
-    async def replace(self, path: str, body: dict[str, Any]) -> bytes: ...
+    async def replace(self, path: str, body: Body) -> bytes: ...
 
     async def patch(self, path: str, body: dict[str, Any]) -> bytes: ...
 
@@ -196,10 +201,10 @@ class HttpKubeApi:
     async def get(self, path: str) -> bytes:
         return await self._call("GET", path, {})
 
-    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+    async def create(self, path: str, body: Body) -> bytes:
         return await self._call("POST", path, {}, body=body)
 
-    async def replace(self, path: str, body: dict[str, Any]) -> bytes:
+    async def replace(self, path: str, body: Body) -> bytes:
         return await self._call("PUT", path, {}, body=body)
 
     async def patch(self, path: str, body: dict[str, Any]) -> bytes:
@@ -214,7 +219,7 @@ class HttpKubeApi:
         method: str,
         path: str,
         query: Mapping[str, str],
-        body: dict[str, Any] | None = None,
+        body: Body | None = None,
         headers: dict[str, str] | None = None,
     ) -> bytes:
         resp = await self._open(method, path, query, body, headers, timeout=REQUEST_TIMEOUT_S)
@@ -230,7 +235,7 @@ class HttpKubeApi:
         method: str,
         path: str,
         query: Mapping[str, str],
-        body: dict[str, Any] | None = None,
+        body: Body | None = None,
         headers: dict[str, str] | None = None,
         timeout: float | None = REQUEST_TIMEOUT_S,
     ) -> aiohttp.ClientResponse:

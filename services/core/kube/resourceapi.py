@@ -24,11 +24,11 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Callable, Mapping
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
-from services.core.kube.client import ApiError, KubeApi, Listing, RawEvent
+from services.core.kube.client import ApiError, Body, KubeApi, Listing, RawEvent
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ PREFERENCE = (V1, V1BETA2, V1BETA1)  # newest first
 _V1_PREFIX = f"/apis/{GROUP}/{V1}/"
 
 Obj = dict[str, Any]
+_B = TypeVar("_B", bound=Body)
 
 
 class VersionError(ApiError):
@@ -214,10 +215,10 @@ class ConvertingApi:
             return bytes(body)
         return msgspec.json.encode(convert(obj, resource, self.version, to_v1=True))
 
-    def _out(self, body: dict[str, Any], resource: str | None) -> dict[str, Any]:
+    def _out(self, body: _B, resource: str | None) -> _B | Obj:
         if resource is None or self.version is None:
             return body
-        copied = msgspec.json.decode(msgspec.json.encode(body))
+        copied = msgspec.json.decode(msgspec.json.encode(body))  # a copy, as plain data
         return convert(copied, resource, self.version, to_v1=False)
 
     async def list(self, path: str, params: Mapping[str, str]) -> Listing:
@@ -242,11 +243,11 @@ class ConvertingApi:
         wire, resource = await self._route(path)
         return self._in(await self.api.get(wire), resource)
 
-    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+    async def create(self, path: str, body: Body) -> bytes:
         wire, resource = await self._route(path)
         return self._in(await self.api.create(wire, self._out(body, resource)), resource)
 
-    async def replace(self, path: str, body: dict[str, Any]) -> bytes:
+    async def replace(self, path: str, body: Body) -> bytes:
         wire, resource = await self._route(path)
         return self._in(await self.api.replace(wire, self._out(body, resource)), resource)
 

@@ -29,7 +29,7 @@ from services.allocator.watcher.pending import (
 )
 from services.allocator.watcher.watcher import consumer_batches
 from services.core.bus import retention, subjects
-from services.core.kube.client import ApiError, Listing, RawEvent
+from services.core.kube.client import ApiError, Body, Listing, RawEvent
 from services.core.kube.informer import Informer
 from services.core.kube.resource import DeviceClass, ResourceClaim, ResourceSlice
 from services.core.model import deviceclasses
@@ -239,13 +239,13 @@ class ScriptedApi:
     async def get(self, path: str) -> bytes:
         raise NotImplementedError
 
-    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+    async def create(self, path: str, body: Body) -> bytes:
         raise NotImplementedError
 
     async def patch(self, path: str, body: dict[str, Any]) -> bytes:
         raise NotImplementedError
 
-    async def replace(self, path: str, body: dict[str, Any]) -> bytes:
+    async def replace(self, path: str, body: Body) -> bytes:
         raise NotImplementedError
 
     async def delete(self, path: str, body: dict[str, Any] | None = None) -> bytes:
@@ -427,8 +427,9 @@ class EventsApi(ScriptedApi):
         self.calls.append("get")
         return json.dumps(self.events[path]).encode()
 
-    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+    async def create(self, path: str, body: Body) -> bytes:
         self.calls.append("create")
+        assert isinstance(body, dict)  # the recorder sends plain data
         full = f"{path}/{body['metadata']['name']}"
         if full in self.events:
             raise ApiError(409, "exists", "AlreadyExists")

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from services.core.kube.client import ApiError, Listing, RawEvent
+from services.core.kube.client import ApiError, Body, Listing, RawEvent
 from services.core.model import computedomain as cd
 from services.core.model import featuregates as fg
 from services.webhook import review
@@ -52,10 +52,10 @@ class Api:
     async def get(self, path: str) -> bytes:
         raise NotImplementedError
 
-    async def create(self, path: str, body: dict[str, Any]) -> bytes:
+    async def create(self, path: str, body: Body) -> bytes:
         raise NotImplementedError
 
-    async def replace(self, path: str, body: dict[str, Any]) -> bytes:
+    async def replace(self, path: str, body: Body) -> bytes:
         raise NotImplementedError
 
     async def patch(self, path: str, body: dict[str, Any]) -> bytes:
