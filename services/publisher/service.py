@@ -383,13 +383,13 @@ class Publisher:
                 "(they exist from Kubernetes 1.36): numaNode is published as an int",
                 extra={"kube_minor": self.config.kube_minor},
             )
-        await self.inputs.load_snapshot(bus)
-        rv = await self.relist()
         async with asyncio.TaskGroup() as group:
-            for _ in range(self.config.workers):
-                group.create_task(self.work())
             group.create_task(self.inputs.follow_inventory(bus))
             group.create_task(self.inputs.follow_presence(bus))
             group.create_task(self.inputs.follow_prepared(bus))
+            await self.inputs.loaded()  # the first resync knows what is stale
+            rv = await self.relist()
+            for _ in range(self.config.workers):
+                group.create_task(self.work())
             group.create_task(self.watch_slices(rv))
             group.create_task(self.resync_forever())

@@ -195,10 +195,11 @@ class Bus:
         return await kvwatch.read_keys(self.nc, self.consumer_names, bucket)
 
     async def watch_kv(
-        self, bucket: str, kind: type[T], keys: str = ">"
+        self, bucket: str, kind: type[T], keys: str = ">", current: asyncio.Event | None = None
     ) -> AsyncGenerator[KvUpdate[T], None]:
-        """Current values first, then every change; malformed values are skipped."""
-        async with contextlib.aclosing(self.kv_entries(bucket, keys)) as entries:
+        """Current values first, then every change; malformed values are skipped.
+        ``current``: set once the current values are all taken (kvwatch.watch)."""
+        async with contextlib.aclosing(self.kv_entries(bucket, keys, current)) as entries:
             async for entry in entries:
                 if not entry.value:
                     yield KvUpdate(entry.key, None, entry.revision)
@@ -207,11 +208,13 @@ class Bus:
                 if value is not None:
                     yield KvUpdate(entry.key, value, entry.revision)
 
-    async def kv_entries(self, bucket: str, keys: str = ">") -> AsyncGenerator[kvwatch.Entry, None]:
+    async def kv_entries(
+        self, bucket: str, keys: str = ">", current: asyncio.Event | None = None
+    ) -> AsyncGenerator[kvwatch.Entry, None]:
         """The raw current values of ``keys``, then every change (a value None: removed)."""
         await self.kv(bucket)  # provisioned, or NotProvisioned
         async with contextlib.aclosing(
-            kvwatch.watch(self.nc, self.consumer_names, bucket, keys)
+            kvwatch.watch(self.nc, self.consumer_names, bucket, keys, current)
         ) as entries:
             async for entry in entries:
                 yield entry

@@ -9,6 +9,7 @@ is being made leaves nothing behind: the consumer, if made, is deleted.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 
@@ -32,12 +33,18 @@ KV_OPERATION = "KV-Operation"  # what a KV message is: a value, or DEL or PURGE
 
 
 async def watch(
-    nc: Client, names: Names, bucket: str, keys: str = ">"
+    nc: Client, names: Names, bucket: str, keys: str = ">", current: asyncio.Event | None = None
 ) -> AsyncGenerator[Entry, None]:
-    """The current value of every key matching ``keys``, then every change, forever."""
+    """The current value of every key matching ``keys``, then every change, forever.
+
+    ``current`` is set once the values the bucket held when the watch began have all
+    been taken (the one after the last is asked for): a reader that wants them all
+    before it goes on waits for it instead of reading every key again."""
     prefix = f"$KV.{bucket}."
     consumer = OrderedConsumer(nc, names, f"KV_{bucket}", prefix + keys)
     await consumer.open()
+    if current is not None and not consumer.pending:
+        current.set()
     try:
         while True:
             msg = await consumer.next()
@@ -45,6 +52,8 @@ async def watch(
                 continue
             value = None if _removed(msg) else msg.data
             yield Entry(msg.subject[len(prefix) :], value, msg.metadata.sequence.stream)
+            if current is not None and not msg.metadata.num_pending:
+                current.set()
     finally:
         await consumer.close()
 

@@ -72,6 +72,38 @@ async def test_kv_round_trip_and_watch_skips_malformed(bus: Bus) -> None:
     assert await bus.kv_get(subjects.PRESENCE_BUCKET, "good", PluginPresence) is None
 
 
+async def test_a_watch_says_when_it_has_given_every_current_value(bus: Bus) -> None:
+    """``current`` is set only after the values the bucket held (a malformed one among
+    them, skipped) were all given, never at a later change; at once for an empty one."""
+    seen: list[str] = []
+    empty = asyncio.Event()
+
+    async def watch(current: asyncio.Event, bucket: str) -> None:
+        async for update in bus.watch_kv(bucket, PluginPresence, current=current):
+            seen.append(update.key)
+
+    empty_watch = asyncio.create_task(watch(empty, subjects.PREPARED_BUCKET))
+    await asyncio.wait_for(empty.wait(), 10)
+    kv = await bus.kv(subjects.PRESENCE_BUCKET)
+    for i in range(50):
+        p = PluginPresence(node=f"n{i}", driver="gpu.nvidia.com", endpoint="/x")
+        await bus.kv_put(subjects.PRESENCE_BUCKET, f"k{i:02d}", p)
+    await kv.put("k99-bad", b"\xc1 not msgpack")  # the last current value does not decode
+    current = asyncio.Event()
+    task = asyncio.create_task(watch(current, subjects.PRESENCE_BUCKET))
+    try:
+        await asyncio.wait_for(current.wait(), 10)
+        assert seen == [f"k{i:02d}" for i in range(50)]
+        p = PluginPresence(node="late", driver="gpu.nvidia.com", endpoint="/x")
+        await bus.kv_put(subjects.PRESENCE_BUCKET, "late", p)
+        while "late" not in seen:
+            await asyncio.sleep(0.01)
+    finally:
+        for each in (task, empty_watch):
+            each.cancel()
+        await asyncio.gather(task, empty_watch, return_exceptions=True)
+
+
 async def test_kv_keys_are_the_live_keys_read_to_the_end(
     bus: Bus, monkeypatch: pytest.MonkeyPatch
 ) -> None:
