@@ -93,6 +93,7 @@ class ClaimOutcome:
 
 
 STUDIES = 8  # claim shapes whose explanations are kept node by node (~2 KB a node each)
+LOG_KEPT = 4096  # node changes logged beyond four per node before the log starts again
 
 
 @dataclass(slots=True)
@@ -105,6 +106,7 @@ class _Study:
     nodes: list[Node | None]
     total: Explainer
     parts: dict[str | None, tuple[int, Explainer]] = field(default_factory=dict)
+    seen: int = -1  # the change log's length when every part was up to date (-1: never)
 
 
 class OfflineAllocator:
@@ -128,6 +130,14 @@ class OfflineAllocator:
         # what an explanation kept of that node (_Study) is made again.
         self._changes: dict[str | None, int] = {}
         self._studies: dict[bytes, _Study] = {}  # by claim shape, the most recent last
+        # Every move of a node's _changes epoch, in order (which also moves with
+        # _epochs): a shape that fitted no node, or a study, looks again only at the
+        # nodes logged since, not at every node (5,000 epoch checks were 3.4 ms).
+        self._log: list[str | None] = []
+        # Per claim shape that fitted none of a node list: that list, and the log's
+        # length when that was found.
+        self._settled: dict[bytes, tuple[list[Node | None], int]] = {}
+        self._index: tuple[list[Node | None], dict[str | None, int]] = ([], {})
         # Every claim shape allocated or explained here: what is kept grows with them
         # (misfits, selector results), so a long-lived owner starts over past a bound.
         self.shapes: set[bytes] = set()
@@ -187,10 +197,11 @@ class OfflineAllocator:
         self.engine.seen_as_in(old.engine)
         self._misfits, self._epochs = old._misfits, old._epochs
         self._changes, self._studies = old._changes, old._studies
+        self._log, self._settled, self._index = old._log, old._settled, old._index
         self.shapes = old.shapes
         for name in changed:
             self._epochs[name] = self._epochs.get(name, 0) + 1
-            self._changes[name] = self._changes.get(name, 0) + 1
+        self._moved_on(changed)
         for study in self._studies.values():
             study.total.engine = self.engine  # parts of changed nodes are made again here
 
@@ -201,8 +212,32 @@ class OfflineAllocator:
             for allocation in allocations
             for r in (allocation.devices.results if allocation.devices else None) or []
         }
-        for name in self.engine.nodes_seeing(pools):
+        names = self.engine.nodes_seeing(pools)
+        if epochs is self._changes:
+            self._moved_on(names)
+            return
+        for name in names:
             epochs[name] = epochs.get(name, 0) + 1
+
+    def _moved_on(self, names: Iterable[str | None]) -> None:
+        """Move on the _changes epoch of ``names`` and log them; a log grown past the
+        nodes several times over starts again (everything is looked at once more)."""
+        for name in names:
+            self._changes[name] = self._changes.get(name, 0) + 1
+            self._log.append(name)
+        if len(self._log) > LOG_KEPT + 4 * len(self._index[1]):
+            self._log.clear()
+            self._settled.clear()
+            for study in self._studies.values():
+                study.seen = -1
+
+    def _since(self, nodes: list[Node | None], seen: int) -> list[int]:
+        """Indexes in ``nodes`` of the nodes logged since the log was ``seen`` long."""
+        known, index = self._index
+        if known is not nodes:
+            index = {(n.name if n else None): i for i, n in enumerate(nodes)}
+            self._index = (nodes, index)
+        return sorted({index[name] for name in self._log[seen:] if name in index})
 
     def allocate(
         self, claim: ResourceClaim, nodes: list[Node | None], commit: bool = True
@@ -218,10 +253,16 @@ class OfflineAllocator:
             return outcome
         shape = msgspec.json.encode(claim.spec)
         self.shapes.add(shape)
+        settled, seen = self._settled.get(shape, (None, 0))
         known, skip = self._frontier.get(shape, (nodes, 0))
         if known is not nodes:
             skip = 0
-        for index in range(skip, len(nodes)):
+        if settled is nodes:  # it fitted no node then: only those logged since may differ
+            tried: Iterable[int] = self._since(nodes, seen)
+        else:
+            tried = range(skip, len(nodes))
+        logged = len(self._log)
+        for index in tried:
             node = nodes[index]
             name = node.name if node else None
             key = (shape, name)
@@ -245,6 +286,7 @@ class OfflineAllocator:
             if index == skip:
                 skip += 1
         self._frontier[shape] = (nodes, skip)
+        self._settled[shape] = (nodes, logged)
         outcome = ClaimOutcome(claim, "unschedulable")
         if self.explain:
             outcome.explanation = self._explained(claim, shape, nodes)
@@ -262,7 +304,9 @@ class OfflineAllocator:
         if len(self._studies) > STUDIES:
             del self._studies[next(iter(self._studies))]
         total = study.total
-        for node in nodes:  # every node was tried (or known not to fit)
+        looked = range(len(nodes)) if study.seen < 0 else self._since(nodes, study.seen)
+        for index in looked:  # every node was tried (or known not to fit)
+            node = nodes[index]
             name = node.name if node else None
             epoch = self._changes.get(name, 0)
             held = study.parts.get(name)
@@ -273,6 +317,7 @@ class OfflineAllocator:
                 total.merge(held[1], -1)
             total.merge(part)
             study.parts[name] = (epoch, part)
+        study.seen = len(self._log)
         return total.explanation()
 
     def precheck(self, claim: ResourceClaim) -> Cause | None:

@@ -23,6 +23,7 @@ import pytest
 from services.allocator.cel.env import CelEnvironment
 from services.allocator.cel.parse import parse
 from services.allocator.cel.selector import signature
+from services.allocator.structured import snapshot
 from services.allocator.structured.engine import Engine
 from services.allocator.structured.errors import AllocationError
 from services.allocator.structured.features import Features, defaults
@@ -285,12 +286,14 @@ PROBES = [
 ]
 
 
-@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize(("seed", "log_kept"), [(0, 4096), (1, 4096), (2, 4096), (3, 4096), (4, 0)])
 def test_the_kept_engine_answers_as_a_fresh_one_while_allocations_come_and_go(
-    seed: int,
+    seed: int, log_kept: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Also while slices change: a node's own (its GPUs' memory, a GPU gone or back), or
-    the pool every node sees (the engine then starts over)."""
+    the pool every node sees (the engine then starts over). With ``log_kept`` 0 the log
+    of changed nodes starts again every few steps."""
+    monkeypatch.setattr(snapshot, "LOG_KEPT", log_kept)
     rng = random.Random(seed)
     features = Features(partitionable_devices=True)
     classes, slices = [_class()], _mixed_cluster()
