@@ -9,6 +9,7 @@ generator finds the libraries the way it does on a GPU node.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import shutil
@@ -93,7 +94,11 @@ FIRMWARE = simroot.FIRMWARE
 
 @functools.cache
 def _compiled_dir() -> Path:
-    return Path(tempfile.mkdtemp(prefix="gpudra-fake-elf-"))
+    """Made once per process and removed when it exits: a process that never calls
+    :func:`cleanup` (a test worker building driver roots) leaves nothing behind."""
+    path = Path(tempfile.mkdtemp(prefix="gpudra-fake-elf-"))
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def cleanup() -> None:

@@ -6,6 +6,7 @@ import json
 import os
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -99,3 +100,21 @@ def test_unknown_piece_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"unknown pieces \['libcudaa'\]"):
         dr.build(tmp_path, missing={"libcudaa"})
     assert not tmp_path.joinpath("driver").exists()
+
+
+def test_a_process_that_built_a_root_leaves_no_compiled_objects_behind(tmp_path: Path) -> None:
+    """Test workers build roots and never call cleanup(): they had left a directory of
+    compiled objects in /tmp each (141 in a day of test runs)."""
+    script = (
+        "import sys; from pathlib import Path; from services.local import driverroot as dr; "
+        "dr.build(Path(sys.argv[1])); from services.local import driverfiles; "
+        "print(driverfiles._compiled_dir())"
+    )
+    repo = Path(__file__).resolve().parents[3]
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path / "root")],
+        cwd=repo, capture_output=True, text=True, timeout=120, check=True,
+    )  # fmt: skip
+    compiled = Path(done.stdout.strip())
+    assert compiled.name.startswith("gpudra-fake-elf-")
+    assert (tmp_path / "root").is_dir() and not compiled.exists()
