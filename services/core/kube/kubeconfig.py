@@ -161,23 +161,32 @@ def _client_context(
         tls = ssl.create_default_context(cafile=str(_path(base, cluster["certificate-authority"])))
     else:
         tls = ssl.create_default_context()
-    cert = _material(user, "client-certificate", base, source)
-    key = _material(user, "client-key", base, source)
-    if cert and key:
-        tls.load_cert_chain(cert, key)
-    elif cert or key:
-        raise KubeconfigError(f"{source}: a client certificate needs its key (and the other way)")
+    written: list[str] = []  # ``*-data`` in private temp files, removed once loaded
+    try:
+        cert = _material(user, "client-certificate", base, source, written)
+        key = _material(user, "client-key", base, source, written)
+        if cert and key:
+            tls.load_cert_chain(cert, key)
+        elif cert or key:
+            raise KubeconfigError(
+                f"{source}: a client certificate needs its key (and the other way)"
+            )
+    finally:
+        for tmp in written:
+            os.unlink(tmp)
     return tls
 
 
-def _material(user: dict[str, Any], name: str, base: Path, source: str) -> str:
-    """A PEM file's path: the ``name`` path, or ``name-data`` written to a private temp file."""
+def _material(user: dict[str, Any], name: str, base: Path, source: str, written: list[str]) -> str:
+    """A PEM file's path: the ``name`` path, or ``name-data`` written to a private temp file
+    (load_cert_chain reads paths only; it is added to ``written``)."""
     if user.get(f"{name}-data"):
         data = _b64(user[f"{name}-data"], f"{source}: user {name}-data")
         fd, tmp = tempfile.mkstemp(prefix="gpudra-kube-", suffix=".pem")
+        written.append(tmp)
         with os.fdopen(fd, "w") as out:
             out.write(data)
-        return tmp  # load_cert_chain reads paths only; kept for the process's life (0600)
+        return tmp
     return str(_path(base, user[name])) if user.get(name) else ""
 
 

@@ -51,7 +51,14 @@ async def test_token_and_server_of_the_current_context(tmp_path: Path) -> None:
     assert await endpoint.headers() == {"Authorization": "Bearer abc"}
 
 
-async def test_ca_file_client_certificate_data_and_token_file(tmp_path: Path, pki: Path) -> None:
+async def test_ca_file_client_certificate_data_and_token_file(
+    tmp_path: Path, pki: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The client key and certificate are loaded from private temp files that are gone
+    once loaded: a key left in /tmp outlives the process (one per process had been)."""
+    temp = tmp_path / "temp"
+    temp.mkdir()
+    monkeypatch.setattr("tempfile.tempdir", str(temp))
     (tmp_path / "token").write_text("from-file\n")
     cert = base64.b64encode((pki / "cert.pem").read_bytes()).decode()
     key = base64.b64encode((pki / "key.pem").read_bytes()).decode()
@@ -62,6 +69,10 @@ async def test_ca_file_client_certificate_data_and_token_file(tmp_path: Path, pk
     assert endpoint.ssl.verify_mode == ssl.CERT_REQUIRED
     assert len(endpoint.ssl.get_ca_certs()) == 1
     assert await endpoint.headers() == {"Authorization": "Bearer from-file"}  # relative path
+    assert list(temp.iterdir()) == []
+    with pytest.raises(KubeconfigError, match="needs its key"):
+        await kubeconfig.load(write(tmp_path, cluster, {"client-certificate-data": cert}))
+    assert list(temp.iterdir()) == []
 
 
 async def test_insecure_and_basic_auth(tmp_path: Path) -> None:
