@@ -22,6 +22,7 @@ import msgspec
 
 from services.core.bus import subjects
 from services.core.bus.client import Bus, KvUpdate
+from services.core.bus.intake import decode_or_skip
 from services.core.kube import claimstatus
 from services.core.kube.client import ApiError, KubeApi
 from services.core.kube.informer import Informer
@@ -102,16 +103,21 @@ class Controller:
 
     async def load_membership(self) -> None:
         """Every key of the bucket, before anything is decided (indices stay unique)."""
-        for key in await self.bus.kv_keys(BUCKET):
-            parsed = subjects.parse_domain_key(key)
+        for entry in await self.bus.kv_read(BUCKET):
+            parsed = subjects.parse_domain_key(entry.key)
             if parsed is None:
                 continue
-            if parsed[1] == subjects.MEMBER:
-                member = await self.bus.kv_get(BUCKET, key, DomainMember)
-                self._apply(KvUpdate(key, member[0] if member else None, 0), member=True)
+            member = parsed[1] == subjects.MEMBER
+            data, source, where = entry.value or b"", f"kv:{BUCKET}", f"key {entry.key!r}"
+            # malformed: skipped and counted, as the watch does
+            if member:
+                value = decode_or_skip(data, DomainMember, source, where)
+                if value is not None:
+                    self._apply(KvUpdate(entry.key, value, entry.revision), member=True)
             else:
-                index = await self.bus.kv_get(BUCKET, key, DomainIndex)
-                self._apply(KvUpdate(key, index[0] if index else None, 0), member=False)
+                index = decode_or_skip(data, DomainIndex, source, where)
+                if index is not None:
+                    self._apply(KvUpdate(entry.key, index, entry.revision), member=False)
 
     async def follow_members(self) -> None:
         async for update in self.bus.watch_kv(BUCKET, DomainMember, f"*.{subjects.MEMBER}.*"):

@@ -67,7 +67,14 @@ from services.core.kube.client import KubeApi
 from services.core.kube.informer import Informer
 from services.core.kube.resource import DeviceClass, DeviceTaintRule, ResourceClaim, ResourceSlice
 from services.core.kube.resourceapi import served_path
-from services.core.model.schemas import ClaimEvent, ClaimRef, DeviceRef, PodRef, SchemaError
+from services.core.model.schemas import (
+    ClaimEvent,
+    ClaimRef,
+    DeviceRef,
+    PodRef,
+    SchemaError,
+    decode,
+)
 from services.core.telemetry import metrics as core_metrics
 from services.core.telemetry import tracing
 
@@ -178,20 +185,19 @@ class ClaimWatcher:
 
     async def load_bucket(self) -> None:
         """What was reported before a restart: every claim in the ``claims`` bucket."""
-        for key in await self.bus.kv_keys(subjects.CLAIMS_BUCKET):
+        for entry in await self.bus.kv_read(subjects.CLAIMS_BUCKET):
             try:
-                got = await self.bus.kv_get(subjects.CLAIMS_BUCKET, key, ResourceClaim)
+                claim = decode(entry.value or b"", ResourceClaim)
             except SchemaError as exc:
                 metrics.MALFORMED_OBJECTS.labels(resource="claims-bucket").inc()
                 log.warning(
                     "dropping an unreadable claims bucket entry",
-                    extra={"key": key, "error": str(exc)},
+                    extra={"key": entry.key, "error": str(exc)},
                 )
-                await self.bus.kv_delete(subjects.CLAIMS_BUCKET, key)
+                await self.bus.kv_delete(subjects.CLAIMS_BUCKET, entry.key)
                 continue
-            if got is None or not got[0].metadata.uid:
+            if not claim.metadata.uid:
                 continue
-            claim = got[0]
             self.tracked[claim.metadata.uid or ""] = lifecycle.track(
                 claim, released=not lifecycle.consumers(claim)
             )

@@ -194,6 +194,12 @@ class Bus:
         await self.kv(bucket)  # provisioned, or NotProvisioned
         return await kvwatch.read_keys(self.nc, self.consumer_names, bucket)
 
+    async def kv_read(self, bucket: str, keys: str = ">") -> list[kvwatch.Entry]:
+        """Every key of ``keys`` holding a value, with its raw value, read at once: a
+        restart's load of thousands of keys, not a request per key."""
+        await self.kv(bucket)  # provisioned, or NotProvisioned
+        return await kvwatch.read_values(self.nc, self.consumer_names, bucket, keys)
+
     async def watch_kv(
         self, bucket: str, kind: type[T], keys: str = ">", current: asyncio.Event | None = None
     ) -> AsyncGenerator[KvUpdate[T], None]:

@@ -59,17 +59,30 @@ async def watch(
 
 
 async def read_keys(nc: Client, names: Names, bucket: str, idle: float = 1.0) -> list[str]:
-    """The keys of ``bucket`` that hold a value, read to the end of its stream.
+    """The keys of ``bucket`` that hold a value, read to the end of its stream."""
+    return [entry.key for entry in await read_values(nc, names, bucket, idle=idle, bare=True)]
+
+
+async def read_values(
+    nc: Client,
+    names: Names,
+    bucket: str,
+    keys: str = ">",
+    idle: float = 1.0,
+    bare: bool = False,
+) -> list[Entry]:
+    """Every key of ``keys`` that holds a value, with it (``bare``: without, headers
+    only), in one pass of one consumer instead of a request per key.
 
     The end is what the server says: nothing pending when the consumer was made, or
     after the last message read; when nothing comes for ``idle`` (what was pending
     expired meanwhile) the consumer's state is asked.
     """
     prefix = f"$KV.{bucket}."
-    start = Start(DeliverPolicy.LAST_PER_SUBJECT, headers_only=True)
-    consumer = OrderedConsumer(nc, names, f"KV_{bucket}", prefix + ">", start)
+    start = Start(DeliverPolicy.LAST_PER_SUBJECT, headers_only=bare)
+    consumer = OrderedConsumer(nc, names, f"KV_{bucket}", prefix + keys, start)
     await consumer.open()
-    keys: list[str] = []
+    found: list[Entry] = []
     try:
         remaining = consumer.pending
         while remaining:
@@ -80,11 +93,12 @@ async def read_keys(nc: Client, names: Names, bucket: str, idle: float = 1.0) ->
                 remaining = (info.num_pending or 0) + max(0, delivered - consumer.taken)
                 continue
             if not _removed(msg):
-                keys.append(msg.subject[len(prefix) :])
+                key = msg.subject[len(prefix) :]
+                found.append(Entry(key, None if bare else msg.data, msg.metadata.sequence.stream))
             remaining = msg.metadata.num_pending
     finally:
         await consumer.close()
-    return keys
+    return found
 
 
 def _removed(msg: Msg) -> bool:

@@ -17,7 +17,13 @@ from services.core.bus.access import Role
 from services.core.bus.client import Bus, KvUpdate
 from services.core.bus.failures import RequestFailed, RequestTimeout
 from services.core.kit import supervisor
-from services.core.model.schemas import ClaimEvent, ClaimRef, PluginPresence, SchemaError
+from services.core.model.schemas import (
+    ClaimEvent,
+    ClaimRef,
+    PluginPresence,
+    SchemaError,
+    decode,
+)
 from services.core.telemetry.metrics import MALFORMED_MESSAGES
 from services.local.natsserver import NatsServer
 from tests.helpers.bus import connect
@@ -127,6 +133,33 @@ async def test_kv_keys_are_the_live_keys_read_to_the_end(
     monkeypatch.setattr(nats.js.JetStreamContext.PushSubscription, "consumer_info", late)
     assert sorted(await bus.kv_keys(subjects.PRESENCE_BUCKET)) == live
     assert await bus.kv_keys(subjects.CLAIMS_BUCKET) == []
+
+
+async def test_kv_read_gives_each_live_key_its_latest_value_in_one_pass(bus: Bus) -> None:
+    """Rewritten keys give their latest value, deleted keys none, ``keys`` filters, a
+    malformed value comes back raw for the reader to judge, an empty bucket reads empty."""
+    assert await bus.kv_read(subjects.PRESENCE_BUCKET) == []
+    for i in range(12):
+        value = PluginPresence(node=f"n{i}", driver="gpu.nvidia.com", endpoint="/first")
+        await bus.kv_put(subjects.PRESENCE_BUCKET, f"n{i}.gpu", value)
+    for i in range(0, 12, 3):
+        await bus.kv_delete(subjects.PRESENCE_BUCKET, f"n{i}.gpu")
+    for i in range(1, 12, 3):
+        value = PluginPresence(node=f"n{i}", driver="gpu.nvidia.com", endpoint="/second")
+        await bus.kv_put(subjects.PRESENCE_BUCKET, f"n{i}.gpu", value)
+    kv = await bus.kv(subjects.PRESENCE_BUCKET)
+    await kv.put("n99.gpu", b"\xc1 not msgpack")
+    read = {e.key: e for e in await bus.kv_read(subjects.PRESENCE_BUCKET)}
+    live = {f"n{i}.gpu" for i in range(12) if i % 3} | {"n99.gpu"}
+    assert set(read) == live
+    assert read["n99.gpu"].value == b"\xc1 not msgpack"
+    for i in range(1, 12):
+        if i % 3:
+            found = decode(read[f"n{i}.gpu"].value or b"", PluginPresence)
+            assert found.endpoint == ("/second" if i % 3 == 1 else "/first")
+            stored = await bus.kv_get(subjects.PRESENCE_BUCKET, f"n{i}.gpu", PluginPresence)
+            assert stored is not None and read[f"n{i}.gpu"].revision == stored[1]
+    assert [e.key for e in await bus.kv_read(subjects.PRESENCE_BUCKET, "n1.*")] == ["n1.gpu"]
 
 
 async def test_durable_pull_replays_claim_events(bus: Bus) -> None:

@@ -381,6 +381,20 @@ async def test_the_sweep_keeps_a_domain_its_informer_has_not_seen_yet(env: Env) 
     assert controller.membership.nodes(uid)
 
 
+async def test_a_malformed_bucket_value_is_skipped_when_the_membership_is_loaded(
+    env: Env,
+) -> None:
+    """The load reads the bucket in one pass; a value that does not decode (an admin's
+    slip) is skipped and counted there, as the watch after it skips it."""
+    uid = (await env.domain("cd-junk", num_nodes=1))["metadata"]["uid"]
+    await env.join(uid, NODES[0], "Ready")
+    kv = await env.admin.kv(BUCKET)
+    await kv.put(subjects.domain_member_key(uid, NODES[1]), b"\xc1 not msgpack")
+    controller = Controller(env.api, env.ctl_bus, ControllerConfig(DaemonSettings(DRIVER_NS)))
+    await controller.load_membership()
+    assert list(controller.membership.members[uid]) == [NODES[0]]
+
+
 async def test_the_domain_is_ready_only_once_both_daemons_see_each_other(
     env: Env, nats_server: NatsServer, tmp_path: Path
 ) -> None:
