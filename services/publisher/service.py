@@ -27,6 +27,7 @@ import msgspec
 from opentelemetry import trace
 
 from services.core.bus.client import Bus
+from services.core.kit import heap
 from services.core.kit.backoff import Backoff
 from services.core.kube import claimstatus
 from services.core.kube.client import ApiError
@@ -389,6 +390,7 @@ class Publisher:
             group.create_task(self.inputs.follow_prepared(bus))
             await self.inputs.loaded()  # the first resync knows what is stale
             rv = await self.relist()
+            heap.settle("inputs loaded and slices listed")
             for _ in range(self.config.workers):
                 group.create_task(self.work())
             group.create_task(self.watch_slices(rv))

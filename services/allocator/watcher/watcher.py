@@ -62,6 +62,7 @@ from services.core.bus import subjects
 from services.core.bus.claimtrail import ClaimTrail, instance_name
 from services.core.bus.client import Bus
 from services.core.bus.failures import unavailable
+from services.core.kit import heap
 from services.core.kit.backoff import Backoff
 from services.core.kube.client import KubeApi
 from services.core.kube.informer import Informer
@@ -158,6 +159,8 @@ class ClaimWatcher:
             log.info("claim watcher synced", extra={"claims": len(self.claims.items)})
             group.create_task(self._every(self.config.interval(), self.check_pending))
             group.create_task(self._every(self.config.resync_interval, self.resync))
+            await asyncio.gather(*(informer.synced.wait() for informer in informers))
+            heap.settle("every informer synced")
 
     async def _taint_rule_informer(self) -> Informer[DeviceTaintRule] | None:
         """DeviceTaintRules, as the scheduler of the release followed sees them: only
