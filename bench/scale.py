@@ -38,6 +38,8 @@ no device work). Prints, without asserting anything:
    JetStream storage per claim and its growth per hour at that rate; the claim
    watcher's CPU per claim event and per explanation
    (``gpudra_allocator_explain_cpu_seconds_total``); the publisher's writes;
+   kube-scheduler's attempts by result with their mean wall time and its active
+   queue (sampled from its metrics), which tell its delay from gpudra's;
 7. peak RSS (and CPU over the whole run) of each central process.
 
 The defaults are what a 5,000-node cluster sees: 40,000 GPUs whose jobs run about
@@ -58,6 +60,7 @@ import os
 import random
 import re
 import shutil
+import ssl
 import statistics
 import sys
 import tempfile
@@ -121,6 +124,23 @@ def pct(values: Sequence[float], q: float) -> float:
 def scrape(port: int) -> dict[str, float]:
     """A Prometheus text page, summed per metric name and label set."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    return parse_metrics(text)
+
+
+def scrape_scheduler(cp: ControlPlane) -> dict[str, float]:
+    """kube-scheduler's metrics: its secure port, the admin's token, its self-signed cert."""
+    context = ssl.create_default_context()
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    request = urllib.request.Request(
+        f"https://127.0.0.1:{cp.ports['scheduler']}/metrics",
+        headers={"Authorization": f"Bearer {cp.token}"},
+    )
+    with urllib.request.urlopen(request, timeout=10, context=context) as reply:
+        return parse_metrics(reply.read().decode())
+
+
+def parse_metrics(text: str) -> dict[str, float]:
     found: dict[str, float] = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
@@ -496,6 +516,7 @@ async def change_burst(c: Cluster, count: int, limit: float) -> None:
 class Churn:
     created: dict[str, float] = field(default_factory=dict)  # pod name -> wall time
     unsatisfiable: set[str] = field(default_factory=set)
+    queued: list[float] = field(default_factory=list)  # kube-scheduler's active queue, sampled
 
 
 def pod_body(name: str, template: str) -> dict[str, Any]:
@@ -575,6 +596,7 @@ async def churn(c: Cluster, api: kube.KubeApi, args: argparse.Namespace) -> Chur
         await api.delete(f"{PODS}/{name}", {"gracePeriodSeconds": 0})
 
     total = int(args.rate * args.duration)
+    sampling = asyncio.create_task(sample_queue(c, result.queued))
     start = time.perf_counter()
     for k in range(total):
         delay = start + k / args.rate - time.perf_counter()
@@ -587,8 +609,17 @@ async def churn(c: Cluster, api: kube.KubeApi, args: argparse.Namespace) -> Chur
             result.unsatisfiable.add(name)
         tasks.append(asyncio.create_task(life(name, kind)))
     await asyncio.gather(*tasks)
+    sampling.cancel()
     await until(lambda: settled(api), timeout=600, every=1.0)
     return result
+
+
+async def sample_queue(c: Cluster, into: list[float], every: float = 2.0) -> None:
+    """kube-scheduler's active queue every ``every`` s: pods it has not got to yet."""
+    while True:
+        page = await asyncio.to_thread(scrape_scheduler, c.cp)
+        into.append(metric(page, "scheduler_pending_pods", queue="active"))
+        await asyncio.sleep(every)
 
 
 async def claim_events(c: Cluster) -> list[tuple[ClaimEvent, float, int]]:
@@ -671,6 +702,7 @@ class Reading:
     stored: tuple[int, int]  # CLAIMS bytes, messages
     watcher: dict[str, float]
     publisher: dict[str, float]
+    scheduler: dict[str, float]
     cpu: dict[str, float]
 
     @classmethod
@@ -681,6 +713,7 @@ class Reading:
             await stream_bytes(c),
             scrape(c.ports["allocator"]),
             scrape(c.ports["publisher"]),
+            scrape_scheduler(c.cp),
             c.central.cpu(),
         )
 
@@ -696,8 +729,26 @@ async def idle_traffic(c: Cluster, seconds: float) -> tuple[float, float]:
     return idle.msgs / wall, idle.bytes / wall
 
 
+def report_scheduler(a: dict[str, float], b: dict[str, float], queued: list[float]) -> None:
+    """kube-scheduler's attempts during the churn and their wall time (scheduling and
+    binding): what limits created -> allocated when it, not gpudra, is behind."""
+    parts = []
+    for result in ("scheduled", "unschedulable", "error"):
+        count = _delta(b, a, "scheduler_schedule_attempts_total", result=result)
+        took = _delta(b, a, "scheduler_scheduling_attempt_duration_seconds_sum", result=result)
+        parts.append(f"{count:.0f} {result} ({took / max(count, 1) * 1e3:.0f} ms each)")
+    print(f"  kube-scheduler: attempts {', '.join(parts)}; its active queue up to "
+          f"{max(queued, default=0):.0f} pods (median {pct(queued, 50):.0f})")  # fmt: skip
+
+
 def report_costs(
-    a: Reading, b: Reading, idle: tuple[float, float], lives: int, rate: float, limit: float
+    a: Reading,
+    b: Reading,
+    idle: tuple[float, float],
+    lives: int,
+    rate: float,
+    limit: float,
+    queued: list[float],
 ) -> None:
     wall = b.at - a.at
     traffic = b.traffic - a.traffic
@@ -721,6 +772,7 @@ def report_costs(
           f"{ex_cpu / max(ex, 1) * 1e3:.2f} ms per explanation "
           f"({snap / max(ex, 1) * 1e3:.2f} ms of it the snapshot); "
           f"{total / wall:.1%} of a core")  # fmt: skip
+    report_scheduler(a.scheduler, b.scheduler, queued)
     writes = _delta(b.publisher, a.publisher, "gpudra_publisher_slice_writes_total")
     print(f"  publisher during churn: {writes:.0f} slice writes "
           f"({writes / wall:.2f}/s, {writes / wall / limit:.4f}x the limit)")  # fmt: skip
@@ -752,7 +804,7 @@ async def run_size(n: int, args: argparse.Namespace) -> None:
             run = await churn(c, api, args)
             after = await Reading.take(c)
             report_churn(run, await claim_events(c), args)
-            report_costs(before, after, idle, len(run.created), args.rate, limit)
+            report_costs(before, after, idle, len(run.created), args.rate, limit, run.queued)
             c.central.report(time.perf_counter() - run_start)
         finally:
             await api.close()
