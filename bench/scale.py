@@ -60,7 +60,6 @@ import os
 import random
 import re
 import shutil
-import ssl
 import statistics
 import sys
 import tempfile
@@ -128,16 +127,9 @@ def scrape(port: int) -> dict[str, float]:
 
 
 def scrape_scheduler(cp: ControlPlane) -> dict[str, float]:
-    """kube-scheduler's metrics: its secure port, the admin's token, its self-signed cert."""
-    context = ssl.create_default_context()
-    context.check_hostname = False
-    context.verify_mode = ssl.CERT_NONE
-    request = urllib.request.Request(
-        f"https://127.0.0.1:{cp.ports['scheduler']}/metrics",
-        headers={"Authorization": f"Bearer {cp.token}"},
-    )
-    with urllib.request.urlopen(request, timeout=10, context=context) as reply:
-        return parse_metrics(reply.read().decode())
+    """kube-scheduler's metrics (its secure port, as the admin)."""
+    port = cp.ports["scheduler"]
+    return parse_metrics(cp.component_get(port, "/metrics", as_admin=True, timeout=10))
 
 
 def parse_metrics(text: str) -> dict[str, float]:

@@ -22,7 +22,6 @@ import msgspec
 
 from services.core.bus import subjects
 from services.core.bus.client import Bus, KvUpdate
-from services.core.bus.intake import decode_or_skip
 from services.core.kube import claimstatus
 from services.core.kube.client import ApiError, KubeApi
 from services.core.kube.informer import Informer
@@ -102,22 +101,12 @@ class Controller:
         return self.membership.members.get(uid, {}).get(node)
 
     async def load_membership(self) -> None:
-        """Every key of the bucket, before anything is decided (indices stay unique)."""
-        for entry in await self.bus.kv_read(BUCKET):
-            parsed = subjects.parse_domain_key(entry.key)
-            if parsed is None:
-                continue
-            member = parsed[1] == subjects.MEMBER
-            data, source, where = entry.value or b"", f"kv:{BUCKET}", f"key {entry.key!r}"
-            # malformed: skipped and counted, as the watch does
-            if member:
-                value = decode_or_skip(data, DomainMember, source, where)
-                if value is not None:
-                    self._apply(KvUpdate(entry.key, value, entry.revision), member=True)
-            else:
-                index = decode_or_skip(data, DomainIndex, source, where)
-                if index is not None:
-                    self._apply(KvUpdate(entry.key, index, entry.revision), member=False)
+        """Every key of the bucket, before anything is decided (indices stay unique); one
+        read per kind, with the keys and the decoding of the watches that follow."""
+        for update in await self.bus.kv_values(BUCKET, DomainMember, f"*.{subjects.MEMBER}.*"):
+            self._apply(update, member=True)
+        for index in await self.bus.kv_values(BUCKET, DomainIndex, f"*.{subjects.INDEX}.*"):
+            self._apply(index, member=False)
 
     async def follow_members(self) -> None:
         async for update in self.bus.watch_kv(BUCKET, DomainMember, f"*.{subjects.MEMBER}.*"):

@@ -322,13 +322,21 @@ class ControlPlane(ClusterAdmin):
         return args
 
     def _healthz(self, port: int) -> bool:
+        return self.component_get(port, "/healthz").strip() == "ok"
+
+    def component_get(
+        self, port: int, path: str, *, as_admin: bool = False, timeout: float = 2.0
+    ) -> str:
+        """GET ``path`` from the scheduler's or controller manager's secure port (its
+        certificate is self-signed in memory); ``as_admin``: with the admin's token, which
+        paths such as /metrics ask for."""
         ctx = ssl.create_default_context()
         ctx.check_hostname = False
         ctx.verify_mode = ssl.CERT_NONE  # in-memory self-signed certificate
-        with urllib.request.urlopen(
-            f"https://127.0.0.1:{port}/healthz", timeout=2, context=ctx
-        ) as r:
-            return bool(r.read().decode().strip() == "ok")
+        headers = {"Authorization": f"Bearer {self.token}"} if as_admin else {}
+        request = urllib.request.Request(f"https://127.0.0.1:{port}{path}", headers=headers)
+        with urllib.request.urlopen(request, timeout=timeout, context=ctx) as r:
+            return str(r.read().decode())
 
     def _start_scheduler(self) -> None:
         port = self.ports["scheduler"]

@@ -72,6 +72,15 @@ class Delivery(Generic[T]):
 CLOSED_POLL_S = 0.5
 
 
+def _update(bucket: str, kind: type[T], entry: kvwatch.Entry) -> KvUpdate[T] | None:
+    """A KV entry as an update of ``kind`` (a removal: value None); None if malformed
+    (logged and counted by decode_or_skip)."""
+    if not entry.value:
+        return KvUpdate(entry.key, None, entry.revision)
+    value = decode_or_skip(entry.value, kind, f"kv:{bucket}", f"key {entry.key!r}")
+    return None if value is None else KvUpdate(entry.key, value, entry.revision)
+
+
 class Bus:
     """A connected NATS client with JetStream and our schemas."""
 
@@ -200,6 +209,11 @@ class Bus:
         await self.kv(bucket)  # provisioned, or NotProvisioned
         return await kvwatch.read_values(self.nc, self.consumer_names, bucket, keys)
 
+    async def kv_values(self, bucket: str, kind: type[T], keys: str = ">") -> list[KvUpdate[T]]:
+        """:meth:`kv_read`, decoded as :meth:`watch_kv` decodes: malformed values skipped."""
+        found = (_update(bucket, kind, entry) for entry in await self.kv_read(bucket, keys))
+        return [update for update in found if update is not None]
+
     async def watch_kv(
         self, bucket: str, kind: type[T], keys: str = ">", current: asyncio.Event | None = None
     ) -> AsyncGenerator[KvUpdate[T], None]:
@@ -207,12 +221,9 @@ class Bus:
         ``current``: set once the current values are all taken (kvwatch.watch)."""
         async with contextlib.aclosing(self.kv_entries(bucket, keys, current)) as entries:
             async for entry in entries:
-                if not entry.value:
-                    yield KvUpdate(entry.key, None, entry.revision)
-                    continue
-                value = decode_or_skip(entry.value, kind, f"kv:{bucket}", f"key {entry.key!r}")
-                if value is not None:
-                    yield KvUpdate(entry.key, value, entry.revision)
+                update = _update(bucket, kind, entry)
+                if update is not None:
+                    yield update
 
     async def kv_entries(
         self, bucket: str, keys: str = ">", current: asyncio.Event | None = None
