@@ -191,9 +191,16 @@ def test_helm_installs_gpudra_as_pods_that_register_through_the_plugin_registry(
         "--wait", "--timeout", f"{int(WAIT)}s", *set_args(installed.values),
         timeout=WAIT + 60,
     )  # fmt: skip
-    running = {p["metadata"]["labels"].get("app.kubernetes.io/component"): p for p in pods(cp)
-               if ready(p)}  # fmt: skip
-    assert set(running) >= {"node", "publisher", "allocator", "nats", "nats-auth"}, list(running)
+    wanted = {"node", "publisher", "allocator", "nats", "nats-auth"}
+
+    def all_ready() -> dict[str, dict[str, Any]] | None:
+        # helm's --wait lets one node pod of a DaemonSet with maxUnavailable 1 be unready
+        found = {p["metadata"]["labels"].get("app.kubernetes.io/component"): p
+                 for p in pods(cp) if ready(p)}  # fmt: skip
+        return found if set(found) >= wanted else None
+
+    running = wait(installed, all_ready, f"a ready pod of each of {sorted(wanted)}")
+    assert set(running) >= wanted, list(running)
     for pod in running.values():  # every one of them a pod of the gpudra image, on our node
         assert pod["spec"]["nodeName"] == NODE
         assert {c["image"] for c in pod["status"]["containerStatuses"]} == {installed.first.name}
