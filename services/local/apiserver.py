@@ -185,6 +185,8 @@ class MemoryApiServer:
     async def _get_claim(self, request: web.Request) -> web.Response:
         ns, name = request.match_info["ns"], request.match_info["name"]
         claim = self.claims.get((ns, name))
+        if request.query.get("resourceVersion") == "0":  # any version: the watch cache's
+            self.served["claim from cache"] += 1
         self._serve("claim" if claim is not None else "missing claim")
         if claim is None:
             return _status(404, "NotFound", f'resourceclaims.resource.k8s.io "{name}" not found')

@@ -6,12 +6,15 @@ able to write the bus could forge (issue 9). So, with an API server:
 
 - the claims of every pod bound to this node are read from the API server when
   the node's pod watch first sees the pod (:meth:`ClaimSource.on_pod`), before
-  the kubelet asks: a prepare finds the API server's copy in memory (when the
+  the kubelet asks, from the API server's watch cache (no etcd read to contend
+  with the kubelet's own GET of the claim, which races it): a prepare finds the
+  API server's copy in memory (when the
   kubelet was faster than the watch, the prepare's own read is kept instead:
   the claim is not read twice);
 - a prepare checks that copy (:mod:`services.preparer.verify`: UID, allocation
   on this node, reserved for a pod running here, from the pod watch); a copy
-  that fails, or none at all, costs one GET of the claim before refusing;
+  that fails (one the cache had not caught up with, say), or none at all, costs
+  one fresh GET of the claim before refusing;
 - the bucket's copy is only compared with it: a difference is logged and
   counted (a stale or rewritten entry), never used.
 
@@ -60,6 +63,7 @@ BUCKET_MISMATCHES = Counter(
 )
 PREFETCH_CONCURRENCY = 8  # GETs of claims of newly seen pods at once
 MAX_POD_LOOKUPS = 4  # GETs of reserving pods the watch has not seen, per claim check
+CACHED = {"resourceVersion": "0"}  # a GET the API server answers from its watch cache
 
 _RFC4122 = re.compile(
     r"^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$"
@@ -100,7 +104,9 @@ def check_identity(ref: ClaimRef) -> None:
 
 
 class ApiReader(Protocol):
-    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None: ...
+    async def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> ResourceClaim | None: ...
 
 
 class KubernetesReader:
@@ -109,12 +115,17 @@ class KubernetesReader:
     def __init__(self, api: KubeApi) -> None:
         self.api = api
 
-    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
+    async def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> ResourceClaim | None:
+        """``cached``: from the API server's watch cache (``resourceVersion=0``), which
+        spares etcd a read but may lag it by a few milliseconds; for reads ahead, whose
+        copy is read again fresh when it does not pass."""
         from services.core.kube import client as kube
 
         path = f"/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}"
         try:
-            body = await self.api.get(path)
+            body = await self.api.get(path, CACHED if cached else None)
         except kube.ApiError as exc:
             if exc.not_found:
                 return None
@@ -281,7 +292,7 @@ class ClaimSource:
         assert self.api is not None
         async with self._limit:
             try:
-                claim = await self.api.get_claim(namespace, name)
+                claim = await self.api.get_claim(namespace, name, cached=True)
             except ClaimError as exc:  # the prepare will ask again
                 log.info("could not read a pod's claim ahead", extra={"error": str(exc)})
                 return None

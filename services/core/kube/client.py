@@ -84,7 +84,7 @@ class KubeApi(Protocol):
         self, path: str, params: Mapping[str, str], resource_version: str
     ) -> AsyncIterator[RawEvent]: ...
 
-    async def get(self, path: str) -> bytes: ...
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes: ...
 
     async def create(self, path: str, body: Body) -> bytes: ...
 
@@ -198,8 +198,8 @@ class HttpKubeApi:
         finally:
             resp.release()
 
-    async def get(self, path: str) -> bytes:
-        return await self._call("GET", path, {})
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
+        return await self._call("GET", path, params or {})
 
     async def create(self, path: str, body: Body) -> bytes:
         return await self._call("POST", path, {}, body=body)

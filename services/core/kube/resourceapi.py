@@ -239,9 +239,9 @@ class ConvertingApi:
             else:
                 yield RawEvent(event.type, msgspec.Raw(self._in(event.object, resource)))
 
-    async def get(self, path: str) -> bytes:
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         wire, resource = await self._route(path)
-        return self._in(await self.api.get(wire), resource)
+        return self._in(await self.api.get(wire, params), resource)
 
     async def create(self, path: str, body: Body) -> bytes:
         wire, resource = await self._route(path)

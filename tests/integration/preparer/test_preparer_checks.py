@@ -241,20 +241,23 @@ async def test_a_pod_the_watch_has_not_seen_is_read_from_the_api_server(setup: S
 
 
 async def test_a_stale_copy_costs_one_get_not_a_failed_pod(setup: Setup) -> None:
-    """The claim is read ahead when its pod appears, before it is reserved; the prepare
-    finds the copy stale (reserved for nobody), reads the claim once more and goes on."""
+    """The claim is read ahead when its pod appears, before it is reserved (as from a
+    watch cache not yet caught up); the prepare finds the copy stale (reserved for
+    nobody), reads the claim once more, fresh, and goes on."""
     node = setup.node
     claim = make_claim(node.name, [Dev("gpu", "gpu-2")], name="early")
     node.api.put_claim(claim)
     pod = pod_for(claim, node.name)
-    read = node.api.served["claim"]
+    read, cached = node.api.served["claim"], node.api.served["claim from cache"]
     node.api.put_pod(pod)
     await node.api.wait_served("claim", read + 1)  # the pod watch's read ahead
+    assert node.api.served["claim from cache"] - cached == 1  # asked of the watch cache
     stored = await node.put_claim(reserved(claim, pod), pod=False)  # the scheduler reserves
     read = node.api.served["claim"]
     error, devices = await setup.prepare(stored)
     assert (error, devices) == ("", ["gpu-2"])
     assert node.api.served["claim"] - read == 1
+    assert node.api.served["claim from cache"] - cached == 1  # the second read was fresh
     assert await setup.kubelet.unprepare([kclaim(stored)]) == {uid(stored): ""}
 
 

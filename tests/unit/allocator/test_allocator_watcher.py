@@ -236,7 +236,7 @@ class ScriptedApi:
                 raise item
             yield item
 
-    async def get(self, path: str) -> bytes:
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         raise NotImplementedError
 
     async def create(self, path: str, body: Body) -> bytes:
@@ -423,7 +423,7 @@ class EventsApi(ScriptedApi):
         }
         self.calls: list[str] = []
 
-    async def get(self, path: str) -> bytes:
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         self.calls.append("get")
         return json.dumps(self.events[path]).encode()
 

@@ -120,7 +120,7 @@ class FakeApi:
         obj = SLICE_V1BETA1 if self.version == "v1beta1" else SLICE_V1
         return json.dumps({**obj, "apiVersion": f"resource.k8s.io/{self.version}"}).encode()
 
-    async def get(self, path: str) -> bytes:
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         self.paths.append(path)
         if path == "/apis/resource.k8s.io":
             return json.dumps({"versions": [{"version": v} for v in self.versions]}).encode()

@@ -150,18 +150,26 @@ def test_a_pod_counts_only_on_this_node_with_the_reserved_uid_and_not_finished()
 
 
 class Api:
-    """The API server's claims; counts GETs."""
+    """The API server's claims and its watch cache (``cache``: what it answers a cached
+    read with, when set; it may lag ``claims``); counts GETs, and the cached ones."""
 
     def __init__(self) -> None:
         self.claims: dict[str, ResourceClaim] = {}
+        self.cache: dict[str, ResourceClaim] | None = None
         self.gets = 0
+        self.cached_gets = 0
 
     def put(self, claim: ResourceClaim) -> ResourceClaim:
         self.claims[claim.metadata.name] = claim
         return claim
 
-    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
+    async def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> ResourceClaim | None:
         self.gets += 1
+        self.cached_gets += cached
+        if cached and self.cache is not None:
+            return self.cache.get(name)
         return self.claims.get(name)
 
 
@@ -240,6 +248,20 @@ async def test_a_copy_that_fails_is_read_once_more_before_a_refusal(
     assert api.gets == 3
 
 
+async def test_a_read_ahead_the_watch_cache_had_not_caught_up_with_is_read_again_fresh(
+    source: ClaimSource, api: Api, pods: Pods
+) -> None:
+    claim = make_claim(NODE, [Dev("gpu", "gpu-0")], name="c")
+    pod = pod_for(claim, NODE)
+    api.cache = {"c": claim}  # the cache has the claim before the scheduler reserved it
+    api.put(reserved(claim, pod))
+    await pods.bind(pod)
+    await settle(source)
+    assert (api.gets, api.cached_gets) == (1, 1)
+    assert (await source.get(ref(claim))).status == api.claims["c"].status
+    assert (api.gets, api.cached_gets) == (2, 1)  # the second read went past the cache
+
+
 async def test_a_pod_the_watch_has_not_seen_is_read_from_the_api_server(
     source: ClaimSource, api: Api, pods: Pods
 ) -> None:
@@ -315,7 +337,9 @@ class SlowApi(Api):
         super().__init__()
         self.answer = asyncio.Event()
 
-    async def get_claim(self, namespace: str, name: str) -> ResourceClaim | None:
+    async def get_claim(
+        self, namespace: str, name: str, *, cached: bool = False
+    ) -> ResourceClaim | None:
         self.gets += 1
         await self.answer.wait()
         return self.claims.get(name)

@@ -49,7 +49,7 @@ class Api:
     ) -> AsyncIterator[RawEvent]:
         raise NotImplementedError
 
-    async def get(self, path: str) -> bytes:
+    async def get(self, path: str, params: Mapping[str, str] | None = None) -> bytes:
         raise NotImplementedError
 
     async def create(self, path: str, body: Body) -> bytes:
