@@ -731,6 +731,38 @@ def report_scheduler(a: dict[str, float], b: dict[str, float], queued: list[floa
         parts.append(f"{count:.0f} {result} ({took / max(count, 1) * 1e3:.0f} ms each)")
     print(f"  kube-scheduler: attempts {', '.join(parts)}; its active queue up to "
           f"{max(queued, default=0):.0f} pods (median {pct(queued, 50):.0f})")  # fmt: skip
+    print(f"  kube-scheduler: where its attempts' time went: {scheduler_phases(a, b)}")
+
+
+#: kube-scheduler's extension points timed whole (FrameworkExtensionPointDuration); Filter,
+#: run per node, is timed per plugin in a sample of its cycles only. A placed pod's
+#: attempt ends when it is bound: its PreBind and Bind are in the attempt's time.
+WHOLE_POINTS = (
+    "PreFilter", "PostFilter", "PreScore", "Score", "Reserve", "Permit", "PreBind", "Bind",
+)  # fmt: skip
+
+
+def scheduler_phases(a: dict[str, float], b: dict[str, float]) -> str:
+    """Seconds per extension point over the churn: what grows with the nodes. Filter is
+    the attempts' time less the points timed whole (with the scheduler's own work between
+    them); its split by plugin comes from the sampled per-plugin timings."""
+    attempts = _delta(b, a, "scheduler_scheduling_attempt_duration_seconds_sum")
+    whole = {point: _delta(b, a, "scheduler_framework_extension_point_duration_seconds_sum",
+                           extension_point=point) for point in WHOLE_POINTS}  # fmt: skip
+    name = "scheduler_plugin_execution_duration_seconds_sum"
+    plugins: dict[str, float] = {}
+    for key in b:
+        if key.startswith(name + "{") and 'extension_point="Filter"' in key:
+            plugin = key.split('plugin="', 1)[1].split('"', 1)[0]
+            plugins[plugin] = plugins.get(plugin, 0.0) + b[key] - a.get(key, 0.0)
+    sampled = sum(plugins.values())
+    top = sorted(plugins.items(), key=lambda kv: -kv[1])[:3]
+    split = ", ".join(f"{p} {v / sampled:.0%}" for p, v in top) if sampled else "none sampled"
+    timed = ", ".join(f"{point} {v:.1f} s" for point, v in whole.items() if v >= 0.05)
+    return (
+        f"{attempts:.1f} s in all; {timed}; Filter (the rest) "
+        f"{attempts - sum(whole.values()):.1f} s, by plugin (sampled): {split}"
+    )
 
 
 def report_costs(
