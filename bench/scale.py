@@ -721,7 +721,9 @@ async def idle_traffic(c: Cluster, seconds: float) -> tuple[float, float]:
     return idle.msgs / wall, idle.bytes / wall
 
 
-def report_scheduler(a: dict[str, float], b: dict[str, float], queued: list[float]) -> None:
+def report_scheduler(
+    a: dict[str, float], b: dict[str, float], queued: list[float], wall: float
+) -> None:
     """kube-scheduler's attempts during the churn and their wall time (scheduling and
     binding): what limits created -> allocated when it, not gpudra, is behind."""
     parts = []
@@ -732,6 +734,9 @@ def report_scheduler(a: dict[str, float], b: dict[str, float], queued: list[floa
     print(f"  kube-scheduler: attempts {', '.join(parts)}; its active queue up to "
           f"{max(queued, default=0):.0f} pods (median {pct(queued, 50):.0f})")  # fmt: skip
     print(f"  kube-scheduler: where its attempts' time went: {scheduler_phases(a, b)}")
+    cpu = _delta(b, a, "process_cpu_seconds_total")
+    print(f"  kube-scheduler: {cpu:.1f} s of CPU over the churn's {wall:.0f} s, "
+          f"{cpu / wall:.0%} of a core")  # fmt: skip
 
 
 #: kube-scheduler's extension points timed whole (FrameworkExtensionPointDuration); Filter,
@@ -796,7 +801,7 @@ def report_costs(
           f"{ex_cpu / max(ex, 1) * 1e3:.2f} ms per explanation "
           f"({snap / max(ex, 1) * 1e3:.2f} ms of it the snapshot); "
           f"{total / wall:.1%} of a core")  # fmt: skip
-    report_scheduler(a.scheduler, b.scheduler, queued)
+    report_scheduler(a.scheduler, b.scheduler, queued, wall)
     writes = _delta(b.publisher, a.publisher, "gpudra_publisher_slice_writes_total")
     print(f"  publisher during churn: {writes:.0f} slice writes "
           f"({writes / wall:.2f}/s, {writes / wall / limit:.4f}x the limit)")  # fmt: skip
