@@ -6,11 +6,10 @@ able to write the bus could forge (issue 9). So, with an API server:
 
 - the claims of every pod bound to this node are read from the API server when
   the node's pod watch first sees the pod (:meth:`ClaimSource.on_pod`), before
-  the kubelet asks, from the API server's watch cache (no etcd read to contend
-  with the kubelet's own GET of the claim, which races it): a prepare finds the
-  API server's copy in memory (when the
-  kubelet was faster than the watch, the prepare's own read is kept instead:
-  the claim is not read twice);
+  the kubelet asks, from the API server's watch cache (it spares etcd a read; the
+  copy is checked like any other): a prepare finds the API server's copy in
+  memory (when the kubelet was faster than the watch, the prepare's own read is
+  kept instead: the claim is not read twice);
 - a prepare checks that copy (:mod:`services.preparer.verify`: UID, allocation
   on this node, reserved for a pod running here, from the pod watch); a copy
   that fails (one the cache had not caught up with, say), or none at all, costs
